@@ -1,0 +1,216 @@
+r"""Maps onto the probability simplex (k = 1): softmax, sparsemax, entmax.
+
+All of them solve the regularised argmax
+
+.. math:: p = \arg\max_{p \in \Delta} \langle z, p\rangle - \Omega(p), \qquad z = x/\tau,
+
+and have the threshold form p_i = f(z_i − λ), Σp = 1 (see :mod:`softk.threshold`).
+Every function here takes any shape and ``dim``, float64/32/16/bfloat16 input
+(half precision is computed in float32 and returned in the input dtype), and
+follows the row conventions of :mod:`softk.threshold.function`: ``-inf`` entries
+are removed, a fully masked row gives zeros (log-probabilities ``-inf``) with a
+zero gradient, a NaN stays in its row.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+from torch import Tensor
+
+from . import _backend
+from ._validate import check_dim, check_input, check_tau
+from .threshold import ENTMAX15, SPARSEMAX, entmax_family, threshold_map
+from .threshold.entmax_alpha import EntmaxAlphaFunction
+from .threshold.function import compute_dtype
+
+
+def _prepare(x, dim, tau):
+    check_input(x)
+    dim = check_dim(x, dim)
+    tau = check_tau(tau)
+    _backend.resolve(x)
+    return dim, tau
+
+
+def _scaled(x: Tensor, tau: float) -> Tensor:
+    z = x.to(compute_dtype(x.dtype))
+    return z if tau == 1.0 else z / tau
+
+
+def _unmask_empty_rows(z: Tensor, dim: int):
+    """Rows with no finite entry make torch return NaN; give them zeros instead
+    (and remember which they were).  Returns (z, empty) with empty=None if none."""
+    empty = (z == float("-inf")).all(dim, keepdim=True)
+    if not bool(empty.any()):
+        return z, None
+    return torch.where(empty, 0.0, z), empty
+
+
+def softmax(x: Tensor, dim: int = -1, tau: float = 1.0) -> Tensor:
+    r"""Softmax with temperature: :math:`p_i = e^{x_i/\tau} / \sum_j e^{x_j/\tau}`.
+
+    The maximiser of ⟨z, p⟩ + H(p) over the simplex (Shannon entropy H); the
+    threshold map with f(u) = e^u and λ = logsumexp(z).  Large τ flattens it,
+    τ → 0 tends to the one-hot argmax.
+
+    Args:
+        x: scores, any shape, floating point.
+        dim: the dimension that sums to 1.
+        tau: temperature > 0.
+
+    Returns:
+        A tensor shaped like ``x`` in ``x.dtype``.  A row whose entries are all
+        ``-inf`` gives zeros (``torch.softmax`` gives NaN).
+
+    Example (the seeds' example):
+
+    >>> import torch, softk
+    >>> softk.softmax(torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    tensor([0.0321, 0.0871, 0.2369, 0.6439])
+    """
+    dim, tau = _prepare(x, dim, tau)
+    z, empty = _unmask_empty_rows(_scaled(x, tau), dim)
+    p = torch.softmax(z, dim)
+    if empty is not None:
+        p = torch.where(empty, 0.0, p)
+    return p.to(x.dtype)
+
+
+def log_softmax(x: Tensor, dim: int = -1, tau: float = 1.0) -> Tensor:
+    r"""``log(softmax(x, dim, tau))`` computed stably: :math:`z_i - \operatorname{logsumexp}(z)`.
+
+    A fully masked row gives ``-inf`` everywhere with a zero gradient.
+
+    >>> import torch, softk
+    >>> softk.log_softmax(torch.tensor([0.0, 0.0]))
+    tensor([-0.6931, -0.6931])
+    """
+    dim, tau = _prepare(x, dim, tau)
+    z, empty = _unmask_empty_rows(_scaled(x, tau), dim)
+    out = torch.log_softmax(z, dim)
+    if empty is not None:
+        out = torch.where(empty, float("-inf"), out)
+    return out.to(x.dtype)
+
+
+def logsumexp(x: Tensor, dim: int = -1, tau: float = 1.0, keepdim: bool = False) -> Tensor:
+    r"""The smooth maximum :math:`\tau \log \sum_i e^{x_i/\tau}`.
+
+    Tends to ``max(x)`` as τ → 0 and its gradient is ``softmax(x, dim, tau)``.
+    A fully masked row gives ``-inf`` with a zero gradient.
+
+    >>> import torch, softk
+    >>> round(softk.logsumexp(torch.tensor([1.0, 2.0, 3.0, 4.0])).item(), 4)
+    4.4402
+    """
+    dim, tau = _prepare(x, dim, tau)
+    z, empty = _unmask_empty_rows(_scaled(x, tau), dim)
+    out = torch.logsumexp(z, dim, keepdim=True)
+    if empty is not None:
+        out = torch.where(empty, float("-inf"), out)
+    out = out * tau
+    if not keepdim:
+        out = out.squeeze(dim)
+    return out.to(x.dtype)
+
+
+def sparsemax(x: Tensor, dim: int = -1, tau: float = 1.0) -> Tensor:
+    r"""Sparsemax (Martins & Astudillo, 2016): the Euclidean projection of x/τ onto the simplex.
+
+    .. math:: p = \arg\min_{p\in\Delta} \|p - x/\tau\|^2, \qquad p_i = [z_i - \lambda]_+,
+
+    with λ exact (closed form on the support, which is located by bisection over
+    the sorted entries).  Entries below λ get exactly zero.  Equals α-entmax with
+    α = 2 and ``soft_topk(x, 1, method="sparse")``.
+
+    >>> import torch, softk
+    >>> softk.sparsemax(torch.tensor([0.1, 1.0, 1.5]))
+    tensor([0.0000, 0.2500, 0.7500])
+    """
+    dim, tau = _prepare(x, dim, tau)
+    return threshold_map(x, SPARSEMAX, 1, dim, tau)
+
+
+def entmax15(x: Tensor, dim: int = -1, tau: float = 1.0) -> Tensor:
+    r"""1.5-entmax (Peters, Niculae & Martins, 2019), exactly.
+
+    .. math:: p = \arg\max_{p\in\Delta} \langle z,p\rangle + \tfrac{4}{3}\bigl(1-\textstyle\sum_i p_i^{3/2}\bigr),
+              \qquad p_i = \bigl[(z_i-\lambda)/2\bigr]_+^2,
+
+    λ from the closed form of the quadratic Σ_S (z_i − λ)² = 4 on the support S.
+    Sparse like sparsemax but smoother (its Jacobian is continuous).
+
+    >>> import torch, softk
+    >>> softk.entmax15(torch.tensor([0.0, 1.0, 2.0]))
+    tensor([0.0000, 0.1693, 0.8307])
+    """
+    dim, tau = _prepare(x, dim, tau)
+    return threshold_map(x, ENTMAX15, 1, dim, tau)
+
+
+def _alpha_tensor(alpha: Tensor, x: Tensor, dim: int) -> Tensor:
+    """Broadcast a tensor α to x's shape with size 1 along dim (dim moved last)."""
+    if not alpha.is_floating_point():
+        raise TypeError(f"alpha must be a float or a floating-point tensor, got dtype {alpha.dtype}")
+    if alpha.dim() > x.dim():
+        raise ValueError(f"alpha has more dimensions ({alpha.dim()}) than x ({x.dim()})")
+    shape = (1,) * (x.dim() - alpha.dim()) + tuple(alpha.shape)
+    target = list(x.shape)
+    target[dim] = 1
+    if any(a not in (1, t) for a, t in zip(shape, target)) or shape[dim] != 1:
+        raise ValueError(
+            f"alpha of shape {tuple(alpha.shape)} must broadcast to x's shape {tuple(x.shape)} "
+            f"with size 1 along dim={dim}, e.g. shape {tuple(target)}"
+        )
+    if bool(torch.isnan(alpha).any()) or bool((alpha < 1).any()):
+        raise ValueError("alpha must be >= 1 everywhere (alpha = 1 is softmax, 2 is sparsemax)")
+    return alpha.reshape(shape).expand(target).movedim(dim, -1)
+
+
+def entmax(x: Tensor, alpha=1.5, dim: int = -1, tau: float = 1.0) -> Tensor:
+    r"""α-entmax (Peters, Niculae & Martins, 2019): Tsallis-regularised argmax.
+
+    .. math:: p = \arg\max_{p\in\Delta} \langle z,p\rangle + \frac{1 - \sum_i p_i^\alpha}{\alpha(\alpha-1)},
+              \qquad p_i = [(\alpha-1)(z_i-\lambda)]_+^{1/(\alpha-1)}.
+
+    α = 1 is softmax, α = 1.5 is :func:`entmax15`, α = 2 is :func:`sparsemax`
+    (those three use their exact closed forms).  Other α: λ by safeguarded
+    Newton to the working dtype's precision.
+
+    Args:
+        x: scores, any shape.
+        alpha: a float >= 1, or a floating tensor >= 1 broadcastable to ``x``
+            with size 1 along ``dim`` (one α per row).  A tensor α that requires
+            grad receives a gradient (see :mod:`softk.threshold.entmax_alpha`).
+        dim: the dimension that sums to 1.
+        tau: temperature > 0.
+
+    >>> import torch, softk
+    >>> x = torch.tensor([0.0, 1.0, 2.0])
+    >>> torch.allclose(softk.entmax(x, alpha=2.0), softk.sparsemax(x))
+    True
+    >>> p = softk.entmax(x, alpha=1.25)
+    >>> round(p.sum().item(), 6), bool((p > 0).all())
+    (1.0, True)
+    """
+    dim, tau = _prepare(x, dim, tau)
+    if isinstance(alpha, Tensor):
+        a = _alpha_tensor(alpha, x, dim)
+        if x.numel() == 0:
+            return x * 0
+        out = EntmaxAlphaFunction.apply(x.movedim(dim, -1), a, tau)
+        return out.movedim(-1, dim)
+    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
+        raise TypeError(f"alpha must be a float >= 1 or a tensor, got {type(alpha).__name__}")
+    alpha = float(alpha)
+    if not alpha >= 1 or alpha == float("inf"):
+        raise ValueError(f"alpha must be a finite float >= 1, got {alpha}")
+    if alpha == 1.0:
+        return softmax(x, dim, tau)
+    if alpha == 1.5:
+        return threshold_map(x, ENTMAX15, 1, dim, tau)
+    if alpha == 2.0:
+        return threshold_map(x, SPARSEMAX, 1, dim, tau)
+    return threshold_map(x, entmax_family(alpha), 1, dim, tau)

@@ -1,0 +1,65 @@
+r"""α-entmax with α a tensor (per row, learnable): gradients for x *and* α.
+
+With β = 1/(α−1) and p_i = [(α−1)(z_i−λ)]_+^β, differentiating Σp = 1 at fixed
+z gives (Peters et al. 2019, §3.2; the same expression as the entmax package's
+``EntmaxBisectFunction``):
+
+.. math::  \frac{\partial p_i}{\partial\alpha} =
+   \frac{p_i - \tilde p_i}{(\alpha-1)^2} - \frac{p_i\log p_i - \tilde p_i\sum_j p_j\log p_j}{\alpha-1},
+   \qquad \tilde p_i = \frac{p_i^{2-\alpha}}{\sum_j p_j^{2-\alpha}}.
+
+At α = 1 exactly (softmax) both terms are 0/0; their limit, from a second-order
+expansion in α−1, is  ∂p_i/∂α = p_i (Σ_j p_j log²p_j − log²p_i) / 2.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .families import SOFTMAX, entmax_family
+from .function import compute_dtype, threshold_forward, threshold_vjp
+
+
+def _entmax_d(p: Tensor, a: Tensor) -> Tensor:
+    # f'(u) through p: p^{2-α} on the support (p for α = 1).
+    logp = torch.log(torch.where(p > 0, p, 1.0))
+    return torch.where(p > 0, torch.exp((2 - a) * logp), 0.0)
+
+
+class EntmaxAlphaFunction(torch.autograd.Function):
+    """x: (..., n), alpha: (..., 1) (already broadcast), both along the last dim."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, alpha: Tensor, tau: float) -> Tensor:
+        ct = compute_dtype(x.dtype)
+        z = x.to(ct) / tau
+        a = alpha.to(ct)
+        soft = a == 1
+        p = threshold_forward(entmax_family(torch.where(soft, 2.0, a)), z, 1)
+        if bool(soft.any()):
+            p = torch.where(soft, threshold_forward(SOFTMAX, z, 1), p)
+        out = p.to(x.dtype)
+        ctx.save_for_backward(out, alpha)
+        ctx.tau = tau
+        return out
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        out, alpha = ctx.saved_tensors
+        ct = compute_dtype(out.dtype)
+        p, a, g = out.to(ct), alpha.to(ct), g.to(ct)
+        d = _entmax_d(p, a)
+        gx = threshold_vjp(d, g, ctx.tau).to(out.dtype)
+        ga = None
+        if ctx.needs_input_grad[1]:
+            logp = torch.log(torch.where(p > 0, p, 1.0))
+            plogp = p * logp
+            am1 = torch.where(a == 1, 1.0, a - 1)
+            sd = d.sum(-1, keepdim=True)
+            skew = d / torch.where(sd > 0, sd, 1.0)
+            general = (p - skew) / am1**2 - (plogp - skew * plogp.sum(-1, keepdim=True)) / am1
+            limit = 0.5 * p * ((plogp * logp).sum(-1, keepdim=True) - logp**2)
+            dp_da = torch.where(a == 1, limit, general)
+            ga = (g * dp_da).sum(-1, keepdim=True).to(alpha.dtype)
+        return gx, ga, None

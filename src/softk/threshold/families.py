@@ -1,0 +1,291 @@
+r"""Threshold families: one place that says what each map *is*.
+
+Every map in this package of the form
+
+.. math:: p_i = f(z_i - \lambda), \qquad \textstyle\sum_i p_i = k, \qquad z = x / \tau
+
+is described by a :class:`Family`:
+
+* ``f`` and its derivative ``df`` (the map and the slope used by Newton),
+* ``d_from_p``: the same slope written through the output ``p = f(u)``, so the
+  backward pass needs only the saved output,
+* ``F`` with ``F' = f`` and ``F(-inf) = 0``: the potential
+  :math:`\Phi(z) = \sum_i F(z_i-\lambda) + k\lambda` whose gradient is ``p``,
+* ``psi``, the convex conjugate of ``F``: :math:`\Omega(p) = \sum_i \psi(p_i)` is the
+  regulariser, ``p = argmax_{p in C_k} <z, p> - Omega(p)``,
+* how λ is found: ``knots`` + ``closed_form`` for piecewise families (the active
+  set is located by bisection over the sorted breakpoints, then λ is solved
+  exactly on it), or ``bracket`` for smooth families (safeguarded Newton).
+
+A new family is a few lines: see :func:`sigmoid_family`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+from torch import Tensor
+
+NEG_INF = float("-inf")
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    f: Callable[[Tensor], Tensor]
+    df: Callable[[Tensor], Tensor]
+    d_from_p: Callable[[Tensor], Tensor]
+    F: Callable[[Tensor], Tensor]
+    psi: Callable[[Tensor], Tensor]
+    capped: bool  # f <= 1, so any k in [1, n] is feasible (the top-k families)
+    knots: Optional[Callable[[Tensor], Tensor]] = None
+    closed_form: Optional[Callable[[Tensor, int, Tensor], Tensor]] = None
+    bracket: Optional[Callable[[Tensor, int, Tensor], tuple]] = None
+    # True when g(λ) = Σ f(z-λ) is convex in λ: Newton started on the g > k side
+    # then never overshoots.
+    convex: bool = False
+
+
+def _sum(t: Tensor) -> Tensor:
+    return t.sum(-1, keepdim=True)
+
+
+def _lse(z: Tensor, mask: Tensor) -> Tensor:
+    return torch.logsumexp(torch.where(mask, z, NEG_INF), -1, keepdim=True)
+
+
+def _xlogx(p: Tensor) -> Tensor:
+    return torch.where(p > 0, p * torch.log(torch.where(p > 0, p, 1.0)), 0.0)
+
+
+def _knots_at_z(z: Tensor) -> Tensor:
+    return z
+
+
+# ---------------------------------------------------------------- exp: min(1, e^u)
+def _exp_closed_form(z: Tensor, k: int, t: Tensor) -> Tensor:
+    # Entries with z >= λ are saturated at 1; the rest are e^{z-λ}:
+    #   n_sat + e^{-λ} Σ_unsat e^z = k  =>  λ = lse(z_unsat) - log(k - n_sat)
+    sat = z >= t
+    finite = z > NEG_INF
+    return _lse(z, finite & ~sat) - torch.log(k - _sum(sat.to(z.dtype)))
+
+
+EXP = Family(
+    name="exp",
+    f=lambda u: torch.exp(torch.clamp(u, max=0.0)),
+    df=lambda u: torch.where(u < 0, torch.exp(torch.clamp(u, max=0.0)), 0.0),
+    d_from_p=lambda p: torch.where(p < 1, p, 0.0),
+    F=lambda u: torch.where(u <= 0, torch.exp(torch.clamp(u, max=0.0)), 1.0 + u),
+    psi=lambda p: _xlogx(p) - p,
+    capped=True,
+    knots=_knots_at_z,
+    closed_form=_exp_closed_form,
+)
+
+
+# --------------------------------------------------- softmax: e^u (uncapped, k = 1)
+SOFTMAX = Family(
+    name="softmax",
+    f=torch.exp,
+    df=torch.exp,
+    d_from_p=lambda p: p,
+    F=torch.exp,
+    psi=lambda p: _xlogx(p) - p,
+    capped=False,
+    # No knots: e^{-λ} Σ e^z = k has one closed form on the whole line.
+    closed_form=lambda z, k, t: _lse(z, z > NEG_INF) - torch.log(torch.tensor(float(k), dtype=z.dtype)),
+)
+
+
+# ------------------------------------ laplace: Laplace CDF, 1 - e^{-u}/2 | e^{u}/2
+def _log_c_plus_hypot(c: Tensor, s: Tensor) -> Tensor:
+    # log(c + sqrt(c^2 + e^s)) for c >= 0 without overflow or cancellation.
+    logc = torch.log(c)
+    return torch.logaddexp(logc, 0.5 * torch.logaddexp(2 * logc, s))
+
+
+def _laplace_closed_form(z: Tensor, k: int, t: Tensor) -> Tensor:
+    # Upper set U (z >= λ): 1 - e^{λ-z}/2; lower set: e^{z-λ}/2.  With
+    # A = Σ_U e^{-z}, B = Σ_lower e^{z}, c = k - |U| and w = e^λ:
+    #   (A/2) w^2 + c w - B/2 = 0,
+    # solved in log space (a = log A, b = log B, s = a + b) in the form that has
+    # no cancellation for either sign of c.
+    finite = z > NEG_INF
+    upper = z >= t
+    a = _lse(-z, upper)
+    b = _lse(z, finite & ~upper)
+    c = k - _sum(upper.to(z.dtype))
+    s = a + b
+    pos = b - _log_c_plus_hypot(torch.clamp(c, min=0.0), s)
+    neg = _log_c_plus_hypot(torch.clamp(-c, min=0.0), s) - a
+    return torch.where(c > 0, pos, neg)
+
+
+LAPLACE = Family(
+    name="laplace",
+    f=lambda u: torch.where(
+        u >= 0, 1 - 0.5 * torch.exp(-torch.clamp(u, min=0.0)), 0.5 * torch.exp(torch.clamp(u, max=0.0))
+    ),
+    df=lambda u: 0.5 * torch.exp(-torch.abs(u)),
+    d_from_p=lambda p: torch.minimum(p, 1 - p),
+    F=lambda u: torch.where(
+        u >= 0,
+        u + 0.5 * torch.exp(-torch.clamp(u, min=0.0)),
+        0.5 * torch.exp(torch.clamp(u, max=0.0)),
+    ),
+    # ψ(p) = p log 2p - p for p < 1/2, and the mirror image for p >= 1/2.
+    psi=lambda p: torch.where(
+        p < 0.5,
+        _xlogx(2 * p) / 2 - p,
+        _xlogx(2 * (1 - p)) / 2 - (1 - p),
+    ),
+    capped=True,
+    knots=_knots_at_z,
+    closed_form=_laplace_closed_form,
+)
+
+
+# ------------------------------------------- sparse: clip(u, 0, 1), the capped simplex
+def _clip_closed_form(z: Tensor, k: int, t: Tensor) -> Tensor:
+    # Saturated (z - λ >= 1) count 1 each, linear ones z - λ:
+    #   n_sat + Σ_lin z - n_lin λ = k
+    u = z - t
+    sat = u >= 1
+    lin = (u > 0) & ~sat
+    n_lin = _sum(lin.to(z.dtype))
+    lam = (_sum(torch.where(lin, z, 0.0)) + _sum(sat.to(z.dtype)) - k) / n_lin
+    # n_lin == 0: g is flat (every entry at a vertex) and any λ in the bracket works.
+    return torch.where(n_lin > 0, lam, t)
+
+
+SPARSE = Family(
+    name="sparse",
+    f=lambda u: torch.clamp(u, 0.0, 1.0),
+    df=lambda u: ((u > 0) & (u < 1)).to(u.dtype),
+    d_from_p=lambda p: ((p > 0) & (p < 1)).to(p.dtype),
+    F=lambda u: torch.where(u >= 1, u - 0.5, 0.5 * torch.clamp(u, min=0.0) ** 2),
+    psi=lambda p: 0.5 * p * p,
+    capped=True,
+    knots=lambda z: torch.cat([z, z - 1], dim=-1),
+    closed_form=_clip_closed_form,
+)
+
+
+# ---------------------------------------------- sparsemax: max(u, 0) (uncapped, k = 1)
+def _relu_closed_form(z: Tensor, k: int, t: Tensor) -> Tensor:
+    # Support S = {z > λ}:  Σ_S z - |S| λ = k
+    supp = z > t
+    n_s = _sum(supp.to(z.dtype))
+    return (_sum(torch.where(supp, z, 0.0)) - k) / n_s
+
+
+SPARSEMAX = Family(
+    name="sparsemax",
+    f=lambda u: torch.clamp(u, min=0.0),
+    df=lambda u: (u > 0).to(u.dtype),
+    d_from_p=lambda p: (p > 0).to(p.dtype),
+    F=lambda u: 0.5 * torch.clamp(u, min=0.0) ** 2,
+    psi=lambda p: 0.5 * p * p,
+    capped=False,
+    knots=_knots_at_z,
+    closed_form=_relu_closed_form,
+    convex=True,
+)
+
+
+# ----------------------------------------------- entmax15: (u/2)_+^2 (uncapped, k = 1)
+def _entmax15_closed_form(z: Tensor, k: int, t: Tensor) -> Tensor:
+    # Support S = {z > λ}: Σ_S (z - λ)^2 = 4k.  With μ the mean and ss the
+    # centred sum of squares of z on S:  |S| (μ - λ)^2 = 4k - ss.
+    supp = z > t
+    n_s = _sum(supp.to(z.dtype))
+    mu = _sum(torch.where(supp, z, 0.0)) / n_s
+    ss = _sum(torch.where(supp, (z - mu) ** 2, 0.0))
+    return mu - torch.sqrt(torch.clamp(4 * k - ss, min=0.0) / n_s)
+
+
+ENTMAX15 = Family(
+    name="entmax15",
+    f=lambda u: 0.25 * torch.clamp(u, min=0.0) ** 2,
+    df=lambda u: 0.5 * torch.clamp(u, min=0.0),
+    d_from_p=torch.sqrt,
+    F=lambda u: torch.clamp(u, min=0.0) ** 3 / 12.0,
+    psi=lambda p: p * torch.sqrt(p) / 0.75,
+    capped=False,
+    knots=_knots_at_z,
+    closed_form=_entmax15_closed_form,
+    convex=True,
+)
+
+
+# --------------------------------------------------------- sigmoid: σ(u), any k
+def _sigmoid_bracket(z: Tensor, k: int, finite: Tensor) -> tuple:
+    # With m finite entries and r = logit(k/m): at λ = min z - r every σ >= k/m,
+    # at λ = max z - r every σ <= k/m, so Σσ brackets k.
+    m = _sum(finite.to(z.dtype))
+    r = torch.logit(k / m)
+    zmax = torch.where(finite, z, NEG_INF).amax(-1, keepdim=True)
+    zmin = torch.where(finite, z, float("inf")).amin(-1, keepdim=True)
+    return zmin - r, zmax - r
+
+
+def sigmoid_family() -> Family:
+    return Family(
+        name="sigmoid",
+        f=torch.sigmoid,
+        df=lambda u: torch.sigmoid(u) * torch.sigmoid(-u),
+        d_from_p=lambda p: p * (1 - p),
+        F=torch.nn.functional.softplus,
+        psi=lambda p: _xlogx(p) + _xlogx(1 - p),
+        capped=True,
+        bracket=_sigmoid_bracket,
+    )
+
+
+SIGMOID = sigmoid_family()
+
+
+# ----------------------------------- entmax: [(α-1)u]_+^{1/(α-1)} for any α > 1
+def entmax_family(alpha) -> Family:
+    """α-entmax, α > 1 (a float, or a tensor broadcastable to the rows' shape
+    with size 1 in the last dimension).  α = 2 is sparsemax, α = 1.5 entmax15."""
+    am1 = alpha - 1
+    beta = 1 / am1  # exponent of f
+
+    def pos_pow(u, e):
+        # [(α-1)u]_+^e with 0 outside the support, for any sign of e.
+        s = am1 * u
+        pos = s > 0
+        return torch.where(pos, torch.exp(e * torch.log(torch.where(pos, s, 1.0))), 0.0)
+
+    def bracket(z, k, finite):
+        # Entmax is a k = 1 map.  p_max = 1 at λ = max z - 1/(α-1), so Σp >= 1;
+        # p_max = 1/m at λ = max z - (1/m)^(α-1)/(α-1), so Σp <= 1.
+        m = _sum(finite.to(z.dtype))
+        zmax = torch.where(finite, z, NEG_INF).amax(-1, keepdim=True)
+        return zmax - 1 / am1, zmax - (1 / m) ** am1 / am1
+
+    return Family(
+        name="entmax",
+        f=lambda u: pos_pow(u, beta),
+        df=lambda u: pos_pow(u, beta - 1),
+        d_from_p=lambda p: torch.where(
+            p > 0, torch.exp((2 - alpha) * torch.log(torch.where(p > 0, p, 1.0))), 0.0
+        ),
+        F=lambda u: pos_pow(u, beta + 1) / alpha,
+        psi=lambda p: torch.where(
+            p > 0, torch.exp(alpha * torch.log(torch.where(p > 0, p, 1.0))), 0.0
+        )
+        / (alpha * am1),
+        capped=False,
+        bracket=bracket,
+        # [u]_+^β is convex for β >= 1 (α <= 2); for α > 2 Newton is safeguarded.
+        convex=bool(torch.all(torch.as_tensor(alpha) <= 2)),
+    )
+
+
+THRESHOLD_METHODS = {"exp": EXP, "sigmoid": SIGMOID, "laplace": LAPLACE, "sparse": SPARSE}
+

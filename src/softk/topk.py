@@ -1,0 +1,72 @@
+r"""Smooth top-k: maps onto the capped simplex {p : Σp = k, 0 ≤ p ≤ 1}.
+
+``soft_topk`` is the differentiable relaxation of the k-hot indicator of the k
+largest entries.  Its threshold methods (Su Jianlin 2024, "ThreTopK") are
+p_i = f(x_i/τ − λ) with λ chosen so that Σp = k, for
+
+=========  =====================================  =====================================
+method     f(u)                                   notes
+=========  =====================================  =====================================
+"exp"      min(1, e^u)                            k = 1 is exactly softmax
+"sigmoid"  σ(u)                                   never exactly 0 or 1
+"laplace"  1 − e^{−u}/2 (u ≥ 0), e^u/2 (u < 0)    the Laplace CDF (LapSum 2025);
+                                                  k = 1 is *not* softmax in general
+"sparse"   clip(u, 0, 1)                          Euclidean projection onto the capped
+                                                  simplex; exact 0s and 1s; k = 1 is
+                                                  sparsemax
+=========  =====================================  =====================================
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from . import _backend
+from ._validate import check_choice, check_dim, check_input, check_k, check_tau
+from .threshold import THRESHOLD_METHODS, threshold_map
+
+METHODS = tuple(THRESHOLD_METHODS)
+
+
+def soft_topk(x: Tensor, k: int, dim: int = -1, tau: float = 1.0, method: str = "exp") -> Tensor:
+    r"""Smooth top-k mask: p with Σp = k and 0 ≤ p ≤ 1 along ``dim``.
+
+    For the threshold methods,
+
+    .. math:: p = \arg\max_{0\le p\le 1,\ \sum p = k} \langle x/\tau, p\rangle - \sum_i \psi(p_i),
+              \qquad p_i = f(x_i/\tau - \lambda),
+
+    with ψ the convex conjugate of ∫f (see :mod:`softk.threshold.families`).
+    λ is exact for "exp", "laplace" and "sparse" (closed form on the active
+    set) and found by safeguarded Newton to the dtype's precision for "sigmoid".
+    As τ → 0 every method tends to the hard top-k multi-hot (on rows without
+    ties at the k-th place).
+
+    Args:
+        x: scores, any shape, floating point (half computed in float32).
+        k: how many entries to select, an int in [1, n] with n = x.shape[dim].
+        dim: the dimension to select along.
+        tau: temperature > 0.
+        method: one of "exp", "sigmoid", "laplace", "sparse".
+
+    Returns:
+        ``p`` shaped like ``x``.  ``-inf`` entries get 0 and are otherwise
+        ignored; a row with at most k finite entries gets 1 on each of them
+        (so Σp = number of finite entries < k there) and a zero gradient; a
+        NaN or +inf stays in its row (that row is NaN).
+
+    Reference: Su Jianlin, "Smooth approximations of Top-k" (kexue.fm, 2024).
+
+    >>> import torch, softk
+    >>> softk.soft_topk(torch.tensor([1.0, 2.0, 3.0, 4.0]), k=2)
+    tensor([0.0900, 0.2447, 0.6652, 1.0000])
+    >>> softk.soft_topk(torch.tensor([1.0, 2.0, 3.0, 4.0]), k=2, method="sparse")
+    tensor([0., 0., 1., 1.])
+    """
+    check_input(x)
+    dim = check_dim(x, dim)
+    k = check_k(k, x.shape[dim])
+    tau = check_tau(tau)
+    check_choice(method, METHODS, "method")
+    _backend.resolve(x)
+    return threshold_map(x, THRESHOLD_METHODS[method], k, dim, tau)
