@@ -35,7 +35,8 @@ def _f_relu(u):
 def _f_entmax(alpha):
     def f(u):
         s = np.maximum((alpha - 1.0) * u, 0.0)
-        return s ** (1.0 / (alpha - 1.0))
+        with np.errstate(over="ignore"):  # inf while the bracket is widened is fine
+            return s ** (1.0 / (alpha - 1.0))
 
     return f
 
