@@ -67,7 +67,7 @@ class Entmax(nn.Module):
         return simplex.entmax(x, alpha, self.dim, self.tau)
 
     def extra_repr(self) -> str:
-        alpha = float(self.alpha)
+        alpha = self.alpha.item() if self.learnable else self.alpha
         return f"alpha={alpha:.4g}, dim={self.dim}, tau={self.tau}, learnable={self.learnable}"
 
 
