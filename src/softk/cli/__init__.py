@@ -18,8 +18,15 @@ class UsageError(Exception):
     """Bad input from the command line: one line on stderr, exit code 2."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad argument is one line on stderr (exit 2), no usage dump."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="softk",
         description="Compare, check, plot and benchmark maps from scores to the (top-k) simplex.",
     )
@@ -40,3 +47,6 @@ def main(argv=None) -> int:
     except (UsageError, ValueError, TypeError, FileNotFoundError) as exc:
         print(f"softk {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `softk compare --json | head`
+        sys.stderr.close()
+        return 0
