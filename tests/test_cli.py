@@ -1,0 +1,91 @@
+"""The `softk` command, run as a user would: subprocesses, exit codes, key numbers."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from . import oracle
+
+
+def softk(*args, stdin=None):
+    return subprocess.run(
+        [sys.executable, "-m", "softk", *args], input=stdin, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_help_lists_subcommands():
+    r = softk("--help")
+    assert r.returncode == 0
+    for name in ("compare", "check", "plot", "bench", "experiment"):
+        assert name in r.stdout
+
+
+def test_compare_default_is_the_seeds_example():
+    r = softk("compare")
+    assert r.returncode == 0, r.stderr
+    line = next(l for l in r.stdout.splitlines() if l.startswith("softmax"))
+    assert line.split()[1:5] == ["0.0321", "0.0871", "0.2369", "0.6439"]
+    assert "logsumexp (smooth max) = 4.4402" in r.stdout
+
+
+def test_compare_json_against_oracle():
+    r = softk("compare", "--json", "--k", "3", "--tau", "0.5", "--", "-1", "0", "2", "5", "0.5")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    x = np.array([-1, 0, 2, 5, 0.5])
+    assert out["input"] == x.tolist() and out["k"] == 3 and out["tau"] == 0.5
+    rows = out["rows"]
+    np.testing.assert_allclose(rows["softmax"]["values"], oracle.softmax(x, tau=0.5), atol=1e-12)
+    np.testing.assert_allclose(rows["sparsemax"]["values"], oracle.sparsemax(x, tau=0.5), atol=1e-12)
+    np.testing.assert_allclose(rows["entmax15"]["values"], oracle.entmax(x, 1.5, tau=0.5), atol=1e-12)
+    for m in ("exp", "sigmoid", "laplace", "sparse"):
+        row = rows[f"soft_topk[{m}]"]
+        np.testing.assert_allclose(row["values"], oracle.soft_topk(x, 3, tau=0.5, method=m), atol=1e-9)
+        assert abs(row["sum"] - 3) < 1e-9
+    assert rows["soft_topk[sparse]"]["support"] == int((oracle.soft_topk(x, 3, tau=0.5, method="sparse") > 1e-12).sum())
+
+
+@pytest.mark.parametrize("suffix", [".txt", ".csv", ".npy"])
+def test_compare_reads_files(tmp_path, suffix):
+    path = tmp_path / f"x{suffix}"
+    if suffix == ".npy":
+        np.save(path, np.array([3.0, 1.0, 2.0]))
+    else:
+        path.write_text("3, 1, 2\n" if suffix == ".csv" else "3 1\n2\n")
+    r = softk("compare", "--input", str(path), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["input"] == [3.0, 1.0, 2.0]
+    r = softk("compare", "--input", "-", "--json", stdin="3 1 2")
+    assert json.loads(r.stdout)["input"] == [3.0, 1.0, 2.0]
+
+
+@pytest.mark.parametrize(
+    "args,word",
+    [
+        (("compare", "--k", "0"), "--k"),
+        (("compare", "--k", "5"), "--k"),
+        (("compare", "--tau", "0"), "--tau"),
+        (("compare", "--tau", "-2"), "--tau"),
+        (("compare", "1", "x"), "VALUES"),
+        (("compare", "--input", "/no/such/file"), "--input"),
+        (("compare", "--k", "two"), "--k"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(args, word):
+    r = softk(*args)
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and word in r.stderr
+
+
+def test_plot_writes_png_figures(tmp_path):
+    r = softk("plot", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    pngs = sorted(tmp_path.glob("*.png"))
+    assert [p.name for p in pngs] == sorted(["two_class.png", "simplex.png", "topk_tau.png", "temperature.png"])
+    for p in pngs:
+        data = p.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
