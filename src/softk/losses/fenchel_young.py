@@ -1,0 +1,143 @@
+r"""The one Fenchel–Young loss from which every named loss here is derived.
+
+For a threshold map p(z) = argmax_{p ∈ C_k} ⟨z, p⟩ − Ω(p) with potential
+Φ(z) = ⟨z, p(z)⟩ − Ω(p(z)) (:mod:`softk.threshold.potential`) and
+Ω(y) = Σ_i ψ(y_i) from the map's :class:`~softk.threshold.Family`,
+
+.. math:: L(z; y) = \Phi(z) + \Omega(y) - \langle z, y\rangle \;\ge 0, \qquad
+          \nabla_z L = p(z) - y,
+
+(Blondel, Martins & Niculae, "Learning with Fenchel–Young losses", JMLR 2020).
+L ≥ 0 is the Fenchel–Young inequality, with equality exactly when p(z) = y.
+With a temperature, z = x/τ and the gradient with respect to x is (p − y)/τ,
+exactly as for ``cross_entropy(x / tau, ...)``.
+
+The forward solves for p once and saves it; the backward is p − y, with no
+second solve.  For a class-index target y = e_t the loss is
+Φ(z) − z_t + ψ(1) (ψ(0) = 0 for every family), so no one-hot tensor is built.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .._validate import check_input, check_tau
+from ..threshold.families import Family
+from ..threshold.function import compute_dtype, threshold_forward
+from ..threshold.potential import value_at
+from . import targets as tg
+
+
+class FenchelYoungFunction(torch.autograd.Function):
+    """L(x/τ; y) on the last dimension of ``x`` (keepdim), in the compute dtype.
+
+    Exactly one of ``y`` (a dense target shaped like ``x``) and ``index`` (class
+    indices shaped ``x.shape[:-1]``) is given.
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, y, index, family: Family, k: int, tau: float) -> Tensor:
+        ct = compute_dtype(x.dtype)
+        z = x.to(ct) / tau
+        p = threshold_forward(family, z, k)
+        phi = value_at(family, z, p)
+        if index is None:
+            y = y.to(ct)
+            loss = phi - value_at(family, z, y)
+        else:
+            index = index.unsqueeze(-1)
+            z_t = z.gather(-1, index)
+            loss = phi - (z_t - family.psi(torch.ones_like(z_t)))
+        # Exact L is >= 0; only rounding of the two nearly equal terms can make
+        # it negative (clamp keeps NaN rows NaN).
+        loss = torch.clamp(loss, min=0.0)
+        ctx.save_for_backward(p, y, index)
+        ctx.tau, ctx.x_dtype = tau, x.dtype
+        return loss
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        p, y, index = ctx.saved_tensors
+        if index is None:
+            diff = p - y
+        else:
+            diff = p.scatter_add(-1, index, torch.full(index.shape, -1.0, dtype=p.dtype, device=p.device))
+        grad = (g.to(p.dtype) * diff / ctx.tau).to(ctx.x_dtype)
+        return grad, None, None, None, None, None
+
+
+def fenchel_young_loss(
+    input: Tensor,
+    target: Tensor,
+    family: Family,
+    k: int = 1,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    tau: float = 1.0,
+) -> Tensor:
+    r"""Fenchel–Young loss of the threshold map ``family`` with Σp = k.
+
+    .. math:: L(x; y) = \Phi(x/\tau) + \Omega(y) - \langle x/\tau, y\rangle,
+              \qquad \nabla_x L = (p(x/\tau) - y)/\tau.
+
+    Args:
+        input: scores (N, C, d1, ...) with classes on dim 1, or (C,).
+        target: class indices (integer, ``input``'s shape without dim 1; only
+            for k = 1) or a floating tensor shaped like ``input`` whose rows lie
+            in the map's domain: entries >= 0 (<= 1 for capped maps) summing to k.
+        family: a :class:`softk.threshold.Family` (e.g. ``softk.threshold.SPARSEMAX``).
+        k: the map's Σp.
+        ignore_index: class index whose rows contribute 0 and are left out of
+            the mean (class-index targets only).
+        reduction: "mean" (over kept rows), "sum" or "none" (per row).
+        tau: temperature > 0.
+
+    Rows follow :mod:`softk.threshold.function`: ``-inf`` scores are masked
+    out, so a target with mass on a masked class has loss +inf; a row with NaN
+    or +inf scores gives NaN.  ``target`` gets no gradient and must not require
+    one.  Half-precision input is computed in float32; the result has
+    ``input``'s dtype.
+
+    >>> import torch
+    >>> from softk.threshold import SPARSEMAX
+    >>> fenchel_young_loss(torch.tensor([[0.0, 1.0, 3.0]]), torch.tensor([2]), SPARSEMAX)
+    tensor(0.)
+    """
+    check_input(input, "input")
+    tau = check_tau(tau)
+    reduction = tg.check_reduction(reduction)
+    ignore_index = tg.check_ignore_index(ignore_index)
+    tg.check_target_tensor(target)
+    cdim = tg.class_dim(input)
+    if input.shape[cdim] == 0:
+        raise ValueError(f"input must have at least one class along dim {cdim}, got shape {tuple(input.shape)}")
+    if target.requires_grad:
+        raise ValueError(
+            "target requires grad, but Fenchel–Young losses give no gradient to the target; "
+            "pass target.detach()"
+        )
+    x = input.movedim(cdim, -1)
+    if tg.is_index_target(target):
+        if k != 1:
+            raise ValueError(
+                f"target of class indices is only meaningful for k = 1, got k={k}; pass a "
+                f"float target whose rows sum to k (e.g. a multi-hot label with k ones)"
+            )
+        index, keep = tg.index_target(input, target, ignore_index)
+        y = None
+    else:
+        if ignore_index != -100:
+            raise ValueError(
+                "ignore_index applies to class-index targets only; with a probability target, "
+                "give ignored rows zero weight yourself (reduction='none')"
+            )
+        y = tg.distribution_target(input, target, k, family.capped).movedim(cdim, -1)
+        index, keep = None, None
+    if x.numel() == 0:
+        loss = x.to(compute_dtype(x.dtype)).sum(-1) * 0
+    else:
+        loss = FenchelYoungFunction.apply(x, y, index, family, k, tau).squeeze(-1)
+    if keep is not None:
+        loss = torch.where(keep, loss, 0.0)
+    return tg.reduce(loss, keep, reduction).to(input.dtype)

@@ -1,0 +1,106 @@
+r"""Fenchel–Young losses of the k = 1 maps: softmax, sparsemax, entmax.
+
+Each is :func:`~softk.losses.fenchel_young.fenchel_young_loss` with the map's
+family, so L(x; y) = Φ(x/τ) + Ω(y) − ⟨x/τ, y⟩ ≥ 0, zero exactly when the map
+outputs y, with gradient (p − y)/τ.  With a one-hot target e_t:
+
+* softmax:   L = logsumexp(z) − z_t, the cross-entropy;
+* sparsemax: L = ⟨z, p⟩ − ½‖p‖² − z_t + ½, Martins & Astudillo (2016)'s
+  sparsemax loss (ICML 2016, "From softmax to sparsemax");
+* entmax:    Peters, Niculae & Martins (2019), "Sparse sequence-to-sequence models".
+
+Targets: class indices, or a float tensor shaped like ``input`` whose rows are
+probability distributions.  Multi-label targets must be normalised by the
+caller, ``y / y.sum(1, keepdim=True)`` (Martins & Astudillo's multi-label
+sparsemax loss uses exactly y/|y|); rows that do not sum to 1 are refused.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+from torch import Tensor
+
+from ..threshold.families import ENTMAX15, SOFTMAX, SPARSEMAX, entmax_family
+from .fenchel_young import fenchel_young_loss
+
+_ARGS = """
+    Args:
+        input: scores (N, C, d1, ...) with classes on dim 1, or (C,).
+        target: class indices (integer tensor shaped like ``input`` without
+            dim 1) or a float tensor shaped like ``input`` whose rows along dim 1
+            are probability distributions (>= 0, summing to 1).
+        ignore_index: class index whose rows give 0 and are left out of "mean"
+            (class-index targets only, as in torch).
+        reduction: "mean", "sum" or "none".
+        tau: temperature > 0; the loss is evaluated at ``input / tau``.
+"""
+
+
+def softmax_loss(input: Tensor, target: Tensor, ignore_index: int = -100, reduction: str = "mean", tau: float = 1.0) -> Tensor:
+    r"""Fenchel–Young loss of softmax: :math:`\operatorname{lse}(z) - \langle z, y\rangle + \sum_i y_i\log y_i`.
+
+    Equal to ``KL(y ‖ softmax(z))`` and, for one-hot y, to the cross-entropy
+    (use :func:`cross_entropy` for torch's exact arguments: class weights,
+    label smoothing).
+    {args}
+    >>> import torch
+    >>> round(softmax_loss(torch.tensor([[0.0, 0.0]]), torch.tensor([1])).item(), 6)  # log 2
+    0.693147
+    """
+    return fenchel_young_loss(input, target, SOFTMAX, 1, ignore_index, reduction, tau)
+
+
+def sparsemax_loss(input: Tensor, target: Tensor, ignore_index: int = -100, reduction: str = "mean", tau: float = 1.0) -> Tensor:
+    r"""Sparsemax loss (Martins & Astudillo, 2016): :math:`\langle z, p\rangle - \tfrac12\|p\|^2 + \tfrac12\|y\|^2 - \langle z, y\rangle`, p = sparsemax(z).
+
+    Zero as soon as sparsemax puts all its mass on the target, i.e. once the
+    target score leads the runner-up by a margin of 1 (for a one-hot target).
+    {args}
+    >>> import torch
+    >>> sparsemax_loss(torch.tensor([[0.0, 1.0, 2.0]]), torch.tensor([2]))
+    tensor(0.)
+    >>> sparsemax_loss(torch.tensor([[0.0, 0.0]]), torch.tensor([0]))
+    tensor(0.2500)
+    """
+    return fenchel_young_loss(input, target, SPARSEMAX, 1, ignore_index, reduction, tau)
+
+
+def entmax15_loss(input: Tensor, target: Tensor, ignore_index: int = -100, reduction: str = "mean", tau: float = 1.0) -> Tensor:
+    r"""1.5-entmax loss: :math:`\Phi(z) + \tfrac43\sum_i y_i^{3/2} - \langle z, y\rangle`, Φ the potential of entmax15.
+
+    Example by hand: z = (0, 0) gives p = (½, ½), Φ = −(4/3)·2·(½)^{3/2}, Ω(e_0) = 4/3,
+    so L = 4/3 − (2/3)√2 ≈ 0.3905.
+    {args}
+    >>> import torch
+    >>> entmax15_loss(torch.tensor([[0.0, 0.0]]), torch.tensor([0]))
+    tensor(0.3905)
+    """
+    return fenchel_young_loss(input, target, ENTMAX15, 1, ignore_index, reduction, tau)
+
+
+def entmax_loss(
+    input: Tensor, target: Tensor, alpha: float = 1.5, ignore_index: int = -100, reduction: str = "mean", tau: float = 1.0
+) -> Tensor:
+    r"""α-entmax loss, Ω(y) = Σ y_i^α / (α(α−1)) (Tsallis); α = 1 is :func:`softmax_loss`,
+    1.5 :func:`entmax15_loss`, 2 :func:`sparsemax_loss` (those use their exact maps).
+
+    ``alpha`` is a float >= 1; other α solve the map by safeguarded Newton to
+    the working precision.
+    {args}
+    >>> import torch
+    >>> x, t = torch.tensor([[0.0, 0.5, 2.0]]), torch.tensor([1])
+    >>> bool(entmax_loss(x, t, alpha=2.0) == sparsemax_loss(x, t))
+    True
+    """
+    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
+        raise TypeError(f"alpha must be a float >= 1, got {type(alpha).__name__}")
+    alpha = float(alpha)
+    if not (alpha >= 1 and alpha != float("inf")):
+        raise ValueError(f"alpha must be a finite float >= 1 (1 is softmax, 2 sparsemax), got {alpha}")
+    family = {1.0: SOFTMAX, 1.5: ENTMAX15, 2.0: SPARSEMAX}.get(alpha) or entmax_family(alpha)
+    return fenchel_young_loss(input, target, family, 1, ignore_index, reduction, tau)
+
+
+for _fn in (softmax_loss, sparsemax_loss, entmax15_loss, entmax_loss):
+    _fn.__doc__ = _fn.__doc__.replace("{args}", _ARGS)
