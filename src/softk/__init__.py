@@ -6,6 +6,9 @@ Every map is p = f(x/τ − λ) with Σp = k (see :mod:`softk.threshold`).
 from ._backend import backend, use_backend
 from .simplex import entmax, entmax15, log_softmax, logsumexp, softmax, sparsemax
 from .topk import soft_topk
+from .hard import hard_topk, topk_softmax
+from .topk_sum import topk_sum
+from .properties import properties, property_violations
 from . import losses
 
 __version__ = "0.1.0"
@@ -18,6 +21,11 @@ __all__ = [
     "entmax15",
     "entmax",
     "soft_topk",
+    "hard_topk",
+    "topk_softmax",
+    "topk_sum",
+    "properties",
+    "property_violations",
     "backend",
     "use_backend",
 ]

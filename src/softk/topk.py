@@ -1,4 +1,4 @@
-r"""Smooth top-k: maps onto the capped simplex {p : Σp = k, 0 ≤ p ≤ 1}.
+r"""Smooth top-k: maps whose outputs sum to k and tend to the k-hot mask.
 
 ``soft_topk`` is the differentiable relaxation of the k-hot indicator of the k
 largest entries.  Its threshold methods (Su Jianlin 2024, "ThreTopK") are
@@ -15,6 +15,20 @@ method     f(u)                                   notes
                                                   simplex; exact 0s and 1s; k = 1 is
                                                   sparsemax
 =========  =====================================  =====================================
+
+and three more constructions of the seed:
+
+=============  ===============================================================
+"grad"         GradTopK: p = ∇ log e_k(exp(x/τ)), the k-subset marginals
+               (:mod:`softk.gradtopk`); 0 < p < 1, k = 1 is softmax
+"iterative"    Su 2019: k rounds of p += softmax((1 − p) ⊙ z), z ≥ 0
+               (:mod:`softk.iterative`); p can exceed 1, not monotone
+"weighted"     k rounds of p += softmax of z weighted by 1 − p; flawed (its
+               τ → 0 limit is not the top-k), kept for comparison
+=============  ===============================================================
+
+``softk.properties(method)`` measures which of the seed's properties each
+method has.
 """
 
 from __future__ import annotations
@@ -23,13 +37,25 @@ from torch import Tensor
 
 from . import _backend
 from ._validate import check_choice, check_dim, check_input, check_k, check_tau
+from .gradtopk import gradtopk
+from .iterative import su_iterative, weighted
 from .threshold import THRESHOLD_METHODS, threshold_map
 
-METHODS = tuple(THRESHOLD_METHODS)
+
+def _threshold(family):
+    return lambda x, k, dim, tau: threshold_map(x, family, k, dim, tau)
+
+
+# method name -> launcher(x, k, dim, tau) taking validated arguments.
+_REGISTRY = {name: _threshold(family) for name, family in THRESHOLD_METHODS.items()}
+_REGISTRY.update(grad=gradtopk, iterative=su_iterative, weighted=weighted)
+
+METHODS = tuple(_REGISTRY)
 
 
 def soft_topk(x: Tensor, k: int, dim: int = -1, tau: float = 1.0, method: str = "exp") -> Tensor:
-    r"""Smooth top-k mask: p with Σp = k and 0 ≤ p ≤ 1 along ``dim``.
+    r"""Smooth top-k mask: p with Σp = k along ``dim``, 0 ≤ p ≤ 1 for every
+    method except "iterative" and "weighted" (whose entries can exceed 1).
 
     For the threshold methods,
 
@@ -39,15 +65,19 @@ def soft_topk(x: Tensor, k: int, dim: int = -1, tau: float = 1.0, method: str = 
     with ψ the convex conjugate of ∫f (see :mod:`softk.threshold.families`).
     λ is exact for "exp", "laplace" and "sparse" (closed form on the active
     set) and found by safeguarded Newton to the dtype's precision for "sigmoid".
-    As τ → 0 every method tends to the hard top-k multi-hot (on rows without
-    ties at the k-th place).
+    As τ → 0 the threshold methods, "grad" and "iterative" tend to the hard
+    top-k multi-hot (on rows without ties at the k-th place); "weighted" does
+    not (see the module docstring).  "grad" is the gradient of
+    log Σ_{|S|=k} exp(Σ_{i∈S} x_i/τ), computed by a log-space recurrence with
+    an explicit Hessian–vector-product backward (:mod:`softk.gradtopk`).
 
     Args:
         x: scores, any shape, floating point (half computed in float32).
         k: how many entries to select, an int in [1, n] with n = x.shape[dim].
         dim: the dimension to select along.
         tau: temperature > 0.
-        method: one of "exp", "sigmoid", "laplace", "sparse".
+        method: one of "exp", "sigmoid", "laplace", "sparse", "grad",
+            "iterative", "weighted".
 
     Returns:
         ``p`` shaped like ``x``.  ``-inf`` entries get 0 and are otherwise
@@ -62,6 +92,8 @@ def soft_topk(x: Tensor, k: int, dim: int = -1, tau: float = 1.0, method: str = 
     tensor([0.0900, 0.2447, 0.6652, 1.0000])
     >>> softk.soft_topk(torch.tensor([1.0, 2.0, 3.0, 4.0]), k=2, method="sparse")
     tensor([0., 0., 1., 1.])
+    >>> softk.soft_topk(torch.tensor([0.0, 0.0, 0.0]), k=2, method="grad")
+    tensor([0.6667, 0.6667, 0.6667])
     """
     check_input(x)
     dim = check_dim(x, dim)
@@ -69,4 +101,4 @@ def soft_topk(x: Tensor, k: int, dim: int = -1, tau: float = 1.0, method: str = 
     tau = check_tau(tau)
     check_choice(method, METHODS, "method")
     _backend.resolve(x)
-    return threshold_map(x, THRESHOLD_METHODS[method], k, dim, tau)
+    return _REGISTRY[method](x, k, dim, tau)

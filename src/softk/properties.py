@@ -1,0 +1,145 @@
+r"""Measure which of the seed's properties a ``soft_topk`` method actually has.
+
+Nothing here is a list of known answers: each property is checked by running
+the method on a fixed, seeded set of generated inputs and comparing the
+output with what the property demands.  The properties (p = soft_topk(x, k),
+computed in float64):
+
+=================  ==========================================================
+sum_k              Σp = k on every row
+range              0 ≤ p ≤ 1
+monotone           x_i > x_j ⇒ p_i ≥ p_j
+shift_invariant    p(x + c) = p(x) for a constant c
+limit_hard_topk    at small τ (scores ≥ 1 apart, τ = 1/20) p is within
+                   ``limit_tol`` of the k-hot mask of the top k.  τ is kept
+                   where e^{−1/τ} is far above float64 rounding, so a wrong
+                   limit is not hidden by 1 − p rounding to 0 (at τ = 1/40 the
+                   "weighted" method's p_max rounds to exactly 1 and it looks
+                   right).
+k1_softmax         k = 1 gives softmax(x/τ)
+=================  ==========================================================
+
+A property holds when its worst violation over all inputs is at most ``tol``
+(``limit_tol`` for the limit, whose smooth methods are still ~e^{−10} away
+at τ = 1/20).
+``property_violations`` returns those worst violations themselves.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+import torch
+
+from ._validate import check_choice, check_tau
+from .hard import hard_topk
+from .simplex import softmax
+from .topk import METHODS, soft_topk
+
+PROPERTY_NAMES = ("sum_k", "range", "monotone", "shift_invariant", "limit_hard_topk", "k1_softmax")
+
+# Separation of the scores and τ used for the limit: gaps of 1 at τ = 1/20 put
+# the non-selected mass near e^{−20} ≈ 2e−9, well below the tolerance and well
+# above float64 rounding.
+_LIMIT_TAU = 0.05
+
+
+def _inputs(seed: int):
+    """Rows (n, k, τ, x) to measure on: Gaussian rows at several scales, evenly
+    spaced rows, and rows with one outlier (where iterative schemes overshoot)."""
+    gen = np.random.default_rng(seed)
+    cases = []
+    for n in (4, 7, 12):
+        for tau in (0.3, 1.0):
+            ks = sorted({1, 2, n // 2, n - 1})
+            xs = [gen.normal(size=(4, n)) * s for s in (0.5, 2.0, 6.0)]
+            xs.append(np.linspace(0.0, n - 1.0, n)[None, ::-1].copy())
+            spike = np.zeros((1, n))
+            spike[0, -1] = 5.0
+            xs.append(spike)
+            x = np.concatenate(xs)
+            cases += [(k, tau, torch.tensor(x)) for k in ks]
+    return cases
+
+
+def _limit_inputs(seed: int):
+    """Rows of distinct scores at least 1 apart (random permutations of 0..n−1)."""
+    gen = np.random.default_rng(seed + 1)
+    out = []
+    for n in (4, 7, 12):
+        x = np.stack([gen.permutation(n) for _ in range(4)]).astype(np.float64)
+        out += [(k, torch.tensor(x)) for k in sorted({1, 2, n // 2, n - 1})]
+    return out
+
+
+def _monotone_violation(x: torch.Tensor, p: torch.Tensor) -> float:
+    """max over pairs with x_i > x_j of p_j − p_i (rows are short: all pairs)."""
+    above = x[:, :, None] > x[:, None, :]
+    gap = p[:, None, :] - p[:, :, None]  # [r, i, j] = p_j − p_i
+    return float(torch.clamp(torch.where(above, gap, 0.0), min=0).max())
+
+
+def property_violations(method: str, seed: int = 0) -> dict:
+    """Worst violation of each property (0 = holds exactly) for ``method``.
+
+    >>> import softk
+    >>> v = softk.property_violations("sparse")
+    >>> sorted(v) == sorted(softk.properties("sparse"))
+    True
+    """
+    check_choice(method, METHODS, "method")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    return dict(_measure(method, seed))
+
+
+@lru_cache(maxsize=64)  # deterministic, and the CLI asks for both views
+def _measure(method: str, seed: int) -> tuple:
+    worst = dict.fromkeys(PROPERTY_NAMES, 0.0)
+
+    def note(name, value):
+        value = float(value)
+        worst[name] = max(worst[name], value if value == value else float("inf"))
+
+    for k, tau, x in _inputs(seed):
+        p = soft_topk(x, k, tau=tau, method=method)
+        note("sum_k", (p.sum(-1) - k).abs().max())
+        note("range", torch.clamp(torch.maximum(-p, p - 1), min=0).max())
+        note("monotone", _monotone_violation(x, p))
+        shifted = soft_topk(x + 3.7, k, tau=tau, method=method)
+        note("shift_invariant", (shifted - p).abs().max())
+        if k == 1:
+            note("k1_softmax", (p - softmax(x, -1, tau)).abs().max())
+    for k, x in _limit_inputs(seed):
+        p = soft_topk(x, k, tau=_LIMIT_TAU, method=method)
+        note("limit_hard_topk", (p - hard_topk(x, k)).abs().max())
+    return tuple(worst.items())
+
+
+def properties(method: str, seed: int = 0, tol: float = 1e-6, limit_tol: float = 1e-3) -> dict:
+    r"""Which of the seed's properties ``soft_topk(..., method=method)`` has,
+    measured on generated inputs.
+
+    Args:
+        method: a ``soft_topk`` method (``softk.topk.METHODS``).
+        seed: seed of the generated inputs (the result is deterministic).
+        tol: largest violation still counted as "holds" (computations are in
+            float64; the exact methods are within ~1e-12).
+        limit_tol: the same for ``limit_hard_topk`` (at τ = 1/20 "sigmoid"
+            is 4.5e-5 and "laplace" 2.3e-5 from the mask; "weighted" 1.0).
+
+    Returns:
+        ``{name: bool}`` for the names ``sum_k``, ``range``, ``monotone``,
+        ``shift_invariant``, ``limit_hard_topk``, ``k1_softmax`` (see the
+        module docstring for what each measures).
+
+    >>> import softk
+    >>> softk.properties("exp")["range"], softk.properties("iterative")["range"]
+    (True, False)
+    """
+    tol = check_tau(tol, "tol")
+    limit_tol = check_tau(limit_tol, "limit_tol")
+    bound = dict.fromkeys(PROPERTY_NAMES, tol)
+    bound["limit_hard_topk"] = limit_tol
+    return {name: v <= bound[name] for name, v in property_violations(method, seed).items()}
