@@ -1,0 +1,117 @@
+r"""Cross-entropy with exactly torch's semantics, plus a temperature.
+
+.. math:: \ell = -\sum_c w_c\, q_c \log \operatorname{softmax}(x/\tau)_c,
+          \qquad q = (1-\varepsilon)\,y + \varepsilon/C,
+
+with y the one-hot of the class index (or the given distribution), ε the label
+smoothing and w the class weights; "mean" divides by Σ w_{t_i} over the
+non-ignored rows.  The arithmetic *is* ``torch.nn.functional.cross_entropy``
+(fused log-softmax + NLL, the numerically stable form the softmax seed
+derives), called after softk's argument checks, so results are identical to
+torch; ``tau`` divides the scores first (gradient (p − y)/τ).
+
+Differences from torch, all refusals of input torch accepts silently:
+``target`` is checked before any arithmetic (class indices in range, shape),
+a probability target must be a distribution (>= 0, rows summing to 1), and
+``ignore_index`` may not be set together with a probability target (torch
+ignores it there).  Half-precision input is computed in float32 and the result
+returned in the input dtype.  A row whose scores are all ``-inf`` gives NaN,
+as in torch (it has no distribution to score).
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .._validate import check_input, check_tau
+from ..threshold.function import compute_dtype
+from . import targets as tg
+
+
+def _check_weight(weight, n_classes: int, device) -> Tensor:
+    if not isinstance(weight, Tensor):
+        raise TypeError(f"weight must be a 1-D floating tensor of {n_classes} class weights, got {type(weight).__name__}")
+    if not weight.is_floating_point() or weight.shape != (n_classes,):
+        raise ValueError(
+            f"weight must be a 1-D floating tensor of shape ({n_classes},) (one weight per class), "
+            f"got dtype {weight.dtype} and shape {tuple(weight.shape)}"
+        )
+    if not bool(torch.isfinite(weight).all()):
+        raise ValueError("weight must be finite")
+    return weight.to(device)
+
+
+def _check_smoothing(label_smoothing) -> float:
+    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, numbers.Real):
+        raise TypeError(f"label_smoothing must be a float in [0, 1], got {type(label_smoothing).__name__}")
+    if not 0.0 <= float(label_smoothing) <= 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
+    return float(label_smoothing)
+
+
+def cross_entropy(
+    input: Tensor,
+    target: Tensor,
+    weight=None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+    tau: float = 1.0,
+) -> Tensor:
+    r"""``torch.nn.functional.cross_entropy(input / tau, ...)`` with checked arguments.
+
+    Args:
+        input: scores (N, C, d1, ...) with classes on dim 1, or (C,).
+        target: class indices (integer, ``input``'s shape without dim 1) or a
+            float tensor shaped like ``input`` whose rows are distributions.
+        weight: optional (C,) class weights.
+        ignore_index: class index whose rows give 0 and are left out of "mean"
+            (class-index targets only).
+        reduction: "mean", "sum" or "none".
+        label_smoothing: ε in [0, 1], mixing the target with the uniform 1/C.
+        tau: temperature > 0.
+
+    See the module docstring for the formula and the few inputs refused where
+    torch accepts them.  The Fenchel–Young view: for one-hot targets this is
+    :func:`softmax_loss`.
+
+    >>> import torch
+    >>> round(cross_entropy(torch.tensor([[0.0, 0.0, 0.0]]), torch.tensor([2])).item(), 6)  # log 3
+    1.098612
+    >>> round(cross_entropy(torch.tensor([[2.0, 0.0]]), torch.tensor([0]), tau=2.0).item(), 6)  # log(1 + 1/e)
+    0.313262
+    """
+    check_input(input, "input")
+    tau = check_tau(tau)
+    reduction = tg.check_reduction(reduction)
+    ignore_index = tg.check_ignore_index(ignore_index)
+    label_smoothing = _check_smoothing(label_smoothing)
+    tg.check_target_tensor(target)
+    cdim = tg.class_dim(input)
+    n_classes = input.shape[cdim]
+    if n_classes == 0:
+        raise ValueError(f"input must have at least one class along dim {cdim}, got shape {tuple(input.shape)}")
+    ct = compute_dtype(input.dtype)
+    if weight is not None:
+        weight = _check_weight(weight, n_classes, input.device).to(ct)
+    if tg.is_index_target(target):
+        tg.index_target(input, target, ignore_index)
+        target = target.to(input.device).long()
+    else:
+        if ignore_index != -100:
+            raise ValueError(
+                "ignore_index applies to class-index targets only; torch ignores it for "
+                "probability targets, softk refuses it rather than drop it silently"
+            )
+        target = tg.distribution_target(input, target, 1, capped=False).to(ct)
+    x = input.to(ct)
+    if tau != 1.0:
+        x = x / tau
+    out = F.cross_entropy(
+        x, target, weight=weight, ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing
+    )
+    return out.to(input.dtype)
