@@ -89,3 +89,22 @@ def test_plot_writes_png_figures(tmp_path):
     for p in pngs:
         data = p.read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_check_json_reports_measured_findings():
+    r = softk("check", "--json")
+    assert r.returncode == 0, r.stderr
+    table = json.loads(r.stdout)
+    names = {"sum_k", "range", "monotone", "shift_invariant", "limit_hard_topk", "k1_softmax"}
+    for method in ("exp", "sigmoid", "laplace", "sparse"):
+        assert set(table[method]) == names
+        assert table[method]["sum_k"] and table[method]["range"] and table[method]["monotone"]
+    assert table["exp"]["k1_softmax"] is True
+    assert table["laplace"]["k1_softmax"] is False  # measured: Laplace at k=1 is not softmax
+    assert table["sparse"]["k1_softmax"] is False  # it is sparsemax
+    # The seed's iterative soft-k-max overshoots (p > 1) and is not monotone;
+    # the weighted iteration does not reach the hard top-k.
+    assert table["iterative"]["range"] is False and table["iterative"]["monotone"] is False
+    assert table["weighted"]["limit_hard_topk"] is False
+    r = softk("check")
+    assert r.returncode == 0 and "limit_hard_topk" in r.stdout and "iterative" in r.stdout
