@@ -92,4 +92,7 @@ def topk_sum(
     count = torch.clamp((x.detach() > float("-inf")).sum(dim, keepdim=True), max=k)
     psi1 = float(family.psi(torch.tensor(1.0, dtype=torch.float64)))
     out = phi + (tau * psi1) * count.to(phi.dtype)
+    # A NaN/+inf row is NaN (⟨z, p⟩ − Σψ(p) reads a NaN p as 0 for "sigmoid").
+    broken = (torch.isnan(x) | (x == float("inf"))).any(dim, keepdim=True)
+    out = torch.where(broken, float("nan"), out)
     return out if keepdim else out.squeeze(dim)

@@ -1,6 +1,7 @@
 """``torch.nn`` modules wrapping softk's functions (see each function for the maths)."""
 
 from .maps import Entmax, Entmax15, Sparsemax, SoftTopK
+from .topk import HardTopK, TopKSoftmax, TopKSum
 from .cosine import CosineClassifier
 from .losses import (
     CrossEntropyLoss,
@@ -13,6 +14,7 @@ from .losses import (
 )
 
 __all__ = ["Sparsemax", "Entmax15", "Entmax", "SoftTopK"]
+__all__ += ["HardTopK", "TopKSoftmax", "TopKSum"]
 __all__ += [
     "CosineClassifier",
     "CrossEntropyLoss",
