@@ -46,6 +46,9 @@ class Family:
     # True when g(λ) = Σ f(z-λ) is convex in λ: Newton started on the g > k side
     # then never overshoots.
     convex: bool = False
+    # True when f(u) = 0 for u <= 0: only the largest entries can be in the
+    # support, so λ can be found from a partial sort (solve.solve_on_candidates).
+    zero_below: bool = False
 
 
 def _sum(t: Tensor) -> Tensor:
@@ -171,6 +174,7 @@ SPARSE = Family(
     capped=True,
     knots=lambda z: torch.cat([z, z - 1], dim=-1),
     closed_form=_clip_closed_form,
+    zero_below=True,
 )
 
 
@@ -193,6 +197,7 @@ SPARSEMAX = Family(
     knots=_knots_at_z,
     closed_form=_relu_closed_form,
     convex=True,
+    zero_below=True,
 )
 
 
@@ -218,6 +223,7 @@ ENTMAX15 = Family(
     knots=_knots_at_z,
     closed_form=_entmax15_closed_form,
     convex=True,
+    zero_below=True,
 )
 
 
@@ -284,6 +290,7 @@ def entmax_family(alpha) -> Family:
         bracket=bracket,
         # [u]_+^β is convex for β >= 1 (α <= 2); for α > 2 Newton is safeguarded.
         convex=bool(torch.all(torch.as_tensor(alpha) <= 2)),
+        zero_below=True,
     )
 
 

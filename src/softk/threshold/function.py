@@ -23,8 +23,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .families import Family
-from .solve import solve_lambda
+from .families import EXP, Family
+from .solve import solve_exp_topk, solve_lambda, solve_on_candidates
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -40,41 +40,93 @@ def row_status(z: Tensor, k: int):
     return finite, ~(broken | saturated), broken
 
 
-def threshold_forward(family: Family, z: Tensor, k: int) -> Tensor:
-    """p = f(z − λ), Σp = k, on the last dimension (no autograd)."""
+# Rows narrower than this go through the general solver: a partial sort saves
+# nothing there and the general path is the one the fast paths are checked against.
+_FAST_MIN_WIDTH = 64
+
+
+def _fill_rows(z: Tensor, p: Tensor, active: Tensor, broken: Tensor) -> Tensor:
+    """Apply the row conventions to rows that were not solved."""
+    if bool(active.all()):
+        return p
+    filled = torch.where(broken, float("nan"), (z > float("-inf")).to(z.dtype))
+    return torch.where(active, p, filled)
+
+
+def threshold_forward_support(family: Family, z: Tensor, k: int):
+    """(p, support) with p = f(z − λ), Σp = k, on the last dimension (no autograd).
+
+    ``support`` is ``(idx, valid)`` when p is known to vanish off the columns
+    ``idx`` (..., K) outside the entries marked ``valid``; the backward then
+    touches only those columns.  It is None on the general path.
+    """
+    n = z.shape[-1]
+    if family.zero_below and n >= _FAST_MIN_WIDTH and k + 2 <= n:
+        lam, active, broken, idx, valid = solve_on_candidates(family, z, k)
+        if idx is not None:
+            # f(z − λ) = 0 off the candidates: write only the candidates.
+            vals = torch.where(valid, family.f(z.gather(-1, idx) - lam), 0.0)
+            p = torch.zeros_like(z).scatter_(-1, idx, vals)
+            return _fill_rows(z, p, active, broken), (idx, valid)
+        zs = z if bool(active.all()) else torch.where(active, z, 0.0)
+        return _fill_rows(z, family.f(zs - lam), active, broken), None
+    if family is EXP and n >= _FAST_MIN_WIDTH and 4 * (k + 1) <= n:
+        found = solve_exp_topk(z, k)
+        if found is not None:
+            lam, active, broken = found
+            zs = z if bool(active.all()) else torch.where(active, z, 0.0)
+            return _fill_rows(z, family.f(zs - lam), active, broken), None
     finite, active, broken = row_status(z, k)
     zs = torch.where(active, z, 0.0)  # rows filled below get harmless values
     lam = solve_lambda(family, zs, k, active)
     p = family.f(zs - lam)
     filled = torch.where(broken, float("nan"), finite.to(z.dtype))
-    return torch.where(active, p, filled)
+    return torch.where(active, p, filled), None
+
+
+def threshold_forward(family: Family, z: Tensor, k: int) -> Tensor:
+    """p = f(z − λ), Σp = k, on the last dimension (no autograd)."""
+    return threshold_forward_support(family, z, k)[0]
 
 
 def threshold_vjp(d: Tensor, g: Tensor, tau: float) -> Tensor:
-    """(d⊙g − d·Σ(d⊙g)/Σd)/τ on the last dimension, 0 where Σd = 0."""
-    dg = d * g
+    """d⊙(g − Σ(d⊙g)/Σd)/τ on the last dimension, 0 where Σd = 0."""
     sd = d.sum(-1, keepdim=True)
-    coef = torch.where(sd > 0, dg.sum(-1, keepdim=True) / torch.where(sd > 0, sd, 1.0), 0.0)
-    return (dg - d * coef) / tau
+    # Σ d⊙g as a batched dot product: one pass and no n-sized temporary.
+    sdg = (d.unsqueeze(-2) @ g.unsqueeze(-1)).squeeze(-1)
+    coef = torch.where(sd > 0, sdg / torch.where(sd > 0, sd, 1.0), 0.0)
+    out = (g - coef).mul_(d)
+    return out if tau == 1.0 else out.div_(tau)
 
 
 class ThresholdFunction(torch.autograd.Function):
-    """p = f(x/τ − λ) along the last dimension of ``x``; saves only p."""
+    """p = f(x/τ − λ) along the last dimension of ``x``; saves p (and, for the
+    sparse families, the support's column indices)."""
 
     @staticmethod
     def forward(ctx, x: Tensor, family: Family, k: int, tau: float) -> Tensor:
-        z = x.to(compute_dtype(x.dtype)) / tau
-        out = threshold_forward(family, z, k).to(x.dtype)
-        ctx.save_for_backward(out)
-        ctx.family, ctx.tau = family, tau
+        z = x.to(compute_dtype(x.dtype))
+        if tau != 1.0:
+            z = z / tau
+        p, support = threshold_forward_support(family, z, k)
+        out = p.to(x.dtype)
+        ctx.family, ctx.tau, ctx.sparse = family, tau, support is not None
+        ctx.save_for_backward(out, *(support or ()))
         return out
 
     @staticmethod
     def backward(ctx, g: Tensor):
-        (p,) = ctx.saved_tensors
-        ct = compute_dtype(p.dtype)
-        d = ctx.family.d_from_p(p.to(ct))
-        return threshold_vjp(d, g.to(ct), ctx.tau).to(p.dtype), None, None, None
+        out = ctx.saved_tensors[0]
+        ct = compute_dtype(out.dtype)
+        if ctx.sparse:
+            # d = 0 off the support: the vjp lives on the saved columns only.
+            idx, valid = ctx.saved_tensors[1:]
+            d = torch.where(valid, ctx.family.d_from_p(out.gather(-1, idx).to(ct)), 0.0)
+            vals = threshold_vjp(d, g.gather(-1, idx).to(ct), ctx.tau)
+            grad = torch.zeros(out.shape, dtype=ct, device=out.device).scatter_(-1, idx, vals)
+            return grad.to(out.dtype), None, None, None
+        d = ctx.family.d_from_p(out.to(ct))
+        return threshold_vjp(d, g.to(ct), ctx.tau).to(out.dtype), None, None, None
 
 
 def threshold_map(x: Tensor, family: Family, k: int, dim: int, tau: float) -> Tensor:

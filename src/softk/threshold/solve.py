@@ -87,3 +87,84 @@ def solve_lambda(family: Family, z: Tensor, k: int, active: Tensor) -> Tensor:
     finite = z > float("-inf")
     lo, hi = family.bracket(z, k, finite)
     return newton(family, z, k, lo, hi, active)
+
+
+# ------------------------------------------------------------------ fast paths
+# Sorting every row costs O(n log n) and many passes; the fast paths below touch
+# the full row only in a partial sort (``topk``) and in writing the output.
+
+_K0 = 32  # first guess for the support size; a second round fixes rows it misses
+
+
+def _topk(z: Tensor, K: int):
+    return torch.topk(z, K, dim=-1, sorted=True)
+
+
+def row_status_from_top(v: Tensor, k: int):
+    """(active, broken) from a row's top values sorted descending (k < width):
+    topk puts NaN first, then +inf; m > k finite entries iff the (k+1)-th is finite."""
+    top = v[..., :1]
+    broken = torch.isnan(top) | (top == float("inf"))
+    return (v[..., k : k + 1] > float("-inf")) & ~broken, broken
+
+
+def solve_on_candidates(family: Family, z: Tensor, k: int):
+    """λ for a family with f(u) = 0 for u ≤ 0, from the top entries only.
+
+    If λ_K solves Σ f(v − λ) = k over the K largest entries v, then g(λ_K) ≥ k,
+    so λ* ≥ λ_K; when the (K+1)-th largest is ≤ λ_K no other entry reaches the
+    support and λ* = λ_K.  Rows where that fails get a second round with K =
+    #{z > λ_K} + 1, which is guaranteed to hold the support.
+
+    Returns (lam, active, broken, idx, valid): ``idx`` are column indices of
+    the candidates (..., K) and ``valid`` marks those in the support, or
+    ``idx = None`` when the candidates cover a large part of the row.
+    """
+    n = z.shape[-1]
+    K = min(n, max(_K0, k + 2))
+    while True:
+        v, idx = _topk(z, K)
+        active, broken = row_status_from_top(v, k)
+        vs = torch.where(active, v, 0.0)
+        solve_on = vs if K == n else vs[..., :-1]
+        lam = solve_lambda(family, solve_on, k, active)
+        if K == n:
+            break
+        missed = (v[..., -1:] > lam) & active
+        if not bool(missed.any()):
+            break
+        count = (torch.where(missed, z, float("-inf")) > lam).sum(-1).amax()
+        K = min(n, max(2 * K, int(count) + 2))
+    if 4 * K > n:
+        return lam, active, broken, None, None
+    valid = (v > lam) & active
+    return lam, active, broken, idx, valid
+
+
+def solve_exp_topk(z: Tensor, k: int):
+    """λ for f(u) = min(1, e^u) from the top k+1 entries and one logsumexp.
+
+    At most k−1 entries are saturated (z ≥ λ), all among the top k; every other
+    entry is unsaturated.  With j saturated and R = logsumexp of the entries
+    outside the top k,  λ_j = logaddexp(R, lse(v_j..v_{k−1})) − log(k − j); the
+    j consistent with its own partition (v_{j−1} ≥ λ_j > v_j) is the solution.
+    Returns (lam, active, broken) or None when a row has no consistent j
+    (rounding at ties), so that the caller uses the general solver.
+    """
+    v, idx = _topk(z, k + 1)
+    active, broken = row_status_from_top(v, k)
+    zs = torch.where(active, z, 0.0) if not bool(active.all()) else z
+    vs = torch.where(active, v[..., :k], 0.0)
+    rest = zs.scatter(-1, idx[..., :k], float("-inf"))
+    r = torch.logsumexp(rest, -1, keepdim=True)
+    # lse(v_j..v_{k-1}) for every j: a reversed cumulative logsumexp.
+    tail = torch.logcumsumexp(vs.flip(-1), -1).flip(-1)
+    j = torch.arange(k, device=z.device, dtype=z.dtype)
+    lam_j = torch.logaddexp(r, tail) - torch.log(k - j)
+    prev = torch.cat([torch.full_like(vs[..., :1], float("inf")), vs[..., :-1]], -1)
+    ok = (vs < lam_j) & (prev >= lam_j)
+    found = ok.any(-1, keepdim=True) | ~active
+    if not bool(found.all()):
+        return None
+    first = ok.to(torch.uint8).argmax(-1, keepdim=True)
+    return lam_j.gather(-1, first), active, broken
