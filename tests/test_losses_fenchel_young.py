@@ -99,6 +99,18 @@ def test_softmax_loss_is_kl_to_softmax(rng):
     np.testing.assert_allclose(out.numpy(), kl, rtol=0, atol=1e-13)
 
 
+def test_large_scores_keep_relative_precision(rng):
+    """mpmath reference at 50 digits: the loss is exact to a few ulps even when
+    scores are in the hundreds (the row is shifted so its max is 0)."""
+    mpmath = pytest.importorskip("mpmath")
+    mpmath.mp.dps = 50
+    x = rng.normal(size=(20, 30)) * 300
+    t = rng.integers(0, 30, size=20)
+    ref = np.array([float(mpmath.log(mpmath.fsum(mpmath.exp(mpmath.mpf(v)) for v in r)) - mpmath.mpf(r[i])) for r, i in zip(x, t)])
+    out = losses.softmax_loss(torch.tensor(x), torch.tensor(t), reduction="none").numpy()
+    np.testing.assert_allclose(out, ref, rtol=4e-16, atol=1e-15)
+
+
 # ---------------------------------------------------------- the entmax package
 def test_agrees_with_entmax_package(rng):
     entmax = pytest.importorskip("entmax")

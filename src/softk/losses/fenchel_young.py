@@ -40,6 +40,12 @@ class FenchelYoungFunction(torch.autograd.Function):
     def forward(ctx, x: Tensor, y, index, family: Family, k: int, tau: float) -> Tensor:
         ct = compute_dtype(x.dtype)
         z = x.to(ct) / tau
+        # L is invariant to a per-row shift of z (Φ(z + c) = Φ(z) + ck and
+        # ⟨z + c, y⟩ = ⟨z, y⟩ + ck).  Shifting the row max to 0 keeps the terms
+        # z_i·p_i of the entries that carry the mass near 0, so their rounding
+        # does not scale with |z|.
+        zmax = z.amax(-1, keepdim=True)  # NaN, +inf or -inf rows: no shift
+        z = z - torch.where(torch.isfinite(zmax), zmax, 0.0)
         p = threshold_forward(family, z, k)
         phi = value_at(family, z, p)
         if index is None:
