@@ -295,6 +295,8 @@ def test_errors_name_the_target():
         (lambda: losses.soft_topk_loss(x, torch.tensor([[1.0, 1, 0]] * 2), k=4), ValueError, "k must be in"),
         (lambda: losses.soft_topk_loss(x, torch.tensor([[1.0, 1, 0]] * 2), k=2, method="max"), ValueError, "method must be"),
         (lambda: losses.fenchel_young_loss(x, torch.tensor([0, 1]), softk.threshold.EXP, k=2), ValueError, "only meaningful for k = 1"),
+        (lambda: losses.fenchel_young_loss(x, torch.ones(2, 3) * 2 / 3, softk.threshold.SPARSEMAX, k=2), ValueError, "k = 1 only"),
+        (lambda: losses.fenchel_young_loss(x, torch.tensor([0, 1]), "sparsemax"), TypeError, "family must be"),
     ]
     for call, exc, msg in cases:
         with pytest.raises(exc, match=msg):

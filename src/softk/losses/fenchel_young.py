@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .._validate import check_input, check_tau
+from .._validate import check_input, check_k, check_tau
 from ..threshold.families import Family
 from ..threshold.function import compute_dtype, threshold_forward
 from ..threshold.potential import value_at
@@ -123,6 +123,11 @@ def fenchel_young_loss(
             "target requires grad, but Fenchel–Young losses give no gradient to the target; "
             "pass target.detach()"
         )
+    if not isinstance(family, Family):
+        raise TypeError(f"family must be a softk.threshold.Family (e.g. softk.threshold.SPARSEMAX), got {type(family).__name__}")
+    k = check_k(k, input.shape[cdim])
+    if not family.capped and k != 1:
+        raise ValueError(f"family {family.name!r} maps onto the simplex (k = 1 only), got k={k}")
     x = input.movedim(cdim, -1)
     if tg.is_index_target(target):
         if k != 1:
