@@ -112,5 +112,5 @@ def test_errors_name_the_parameter():
 
 def test_module_inputs_are_float64():
     # The table is measured in float64.
-    for _, _, x in props._inputs(0):
-        assert x.dtype == torch.float64
+    for _, z, lim in props._inputs(0):
+        assert z.dtype == torch.float64 and lim.dtype == torch.float64

@@ -119,7 +119,9 @@ def _solve(z: Tensor, k: int, g: Tensor | None = None):
     pairs = _log_pairs(t, r, k)
     # c_i = log e_{k−1}(w_{−i}) is finite: a row here has > k finite entries.
     c = torch.logsumexp(pairs, -1)  # (n, R)
-    p = torch.exp(zt + c - log_ek).t()
+    # 0 < p < 1 exactly; the exponent's rounding (~1e-13 at |z| ~ 100) can
+    # put a saturated p a few ulps above 1, which would break log(1 − p).
+    p = torch.exp(zt + c - log_ek).clamp(max=1.0).t()
     if g is None:
         return log_ek + k * top.squeeze(-1), p, None
     gt = g.t()
