@@ -230,6 +230,12 @@ def test_ties_masks_and_small_rows():
     # NaN stays in its row
     out = losses.softmax_loss(torch.tensor([[0.0, float("nan")], [0.0, 1.0]]), torch.tensor([0, 1]), reduction="none")
     assert torch.isnan(out[0]) and torch.isfinite(out[1])
+    y = torch.tensor([[1.0, 0, 1], [1, 1, 0]], dtype=torch.float64)
+    for m in METHODS:  # sigmoid's psi reads a NaN p as 0: the row must still be NaN
+        for bad in (float("nan"), float("inf")):
+            x = torch.tensor([[0.0, bad, 1.0], [0, 1, 2]], dtype=torch.float64)
+            out = losses.soft_topk_loss(x, y, 2, m, reduction="none")
+            assert torch.isnan(out[0]) and torch.isfinite(out[1]), m
 
 
 def test_size_one_and_1d_input():

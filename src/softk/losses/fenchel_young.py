@@ -56,8 +56,11 @@ class FenchelYoungFunction(torch.autograd.Function):
             z_t = z.gather(-1, index)
             loss = phi - (z_t - family.psi(torch.ones_like(z_t)))
         # Exact L is >= 0; only rounding of the two nearly equal terms can make
-        # it negative (clamp keeps NaN rows NaN).
+        # it negative.
         loss = torch.clamp(loss, min=0.0)
+        # A row with NaN/+inf scores has p = NaN, but ψ may read NaN as 0
+        # (sigmoid's x log x does), so say NaN explicitly.
+        loss = torch.where(torch.isnan(p).any(-1, keepdim=True), float("nan"), loss)
         ctx.save_for_backward(p, y, index)
         ctx.tau, ctx.x_dtype = tau, x.dtype
         return loss
