@@ -151,6 +151,18 @@ def test_backward_at_large_scale_is_finite_and_matches_differences(rng):
     np.testing.assert_allclose(hg.numpy(), (plus - minus) / (2 * eps), rtol=0, atol=1e-8)
 
 
+def test_float32_backward_at_scale_is_finite_and_close(rng):
+    # float32 input at n = 200, k = 40, x ~ N(0, 1)·50: the HVP is accumulated
+    # in float64 too; compare with the float64 computation of the same input.
+    x32 = torch.tensor(rng.normal(size=(2, 200)) * 50, dtype=torch.float32, requires_grad=True)
+    g = torch.tensor(rng.normal(size=(2, 200)), dtype=torch.float32)
+    (gx,) = torch.autograd.grad(_grad(x32, 40), x32, g)
+    x64 = x32.detach().double().requires_grad_()
+    (gx64,) = torch.autograd.grad(_grad(x64, 40), x64, g.double())
+    assert gx.dtype == torch.float32 and torch.isfinite(gx).all()
+    np.testing.assert_allclose(gx.double().numpy(), gx64.numpy(), rtol=1e-5, atol=1e-6)
+
+
 def test_gradient_sums_to_zero_and_is_symmetric(rng):
     # H is symmetric with H·1 = 0 (Σp = k for every x).
     x = torch.tensor(rng.normal(size=7) * 2, requires_grad=True)

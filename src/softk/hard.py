@@ -92,7 +92,7 @@ def topk_softmax(x: Tensor, k: int, dim: int = -1, tau: float = 1.0) -> Tensor:
         (as in :func:`hard_topk`); ``-inf`` entries get 0; a fully masked row
         is 0 with a zero gradient; a NaN/+inf row is NaN.
 
-    Reference: Su Jianlin, "Sparse softmax" (kexue.fm, 2020).
+    Reference: Su Jianlin's sparse softmax (kexue.fm).
 
     >>> import torch, softk
     >>> softk.topk_softmax(torch.tensor([1.0, 2.0, 3.0, 4.0]), k=2)
