@@ -31,12 +31,13 @@ double backward through logaddexp (NaN at −inf entries, and slow).
 Work and memory are O(nk) per row, all rows at once; the only Python loop
 runs over the n positions.  Memory is a few float64 tables of (n+1)·R·(k+1)
 entries for R rows (forward 2, backward 4 plus the (n, R, k) pair terms: about
-0.5 GB at n = 4096, k = 256, R = 8: peak RSS grew by 0.53 GB), so wide rows with large k are
-better fed in smaller batches.  Measured (benchmarks/gradtopk_scale.py):
+0.5 GB at n = 4096, k = 256, R = 8; peak RSS grew by 0.53 GB), so wide rows
+with large k are better fed in smaller batches.  Measured (benchmarks/gradtopk_scale.py):
 n = 4096, k = 256, batch 8, float32 forward + backward ≈ 2.7 s on 2 busy CPU
-cores.  Everything is accumulated in float64 (a float32
-recurrence drifts by ~1e-2 at n = 200, k = 40, x ~ N(0, 50²)) and the
-result is cast back to the input dtype.
+cores.  Everything is accumulated in float64 and the result is cast back
+to the input dtype: the same recurrence run in float32 at n = 200, k = 40,
+x ~ N(0, 50²) was measured 4.9e-4 off per entry and 9.7e-3 off in Σp (float64:
+5.8e-13 per entry).
 """
 
 from __future__ import annotations
