@@ -1,0 +1,15 @@
+"""Experiments on real data, run with softk's maps and losses.
+
+``multilabel``: the multi-label benchmark of Martins & Astudillo (2016, §4.1) on
+the Mulan data sets — a linear model trained with the sigmoid, softmax,
+sparsemax, entmax15 and soft_topk losses (see :mod:`.multilabel` for the exact
+protocol).  Command line: ``softk experiment multilabel --data DIR``.
+
+These modules need scipy (L-BFGS-B and the ARFF reader), an optional dependency.
+"""
+
+from .data import MultilabelData, load_mulan
+from .metrics import macro_f1, macro_f1_per_label_mean, micro_f1
+from .multilabel import run_multilabel
+
+__all__ = ["MultilabelData", "load_mulan", "run_multilabel", "micro_f1", "macro_f1", "macro_f1_per_label_mean"]
