@@ -4,6 +4,8 @@ reference, and the seed's measured failures, recomputed by the reference."""
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 import softk
 import softk.nn
@@ -118,3 +120,20 @@ def test_module_accepts_method(method):
     x = torch.tensor([[3.0, 2.0, 1.0, 0.0]], dtype=torch.float64)
     torch.testing.assert_close(m(x), softk.soft_topk(x, 2, method=method))
     assert method in repr(m)
+
+
+@given(
+    st.lists(st.floats(-20, 20, allow_nan=False), min_size=2, max_size=10),
+    st.integers(1, 9),
+    st.sampled_from([0.2, 1.0, 5.0]),
+    st.sampled_from(sorted(METHODS)),
+)
+def test_sum_is_k_and_shift_invariant(values, k, tau, method):
+    # What both schemes do promise: k rounds of a softmax add up to k, and the
+    # scores enter through differences only.
+    x = torch.tensor(values, dtype=torch.float64)
+    k = min(k, x.numel() - 1) or 1
+    p = softk.soft_topk(x, k, tau=tau, method=method)
+    assert abs(float(p.sum()) - k) <= 1e-12 * k
+    assert bool((p >= 0).all())
+    np.testing.assert_allclose(softk.soft_topk(x - 3.5, k, tau=tau, method=method).numpy(), p.numpy(), rtol=0, atol=1e-9)

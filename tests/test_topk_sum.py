@@ -41,6 +41,19 @@ def test_float32_and_keepdim(rng, method):
 
 
 @pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_dtypes(rng, method, dtype):
+    x = torch.tensor(rng.normal(size=(2, 6))).to(dtype).requires_grad_()
+    out = softk.topk_sum(x, 2, method=method)
+    assert out.dtype == dtype
+    expect = ref.topk_sum(x.detach().double().numpy(), 2, method=method)
+    rtol = {torch.float16: 1e-3, torch.bfloat16: 4e-3}[dtype]  # one rounding of the result
+    np.testing.assert_allclose(out.detach().double().numpy(), expect, rtol=rtol, atol=0)
+    (g,) = torch.autograd.grad(out.sum(), x)
+    assert g.dtype == dtype and torch.isfinite(g).all()
+
+
+@pytest.mark.parametrize("method", METHODS)
 def test_gradient_is_soft_topk(rng, method):
     x = torch.tensor(rng.normal(size=(3, 6)), requires_grad=True)
     (g,) = torch.autograd.grad(softk.topk_sum(x, 2, tau=0.6, method=method).sum(), x)
