@@ -30,6 +30,7 @@ from . import _backend
 from ._validate import check_choice, check_dim, check_input, check_k, check_tau
 from .gradtopk import log_ek
 from .threshold import THRESHOLD_METHODS
+from .threshold.function import compute_dtype
 from .threshold.potential import potential
 
 SUM_METHODS = tuple(THRESHOLD_METHODS) + ("grad",)
@@ -87,12 +88,14 @@ def topk_sum(
     if method == "grad":
         return log_ek(x, k, dim, tau, keepdim)
     family = THRESHOLD_METHODS[method]
-    phi = potential(x, family, k, dim, tau, keepdim=True)
+    # Half inputs: Φ and the shift in float32, one rounding at the end.
+    xc = x.to(compute_dtype(x.dtype))
+    phi = potential(xc, family, k, dim, tau, keepdim=True)
     # Σp = min(k, number of finite entries): the shift is constant in x.
     count = torch.clamp((x.detach() > float("-inf")).sum(dim, keepdim=True), max=k)
     psi1 = float(family.psi(torch.tensor(1.0, dtype=torch.float64)))
     out = phi + (tau * psi1) * count.to(phi.dtype)
     # A NaN/+inf row is NaN (⟨z, p⟩ − Σψ(p) reads a NaN p as 0 for "sigmoid").
     broken = (torch.isnan(x) | (x == float("inf"))).any(dim, keepdim=True)
-    out = torch.where(broken, float("nan"), out)
+    out = torch.where(broken, float("nan"), out).to(x.dtype)
     return out if keepdim else out.squeeze(dim)
