@@ -165,7 +165,11 @@ def gradtopk_hvp(x: Tensor, k: int, tau: float, g: Tensor) -> Tensor:
 
 
 class GradTopKFunction(torch.autograd.Function):
-    """p = ∇ log e_k(exp(x/τ)) along the last dimension; backward H g / τ."""
+    """p = ∇ log e_k(exp(x/τ)) along the last dimension; backward H g / τ.
+
+    First derivatives only (the backward is computed explicitly, not as a
+    graph), so double backward through it is not supported.
+    """
 
     @staticmethod
     def forward(ctx, x: Tensor, k: int, tau: float) -> Tensor:

@@ -69,7 +69,8 @@ def soft_topk(x: Tensor, k: int, dim: int = -1, tau: float = 1.0, method: str = 
     top-k multi-hot (on rows without ties at the k-th place); "weighted" does
     not (see the module docstring).  "grad" is the gradient of
     log Σ_{|S|=k} exp(Σ_{i∈S} x_i/τ), computed by a log-space recurrence with
-    an explicit Hessian–vector-product backward (:mod:`softk.gradtopk`).
+    an explicit Hessian–vector-product backward (:mod:`softk.gradtopk`;
+    first derivatives only).
 
     Args:
         x: scores, any shape, floating point (half computed in float32).
