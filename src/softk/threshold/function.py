@@ -66,7 +66,7 @@ def threshold_forward_support(family: Family, z: Tensor, k: int):
         if idx is not None:
             # f(z − λ) = 0 off the candidates: write only the candidates.
             vals = torch.where(valid, family.f(z.gather(-1, idx) - lam), 0.0)
-            p = torch.zeros_like(z).scatter_(-1, idx, vals)
+            p = torch.zeros_like(z).scatter_add_(-1, idx, vals)  # padding slots add 0
             return _fill_rows(z, p, active, broken), (idx, valid)
         zs = z if bool(active.all()) else torch.where(active, z, 0.0)
         return _fill_rows(z, family.f(zs - lam), active, broken), None
@@ -123,7 +123,7 @@ class ThresholdFunction(torch.autograd.Function):
             idx, valid = ctx.saved_tensors[1:]
             d = torch.where(valid, ctx.family.d_from_p(out.gather(-1, idx).to(ct)), 0.0)
             vals = threshold_vjp(d, g.gather(-1, idx).to(ct), ctx.tau)
-            grad = torch.zeros(out.shape, dtype=ct, device=out.device).scatter_(-1, idx, vals)
+            grad = torch.zeros(out.shape, dtype=ct, device=out.device).scatter_add_(-1, idx, vals)
             return grad.to(out.dtype), None, None, None
         d = ctx.family.d_from_p(out.to(ct))
         return threshold_vjp(d, g.to(ct), ctx.tau).to(out.dtype), None, None, None

@@ -93,9 +93,6 @@ def solve_lambda(family: Family, z: Tensor, k: int, active: Tensor) -> Tensor:
 # Sorting every row costs O(n log n) and many passes; the fast paths below touch
 # the full row only in a partial sort (``topk``) and in writing the output.
 
-_K0 = 32  # first guess for the support size; a second round fixes rows it misses
-
-
 def _topk(z: Tensor, K: int):
     return torch.topk(z, K, dim=-1, sorted=True)
 
@@ -108,37 +105,86 @@ def row_status_from_top(v: Tensor, k: int):
     return (v[..., k : k + 1] > float("-inf")) & ~broken, broken
 
 
+# Block widths of the max-pooling prefilter: a first pass over the row in
+# blocks of 32 (one vectorised reduction), then blocks of 8 over the survivors.
+_BLOCKS = (32, 8)
+
+
+def _pool_and_gather(family: Family, z: Tensor, k: int, w: int, lam_lo: Tensor, broken: Tensor):
+    """Tighten the lower bound λ_lo with the maxima of blocks of ``w`` and
+    gather the blocks that can hold support entries.  Returns (λ_lo, broken
+    rows, local column indices, gathered values with −inf in padding slots);
+    ``lam_lo`` and ``broken`` are None on the first level."""
+    n = z.shape[-1]
+    nb = n // w
+    n0 = nb * w
+    lead = z.shape[:-1]
+    dev = z.device
+    bmax = z[..., :n0].reshape(*lead, nb, w).amax(-1)
+    pooled = torch.cat([bmax, z[..., n0:]], -1)
+    if broken is None:  # first level: NaN propagates through amax, so it shows here
+        top = pooled.amax(-1, keepdim=True)
+        broken = torch.isnan(top) | (top == float("inf"))
+        lam_lo = torch.full_like(top, float("-inf"))
+    # Block maxima are entries of the row: the λ of any subset of entries is
+    # a lower bound for the row's λ (g of the subset ≤ g of the row).
+    sub_active = ((pooled > float("-inf")).sum(-1, keepdim=True) > k) & ~broken
+    if bool(sub_active.any()):
+        lam_sub = solve_lambda(family, torch.where(sub_active, pooled, 0.0), k, sub_active)
+        lam_lo = torch.where(sub_active, torch.maximum(lam_lo, lam_sub), lam_lo)
+    # Compact the indices of the blocks whose maximum is above λ_lo: a
+    # cumulative count gives each its slot, the others go to a dropped slot.
+    chosen = (bmax > lam_lo) & ~broken
+    count = chosen.sum(-1, keepdim=True)
+    kb = int(count.amax()) if count.numel() else 0
+    slot = torch.where(chosen, chosen.cumsum(-1) - 1, kb)
+    block_idx = torch.zeros(*lead, kb + 1, dtype=torch.long, device=dev)
+    block_idx.scatter_(-1, slot, torch.arange(nb, device=dev).expand_as(slot))
+    cols = (block_idx[..., :kb].unsqueeze(-1) * w + torch.arange(w, device=dev)).reshape(*lead, kb * w)
+    slot_ok = (torch.arange(kb, device=dev) < count).unsqueeze(-1).expand(*lead, kb, w)
+    tail = torch.arange(n0, n, device=dev).expand(*lead, n - n0)
+    cols = torch.cat([cols, tail], -1)
+    slot_ok = torch.cat([slot_ok.reshape(*lead, kb * w), torch.ones_like(tail, dtype=torch.bool)], -1)
+    return lam_lo, broken, cols, torch.where(slot_ok, z.gather(-1, cols), float("-inf"))
+
+
 def solve_on_candidates(family: Family, z: Tensor, k: int):
-    """λ for a family with f(u) = 0 for u ≤ 0, from the top entries only.
+    """λ for a family with f(u) = 0 for u ≤ 0, touching the full row only once.
 
-    If λ_K solves Σ f(v − λ) = k over the K largest entries v, then g(λ_K) ≥ k,
-    so λ* ≥ λ_K; when the (K+1)-th largest is ≤ λ_K no other entry reaches the
-    support and λ* = λ_K.  Rows where that fails get a second round with K =
-    #{z > λ_K} + 1, which is guaranteed to hold the support.
+    1. Max-pool the row in blocks.  Block maxima are entries of the row, so
+       λ_lo, the exact λ of the block maxima (plus the ragged tail), has
+       Σ f(z − λ_lo) ≥ k over the whole row: λ* ≥ λ_lo.
+    2. Only entries > λ_lo can be in the support, and they lie in the blocks
+       whose maximum is > λ_lo: gather those blocks (few: a block enters only
+       if its maximum is in the support of the pooled problem).  Repeat with
+       smaller blocks on the gathered entries.
+    3. Solve exactly on what is left: every other entry is ≤ λ_lo ≤ λ*,
+       contributes f = 0, so this λ is the row's λ*.
 
-    Returns (lam, active, broken, idx, valid): ``idx`` are column indices of
-    the candidates (..., K) and ``valid`` marks those in the support, or
-    ``idx = None`` when the candidates cover a large part of the row.
+    Rows whose pooled problem has ≤ k finite entries keep λ_lo = −inf (every
+    block with a finite entry is gathered), so heavily masked rows stay exact.
+
+    Returns (lam, active, broken, idx, valid): ``idx`` (..., K) are the
+    gathered columns (padding slots repeat a column and are never ``valid``),
+    ``valid`` marks the support; ``idx`` is None when the gathered columns
+    are a large part of the row.
     """
     n = z.shape[-1]
-    K = min(n, max(_K0, k + 2))
-    while True:
-        v, idx = _topk(z, K)
-        active, broken = row_status_from_top(v, k)
-        vs = torch.where(active, v, 0.0)
-        solve_on = vs if K == n else vs[..., :-1]
-        lam = solve_lambda(family, solve_on, k, active)
-        if K == n:
+    top = z.amax(-1, keepdim=True) if n < 4 * _BLOCKS[0] else None
+    cols, cand = None, z
+    lam_lo = broken = None
+    for w in _BLOCKS:
+        if cand.shape[-1] < 4 * w:
             break
-        missed = (v[..., -1:] > lam) & active
-        if not bool(missed.any()):
-            break
-        count = (torch.where(missed, z, float("-inf")) > lam).sum(-1).amax()
-        K = min(n, max(2 * K, int(count) + 2))
-    if 4 * K > n:
+        lam_lo, broken, local, cand = _pool_and_gather(family, cand, k, w, lam_lo, broken)
+        cols = local if cols is None else cols.gather(-1, local)
+    if broken is None:
+        broken = torch.isnan(top) | (top == float("inf"))
+    active = ((cand > float("-inf")).sum(-1, keepdim=True) > k) & ~broken
+    lam = solve_lambda(family, torch.where(active, cand, 0.0), k, active)
+    if cols is None or 2 * cols.shape[-1] > n:
         return lam, active, broken, None, None
-    valid = (v > lam) & active
-    return lam, active, broken, idx, valid
+    return lam, active, broken, cols, (cand > lam) & active
 
 
 def solve_exp_topk(z: Tensor, k: int):
