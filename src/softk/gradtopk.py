@@ -31,8 +31,9 @@ double backward through logaddexp (NaN at −inf entries, and slow).
 Work and memory are O(nk) per row, all rows at once; the only Python loop
 runs over the n positions.  Memory is a few float64 tables of (n+1)·R·(k+1)
 entries for R rows (forward 2, backward 4 plus the (n, R, k) pair terms: about
-0.5 GB at n = 4096, k = 256, R = 8; peak RSS grew by 0.53 GB), so wide rows
-with large k are better fed in smaller batches.  Measured (benchmarks/gradtopk_scale.py):
+0.5 GB at n = 4096, k = 256, R = 8; peak RSS grew by 0.53 GB); larger
+batches are run in chunks of rows so that a table stays within 256 MiB
+(about 1 GiB at the peak of the backward).  Measured (benchmarks/gradtopk_scale.py):
 n = 4096, k = 256, batch 8, float32 forward + backward ≈ 2.7 s on 2 busy CPU
 cores.  Everything is accumulated in float64 and the result is cast back
 to the input dtype: the same recurrence run in float32 at n = 200, k = 40,
@@ -139,6 +140,27 @@ def _solve(z: Tensor, k: int, g: Tensor | None = None):
     return log_ek + k * top.squeeze(-1), p, hg
 
 
+# Rows per call of _solve are capped so one table holds at most this many
+# float64 entries (256 MiB; the backward holds about four such tables): the
+# O(R·n·k) tables would otherwise grow with the batch without bound.
+_TABLE_BUDGET = 1 << 25
+
+
+def _solve_rows(z: Tensor, k: int, g: Tensor | None = None):
+    """:func:`_solve` over row chunks that keep each table within the budget."""
+    n = z.shape[-1]
+    step = max(1, _TABLE_BUDGET // (2 * (n + 1) * (k + 1)))  # 2: prefix + suffix rows
+    if z.shape[0] <= step:
+        return _solve(z, k, g)
+    parts = [
+        _solve(z[i : i + step], k, None if g is None else g[i : i + step]) for i in range(0, z.shape[0], step)
+    ]
+    log_ek = torch.cat([q[0] for q in parts])
+    p = torch.cat([q[1] for q in parts])
+    hg = None if g is None else torch.cat([q[2] for q in parts])
+    return log_ek, p, hg
+
+
 def _prepare(x: Tensor, k: int, tau: float):
     """Rows of x (last dim) in float64 with the shared row conventions."""
     z = x.to(_WORK) / tau
@@ -151,7 +173,7 @@ def _prepare(x: Tensor, k: int, tau: float):
 def gradtopk_forward(x: Tensor, k: int, tau: float) -> Tensor:
     """The marginals p (last dimension, float64), with the row conventions."""
     zs, active, filled = _prepare(x, k, tau)
-    _, p, _ = _solve(zs, k)
+    _, p, _ = _solve_rows(zs, k)
     return torch.where(active, p.reshape(filled.shape), filled)
 
 
@@ -160,7 +182,7 @@ def gradtopk_hvp(x: Tensor, k: int, tau: float, g: Tensor) -> Tensor:
     filled by convention (float64)."""
     zs, active, filled = _prepare(x, k, tau)
     gs = torch.where(active, g.to(_WORK), 0.0).reshape(zs.shape)
-    _, _, hg = _solve(zs, k, gs)
+    _, _, hg = _solve_rows(zs, k, gs)
     return torch.where(active, hg.reshape(filled.shape), 0.0) / tau
 
 
@@ -193,7 +215,7 @@ def log_ek_rows(x: Tensor, k: int, tau: float) -> tuple[Tensor, Tensor]:
     give NaN.
     """
     zs, active, filled = _prepare(x, k, tau)
-    log_ek, p, _ = _solve(zs, k)
+    log_ek, p, _ = _solve_rows(zs, k)
     shape = filled.shape[:-1] + (1,)
     xf = x.to(_WORK)
     finite_sum = torch.where(filled > 0, xf, 0.0).sum(-1, keepdim=True)
