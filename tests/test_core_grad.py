@@ -155,3 +155,14 @@ def test_half_precision_backward_is_finite_and_close():
             (gf,) = torch.autograd.grad(fn(xf), xf, g)
             tol = 2e-2 if dtype == torch.bfloat16 else 3e-3
             torch.testing.assert_close(gh.float(), gf, rtol=0, atol=tol * (1 + gf.abs().max().item()))
+
+
+def test_potential_keeps_nan_rows_nan_and_ignores_masks():
+    from softk.threshold import SIGMOID, SPARSE
+    from softk.threshold.potential import potential
+
+    x = torch.tensor([[0.0, float("nan"), 1.0], [0.0, 1.0, 2.0], [float("-inf"), 1.0, 2.0]], dtype=torch.float64)
+    for fam in (SIGMOID, SPARSE):
+        phi = potential(x, fam, 1, -1, 1.0)
+        assert torch.isnan(phi[0]) and torch.isfinite(phi[1:]).all()
+        torch.testing.assert_close(phi[2], potential(x[2:, 1:], fam, 1, -1, 1.0)[0], rtol=0, atol=1e-14)

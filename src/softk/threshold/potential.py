@@ -25,8 +25,11 @@ from .function import compute_dtype, threshold_forward
 
 
 def value_at(family: Family, z: Tensor, p: Tensor) -> Tensor:
-    """⟨z, p⟩ − Σψ(p) on the last dimension (keepdim), 0·(−inf) read as 0."""
-    zp = torch.where(p > 0, z * p, 0.0)
+    """⟨z, p⟩ − Σψ(p) on the last dimension (keepdim), 0·(−inf) read as 0.
+
+    ``p != 0`` (not ``p > 0``) so that a NaN row stays NaN whatever ψ does with NaN.
+    """
+    zp = torch.where(p != 0, z * p, 0.0)
     return zp.sum(-1, keepdim=True) - family.psi(p).sum(-1, keepdim=True)
 
 
