@@ -69,3 +69,13 @@ def check_choice(value, choices, name: str) -> str:
     if value not in choices:
         raise ValueError(f"{name} must be one of {sorted(choices)}, got {value!r}")
     return value
+
+
+def check_topk_args(x, k, dim, tau, method, methods):
+    """The common prelude of the top-k functions: returns (dim, k, tau)."""
+    check_input(x)
+    dim = check_dim(x, dim)
+    k = check_k(k, x.shape[dim])
+    tau = check_tau(tau)
+    check_choice(method, methods, "method")
+    return dim, k, tau

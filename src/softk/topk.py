@@ -36,7 +36,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from . import _backend
-from ._validate import check_choice, check_dim, check_input, check_k, check_tau
+from ._validate import check_topk_args
 from .gradtopk import gradtopk
 from .iterative import su_iterative, weighted
 from .threshold import THRESHOLD_METHODS, threshold_map
@@ -96,10 +96,6 @@ def soft_topk(x: Tensor, k: int, dim: int = -1, tau: float = 1.0, method: str = 
     >>> softk.soft_topk(torch.tensor([0.0, 0.0, 0.0]), k=2, method="grad")
     tensor([0.6667, 0.6667, 0.6667])
     """
-    check_input(x)
-    dim = check_dim(x, dim)
-    k = check_k(k, x.shape[dim])
-    tau = check_tau(tau)
-    check_choice(method, METHODS, "method")
+    dim, k, tau = check_topk_args(x, k, dim, tau, method, METHODS)
     _backend.resolve(x)
     return _REGISTRY[method](x, k, dim, tau)

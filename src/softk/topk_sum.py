@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from . import _backend
-from ._validate import check_choice, check_dim, check_input, check_k, check_tau
+from ._validate import check_topk_args
 from .gradtopk import log_ek
 from .threshold import THRESHOLD_METHODS
 from .threshold.function import compute_dtype
@@ -79,11 +79,7 @@ def topk_sum(
     >>> round(float(softk.topk_sum(x, k=2, tau=0.01)), 6)
     7.0
     """
-    check_input(x)
-    dim = check_dim(x, dim)
-    k = check_k(k, x.shape[dim])
-    tau = check_tau(tau)
-    check_choice(method, SUM_METHODS, "method")
+    dim, k, tau = check_topk_args(x, k, dim, tau, method, SUM_METHODS)
     _backend.resolve(x)
     if method == "grad":
         return log_ek(x, k, dim, tau, keepdim)

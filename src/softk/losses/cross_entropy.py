@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .._validate import check_input, check_tau
+
 from ..threshold.function import compute_dtype
 from . import targets as tg
 
@@ -85,12 +85,8 @@ def cross_entropy(
     >>> round(cross_entropy(torch.tensor([[2.0, 0.0]]), torch.tensor([0]), tau=2.0).item(), 6)  # log(1 + 1/e)
     0.313262
     """
-    check_input(input, "input")
-    tau = check_tau(tau)
-    reduction = tg.check_reduction(reduction)
-    ignore_index = tg.check_ignore_index(ignore_index)
+    tau, reduction, ignore_index = tg.check_loss_args(input, target, tau, reduction, ignore_index)
     label_smoothing = _check_smoothing(label_smoothing)
-    tg.check_target_tensor(target)
     cdim = tg.class_dim(input)
     n_classes = input.shape[cdim]
     if n_classes == 0:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .._validate import check_input, check_k, check_tau
+from .._validate import check_k
 from ..threshold.families import Family
 from ..threshold.function import compute_dtype, threshold_forward
 from ..threshold.potential import value_at
@@ -113,11 +113,7 @@ def fenchel_young_loss(
     >>> fenchel_young_loss(torch.tensor([[0.0, 1.0, 3.0]]), torch.tensor([2]), SPARSEMAX)
     tensor(0.)
     """
-    check_input(input, "input")
-    tau = check_tau(tau)
-    reduction = tg.check_reduction(reduction)
-    ignore_index = tg.check_ignore_index(ignore_index)
-    tg.check_target_tensor(target)
+    tau, reduction, ignore_index = tg.check_loss_args(input, target, tau, reduction, ignore_index)
     cdim = tg.class_dim(input)
     if input.shape[cdim] == 0:
         raise ValueError(f"input must have at least one class along dim {cdim}, got shape {tuple(input.shape)}")

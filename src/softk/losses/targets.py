@@ -21,6 +21,8 @@ import numbers
 import torch
 from torch import Tensor
 
+from .._validate import check_input, check_tau
+
 REDUCTIONS = ("mean", "sum", "none")
 
 
@@ -52,6 +54,16 @@ def check_target_tensor(target, name: str = "target") -> None:
         )
     if target.is_complex():
         raise TypeError(f"{name} must be an integer or real floating tensor, got dtype {target.dtype}")
+
+
+def check_loss_args(input, target, tau, reduction, ignore_index):
+    """The common prelude of the class losses: returns (tau, reduction, ignore_index)."""
+    check_input(input, "input")
+    tau = check_tau(tau)
+    reduction = check_reduction(reduction)
+    ignore_index = check_ignore_index(ignore_index)
+    check_target_tensor(target)
+    return tau, reduction, ignore_index
 
 
 def is_index_target(target: Tensor) -> bool:

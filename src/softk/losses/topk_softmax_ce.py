@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .._validate import check_input, check_k, check_tau
+from .._validate import check_k
 from ..threshold.function import compute_dtype
 from . import targets as tg
 
@@ -52,11 +52,7 @@ def topk_softmax_cross_entropy(
     >>> topk_softmax_cross_entropy(x, torch.tensor([0]), k=1)
     tensor(0.)
     """
-    check_input(input, "input")
-    tau = check_tau(tau)
-    reduction = tg.check_reduction(reduction)
-    ignore_index = tg.check_ignore_index(ignore_index)
-    tg.check_target_tensor(target)
+    tau, reduction, ignore_index = tg.check_loss_args(input, target, tau, reduction, ignore_index)
     if target.is_floating_point():
         raise TypeError(
             f"target must hold class indices (an integer tensor), got dtype {target.dtype}; "
