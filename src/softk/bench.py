@@ -1,0 +1,150 @@
+"""Benchmark harness: softk against torch.softmax and the entmax package.
+
+Times forward, backward and forward+backward for each (op, provider, shape),
+*interleaving* providers round by round so that machine drift (other jobs on
+a shared CPU) hits all of them alike, and reports p20/p50/p80, effective GB/s
+(bytes of one read of x and one write of p for forward; read of p and g and
+write of the gradient for backward; their sum for fwd+bwd) and the peak CUDA
+memory where there is a GPU.  Rows are tidy dicts:
+op, provider, pass, shape, dtype, device, p20_ms, p50_ms, p80_ms, gbps,
+peak_mb, version, date.  Benchmarks are not tests: nothing asserts on time.
+"""
+
+from __future__ import annotations
+
+import datetime
+import platform
+import time
+
+import torch
+
+import softk
+
+# op -> provider -> function of x
+OPS = {
+    "softmax": {"torch": lambda x: torch.softmax(x, -1)},
+    "sparsemax": {"softk": softk.sparsemax},
+    "entmax15": {"softk": softk.entmax15},
+    "entmax1.3": {"softk": lambda x: softk.entmax(x, 1.3)},
+    "soft_topk_exp64": {"softk": lambda x: softk.soft_topk(x, 64, method="exp")},
+}
+try:  # the reference implementation, when installed
+    import entmax as _entmax
+
+    OPS["sparsemax"]["entmax"] = _entmax.sparsemax
+    OPS["entmax15"]["entmax"] = _entmax.entmax15
+    OPS["entmax1.3"]["entmax"] = lambda x: _entmax.entmax_bisect(x, 1.3)
+except ImportError:  # pragma: no cover
+    _entmax = None
+
+DEFAULT_SHAPES = ((256, 32000), (2048, 1024))
+PASSES = ("fwd", "bwd", "fwd+bwd")
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time_once(fn, x, g, which: str) -> float:
+    device = x.device
+    xx = x.detach().requires_grad_(which != "fwd")
+    if which == "fwd":
+        _sync(device)
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            fn(xx)
+        _sync(device)
+        return time.perf_counter() - t0
+    if which == "bwd":
+        y = fn(xx)
+        _sync(device)
+        t0 = time.perf_counter()
+        y.backward(g)
+        _sync(device)
+        return time.perf_counter() - t0
+    _sync(device)
+    t0 = time.perf_counter()
+    fn(xx).backward(g)
+    _sync(device)
+    return time.perf_counter() - t0
+
+
+def _quantile(ts, q):
+    ts = sorted(ts)
+    return ts[min(len(ts) - 1, int(round(q * (len(ts) - 1))))]
+
+
+def run(ops=None, shapes=DEFAULT_SHAPES, dtype=torch.float32, device="cpu", repeats=5, warmup=1, seed=0):
+    """Time every (op, provider) on every shape; returns a list of tidy rows.
+
+    ``ops`` selects op names from :data:`OPS` (all by default); torch.softmax
+    is always included as the baseline.  Each round runs every provider once
+    per pass, in turn, so drift is shared.
+    """
+    ops = list(OPS) if ops is None else list(ops)
+    unknown = [o for o in ops if o not in OPS]
+    if unknown:
+        raise ValueError(f"ops must be among {sorted(OPS)}, got {unknown}")
+    if "softmax" not in ops:
+        ops = ["softmax"] + ops
+    if not (isinstance(repeats, int) and repeats >= 1):
+        raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
+    device = torch.device(device)
+    date = datetime.date.today().isoformat()
+    rows = []
+    for shape in shapes:
+        gen = torch.Generator().manual_seed(seed)
+        x = torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
+        g = torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
+        jobs = [(op, prov, fn) for op in ops for prov, fn in OPS[op].items()]
+        times = {(op, prov, w): [] for op, prov, _ in jobs for w in PASSES}
+        peak = {}
+        for r in range(warmup + repeats):
+            for op, prov, fn in jobs:
+                if device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(device)
+                for w in PASSES:
+                    t = _time_once(fn, x, g, w)
+                    if r >= warmup:
+                        times[(op, prov, w)].append(t)
+                if device.type == "cuda":
+                    peak[(op, prov)] = torch.cuda.max_memory_allocated(device) / 2**20
+        nbytes = x.numel() * x.element_size()
+        for (op, prov, w), ts in times.items():
+            moved = {"fwd": 2, "bwd": 3, "fwd+bwd": 5}[w] * nbytes
+            p50 = _quantile(ts, 0.5)
+            rows.append(
+                dict(
+                    op=op, provider=prov, **{"pass": w}, shape="x".join(map(str, shape)),
+                    dtype=str(dtype).replace("torch.", ""), device=device_name(device),
+                    p20_ms=1e3 * _quantile(ts, 0.2), p50_ms=1e3 * p50, p80_ms=1e3 * _quantile(ts, 0.8),
+                    gbps=moved / p50 / 1e9, peak_mb=peak.get((op, prov)),
+                    version=f"softk {softk.__version__}, torch {torch.__version__}"
+                    + (f", entmax {getattr(_entmax, '__version__', '?')}" if _entmax else ""),
+                    date=date,
+                )
+            )
+    return rows
+
+
+def markdown(rows) -> str:
+    """A Markdown table of p50 times with the ratio to torch.softmax (same shape and pass)."""
+    base = {(r["shape"], r["pass"]): r["p50_ms"] for r in rows if r["op"] == "softmax"}
+    lines = [
+        "| shape | pass | op | provider | p20 ms | p50 ms | p80 ms | × softmax | GB/s |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        ratio = r["p50_ms"] / base[(r["shape"], r["pass"])]
+        lines.append(
+            f"| {r['shape']} | {r['pass']} | {r['op']} | {r['provider']} | {r['p20_ms']:.2f} | "
+            f"{r['p50_ms']:.2f} | {r['p80_ms']:.2f} | {ratio:.2f} | {r['gbps']:.2f} |"
+        )
+    return "\n".join(lines)
