@@ -49,6 +49,14 @@ class Family:
     # True when f(u) = 0 for u <= 0: only the largest entries can be in the
     # support, so λ can be found from a partial sort (solve.solve_on_candidates).
     zero_below: bool = False
+    # Newton runs on h(λ) = g(λ)^(1/q) − k^(1/q) when this is set: for entmax
+    # with q = 1/(α−1) ≥ 1, h is convex and nearly linear (a q-norm of (z−λ)_+),
+    # so Newton from the left reaches λ in a few steps instead of many.
+    newton_power: object = None
+    # Optional shortcut for the piecewise families whose knots are the z's:
+    # the support size ρ from the row sorted in descending order and shifted
+    # by its maximum (−inf padding last), without bisection (see solve.py).
+    support_size: Optional[Callable[[Tensor, Tensor, int], Tensor]] = None
 
 
 def _sum(t: Tensor) -> Tensor:
@@ -186,6 +194,14 @@ def _relu_closed_form(z: Tensor, k: int, t: Tensor) -> Tensor:
     return (_sum(torch.where(supp, z, 0.0)) - k) / n_s
 
 
+def _relu_support_size(s: Tensor, finite: Tensor, k: int) -> Tensor:
+    # Top-j support is consistent iff s_j > λ_j = (Σ_{i≤j} s_i − k)/j; the
+    # consistent j form a prefix (Martins & Astudillo 2016, Prop. 1).
+    j = torch.arange(1, s.shape[-1] + 1, device=s.device, dtype=s.dtype)
+    s0 = torch.where(finite, s, 0.0)
+    return (finite & (j * s0 - s0.cumsum(-1) + k > 0)).sum(-1, keepdim=True)
+
+
 SPARSEMAX = Family(
     name="sparsemax",
     f=lambda u: torch.clamp(u, min=0.0),
@@ -198,6 +214,7 @@ SPARSEMAX = Family(
     closed_form=_relu_closed_form,
     convex=True,
     zero_below=True,
+    support_size=_relu_support_size,
 )
 
 
@@ -212,6 +229,18 @@ def _entmax15_closed_form(z: Tensor, k: int, t: Tensor) -> Tensor:
     return mu - torch.sqrt(torch.clamp(4 * k - ss, min=0.0) / n_s)
 
 
+def _entmax15_support_size(s: Tensor, finite: Tensor, k: int) -> Tensor:
+    # Top-j support is consistent iff s_j > λ_j = μ_j − sqrt((4k − ss_j)/j)
+    # (Peters et al. 2019, Alg. 2); s is shifted by the row max, so on the
+    # support |s| ≤ 2 and the one-pass variance has no cancellation to speak of.
+    j = torch.arange(1, s.shape[-1] + 1, device=s.device, dtype=s.dtype)
+    s0 = torch.where(finite, s, 0.0)
+    mu = s0.cumsum(-1) / j
+    ss = (s0 * s0).cumsum(-1) - j * mu * mu
+    lam = mu - torch.sqrt(torch.clamp(4 * k - ss, min=0.0) / j)
+    return (finite & (s0 > lam)).sum(-1, keepdim=True)
+
+
 ENTMAX15 = Family(
     name="entmax15",
     f=lambda u: 0.25 * torch.clamp(u, min=0.0) ** 2,
@@ -224,6 +253,7 @@ ENTMAX15 = Family(
     closed_form=_entmax15_closed_form,
     convex=True,
     zero_below=True,
+    support_size=_entmax15_support_size,
 )
 
 
@@ -291,6 +321,8 @@ def entmax_family(alpha) -> Family:
         # [u]_+^β is convex for β >= 1 (α <= 2); for α > 2 Newton is safeguarded.
         convex=bool(torch.all(torch.as_tensor(alpha) <= 2)),
         zero_below=True,
+        # For α > 2 (q < 1) h is not convex: plain Newton (q = 1) there.
+        newton_power=torch.clamp(beta, min=1.0) if isinstance(beta, Tensor) else max(beta, 1.0),
     )
 
 

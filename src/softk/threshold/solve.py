@@ -59,17 +59,37 @@ def bracket_by_knots(family: Family, z: Tensor, k: int) -> Tensor:
     return torch.where(lo < 0, t_hi - 1, torch.where(hi >= nk, t_lo + 1, 0.5 * (t_lo + t_hi)))
 
 
+def bracket_by_sorting(family: Family, z: Tensor, k: int) -> Tensor:
+    """Like :func:`bracket_by_knots` for families with ``support_size``: one
+    sort and cumulative sums give the support size ρ, and t is put between
+    the ρ-th and (ρ+1)-th largest entries."""
+    v = torch.sort(z, dim=-1, descending=True).values
+    finite = v > float("-inf")
+    top = v[..., :1]
+    s = torch.where(finite, v - torch.where(finite[..., :1], top, 0.0), float("-inf"))
+    rho = family.support_size(s, finite, k).clamp(min=1)
+    n = v.shape[-1]
+    inside = v.gather(-1, rho - 1)
+    below = v.gather(-1, rho.clamp(max=n - 1))
+    return torch.where((rho < n) & (below > float("-inf")), 0.5 * (inside + below), inside - 1)
+
+
 def newton(family: Family, z: Tensor, k: int, lo: Tensor, hi: Tensor, active: Tensor) -> Tensor:
     """Safeguarded Newton for g(λ) = k inside [lo, hi]."""
     eps = torch.finfo(z.dtype).eps
+    q = family.newton_power
     lam = lo.clone() if family.convex else 0.5 * (lo + hi)
     for _ in range(_MAX_ITER):
         u = z - lam
-        r = family.f(u).sum(-1, keepdim=True) - k
+        gl = family.f(u).sum(-1, keepdim=True)
+        r = gl - k
         slope = family.df(u).sum(-1, keepdim=True)  # = -g'(λ) >= 0
         lo = torch.where(r > 0, lam, lo)
         hi = torch.where(r <= 0, lam, hi)
-        step = lam + r / slope
+        if q is None:
+            step = lam + r / slope
+        else:  # Newton on h = g^(1/q) − k^(1/q):  Δλ = q (g^(1/q) − k^(1/q)) g^(1−1/q) / slope
+            step = lam + q * (gl ** (1 / q) - k ** (1 / q)) * gl ** (1 - 1 / q) / slope
         inside = (slope > 0) & (step >= lo) & (step <= hi)
         new = torch.where(inside, step, 0.5 * (lo + hi))
         done = (torch.abs(new - lam) <= 4 * eps * (1 + torch.abs(lam))) | (r == 0) | ~active
@@ -79,13 +99,21 @@ def newton(family: Family, z: Tensor, k: int, lo: Tensor, hi: Tensor, active: Te
     return lam
 
 
-def solve_lambda(family: Family, z: Tensor, k: int, active: Tensor) -> Tensor:
-    """λ of shape ``z.shape[:-1] + (1,)``; exact for piecewise families."""
+def solve_lambda(family: Family, z: Tensor, k: int, active: Tensor, lower=None) -> Tensor:
+    """λ of shape ``z.shape[:-1] + (1,)``; exact for piecewise families.
+
+    ``lower`` (optional, −inf where unknown) is a known lower bound of λ
+    (g(lower) ≥ k); Newton starts from it instead of the family's bracket.
+    """
+    if family.support_size is not None:
+        return family.closed_form(z, k, bracket_by_sorting(family, z, k))
     if family.closed_form is not None:
         t = bracket_by_knots(family, z, k) if family.knots is not None else None
         return family.closed_form(z, k, t)
     finite = z > float("-inf")
     lo, hi = family.bracket(z, k, finite)
+    if lower is not None:
+        lo = torch.minimum(torch.maximum(lo, lower), hi)
     return newton(family, z, k, lo, hi, active)
 
 
@@ -130,7 +158,7 @@ def _pool_and_gather(family: Family, z: Tensor, k: int, w: int, lam_lo: Tensor, 
     # a lower bound for the row's λ (g of the subset ≤ g of the row).
     sub_active = ((pooled > float("-inf")).sum(-1, keepdim=True) > k) & ~broken
     if bool(sub_active.any()):
-        lam_sub = solve_lambda(family, torch.where(sub_active, pooled, 0.0), k, sub_active)
+        lam_sub = solve_lambda(family, torch.where(sub_active, pooled, 0.0), k, sub_active, lam_lo)
         lam_lo = torch.where(sub_active, torch.maximum(lam_lo, lam_sub), lam_lo)
     # Compact the indices of the blocks whose maximum is above λ_lo: a
     # cumulative count gives each its slot, the others go to a dropped slot.
@@ -181,7 +209,8 @@ def solve_on_candidates(family: Family, z: Tensor, k: int):
     if broken is None:
         broken = torch.isnan(top) | (top == float("inf"))
     active = ((cand > float("-inf")).sum(-1, keepdim=True) > k) & ~broken
-    lam = solve_lambda(family, torch.where(active, cand, 0.0), k, active)
+    lower = None if lam_lo is None else torch.where(active, lam_lo, float("-inf"))
+    lam = solve_lambda(family, torch.where(active, cand, 0.0), k, active, lower)
     if cols is None or 2 * cols.shape[-1] > n:
         return lam, active, broken, None, None
     return lam, active, broken, cols, (cand > lam) & active
