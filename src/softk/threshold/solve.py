@@ -133,9 +133,13 @@ def row_status_from_top(v: Tensor, k: int):
     return (v[..., k : k + 1] > float("-inf")) & ~broken, broken
 
 
-# Block widths of the max-pooling prefilter: a first pass over the row in
-# blocks of 32 (one vectorised reduction), then blocks of 8 over the survivors.
+# Block widths of the max-pooling prefilter: wide rows get a first pass in
+# blocks of 32 (one vectorised reduction), then blocks of 8 over the
+# survivors; rows up to 4096 one pass in blocks of 16 (measured on the
+# issue's 256x32000 and 2048x1024 cases, see BENCHMARKS.md).
 _BLOCKS = (32, 8)
+_BLOCKS_NARROW = (16,)
+_NARROW = 4096
 
 
 def _pool_and_gather(family: Family, z: Tensor, k: int, w: int, lam_lo: Tensor, broken: Tensor):
@@ -176,6 +180,19 @@ def _pool_and_gather(family: Family, z: Tensor, k: int, w: int, lam_lo: Tensor, 
     return lam_lo, broken, cols, torch.where(slot_ok, z.gather(-1, cols), float("-inf"))
 
 
+def _compact(cols: Tensor, vals: Tensor, keep: Tensor):
+    """Move the kept entries of each row to the front (order kept), pad with
+    −inf; returns (cols, vals) of width max(#kept)."""
+    count = keep.sum(-1, keepdim=True)
+    width = max(int(count.amax()) if count.numel() else 0, 1)
+    slot = torch.where(keep, keep.cumsum(-1) - 1, width)
+    shape = (*vals.shape[:-1], width + 1)
+    new_cols = torch.zeros(shape, dtype=cols.dtype, device=cols.device).scatter_(-1, slot, cols)
+    new_vals = torch.full(shape, float("-inf"), dtype=vals.dtype, device=vals.device)
+    new_vals.scatter_(-1, slot, torch.where(keep, vals, float("-inf")))
+    return new_cols[..., :width], new_vals[..., :width]
+
+
 def solve_on_candidates(family: Family, z: Tensor, k: int):
     """λ for a family with f(u) = 0 for u ≤ 0, touching the full row only once.
 
@@ -198,10 +215,11 @@ def solve_on_candidates(family: Family, z: Tensor, k: int):
     are a large part of the row.
     """
     n = z.shape[-1]
-    top = z.amax(-1, keepdim=True) if n < 4 * _BLOCKS[0] else None
+    widths = _BLOCKS_NARROW if n <= _NARROW else _BLOCKS
+    top = z.amax(-1, keepdim=True) if n < 4 * widths[0] else None
     cols, cand = None, z
     lam_lo = broken = None
-    for w in _BLOCKS:
+    for w in widths:
         if cand.shape[-1] < 4 * w:
             break
         lam_lo, broken, local, cand = _pool_and_gather(family, cand, k, w, lam_lo, broken)
@@ -209,6 +227,10 @@ def solve_on_candidates(family: Family, z: Tensor, k: int):
     if broken is None:
         broken = torch.isnan(top) | (top == float("inf"))
     active = ((cand > float("-inf")).sum(-1, keepdim=True) > k) & ~broken
+    if cols is not None:
+        # Entries ≤ λ_lo have f = 0 at every λ ≥ λ_lo: drop them before the
+        # exact solve (g restricted to the rest still has g(λ_lo) ≥ k).
+        cols, cand = _compact(cols, cand, (cand > lam_lo) & active)
     lower = None if lam_lo is None else torch.where(active, lam_lo, float("-inf"))
     lam = solve_lambda(family, torch.where(active, cand, 0.0), k, active, lower)
     if cols is None or 2 * cols.shape[-1] > n:
