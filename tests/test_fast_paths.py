@@ -32,6 +32,8 @@ def _rows(rng, r, n, scale):
     x[4, 3 * n // 4 :] = 7.0  # a block of ties at the top
     x[5, :] = -np.inf
     x[5, [0, 1, 40]] = [1.0, 1.5, 0.2]  # three finite entries, one block apart
+    x[6, :40] = -np.inf
+    x[6, 0] = 50.0  # a dominant entry alone in its (masked) block: support size 1
     return x
 
 

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from .families import EXP, Family
-from .solve import solve_exp_topk, solve_lambda, solve_on_candidates
+from .solve import solve_exp_pooled, solve_exp_topk, solve_lambda, solve_on_candidates
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -71,7 +71,7 @@ def threshold_forward_support(family: Family, z: Tensor, k: int):
         zs = z if bool(active.all()) else torch.where(active, z, 0.0)
         return _fill_rows(z, family.f(zs - lam), active, broken), None
     if family is EXP and n >= _FAST_MIN_WIDTH and 4 * (k + 1) <= n:
-        found = solve_exp_topk(z, k)
+        found = solve_exp_pooled(z, k) or solve_exp_topk(z, k)
         if found is not None:
             lam, active, broken = found
             zs = z if bool(active.all()) else torch.where(active, z, 0.0)

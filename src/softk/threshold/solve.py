@@ -23,7 +23,7 @@ import math
 import torch
 from torch import Tensor
 
-from .families import Family
+from .families import EXP, Family
 
 # Newton converges in a handful of steps; the cap only guards against a
 # non-terminating loop on pathological input (bisection alone halves the bracket
@@ -180,6 +180,17 @@ def _pool_and_gather(family: Family, z: Tensor, k: int, w: int, lam_lo: Tensor, 
     return lam_lo, broken, cols, torch.where(slot_ok, z.gather(-1, cols), float("-inf"))
 
 
+def _row_active(cand: Tensor, k: int, lam_lo, broken: Tensor) -> Tensor:
+    """Rows with more than k finite entries (and no NaN/+inf).  A finite λ_lo
+    means some pooled problem already had more than k finite entries; rows
+    without one had every block with a finite entry gathered, so counting the
+    gathered entries is counting the row."""
+    many = (cand > float("-inf")).sum(-1, keepdim=True) > k
+    if lam_lo is not None:
+        many = many | (lam_lo > float("-inf"))
+    return many & ~broken
+
+
 def _compact(cols: Tensor, vals: Tensor, keep: Tensor):
     """Move the kept entries of each row to the front (order kept), pad with
     −inf; returns (cols, vals) of width max(#kept)."""
@@ -226,7 +237,7 @@ def solve_on_candidates(family: Family, z: Tensor, k: int):
         cols = local if cols is None else cols.gather(-1, local)
     if broken is None:
         broken = torch.isnan(top) | (top == float("inf"))
-    active = ((cand > float("-inf")).sum(-1, keepdim=True) > k) & ~broken
+    active = _row_active(cand, k, lam_lo, broken)
     if cols is not None:
         # Entries ≤ λ_lo have f = 0 at every λ ≥ λ_lo: drop them before the
         # exact solve (g restricted to the rest still has g(λ_lo) ≥ k).
@@ -238,30 +249,73 @@ def solve_on_candidates(family: Family, z: Tensor, k: int):
     return lam, active, broken, cols, (cand > lam) & active
 
 
+def _exp_from_sorted(v: Tensor, r: Tensor, k: int, active: Tensor):
+    """λ for f(u) = min(1, e^u) given the candidates for saturation ``v``
+    (sorted descending, −inf padded) and r = logsumexp of every other entry.
+
+    With the top j candidates saturated (z ≥ λ) and the rest not,
+    λ_j = logaddexp(r, lse(v_j, v_{j+1}, …)) − log(k − j); the j consistent
+    with its own partition (v_{j−1} ≥ λ_j > v_j) solves Σ min(1, e^{z−λ}) = k,
+    which is strictly decreasing there, so it is the λ.  Returns None when a
+    row has no consistent j (rounding at ties): the caller then uses the
+    general solver.
+    """
+    c = v.shape[-1]
+    v = torch.cat([v, torch.full_like(v[..., :1], float("-inf"))], -1)
+    width = min(c + 1, k)  # at most k − 1 entries are saturated
+    # lse(v_j..) for every j: a reversed cumulative logsumexp.
+    tail = torch.logcumsumexp(v.flip(-1), -1).flip(-1)[..., :width]
+    j = torch.arange(width, device=v.device, dtype=v.dtype)
+    lam_j = torch.logaddexp(r, tail) - torch.log(k - j)
+    vj = v[..., :width]
+    prev = torch.cat([torch.full_like(v[..., :1], float("inf")), v[..., : width - 1]], -1)
+    ok = (vj < lam_j) & (prev >= lam_j)
+    if not bool((ok.any(-1, keepdim=True) | ~active).all()):
+        return None
+    first = ok.to(torch.uint8).argmax(-1, keepdim=True)
+    return lam_j.gather(-1, first)
+
+
 def solve_exp_topk(z: Tensor, k: int):
     """λ for f(u) = min(1, e^u) from the top k+1 entries and one logsumexp.
 
-    At most k−1 entries are saturated (z ≥ λ), all among the top k; every other
-    entry is unsaturated.  With j saturated and R = logsumexp of the entries
-    outside the top k,  λ_j = logaddexp(R, lse(v_j..v_{k−1})) − log(k − j); the
-    j consistent with its own partition (v_{j−1} ≥ λ_j > v_j) is the solution.
-    Returns (lam, active, broken) or None when a row has no consistent j
-    (rounding at ties), so that the caller uses the general solver.
+    At most k−1 entries are saturated, all among the top k, so the top k are
+    the candidates of :func:`_exp_from_sorted`.  Returns (lam, active, broken)
+    or None (see there).
     """
     v, idx = _topk(z, k + 1)
     active, broken = row_status_from_top(v, k)
     zs = torch.where(active, z, 0.0) if not bool(active.all()) else z
     vs = torch.where(active, v[..., :k], 0.0)
-    rest = zs.scatter(-1, idx[..., :k], float("-inf"))
-    r = torch.logsumexp(rest, -1, keepdim=True)
-    # lse(v_j..v_{k-1}) for every j: a reversed cumulative logsumexp.
-    tail = torch.logcumsumexp(vs.flip(-1), -1).flip(-1)
-    j = torch.arange(k, device=z.device, dtype=z.dtype)
-    lam_j = torch.logaddexp(r, tail) - torch.log(k - j)
-    prev = torch.cat([torch.full_like(vs[..., :1], float("inf")), vs[..., :-1]], -1)
-    ok = (vs < lam_j) & (prev >= lam_j)
-    found = ok.any(-1, keepdim=True) | ~active
-    if not bool(found.all()):
+    r = torch.logsumexp(zs.scatter(-1, idx[..., :k], float("-inf")), -1, keepdim=True)
+    lam = _exp_from_sorted(vs, r, k, active)
+    return None if lam is None else (lam, active, broken)
+
+
+def solve_exp_pooled(z: Tensor, k: int):
+    """λ for f(u) = min(1, e^u) without a partial sort of the row.
+
+    The exp-λ of the block maxima is a lower bound λ_lo (a subset of the
+    terms of a positive sum); saturated entries have z ≥ λ* ≥ λ_lo, so they
+    are among the entries ≥ λ_lo, which lie in the blocks whose maximum is
+    ≥ λ_lo.  Those few entries are sorted; every other entry enters through
+    one masked logsumexp.  Returns (lam, active, broken), or None when the
+    row is too narrow for enough block maxima or at unresolved ties.
+    """
+    n = z.shape[-1]
+    w = next((w for w in (32, 16, 8) if n // w >= 4 * (k + 1)), None)
+    if w is None:
         return None
-    first = ok.to(torch.uint8).argmax(-1, keepdim=True)
-    return lam_j.gather(-1, first), active, broken
+    lam_lo, broken, cols, cand = _pool_and_gather(EXP, z, k, w, None, None)
+    active = _row_active(cand, k, lam_lo, broken)
+    # Rows with no finite pooled problem keep λ_lo = −inf: all their blocks.
+    keep = (cand >= lam_lo) & active
+    cols, cand = _compact(cols, cand, keep)
+    keep = cand > float("-inf")
+    taken = torch.zeros(z.shape, dtype=torch.int8, device=z.device)
+    taken.scatter_add_(-1, cols, keep.to(torch.int8))  # padding slots add 0
+    zs = z if bool(active.all()) else torch.where(active, z, 0.0)
+    r = torch.logsumexp(torch.where(taken > 0, float("-inf"), zs), -1, keepdim=True)
+    v = torch.sort(torch.where(active, cand, 0.0), -1, descending=True).values
+    lam = _exp_from_sorted(v, r, k, active)
+    return None if lam is None else (lam, active, broken)
