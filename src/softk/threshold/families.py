@@ -57,6 +57,7 @@ class Family:
     # the support size ρ from the row sorted in descending order and shifted
     # by its maximum (−inf padding last), without bisection (see solve.py).
     support_size: Optional[Callable[[Tensor, Tensor, int], Tensor]] = None
+    alpha: object = None  # entmax's α (the Triton kernels take it as a number)
 
 
 def _sum(t: Tensor) -> Tensor:
@@ -323,6 +324,7 @@ def entmax_family(alpha) -> Family:
         zero_below=True,
         # For α > 2 (q < 1) h is not convex: plain Newton (q = 1) there.
         newton_power=torch.clamp(beta, min=1.0) if isinstance(beta, Tensor) else max(beta, 1.0),
+        alpha=alpha,
     )
 
 

@@ -23,6 +23,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .. import _backend
+
 from .families import EXP, Family
 from .solve import solve_exp_pooled, solve_exp_topk, solve_lambda, solve_on_candidates
 
@@ -130,8 +132,16 @@ class ThresholdFunction(torch.autograd.Function):
 
 
 def threshold_map(x: Tensor, family: Family, k: int, dim: int, tau: float) -> Tensor:
-    """Launcher: move ``dim`` last, apply the map, move it back."""
+    """Launcher: move ``dim`` last, apply the map, move it back.
+
+    Under the "triton" backend (see :mod:`softk._backend`) the Triton kernels
+    run instead, except for float64 input (they compute in float32)."""
     if x.numel() == 0:
         return x * 0
+    if x.dtype != torch.float64 and _backend.resolve(x) == "triton":
+        from ..triton import triton_threshold_map
+
+        alpha = family.alpha if family.alpha is not None else 1.5
+        return triton_threshold_map(x, family.name, k, dim, tau, alpha)
     out = ThresholdFunction.apply(x.movedim(dim, -1), family, k, tau)
     return out.movedim(-1, dim)

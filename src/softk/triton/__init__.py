@@ -1,0 +1,11 @@
+"""Triton kernels for the threshold maps (one program per row, any width).
+
+Importing this package needs ``triton``; :func:`softk._backend` only selects it
+when triton imports and can run (a CUDA tensor, or ``TRITON_INTERPRET=1`` set
+before triton is imported, which runs the kernels on CPU tensors — how CI
+checks them without a GPU).
+"""
+
+from .function import FAMILY_IDS, triton_threshold_map
+
+__all__ = ["FAMILY_IDS", "triton_threshold_map"]
