@@ -142,6 +142,33 @@ _BLOCKS_NARROW = (16,)
 _NARROW = 4096
 
 
+def _newton_lower_bound(family: Family, v: Tensor, k: int, steps: int = 3) -> Tensor:
+    """A λ with Σ f(v − λ) ≥ k for an uncapped family (k = 1 maps), from a few
+    Newton steps started where the top entry alone gives g ≥ k.  g is convex
+    for α ≤ 2, so the iterates stay below the root; every iterate is checked
+    (g ≥ k) before it is kept, which also covers α > 2."""
+    finite = v > float("-inf")
+    if family.bracket is not None:
+        lam = family.bracket(v, k, finite)[0]
+    else:  # f(c) = k: sparsemax c = k, entmax15 (c/2)^2 = k
+        c = k if family.name == "sparsemax" else 2 * math.sqrt(k)
+        lam = v.amax(-1, keepdim=True) - c
+    lo = lam
+    q = family.newton_power
+    for _ in range(steps + 1):
+        u = v - lam
+        gl = family.f(u).sum(-1, keepdim=True)
+        slope = family.df(u).sum(-1, keepdim=True)
+        ok = gl >= k
+        lo = torch.where(ok, torch.maximum(lo, lam), lo)
+        if q is None:
+            step = lam + (gl - k) / slope
+        else:
+            step = lam + q * (gl ** (1 / q) - k ** (1 / q)) * gl ** (1 - 1 / q) / slope
+        lam = torch.where(ok & (slope > 0), step, lam)
+    return lo
+
+
 def _pool_and_gather(family: Family, z: Tensor, k: int, w: int, lam_lo: Tensor, broken: Tensor):
     """Tighten the lower bound λ_lo with the maxima of blocks of ``w`` and
     gather the blocks that can hold support entries.  Returns (λ_lo, broken
@@ -152,8 +179,11 @@ def _pool_and_gather(family: Family, z: Tensor, k: int, w: int, lam_lo: Tensor, 
     n0 = nb * w
     lead = z.shape[:-1]
     dev = z.device
-    bmax = z[..., :n0].reshape(*lead, nb, w).amax(-1)
-    pooled = torch.cat([bmax, z[..., n0:]], -1)
+    if w >= 32:
+        bmax = z[..., :n0].reshape(*lead, nb, w).amax(-1)
+    else:  # amax over a short inner dim is not vectorised; max_pool1d is (NaN propagates too)
+        bmax = torch.nn.functional.max_pool1d(z[..., :n0].reshape(-1, 1, n0), w).reshape(*lead, nb)
+    pooled = torch.cat([bmax, z[..., n0:]], -1) if n0 < n else bmax
     if broken is None:  # first level: NaN propagates through amax, so it shows here
         top = pooled.amax(-1, keepdim=True)
         broken = torch.isnan(top) | (top == float("inf"))
@@ -162,7 +192,12 @@ def _pool_and_gather(family: Family, z: Tensor, k: int, w: int, lam_lo: Tensor, 
     # a lower bound for the row's λ (g of the subset ≤ g of the row).
     sub_active = ((pooled > float("-inf")).sum(-1, keepdim=True) > k) & ~broken
     if bool(sub_active.any()):
-        lam_sub = solve_lambda(family, torch.where(sub_active, pooled, 0.0), k, sub_active, lam_lo)
+        sub = torch.where(sub_active, pooled, 0.0)
+        if family.capped:
+            lam_sub = solve_lambda(family, sub, k, sub_active, lam_lo)
+        else:
+            # Any λ with g(λ) ≥ k will do: a few Newton steps, no sort.
+            lam_sub = _newton_lower_bound(family, sub, k)
         lam_lo = torch.where(sub_active, torch.maximum(lam_lo, lam_sub), lam_lo)
     # Compact the indices of the blocks whose maximum is above λ_lo: a
     # cumulative count gives each its slot, the others go to a dropped slot.
