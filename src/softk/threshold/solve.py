@@ -173,7 +173,8 @@ def _pool_and_gather(family: Family, z: Tensor, k: int, w: int, lam_lo: Tensor, 
     """Tighten the lower bound λ_lo with the maxima of blocks of ``w`` and
     gather the blocks that can hold support entries.  Returns (λ_lo, broken
     rows, local column indices, gathered values with −inf in padding slots);
-    ``lam_lo`` and ``broken`` are None on the first level."""
+    ``lam_lo`` and ``broken`` are None on the first level, where the indices
+    and values come back None when the blocks would cover a third of the row."""
     n = z.shape[-1]
     nb = n // w
     n0 = nb * w
@@ -184,7 +185,8 @@ def _pool_and_gather(family: Family, z: Tensor, k: int, w: int, lam_lo: Tensor, 
     else:  # amax over a short inner dim is not vectorised; max_pool1d is (NaN propagates too)
         bmax = torch.nn.functional.max_pool1d(z[..., :n0].reshape(-1, 1, n0), w).reshape(*lead, nb)
     pooled = torch.cat([bmax, z[..., n0:]], -1) if n0 < n else bmax
-    if broken is None:  # first level: NaN propagates through amax, so it shows here
+    first = broken is None
+    if first:  # NaN propagates through the block maxima, so broken rows show here
         top = pooled.amax(-1, keepdim=True)
         broken = torch.isnan(top) | (top == float("inf"))
         lam_lo = torch.full_like(top, float("-inf"))
@@ -204,6 +206,8 @@ def _pool_and_gather(family: Family, z: Tensor, k: int, w: int, lam_lo: Tensor, 
     chosen = (bmax > lam_lo) & ~broken
     count = chosen.sum(-1, keepdim=True)
     kb = int(count.amax()) if count.numel() else 0
+    if first and 3 * kb * w > n:
+        return lam_lo, broken, None, None
     slot = torch.where(chosen, chosen.cumsum(-1) - 1, kb)
     block_idx = torch.zeros(*lead, kb + 1, dtype=torch.long, device=dev)
     block_idx.scatter_(-1, slot, torch.arange(nb, device=dev).expand_as(slot))
@@ -220,6 +224,8 @@ def _row_active(cand: Tensor, k: int, lam_lo, broken: Tensor) -> Tensor:
     means some pooled problem already had more than k finite entries; rows
     without one had every block with a finite entry gathered, so counting the
     gathered entries is counting the row."""
+    if lam_lo is not None and bool((lam_lo > float("-inf")).all()):
+        return ~broken  # skip counting: every row had a finite pooled problem
     many = (cand > float("-inf")).sum(-1, keepdim=True) > k
     if lam_lo is not None:
         many = many | (lam_lo > float("-inf"))
@@ -269,6 +275,13 @@ def solve_on_candidates(family: Family, z: Tensor, k: int):
         if cand.shape[-1] < 4 * w:
             break
         lam_lo, broken, local, cand = _pool_and_gather(family, cand, k, w, lam_lo, broken)
+        if local is None:
+            # The blocks above λ_lo would be a third of the row or more (wide
+            # supports): filter the row itself by value instead.
+            cols = torch.arange(n, device=z.device).expand(z.shape)
+            active = _row_active(z, k, lam_lo, broken)
+            cols, cand = _compact(cols, z, (z > lam_lo) & active)
+            return _finish(family, z, k, cols, cand, lam_lo, broken, active)
         cols = local if cols is None else cols.gather(-1, local)
     if broken is None:
         broken = torch.isnan(top) | (top == float("inf"))
@@ -277,6 +290,12 @@ def solve_on_candidates(family: Family, z: Tensor, k: int):
         # Entries ≤ λ_lo have f = 0 at every λ ≥ λ_lo: drop them before the
         # exact solve (g restricted to the rest still has g(λ_lo) ≥ k).
         cols, cand = _compact(cols, cand, (cand > lam_lo) & active)
+    return _finish(family, z, k, cols, cand, lam_lo, broken, active)
+
+
+def _finish(family, z, k, cols, cand, lam_lo, broken, active):
+    """The exact solve on the surviving candidates, and the support."""
+    n = z.shape[-1]
     lower = None if lam_lo is None else torch.where(active, lam_lo, float("-inf"))
     lam = solve_lambda(family, torch.where(active, cand, 0.0), k, active, lower)
     if cols is None or 2 * cols.shape[-1] > n:
@@ -342,6 +361,8 @@ def solve_exp_pooled(z: Tensor, k: int):
     if w is None:
         return None
     lam_lo, broken, cols, cand = _pool_and_gather(EXP, z, k, w, None, None)
+    if cols is None:  # too many blocks: filter the row itself
+        cols, cand = torch.arange(n, device=z.device).expand(z.shape), z
     active = _row_active(cand, k, lam_lo, broken)
     # Rows with no finite pooled problem keep λ_lo = −inf: all their blocks.
     keep = (cand >= lam_lo) & active
