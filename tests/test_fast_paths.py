@@ -38,7 +38,7 @@ def _rows(rng, r, n, scale):
 
 
 @pytest.mark.parametrize("name,fn,ref", K1_MAPS)
-@pytest.mark.parametrize("n", [64, 100, 1000, 4099])
+@pytest.mark.parametrize("n", [64, 1000, 4099])
 @pytest.mark.parametrize("scale", [0.3, 3.0, 40.0])
 def test_sparse_families_wide_rows_match_oracle(rng, name, fn, ref, n, scale):
     # Known limit of the Newton solver (not of the fast path): for α = 2.6 at
@@ -58,7 +58,7 @@ def test_sparse_topk_wide_rows_match_oracle(rng, k):
     np.testing.assert_allclose(out, oracle.soft_topk(xn, k, method="sparse"), rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("k", [1, 2, 17, 64])
+@pytest.mark.parametrize("k", [1, 17, 64])
 @pytest.mark.parametrize("scale", [0.5, 5.0, 60.0])
 def test_exp_topk_wide_rows_match_oracle(rng, k, scale):
     xn = _rows(rng, 8, 1500, scale)

@@ -14,6 +14,12 @@ r"""The one place that finds λ with  Σ_i f(z_i − λ) = k  (last dimension).
 
 Rows flagged inactive (masked, saturated or NaN rows, which the caller fills
 itself) are ignored for convergence.
+
+Fast paths (used by :mod:`.function` on rows of 64 entries or more):
+:func:`solve_on_candidates` for the families with f = 0 below 0 and
+:func:`solve_exp_pooled` for soft top-k "exp" find λ without sorting the row:
+block maxima give a lower bound of λ, only the few entries above it are
+solved exactly with the routes above (see BENCHMARKS.md for measurements).
 """
 
 from __future__ import annotations
