@@ -42,6 +42,11 @@ def check_dim(x: torch.Tensor, dim, name: str = "dim") -> int:
 
 def check_tau(tau, name: str = "tau") -> float:
     """Temperature: a finite number > 0."""
+    return check_positive(tau, name)
+
+
+def check_positive(tau, name: str) -> float:
+    """A finite number > 0 (a Python number or a one-element tensor)."""
     if isinstance(tau, torch.Tensor):
         if tau.numel() != 1:
             raise TypeError(f"{name} must be a number, got a tensor of shape {tuple(tau.shape)}")

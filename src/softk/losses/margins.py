@@ -19,6 +19,8 @@ from __future__ import annotations
 import math
 import numbers
 
+from .._validate import check_positive
+
 
 def _check_n(num_classes) -> int:
     if isinstance(num_classes, bool) or not isinstance(num_classes, numbers.Integral):
@@ -26,15 +28,6 @@ def _check_n(num_classes) -> int:
     if num_classes < 2:
         raise ValueError(f"num_classes must be >= 2, got {num_classes}")
     return int(num_classes)
-
-
-def _check_positive(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    value = float(value)
-    if not (value > 0 and math.isfinite(value)):
-        raise ValueError(f"{name} must be a finite number > 0, got {value}")
-    return value
 
 
 def cross_entropy_margin(num_classes: int, loss: float) -> float:
@@ -48,7 +41,7 @@ def cross_entropy_margin(num_classes: int, loss: float) -> float:
     0.0
     """
     n = _check_n(num_classes)
-    eps = _check_positive(loss, "loss")
+    eps = check_positive(loss, "loss")
     return math.log(n - 1) - math.log(math.expm1(eps))
 
 

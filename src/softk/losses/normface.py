@@ -25,7 +25,8 @@ from torch import Tensor
 
 from .._validate import check_input
 from ..threshold.function import compute_dtype
-from .margins import _check_n, _check_positive, cross_entropy_floor, cross_entropy_margin
+from .._validate import check_positive
+from .margins import _check_n, cross_entropy_floor, cross_entropy_margin
 
 
 def normface_loss_bound(scale: float, num_classes: int) -> float:
@@ -36,7 +37,7 @@ def normface_loss_bound(scale: float, num_classes: int) -> float:
     0.126928
     """
     n = _check_n(num_classes)
-    s = _check_positive(scale, "scale")
+    s = check_positive(scale, "scale")
     return cross_entropy_floor(n, s * n / (n - 1))
 
 
@@ -50,7 +51,7 @@ def normface_min_scale(num_classes: int, loss: float = 0.01) -> float:
     (6.1177, 0.01)
     """
     n = _check_n(num_classes)
-    eps = _check_positive(loss, "loss")
+    eps = check_positive(loss, "loss")
     return max(cross_entropy_margin(n, eps) * (n - 1) / n, torch.finfo(torch.float64).tiny)
 
 
