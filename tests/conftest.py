@@ -21,3 +21,13 @@ torch.set_num_threads(min(2, torch.get_num_threads()))
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)
+
+
+@pytest.fixture(params=["torch", "native"])
+def each_cpu_backend(request):
+    """Run the test once on the PyTorch path and once on the compiled CPU kernels
+    (modules opt in with ``pytestmark = pytest.mark.usefixtures("each_cpu_backend")``)."""
+    import softk
+
+    with softk.use_backend(request.param):
+        yield request.param

@@ -1,4 +1,5 @@
-"""Backend selection without a GPU: "auto" keeps CPU tensors on torch, and
+"""Backend selection without a GPU: "auto" runs CPU tensors on the compiled
+kernels ("native") when a C compiler works and on "torch" otherwise, and
 "triton" on a CPU tensor without the interpreter is a clear error."""
 
 import os
@@ -12,13 +13,31 @@ import softk
 from softk import _backend
 
 
-def test_auto_runs_cpu_tensors_with_torch():
+def test_auto_runs_cpu_tensors_natively_when_compiled():
+    expected = "native" if _backend.native_available() else "torch"
     with softk.use_backend("auto"):
-        assert _backend.resolve(torch.zeros(2)) == "torch"
+        assert _backend.resolve(torch.zeros(2)) == expected
+
+
+def test_backend_selection(monkeypatch):
+    assert softk.backend() == "auto"
+    for name in ("torch", "native"):
+        with softk.use_backend(name):
+            assert softk.backend() == name
+            assert torch.equal(softk.sparsemax(torch.tensor([0.1, 1.0, 1.5])), torch.tensor([0.0, 0.25, 0.75]))
+    assert softk.backend() == "auto"
+    monkeypatch.setenv("SOFTK_BACKEND", "torch")
+    assert softk.backend() == "torch"
+    monkeypatch.setenv("SOFTK_BACKEND", "nope")
+    with pytest.raises(ValueError, match="SOFTK_BACKEND"):
+        softk.backend()
+    with pytest.raises(ValueError, match="name"):
+        with softk.use_backend("nope"):
+            pass
 
 
 def test_triton_listed_and_unknown_rejected():
-    with pytest.raises(ValueError, match=r"name must be one of \['auto', 'torch', 'triton'\]"):
+    with pytest.raises(ValueError, match=r"name must be one of \['auto', 'native', 'torch', 'triton'\]"):
         with softk.use_backend("cuda"):
             pass
 

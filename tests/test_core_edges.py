@@ -9,6 +9,9 @@ from softk import nn as snn
 
 from . import oracle
 
+# Every test here runs on both CPU paths: the PyTorch one and the compiled kernels.
+pytestmark = pytest.mark.usefixtures("each_cpu_backend")
+
 METHODS = ["exp", "sigmoid", "laplace", "sparse"]
 INF = float("inf")
 
@@ -171,19 +174,3 @@ def test_learnable_alpha_trains():
         loss.backward()
         opt.step()
     assert m.alpha.item() > 1.8
-
-
-def test_backend_selection(monkeypatch):
-    assert softk.backend() == "auto"
-    with softk.use_backend("torch"):
-        assert softk.backend() == "torch"
-        assert torch.equal(softk.sparsemax(torch.tensor([0.1, 1.0, 1.5])), torch.tensor([0.0, 0.25, 0.75]))
-    assert softk.backend() == "auto"
-    monkeypatch.setenv("SOFTK_BACKEND", "torch")
-    assert softk.backend() == "torch"
-    monkeypatch.setenv("SOFTK_BACKEND", "nope")
-    with pytest.raises(ValueError, match="SOFTK_BACKEND"):
-        softk.backend()
-    with pytest.raises(ValueError, match="name"):
-        with softk.use_backend("nope"):
-            pass

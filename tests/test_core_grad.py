@@ -10,6 +10,9 @@ import softk
 
 from . import oracle
 
+# Every test here runs on both CPU paths: the PyTorch one and the compiled kernels.
+pytestmark = pytest.mark.usefixtures("each_cpu_backend")
+
 METHODS = ["exp", "sigmoid", "laplace", "sparse"]
 
 

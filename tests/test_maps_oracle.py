@@ -8,6 +8,9 @@ import softk
 
 from . import oracle
 
+# Every test here runs on both CPU paths: the PyTorch one and the compiled kernels.
+pytestmark = pytest.mark.usefixtures("each_cpu_backend")
+
 METHODS = ["exp", "sigmoid", "laplace", "sparse"]
 SHAPES_DIMS = [((7,), 0), ((3, 9), -1), ((4, 6, 5), 1), ((2, 5, 3), 0), ((1, 1), -1)]
 

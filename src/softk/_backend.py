@@ -1,13 +1,19 @@
 """Backend selection: ``softk.backend()``, ``softk.use_backend(name)``, ``SOFTK_BACKEND``.
 
 "auto" (default) runs CUDA tensors with the Triton kernels when triton is
-installed and everything else with "torch", the reference PyTorch
-implementation (exact on every device).  "triton" forces the kernels: asking
-for it where triton is not installed, or for a CPU tensor without
-``TRITON_INTERPRET=1`` (Triton's CPU interpreter, used by the tests), is a
-ValueError.  Backends register themselves in ``_AVAILABLE`` (name -> function
-telling whether it can run here).  Triton computes in float32, so float64
-inputs always use "torch".
+installed, CPU tensors with the compiled CPU kernels ("native", see
+:mod:`softk.native`) when a C compiler works here, and everything else with
+"torch", the reference PyTorch implementation (exact on every device).
+
+"torch" forces the reference implementation.  "native" forces the compiled CPU
+kernels (a ValueError where they cannot be built, or for a tensor that is not
+on the CPU); they cover softmax, sparsemax, entmax15, entmax with 1 < α ≤ 2
+and soft top-k "exp", and the other maps run on "torch" under it.  "triton"
+forces the Triton kernels: asking for it where triton is not installed, or
+for a CPU tensor without ``TRITON_INTERPRET=1`` (Triton's CPU interpreter,
+used by the tests), is a ValueError.  Backends register themselves in
+``_AVAILABLE`` (name -> function telling whether it can run here).  Triton
+computes in float32, so float64 inputs use "torch" under it.
 """
 
 from __future__ import annotations
@@ -28,7 +34,14 @@ def triton_interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-_AVAILABLE = {"auto": lambda: True, "torch": lambda: True, "triton": triton_importable}
+def native_available() -> bool:
+    """True when the compiled CPU kernels load (compiling them on first use)."""
+    from .native import build
+
+    return build.enabled() and build.library() is not None
+
+
+_AVAILABLE = {"auto": lambda: True, "torch": lambda: True, "native": native_available, "triton": triton_importable}
 _state = threading.local()
 
 
@@ -39,15 +52,16 @@ def _check(name: str, source: str) -> str:
         raise ValueError(
             f"{source}={name!r}: that backend cannot run on this machine"
             + (" (install it with: pip install 'softk[triton]')" if name == "triton" else "")
+            + (" (it needs a C compiler: install gcc, or set SOFTK_CC; SOFTK_NATIVE=0 disables it)" if name == "native" else "")
         )
     return name
 
 
 def backend() -> str:
-    """The configured backend name: "auto" (default), "torch" or "triton".
+    """The configured backend name: "auto" (default), "torch", "native" or "triton".
 
     >>> import softk
-    >>> softk.backend() in ("auto", "torch", "triton")
+    >>> softk.backend() in ("auto", "torch", "native", "triton")
     True
     """
     name = getattr(_state, "name", None)
@@ -79,7 +93,14 @@ def resolve(x) -> str:
     name = backend()
     runnable = x.is_cuda or triton_interpreted()
     if name == "auto":
-        return "triton" if x.is_cuda and triton_importable() else "torch"
+        if x.is_cuda:
+            return "triton" if triton_importable() else "torch"
+        return "native" if x.device.type == "cpu" and native_available() else "torch"
+    if name == "native" and x.device.type != "cpu":
+        raise ValueError(
+            f"backend 'native' runs CPU tensors, got a tensor on {x.device}; "
+            "use softk.use_backend('auto') or move x to the CPU"
+        )
     if name == "triton" and not runnable:
         raise ValueError(
             f"backend 'triton' runs CUDA tensors (or CPU tensors under TRITON_INTERPRET=1), "

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .. import _backend
+from .. import _backend, native
 
 from .families import EXP, Family
 from .solve import solve_exp_pooled, solve_exp_topk, solve_lambda, solve_on_candidates
@@ -55,6 +55,16 @@ def _fill_rows(z: Tensor, p: Tensor, active: Tensor, broken: Tensor) -> Tensor:
     return torch.where(active, p, filled)
 
 
+def _use_native(family: Family, t: Tensor) -> bool:
+    """The compiled CPU kernels run ``family`` on ``t`` (see :mod:`softk.native`)."""
+    return (
+        t.dtype in (torch.float32, torch.float64)
+        and t.shape[-1] > 0
+        and native.family_id(family) is not None
+        and _backend.resolve(t) == "native"
+    )
+
+
 def threshold_forward_support(family: Family, z: Tensor, k: int):
     """(p, support) with p = f(z − λ), Σp = k, on the last dimension (no autograd).
 
@@ -63,6 +73,8 @@ def threshold_forward_support(family: Family, z: Tensor, k: int):
     touches only those columns.  It is None on the general path.
     """
     n = z.shape[-1]
+    if _use_native(family, z):
+        return native.forward(family, z, k), None
     if family.zero_below and n >= _FAST_MIN_WIDTH and k + 2 <= n:
         lam, active, broken, idx, valid = solve_on_candidates(family, z, k)
         if idx is not None:
@@ -113,6 +125,8 @@ class ThresholdFunction(torch.autograd.Function):
         p, support = threshold_forward_support(family, z, k)
         out = p.to(x.dtype)
         ctx.family, ctx.tau, ctx.sparse = family, tau, support is not None
+        # The backward runs where the forward ran, whatever the backend is then.
+        ctx.native = _use_native(family, z)
         ctx.save_for_backward(out, *(support or ()))
         return out
 
@@ -120,6 +134,8 @@ class ThresholdFunction(torch.autograd.Function):
     def backward(ctx, g: Tensor):
         out = ctx.saved_tensors[0]
         ct = compute_dtype(out.dtype)
+        if ctx.native:
+            return native.backward(ctx.family, out.to(ct), g.to(ct), ctx.tau).to(out.dtype), None, None, None
         if ctx.sparse:
             # d = 0 off the support: the vjp lives on the saved columns only.
             idx, valid = ctx.saved_tensors[1:]

@@ -1,0 +1,289 @@
+/* One floating type's kernels (T, SUF, EXP, LOG, POW, SQRT, EPS are defined by
+ * kernels.c).  Every row is handled on its own; the caller splits rows
+ * between threads.
+ *
+ * Shifted coordinates: the solvers work with v = z − max(z) ≤ 0 and return
+ * λ − max(z), so tolerances are relative to the data's spread, not to |max|.
+ *
+ * Row conventions (the same as softk.threshold.function): −inf entries are
+ * removed; a row with m ≤ k finite entries gets 1 on them (0 elsewhere); a row
+ * holding NaN or +inf is NaN.
+ */
+
+/* max of the finite entries, how many are finite, and whether NaN/+inf occur. */
+static T FN(row_scan)(const T *z, int64_t n, int64_t *count, int *bad)
+{
+    T m = -INFINITY;
+    int64_t c = 0;
+    int b = 0;
+#pragma omp simd reduction(max : m) reduction(+ : c) reduction(| : b)
+    for (int64_t i = 0; i < n; i++) {
+        T v = z[i];
+        m = v > m ? v : m;
+        c += v > -INFINITY;
+        b |= (v != v) | (v == INFINITY);
+    }
+    *count = c;
+    *bad = b;
+    return m;
+}
+
+static void FN(fill_conventions)(const T *z, T *p, int64_t n, int bad)
+{
+    for (int64_t i = 0; i < n; i++)
+        p[i] = bad ? (T)NAN : (z[i] > -INFINITY ? (T)1 : (T)0);
+}
+
+/* Keep the entries of (val, idx)[0..c) with val > lam, in order; returns how many. */
+static int64_t FN(compact)(T *val, int64_t *idx, int64_t c, T lam)
+{
+    int64_t c2 = 0;
+    for (int64_t j = 0; j < c; j++) {
+        T v = val[j];
+        int64_t ix = idx[j];
+        val[c2] = v;
+        idx[c2] = ix;
+        c2 += v > lam;
+    }
+    return c2;
+}
+
+/* ---------------------------------------------------------------------------
+ * Families with f(u) = 0 for u ≤ 0 (sparsemax, entmax15, entmax α ≤ 2).
+ * g(λ) = Σ f(v − λ) is convex and decreasing, so Newton started at a lower
+ * bound lo (g(lo) ≥ k: the top entry alone reaches k there) climbs to λ
+ * without overshooting, and entries at or below the current λ can be dropped
+ * for good: each step touches only the surviving candidates.
+ *   sparsemax: the Newton step is the closed form on the current support
+ *              (Michelot); exact as soon as the support stops shrinking.
+ *   entmax15:  the closed form (a quadratic) on the current support is tried
+ *              first and accepted when no candidate falls below it (exact);
+ *              otherwise a Newton step.
+ *   entmax α:  Newton on h = g^{1/q} − k^{1/q}, q = 1/(α−1) ≥ 1 (convex, nearly
+ *              linear), until the step is below a few ulps.
+ * On return (val, idx)[0..*nval) holds every entry with v > λ (and possibly a
+ * few at λ, where f = 0).  Returns λ − max(z).
+ */
+static T FN(solve_zero_below)(int fam, const T *z, T m, int64_t n, T k, T alpha,
+                              T *val, int64_t *idx, int64_t *nval, int64_t *iters)
+{
+    T am1 = alpha - 1, q = 1 / am1;
+    T lam = fam == 1 ? -k : fam == 2 ? -2 * SQRT(k) : -POW(k, am1) / am1;
+    int64_t c = 0;
+    for (int64_t i = 0; i < n; i++) {
+        T v = z[i] - m;
+        val[c] = v;
+        idx[c] = i;
+        c += v > lam;
+    }
+    int64_t it = 0;
+    for (; it < 2 * n + 100; it++) {
+        if (fam == 1) {
+            T s = 0;
+#pragma omp simd reduction(+ : s)
+            for (int64_t j = 0; j < c; j++) s += val[j];
+            T next = (s - k) / (T)c;
+            int64_t c2 = FN(compact)(val, idx, c, next);
+            if (c2 == 0) break; /* rounding guard: keep the last λ */
+            lam = next;
+            if (c2 == c) break;
+            c = c2;
+        } else if (fam == 2) {
+            T D = 0, G = 0; /* Σw, Σw², w = v − λ > 0 on the candidates */
+#pragma omp simd reduction(+ : D, G)
+            for (int64_t j = 0; j < c; j++) {
+                T w = val[j] - lam;
+                D += w;
+                G += w * w;
+            }
+            T r = G - 4 * k; /* 4 (g(λ) − k) ≥ 0 */
+            if (!(r > 0)) break;
+            T disc = D * D - (T)c * r;
+            if (disc >= 0) {
+                T dc = r / (D + SQRT(disc)); /* smaller root of Σ(w − δ)² = 4k */
+                int64_t above = 0;
+#pragma omp simd reduction(+ : above)
+                for (int64_t j = 0; j < c; j++) above += val[j] - lam > dc;
+                if (above == c) {
+                    lam += dc;
+                    break;
+                }
+            }
+            T next = lam + r / (2 * D);
+            if (!(next > lam)) break;
+            c = FN(compact)(val, idx, c, next);
+            lam = next;
+        } else {
+            T G = 0, S = 0; /* Σw^q, Σw^{q−1}, w = (α−1)(v − λ) > 0 */
+#pragma omp simd reduction(+ : G, S)
+            for (int64_t j = 0; j < c; j++) {
+                T w = am1 * (val[j] - lam);
+                T wq1 = POW(w, q - 1);
+                G += wq1 * w;
+                S += wq1;
+            }
+            if (!(G > k)) break;
+            T step = q * (POW(G, 1 / q) - POW(k, 1 / q)) * POW(G, 1 - 1 / q) / S;
+            T next = lam + step;
+            if (!(next > lam)) break;
+            c = FN(compact)(val, idx, c, next);
+            lam = next;
+            if (step <= 4 * EPS * (1 + fabs((double)lam))) break;
+        }
+    }
+    *nval = c;
+    if (iters) *iters = it + 1;
+    return lam;
+}
+
+/* f(v − λ) on the candidates, written into a zeroed row. */
+static void FN(write_zero_below)(int fam, T *p, int64_t n, T lam, T alpha, T *val,
+                                 const int64_t *idx, int64_t c)
+{
+    T am1 = alpha - 1, q = 1 / am1;
+    memset(p, 0, (size_t)n * sizeof(T));
+#pragma omp simd
+    for (int64_t j = 0; j < c; j++) {
+        T u = val[j] - lam;
+        u = u > 0 ? u : 0;
+        val[j] = fam == 1 ? u : fam == 2 ? (T)0.25 * u * u : POW(am1 * u, q);
+    }
+    for (int64_t j = 0; j < c; j++) p[idx[j]] = val[j];
+}
+
+/* ---------------------------------------------------------------------------
+ * Soft top-k "exp", f = min(1, e^u): g(λ) = #{v ≥ λ} + e^{−λ} Σ_{v<λ} e^v.
+ * λ0 = lse(v) − log k is an upper bound (every min(1, ·) ≤ its second
+ * argument).  From above, λ ← lse_{v<λ}(v) − log(k − #{v ≥ λ}) is Newton in
+ * μ = e^{−λ} on a concave increasing function: it never overshoots, the
+ * saturated set only grows, and λ is exact once that set stops growing (at
+ * most k + 1 rounds; one or two on typical rows).  The unsaturated sum is
+ * taken relative to its own maximum, so it cannot underflow when saturated
+ * entries dominate the row.  Returns λ − max(z).
+ */
+static T FN(solve_exp)(const T *z, T m, int64_t n, T k, int64_t *iters)
+{
+    T s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < n; i++) s += EXP(z[i] - m);
+    T lam = LOG(s) - LOG(k);
+    int64_t prev = 0, it = 1;
+    for (; it < (int64_t)k + 3; it++) {
+        if (lam > 0) break; /* every v ≤ 0 < λ: nothing saturates */
+        T mu = -INFINITY;
+        int64_t nsat = 0;
+#pragma omp simd reduction(max : mu) reduction(+ : nsat)
+        for (int64_t i = 0; i < n; i++) {
+            T v = z[i] - m;
+            nsat += v >= lam;
+            mu = (v < lam && v > mu) ? v : mu;
+        }
+        if (nsat == prev || nsat >= (int64_t)k) break;
+        T u = 0;
+#pragma omp simd reduction(+ : u)
+        for (int64_t i = 0; i < n; i++) {
+            T v = z[i] - m;
+            T e = EXP(v - mu);
+            u += v < lam ? e : 0;
+        }
+        lam = mu + LOG(u) - LOG(k - (T)nsat);
+        prev = nsat;
+    }
+    if (iters) *iters = it;
+    return lam;
+}
+
+/* ---------------------------------------------------------------------------
+ * Forward over rows [0, rows).  scratch: 2n slots (values, indices) per call.
+ * Returns 0, or −1 when scratch memory could not be allocated.
+ */
+int FN(softk_forward)(int fam, const T *z, T *p, int64_t rows, int64_t n, double kd,
+                      double alphad, int64_t *max_iters)
+{
+    T k = (T)kd, alpha = (T)alphad;
+    T *val = NULL;
+    int64_t *idx = NULL;
+    if (fam >= 1 && fam <= 3) {
+        val = (T *)malloc((size_t)n * sizeof(T));
+        idx = (int64_t *)malloc((size_t)n * sizeof(int64_t));
+        if (!val || !idx) {
+            free(val);
+            free(idx);
+            return -1;
+        }
+    }
+    int64_t worst = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        const T *zr = z + r * n;
+        T *pr = p + r * n;
+        int64_t count, iters = 0;
+        int bad;
+        T m = FN(row_scan)(zr, n, &count, &bad);
+        if (bad || (double)count <= kd) {
+            FN(fill_conventions)(zr, pr, n, bad);
+            continue;
+        }
+        if (fam == 0) {
+            T s = 0;
+#pragma omp simd reduction(+ : s)
+            for (int64_t i = 0; i < n; i++) {
+                T e = EXP(zr[i] - m);
+                pr[i] = e;
+                s += e;
+            }
+            T scale = k / s;
+#pragma omp simd
+            for (int64_t i = 0; i < n; i++) pr[i] *= scale;
+            iters = 1;
+        } else if (fam == 4) {
+            T lam = FN(solve_exp)(zr, m, n, k, &iters);
+#pragma omp simd
+            for (int64_t i = 0; i < n; i++) {
+                T e = EXP((zr[i] - m) - lam);
+                pr[i] = e < 1 ? e : 1;
+            }
+        } else {
+            int64_t c;
+            T lam = FN(solve_zero_below)(fam, zr, m, n, k, alpha, val, idx, &c, &iters);
+            FN(write_zero_below)(fam, pr, n, lam, alpha, val, idx, c);
+        }
+        worst = iters > worst ? iters : worst;
+    }
+    free(val);
+    free(idx);
+    if (max_iters) *max_iters = worst;
+    return 0;
+}
+
+/* Backward: dx = d ⊙ (g − Σ(d⊙g)/Σd) / τ with d = f′(u) read off p
+ * (0 where Σd = 0, NaN where p is NaN). */
+void FN(softk_backward)(int fam, const T *p, const T *g, T *dx, int64_t rows, int64_t n,
+                        double inv_taud, double alphad)
+{
+    T inv_tau = (T)inv_taud, e = (T)(2 - alphad);
+    for (int64_t r = 0; r < rows; r++) {
+        const T *pr = p + r * n, *gr = g + r * n;
+        T *out = dx + r * n;
+        T sd = 0, sdg = 0;
+#pragma omp simd reduction(+ : sd, sdg)
+        for (int64_t i = 0; i < n; i++) {
+            T pi = pr[i], d;
+            if (fam == 0)
+                d = pi;
+            else if (fam == 1)
+                d = pi > 0 ? (T)1 : (pi == pi ? (T)0 : pi);
+            else if (fam == 2)
+                d = SQRT(pi);
+            else if (fam == 3)
+                d = pi > 0 ? POW(pi, e) : (pi == pi ? (T)0 : pi);
+            else
+                d = pi < 1 ? pi : (pi == pi ? (T)0 : pi);
+            out[i] = d;
+            sd += d;
+            sdg += d * gr[i];
+        }
+        T coef = sd > 0 ? sdg / sd : 0;
+#pragma omp simd
+        for (int64_t i = 0; i < n; i++) out[i] = out[i] * (gr[i] - coef) * inv_tau;
+    }
+}
