@@ -20,14 +20,27 @@ import torch
 
 import softk
 
-# op -> provider -> function of x
-OPS = {
-    "softmax": {"torch": lambda x: torch.softmax(x, -1)},
-    "sparsemax": {"softk": softk.sparsemax},
-    "entmax15": {"softk": softk.entmax15},
-    "entmax1.3": {"softk": lambda x: softk.entmax(x, 1.3)},
-    "soft_topk_exp64": {"softk": lambda x: softk.soft_topk(x, 64, method="exp")},
+def _on_torch_path(fn):
+    """``fn`` on softk's PyTorch path (the reference implementation; its
+    backward also stays there, see ThresholdFunction)."""
+
+    def run(x):
+        with softk.use_backend("torch"):
+            return fn(x)
+
+    return run
+
+
+_SOFTK = {
+    "sparsemax": softk.sparsemax,
+    "entmax15": softk.entmax15,
+    "entmax1.3": lambda x: softk.entmax(x, 1.3),
+    "soft_topk_exp64": lambda x: softk.soft_topk(x, 64, method="exp"),
 }
+# op -> provider -> function of x.  "softk" is the default backend ("auto":
+# the compiled kernels on CPU, Triton on CUDA); "softk-torch" the PyTorch path.
+OPS = {"softmax": {"torch": lambda x: torch.softmax(x, -1)}}
+OPS.update({op: {"softk": fn, "softk-torch": _on_torch_path(fn)} for op, fn in _SOFTK.items()})
 try:  # the reference implementation, when installed
     import entmax as _entmax
 
