@@ -239,3 +239,22 @@ def test_cache_is_built_once_per_key(tmp_path):
         r = _run(code, SOFTK_CACHE_DIR=str(tmp_path))
         assert r.returncode == 0 and r.stdout.strip() == "1.0", r.stderr
     assert len(list(tmp_path.glob("kernels-*.so"))) == 1
+
+
+def test_forked_child_gets_fresh_threads():
+    """A forked child (DataLoader workers) must not wait on the parent's pool threads."""
+    code = (
+        "import os, torch, softk\n"
+        "torch.set_num_threads(2)\n"
+        "x = torch.randn(256, 512)\n"
+        "p = softk.sparsemax(x)\n"  # the parent's pool now exists
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    torch.set_num_threads(2)\n"
+        "    q = softk.sparsemax(x)\n"
+        "    os._exit(0 if torch.equal(p, q) else 3)\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "print(os.waitstatus_to_exitcode(status))\n"
+    )
+    r = _run(code)
+    assert r.returncode == 0 and r.stdout.strip() == "0", r.stderr

@@ -28,6 +28,8 @@ from __future__ import annotations
 import concurrent.futures
 import ctypes
 import math
+import os
+import threading
 
 import torch
 from torch import Tensor
@@ -39,6 +41,18 @@ FAMILY_IDS = {"softmax": 0, "sparsemax": 1, "entmax15": 2, "entmax": 3, "exp": 4
 _PARALLEL_MIN = 1 << 15
 _pool = None
 _pool_size = 0
+_pool_lock = threading.Lock()
+
+
+def _forget_pool():
+    # A forked child (e.g. a DataLoader worker) inherits the pool object but
+    # not its threads: submitting to it would wait forever.
+    global _pool, _pool_size, _pool_lock
+    _pool, _pool_size, _pool_lock = None, 0, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
 
 
 def family_id(family):
@@ -67,10 +81,12 @@ def _run(calls):
     global _pool, _pool_size
     if len(calls) == 1:
         return [calls[0]()]
-    if _pool is None or _pool_size < len(calls):
-        _pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(calls), thread_name_prefix="softk")
-        _pool_size = len(calls)
-    futures = [_pool.submit(c) for c in calls[1:]]
+    with _pool_lock:
+        if _pool is None or _pool_size < len(calls):
+            _pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(calls), thread_name_prefix="softk")
+            _pool_size = len(calls)
+        pool = _pool
+    futures = [pool.submit(c) for c in calls[1:]]
     results = [calls[0]()]  # the calling thread takes the first chunk
     return results + [f.result() for f in futures]
 
