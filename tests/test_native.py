@@ -144,13 +144,15 @@ def test_wide_row_beyond_65536(rng):
 
 def test_solver_rounds_stay_few(rng):
     """The λ solvers finish in a few rounds on ordinary rows (a regression to
-    bisection-like behaviour, ~50 rounds, fails here)."""
+    bisection-like behaviour, ~50 rounds, fails here).  Rounds are counted
+    over both solves of the zero-below families (block maxima, then the
+    candidates); on this data: sparsemax 6, entmax15 8, entmax α 8–13, exp 2."""
     x = torch.tensor(rng.normal(size=(64, 1024)))
-    limits = {"softmax": 1, "sparsemax": 8, "entmax15": 8, "exp": 6}
+    limits = {"softmax": 1, "sparsemax": 8, "entmax15": 10, "exp": 3}
     for name, family in _families():
         k = 64 if name == "exp" else 1
         _, rounds = native.forward(family, x, k, return_iters=True)
-        assert rounds <= limits.get(name, 12), (name, rounds)
+        assert rounds <= limits.get(name, 16), (name, rounds)
 
 
 def test_threads_do_not_change_results(rng):

@@ -29,6 +29,10 @@ SIMD_DECL double log(double);
 SIMD_DECL double pow(double, double);
 #endif
 
+/* Candidate buffers are processed in whole chunks of PAD entries (one or two
+ * vectors) so no pow/exp falls into a scalar remainder loop. */
+#define PAD 16
+
 #define CAT_(a, b) a##_##b
 #define CAT(a, b) CAT_(a, b)
 #define FN(name) CAT(name, SUF)

@@ -51,9 +51,9 @@ static int64_t FN(compact)(T *val, int64_t *idx, int64_t c, T lam)
 /* ---------------------------------------------------------------------------
  * Families with f(u) = 0 for u ≤ 0 (sparsemax, entmax15, entmax α ≤ 2).
  * g(λ) = Σ f(v − λ) is convex and decreasing, so Newton started at a lower
- * bound lo (g(lo) ≥ k: the top entry alone reaches k there) climbs to λ
- * without overshooting, and entries at or below the current λ can be dropped
- * for good: each step touches only the surviving candidates.
+ * bound (g ≥ k there) climbs to λ without overshooting, and entries at or
+ * below the current λ can be dropped for good: each round touches only the
+ * surviving candidates (val, idx)[0..c), all > lam on entry.
  *   sparsemax: the Newton step is the closed form on the current support
  *              (Michelot); exact as soon as the support stops shrinking.
  *   entmax15:  the closed form (a quadratic) on the current support is tried
@@ -61,23 +61,15 @@ static int64_t FN(compact)(T *val, int64_t *idx, int64_t c, T lam)
  *              otherwise a Newton step.
  *   entmax α:  Newton on h = g^{1/q} − k^{1/q}, q = 1/(α−1) ≥ 1 (convex, nearly
  *              linear), until the step is below a few ulps.
- * On return (val, idx)[0..*nval) holds every entry with v > λ (and possibly a
- * few at λ, where f = 0).  Returns λ − max(z).
+ * On return (val, idx)[0..*nval) holds every candidate with v > λ (and
+ * possibly a few at λ, where f = 0).  Returns λ.
  */
-static T FN(solve_zero_below)(int fam, const T *z, T m, int64_t n, T k, T alpha,
-                              T *val, int64_t *idx, int64_t *nval, int64_t *iters)
+static T FN(solve_candidates)(int fam, T lam, T k, T alpha, T *val, int64_t *idx, int64_t c,
+                              int64_t *nval, int64_t *iters)
 {
     T am1 = alpha - 1, q = 1 / am1;
-    T lam = fam == 1 ? -k : fam == 2 ? -2 * SQRT(k) : -POW(k, am1) / am1;
-    int64_t c = 0;
-    for (int64_t i = 0; i < n; i++) {
-        T v = z[i] - m;
-        val[c] = v;
-        idx[c] = i;
-        c += v > lam;
-    }
     int64_t it = 0;
-    for (; it < 2 * n + 100; it++) {
+    for (; it < 2 * c + 100; it++) {
         if (fam == 1) {
             T s = 0;
 #pragma omp simd reduction(+ : s)
@@ -115,12 +107,18 @@ static T FN(solve_zero_below)(int fam, const T *z, T m, int64_t n, T k, T alpha,
             lam = next;
         } else {
             T G = 0, S = 0; /* Σw^q, Σw^{q−1}, w = (α−1)(v − λ) > 0 */
+            /* Whole vectors only: a scalar pow in the loop's remainder costs
+             * as much as a vector one, so pad with entries at λ (w = 0,
+             * masked; pow gets 1 there, as its vector variants take a slow
+             * path for 0).  val/idx have PAD spare slots. */
+            int64_t cp = (c + PAD - 1) / PAD * PAD;
+            for (int64_t j = c; j < cp; j++) val[j] = lam;
 #pragma omp simd reduction(+ : G, S)
-            for (int64_t j = 0; j < c; j++) {
+            for (int64_t j = 0; j < cp; j++) {
                 T w = am1 * (val[j] - lam);
-                T wq1 = POW(w, q - 1);
-                G += wq1 * w;
-                S += wq1;
+                T wq1 = POW(w > 0 ? w : 1, q - 1);
+                G += w > 0 ? wq1 * w : 0;
+                S += w > 0 ? wq1 : 0;
             }
             if (!(G > k)) break;
             T step = q * (POW(G, 1 / q) - POW(k, 1 / q)) * POW(G, 1 - 1 / q) / S;
@@ -132,8 +130,71 @@ static T FN(solve_zero_below)(int fam, const T *z, T m, int64_t n, T k, T alpha,
         }
     }
     *nval = c;
-    if (iters) *iters = it + 1;
+    if (iters) *iters += it + 1;
     return lam;
+}
+
+/* Row scan with block maxima: bm[b] = max of z[b·B, (b+1)·B) (−inf if none is finite). */
+#define BLK 32
+static T FN(row_scan_blocks)(const T *z, int64_t n, T *bm, int64_t *count, int *bad)
+{
+    T m = -INFINITY;
+    int64_t c = 0;
+    int b = 0;
+    for (int64_t i0 = 0, blk = 0; i0 < n; i0 += BLK, blk++) {
+        int64_t end = i0 + BLK < n ? i0 + BLK : n;
+        T bmax = -INFINITY;
+#pragma omp simd reduction(max : bmax) reduction(+ : c) reduction(| : b)
+        for (int64_t i = i0; i < end; i++) {
+            T v = z[i];
+            bmax = v > bmax ? v : bmax;
+            c += v > -INFINITY;
+            b |= (v != v) | (v == INFINITY);
+        }
+        bm[blk] = bmax;
+        m = bmax > m ? bmax : m;
+    }
+    *count = c;
+    *bad = b;
+    return m;
+}
+
+/* λ − max(z) for a zero-below family, without sorting the row:
+ * 1. the block maxima are entries of the row, and a subset's λ is a lower
+ *    bound of the row's λ (fewer terms in g), so solving on them (from the
+ *    family's bound: the top entry alone reaches k) gives a tight lower bound;
+ * 2. only blocks whose maximum is above that bound can hold candidates: they
+ *    are compacted into (val, idx) and solved exactly from the bound. */
+static T FN(solve_zero_below)(int fam, const T *z, const T *bm, T m, int64_t n, T k, T alpha,
+                              T *val, int64_t *idx, int64_t *nval, int64_t *iters)
+{
+    T am1 = alpha - 1;
+    T lam = fam == 1 ? -k : fam == 2 ? -2 * SQRT(k) : -POW(k, am1) / am1;
+    int64_t nb = (n + BLK - 1) / BLK, c = 0, c2;
+    if (nb > 1) {
+        for (int64_t b = 0; b < nb; b++) {
+            T v = bm[b] - m;
+            val[c] = v;
+            idx[c] = b;
+            c += v > lam;
+        }
+        T sub = FN(solve_candidates)(fam, lam, k, alpha, val, idx, c, &c2, iters);
+        /* keep a few ulps below the subset's λ: it is exact only up to rounding */
+        sub -= 16 * EPS * (1 + fabs((double)sub));
+        lam = sub > lam ? sub : lam;
+        c = 0;
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        if (!(bm[b] - m > lam)) continue;
+        int64_t i0 = b * BLK, end = i0 + BLK < n ? i0 + BLK : n;
+        for (int64_t i = i0; i < end; i++) {
+            T v = z[i] - m;
+            val[c] = v;
+            idx[c] = i;
+            c += v > lam;
+        }
+    }
+    return FN(solve_candidates)(fam, lam, k, alpha, val, idx, c, nval, iters);
 }
 
 /* f(v − λ) on the candidates, written into a zeroed row. */
@@ -142,11 +203,14 @@ static void FN(write_zero_below)(int fam, T *p, int64_t n, T lam, T alpha, T *va
 {
     T am1 = alpha - 1, q = 1 / am1;
     memset(p, 0, (size_t)n * sizeof(T));
+    int64_t cp = (c + PAD - 1) / PAD * PAD; /* whole vectors, as in solve_candidates */
+    for (int64_t j = c; j < cp; j++) val[j] = lam;
 #pragma omp simd
-    for (int64_t j = 0; j < c; j++) {
+    for (int64_t j = 0; j < cp; j++) {
         T u = val[j] - lam;
         u = u > 0 ? u : 0;
-        val[j] = fam == 1 ? u : fam == 2 ? (T)0.25 * u * u : POW(am1 * u, q);
+        /* pow's vector variants take a slow scalar path for 0: feed them 1 there */
+        val[j] = fam == 1 ? u : fam == 2 ? (T)0.25 * u * u : (u > 0 ? POW(am1 * (u > 0 ? u : 1), q) : 0);
     }
     for (int64_t j = 0; j < c; j++) p[idx[j]] = val[j];
 }
@@ -193,6 +257,48 @@ static T FN(solve_exp)(const T *z, T m, int64_t n, T k, int64_t *iters)
     return lam;
 }
 
+/* The same iteration on e_i = e^{v_i} stored in p, with threshold t = e^{λ}:
+ * the unsaturated sum is S − Σ_{e ≥ t} e, no second exp.  Safe while the
+ * saturated part is at most half of S (the subtraction then loses at most a
+ * factor 2 in relative precision, and S − S_sat ≥ 1/2 cannot be dominated by
+ * underflowed entries).  Returns 0, leaving p to be overwritten, when that
+ * does not hold; the caller then runs solve_exp. */
+static int FN(exp_stored)(const T *z, T *p, T m, int64_t n, T k, int64_t *iters)
+{
+    T s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < n; i++) {
+        T e = EXP(z[i] - m);
+        p[i] = e;
+        s += e;
+    }
+    T t = s / k;
+    int64_t prev = 0;
+    *iters = 1;
+    for (int64_t it = 0; t <= 1 && it < (int64_t)k + 3; it++) { /* t > 1: nothing saturates */
+        int64_t nsat = 0;
+        T ssat = 0;
+#pragma omp simd reduction(+ : nsat, ssat)
+        for (int64_t i = 0; i < n; i++) {
+            T e = p[i];
+            nsat += e >= t;
+            ssat += e >= t ? e : 0;
+        }
+        if (nsat == prev) break;
+        if (nsat >= (int64_t)k || ssat > s / 2) return 0;
+        t = (s - ssat) / (k - (T)nsat);
+        prev = nsat;
+        *iters += 1;
+    }
+    T inv = 1 / t;
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) {
+        T e = p[i] * inv;
+        p[i] = e < 1 ? e : 1;
+    }
+    return 1;
+}
+
 /* ---------------------------------------------------------------------------
  * Forward over rows [0, rows).  scratch: 2n slots (values, indices) per call.
  * Returns 0, or −1 when scratch memory could not be allocated.
@@ -203,12 +309,15 @@ int FN(softk_forward)(int fam, const T *z, T *p, int64_t rows, int64_t n, double
     T k = (T)kd, alpha = (T)alphad;
     T *val = NULL;
     int64_t *idx = NULL;
+    T *bm = NULL;
     if (fam >= 1 && fam <= 3) {
-        val = (T *)malloc((size_t)n * sizeof(T));
-        idx = (int64_t *)malloc((size_t)n * sizeof(int64_t));
-        if (!val || !idx) {
+        val = (T *)malloc((size_t)(n + PAD) * sizeof(T));
+        idx = (int64_t *)malloc((size_t)(n + PAD) * sizeof(int64_t));
+        bm = (T *)malloc((size_t)((n + BLK - 1) / BLK) * sizeof(T));
+        if (!val || !idx || !bm) {
             free(val);
             free(idx);
+            free(bm);
             return -1;
         }
     }
@@ -218,7 +327,7 @@ int FN(softk_forward)(int fam, const T *z, T *p, int64_t rows, int64_t n, double
         T *pr = p + r * n;
         int64_t count, iters = 0;
         int bad;
-        T m = FN(row_scan)(zr, n, &count, &bad);
+        T m = bm ? FN(row_scan_blocks)(zr, n, bm, &count, &bad) : FN(row_scan)(zr, n, &count, &bad);
         if (bad || (double)count <= kd) {
             FN(fill_conventions)(zr, pr, n, bad);
             continue;
@@ -235,6 +344,8 @@ int FN(softk_forward)(int fam, const T *z, T *p, int64_t rows, int64_t n, double
 #pragma omp simd
             for (int64_t i = 0; i < n; i++) pr[i] *= scale;
             iters = 1;
+        } else if (fam == 4 && FN(exp_stored)(zr, pr, m, n, k, &iters)) {
+            /* done: the common case, one exp per entry */
         } else if (fam == 4) {
             T lam = FN(solve_exp)(zr, m, n, k, &iters);
 #pragma omp simd
@@ -244,13 +355,14 @@ int FN(softk_forward)(int fam, const T *z, T *p, int64_t rows, int64_t n, double
             }
         } else {
             int64_t c;
-            T lam = FN(solve_zero_below)(fam, zr, m, n, k, alpha, val, idx, &c, &iters);
+            T lam = FN(solve_zero_below)(fam, zr, bm, m, n, k, alpha, val, idx, &c, &iters);
             FN(write_zero_below)(fam, pr, n, lam, alpha, val, idx, c);
         }
         worst = iters > worst ? iters : worst;
     }
     free(val);
     free(idx);
+    free(bm);
     if (max_iters) *max_iters = worst;
     return 0;
 }
@@ -275,7 +387,7 @@ void FN(softk_backward)(int fam, const T *p, const T *g, T *dx, int64_t rows, in
             else if (fam == 2)
                 d = SQRT(pi);
             else if (fam == 3)
-                d = pi > 0 ? POW(pi, e) : (pi == pi ? (T)0 : pi);
+                d = pi > 0 ? POW(pi > 0 ? pi : 1, e) : (pi == pi ? (T)0 : pi);
             else
                 d = pi < 1 ? pi : (pi == pi ? (T)0 : pi);
             out[i] = d;
