@@ -28,8 +28,13 @@ from pathlib import Path
 _HERE = Path(__file__).resolve().parent
 _SOURCES = ("kernels.c", "kernels_impl.h")
 # -march=native: AVX2/AVX-512 loops and libmvec's vector exp/log/pow.  No
-# -ffast-math: the row conventions need inf and NaN to behave.
+# -ffast-math: the row conventions need inf and NaN to behave.  -fopenmp:
+# rows are split between OpenMP threads, and on Linux the library then shares
+# the libgomp.so.1 that torch has already loaded (same soname), so its
+# threads are torch's; where OpenMP is missing the build retries without it
+# (serial rows).
 FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-fPIC", "-shared", "-std=c99")
+OPENMP = "-fopenmp"
 
 _lock = threading.Lock()
 _lib = None
@@ -64,9 +69,12 @@ def _compile(cc: str, target: Path) -> None:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        cmd = [cc, *FLAGS, str(_HERE / "kernels.c"), "-o", tmp, "-lm"]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode != 0:
+        for extra in ([OPENMP], []):
+            cmd = [cc, *FLAGS, *extra, str(_HERE / "kernels.c"), "-o", tmp, "-lm"]
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode == 0:
+                break
+        else:
             raise OSError(f"{' '.join(cmd)} failed:\n{done.stderr.strip()}")
         os.replace(tmp, target)  # atomic: concurrent first calls never see half a file
     finally:
@@ -77,11 +85,11 @@ def _compile(cc: str, target: Path) -> None:
 def _declare(lib) -> None:
     i64, i32, dbl, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_double, ctypes.c_void_p
     for suffix in ("f32", "f64"):
-        fwd = getattr(lib, f"softk_forward_{suffix}")
-        fwd.argtypes = [i32, ptr, ptr, i64, i64, dbl, dbl, ptr]
+        fwd = getattr(lib, f"softk_forward_threads_{suffix}")
+        fwd.argtypes = [i32, ptr, ptr, i64, i64, dbl, dbl, ptr, i32]
         fwd.restype = i32
-        bwd = getattr(lib, f"softk_backward_{suffix}")
-        bwd.argtypes = [i32, ptr, ptr, ptr, i64, i64, dbl, dbl]
+        bwd = getattr(lib, f"softk_backward_threads_{suffix}")
+        bwd.argtypes = [i32, ptr, ptr, ptr, i64, i64, dbl, dbl, i32]
         bwd.restype = None
 
 
@@ -101,7 +109,7 @@ def library():
             h = hashlib.sha256()
             for name in _SOURCES:
                 h.update((_HERE / name).read_bytes())
-            h.update(repr((FLAGS, cc, version, _cpu_key())).encode())
+            h.update(repr((FLAGS, OPENMP, cc, version, _cpu_key())).encode())
             target = _cache_dir() / f"kernels-{h.hexdigest()[:16]}.so"
             if not target.exists():
                 _compile(cc, target)

@@ -18,6 +18,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <float.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #if defined(__x86_64__) && defined(__GLIBC__) && !defined(__FAST_MATH__)
 #define SIMD_DECL __attribute__((__simd__("notinbranch")))

@@ -399,3 +399,45 @@ void FN(softk_backward)(int fam, const T *p, const T *g, T *dx, int64_t rows, in
         for (int64_t i = 0; i < n; i++) out[i] = out[i] * (gr[i] - coef) * inv_tau;
     }
 }
+
+/* Rows split between nthreads OpenMP threads (one contiguous block each).
+ * Built with -fopenmp, this shares the process's libgomp (torch's own on
+ * Linux, same soname) and so its thread pool; without OpenMP it is serial. */
+int FN(softk_forward_threads)(int fam, const T *z, T *p, int64_t rows, int64_t n, double kd,
+                              double alphad, int64_t *max_iters, int nthreads)
+{
+    int rc = 0;
+    int64_t worst = 0;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(nthreads) reduction(| : rc) reduction(max : worst)
+#endif
+    {
+        int t = 0, nt = 1;
+#ifdef _OPENMP
+        t = omp_get_thread_num();
+        nt = omp_get_num_threads();
+#endif
+        int64_t lo = rows * t / nt, hi = rows * (t + 1) / nt, it = 0;
+        if (hi > lo) rc |= FN(softk_forward)(fam, z + lo * n, p + lo * n, hi - lo, n, kd, alphad, &it);
+        worst = it > worst ? it : worst;
+    }
+    if (max_iters) *max_iters = worst;
+    return rc;
+}
+
+void FN(softk_backward_threads)(int fam, const T *p, const T *g, T *dx, int64_t rows, int64_t n,
+                                double inv_taud, double alphad, int nthreads)
+{
+#ifdef _OPENMP
+#pragma omp parallel num_threads(nthreads)
+#endif
+    {
+        int t = 0, nt = 1;
+#ifdef _OPENMP
+        t = omp_get_thread_num();
+        nt = omp_get_num_threads();
+#endif
+        int64_t lo = rows * t / nt, hi = rows * (t + 1) / nt;
+        if (hi > lo) FN(softk_backward)(fam, p + lo * n, g + lo * n, dx + lo * n, hi - lo, n, inv_taud, alphad);
+    }
+}
