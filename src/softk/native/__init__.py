@@ -13,7 +13,8 @@ Covered families (``FAMILY_IDS``): softmax (p = k·softmax), sparsemax,
 entmax15, entmax with 1 < α ≤ 2, soft top-k "exp".  λ is found without
 sorting: Newton from a lower bound over the surviving candidates, finished by
 the family's closed form (exact for sparsemax, entmax15 and "exp"), see the
-comments in ``kernels_impl.h``.  The backward is two passes over the row.
+comments in ``kernels_impl.h``.  The backward reads p once and touches g only
+on the support for the sparse families (two passes for the dense ones).
 
 >>> import torch, softk
 >>> x = torch.tensor([[0.5, 1.5, -1.0, 1.0]])
@@ -95,6 +96,8 @@ def backward(family, p: Tensor, g: Tensor, tau: float) -> Tensor:
     rows, n = prow.shape
     fn = getattr(build.library(), f"softk_backward_threads_{_suffix(p)}")
     if rows:
-        fn(family_id(family), prow.data_ptr(), grow.data_ptr(), dx.data_ptr(), rows, n, 1.0 / tau,
-           _alpha(family), _threads(rows, n))
+        rc = fn(family_id(family), prow.data_ptr(), grow.data_ptr(), dx.data_ptr(), rows, n, 1.0 / tau,
+                _alpha(family), _threads(rows, n))
+        if rc != 0:
+            raise MemoryError(f"softk native kernel: no scratch memory for rows of {n} entries")
     return dx.view(p.shape)

@@ -90,7 +90,7 @@ def _declare(lib) -> None:
         fwd.restype = i32
         bwd = getattr(lib, f"softk_backward_threads_{suffix}")
         bwd.argtypes = [i32, ptr, ptr, ptr, i64, i64, dbl, dbl, i32]
-        bwd.restype = None
+        bwd.restype = i32
 
 
 def library():

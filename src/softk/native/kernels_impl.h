@@ -367,37 +367,83 @@ int FN(softk_forward)(int fam, const T *z, T *p, int64_t rows, int64_t n, double
     return 0;
 }
 
+/* d = f′(u) read off p (the same formulas as Family.d_from_p), NaN kept. */
+static inline T FN(slope)(int fam, T pi, T e)
+{
+    if (fam == 0) return pi;
+    if (fam == 1) return pi > 0 ? (T)1 : (pi == pi ? (T)0 : pi);
+    if (fam == 2) return SQRT(pi);
+    if (fam == 3) return pi > 0 ? POW(pi > 0 ? pi : 1, e) : (pi == pi ? (T)0 : pi);
+    return pi < 1 ? pi : (pi == pi ? (T)0 : pi);
+}
+
 /* Backward: dx = d ⊙ (g − Σ(d⊙g)/Σd) / τ with d = f′(u) read off p
- * (0 where Σd = 0, NaN where p is NaN). */
-void FN(softk_backward)(int fam, const T *p, const T *g, T *dx, int64_t rows, int64_t n,
-                        double inv_taud, double alphad)
+ * (0 where Σd = 0, NaN where p is NaN).
+ * Dense families (softmax, exp): two passes, d recomputed (no d buffer).
+ * Zero-below families: d = 0 where p = 0, so the row is read once to find
+ * the support (16-wide chunks with no nonzero are skipped), the gradient row
+ * is zeroed, and only the support's g and dx are touched.
+ * scratch: 2 (n + PAD) slots for the zero-below families, else unused.
+ * Returns 0, or −1 when scratch memory could not be allocated. */
+int FN(softk_backward)(int fam, const T *p, const T *g, T *dx, int64_t rows, int64_t n,
+                       double inv_taud, double alphad)
 {
     T inv_tau = (T)inv_taud, e = (T)(2 - alphad);
+    int64_t *sidx = NULL;
+    T *dv = NULL;
+    if (fam >= 1 && fam <= 3) {
+        sidx = (int64_t *)malloc((size_t)(n + PAD) * sizeof(int64_t));
+        dv = (T *)malloc((size_t)(n + PAD) * sizeof(T));
+        if (!sidx || !dv) {
+            free(sidx);
+            free(dv);
+            return -1;
+        }
+    }
     for (int64_t r = 0; r < rows; r++) {
         const T *pr = p + r * n, *gr = g + r * n;
         T *out = dx + r * n;
         T sd = 0, sdg = 0;
+        if (!sidx) {
 #pragma omp simd reduction(+ : sd, sdg)
-        for (int64_t i = 0; i < n; i++) {
-            T pi = pr[i], d;
-            if (fam == 0)
-                d = pi;
-            else if (fam == 1)
-                d = pi > 0 ? (T)1 : (pi == pi ? (T)0 : pi);
-            else if (fam == 2)
-                d = SQRT(pi);
-            else if (fam == 3)
-                d = pi > 0 ? POW(pi > 0 ? pi : 1, e) : (pi == pi ? (T)0 : pi);
-            else
-                d = pi < 1 ? pi : (pi == pi ? (T)0 : pi);
-            out[i] = d;
-            sd += d;
-            sdg += d * gr[i];
+            for (int64_t i = 0; i < n; i++) {
+                T d = FN(slope)(fam, pr[i], e);
+                sd += d;
+                sdg += d * gr[i];
+            }
+            T coef = sd > 0 ? sdg / sd : 0;
+#pragma omp simd
+            for (int64_t i = 0; i < n; i++) out[i] = FN(slope)(fam, pr[i], e) * (gr[i] - coef) * inv_tau;
+            continue;
+        }
+        int64_t c = 0;
+        for (int64_t i0 = 0; i0 < n; i0 += PAD) {
+            int64_t end = i0 + PAD < n ? i0 + PAD : n;
+            int hit = 0;
+#pragma omp simd reduction(| : hit)
+            for (int64_t i = i0; i < end; i++) hit |= pr[i] != 0; /* NaN counts: it must spread */
+            if (!hit) continue;
+            for (int64_t i = i0; i < end; i++) {
+                sidx[c] = i;
+                c += pr[i] != 0;
+            }
+        }
+        memset(out, 0, (size_t)n * sizeof(T));
+        int64_t cp = (c + PAD - 1) / PAD * PAD; /* whole vectors for pow */
+        for (int64_t j = 0; j < c; j++) dv[j] = pr[sidx[j]];
+        for (int64_t j = c; j < cp; j++) dv[j] = 0;
+#pragma omp simd
+        for (int64_t j = 0; j < cp; j++) dv[j] = FN(slope)(fam, dv[j], e);
+        for (int64_t j = 0; j < c; j++) {
+            sd += dv[j];
+            sdg += dv[j] * gr[sidx[j]];
         }
         T coef = sd > 0 ? sdg / sd : 0;
-#pragma omp simd
-        for (int64_t i = 0; i < n; i++) out[i] = out[i] * (gr[i] - coef) * inv_tau;
+        for (int64_t j = 0; j < c; j++) out[sidx[j]] = dv[j] * (gr[sidx[j]] - coef) * inv_tau;
     }
+    free(sidx);
+    free(dv);
+    return 0;
 }
 
 /* Rows split between nthreads OpenMP threads (one contiguous block each).
@@ -425,11 +471,12 @@ int FN(softk_forward_threads)(int fam, const T *z, T *p, int64_t rows, int64_t n
     return rc;
 }
 
-void FN(softk_backward_threads)(int fam, const T *p, const T *g, T *dx, int64_t rows, int64_t n,
-                                double inv_taud, double alphad, int nthreads)
+int FN(softk_backward_threads)(int fam, const T *p, const T *g, T *dx, int64_t rows, int64_t n,
+                               double inv_taud, double alphad, int nthreads)
 {
+    int rc = 0;
 #ifdef _OPENMP
-#pragma omp parallel num_threads(nthreads)
+#pragma omp parallel num_threads(nthreads) reduction(| : rc)
 #endif
     {
         int t = 0, nt = 1;
@@ -438,6 +485,7 @@ void FN(softk_backward_threads)(int fam, const T *p, const T *g, T *dx, int64_t 
         nt = omp_get_num_threads();
 #endif
         int64_t lo = rows * t / nt, hi = rows * (t + 1) / nt;
-        if (hi > lo) FN(softk_backward)(fam, p + lo * n, g + lo * n, dx + lo * n, hi - lo, n, inv_taud, alphad);
+        if (hi > lo) rc |= FN(softk_backward)(fam, p + lo * n, g + lo * n, dx + lo * n, hi - lo, n, inv_taud, alphad);
     }
+    return rc;
 }
