@@ -9,8 +9,10 @@ r"""The one place that finds λ with  Σ_i f(z_i − λ) = k  (last dimension).
   entry stays on one piece, and the family's closed form gives λ exactly.
 * smooth families (``family.bracket``): safeguarded Newton inside a bracket
   [lo, hi] with g(lo) ≥ k ≥ g(hi), falling back to bisection whenever a Newton
-  step leaves the bracket, stopping when the step is below a few ulps of λ in
-  the working dtype (not after a fixed number of iterations).
+  step leaves the bracket.  It runs on the row shifted by its maximum
+  (λ' = λ − max z, of the order of the data's spread, not of |λ|) and stops
+  when Σp is k to a few ulps of k, or when the step is below the resolution
+  of λ' in the working dtype (not after a fixed number of iterations).
 
 Rows flagged inactive (masked, saturated or NaN rows, which the caller fills
 itself) are ignored for convergence.
@@ -31,9 +33,11 @@ from torch import Tensor
 
 from .families import EXP, Family
 
-# Newton converges in a handful of steps; the cap only guards against a
-# non-terminating loop on pathological input (bisection alone halves the bracket
-# each step, so 2·(mantissa bits) steps reach the dtype's resolution).
+# Newton converges in a handful of steps (at most ~40 on the hard rows of
+# tests/test_newton_precision.py: ties, masks, offsets, α up to 5, sigmoid at
+# scale 40); the cap only guards against a non-terminating loop on
+# pathological input (bisection alone halves the bracket each step, so
+# 2·(mantissa bits) steps reach the dtype's resolution).
 _MAX_ITER = 2 * 64
 
 
@@ -80,25 +84,71 @@ def bracket_by_sorting(family: Family, z: Tensor, k: int) -> Tensor:
     return torch.where((rho < n) & (below > float("-inf")), 0.5 * (inside + below), inside - 1)
 
 
+def _row_max(z: Tensor) -> Tensor:
+    """Maximum of each row's finite entries; 0 for rows without one (masked
+    or broken rows, which the solver ignores)."""
+    m = z.amax(-1, keepdim=True)
+    return torch.where(torch.isfinite(m), m, 0.0)
+
+
 def newton(family: Family, z: Tensor, k: int, lo: Tensor, hi: Tensor, active: Tensor) -> Tensor:
-    """Safeguarded Newton for g(λ) = k inside [lo, hi]."""
-    eps = torch.finfo(z.dtype).eps
+    """Safeguarded Newton for g(λ) = k inside [lo, hi] (solved on the row
+    shifted by its maximum, see :func:`_newton_shifted`)."""
+    m = _row_max(z)
+    return _newton_shifted(family, z - m, k, lo - m, hi - m, active) + m
+
+
+def _newton_shifted(family: Family, s: Tensor, k: int, lo: Tensor, hi: Tensor, active: Tensor) -> Tensor:
+    """Newton for λ' with Σ f(s − λ') = k on rows ``s`` whose maximum is 0.
+
+    In this frame λ' is of the order of the data's spread rather than of |λ|
+    (for entmax, −λ' is the largest z − λ), so a tolerance relative to λ' is
+    one relative to the z − λ that make p; the caller adds the row maximum
+    back, rounding once.  (A tolerance relative to |λ| leaves λ several ulps
+    of λ' away from the root when |λ| is large next to the spread: offset
+    scores, or wide ties where z − λ is tiny.)  A row stops when
+      * |g(λ') − k| ≤ 4·eps·k: Σp is k to a few ulps, so every p_i is within
+        that of its exact value to first order (|Δp_i| = f'_i |Δλ| ≤ |Δg|);
+      * or the step is at most 2 ulps of λ': λ' is at its own resolution
+        (rows where rounding in the sum keeps |g − k| above 4·eps·k);
+      * or the step lands on a bracket end already evaluated (a cycle).
+    """
+    eps = torch.finfo(s.dtype).eps
     q = family.newton_power
     lam = lo.clone() if family.convex else 0.5 * (lo + hi)
+    lo_seen = torch.zeros_like(lam, dtype=torch.bool)
+    hi_seen = torch.zeros_like(lam, dtype=torch.bool)
     for _ in range(_MAX_ITER):
-        u = z - lam
+        u = s - lam
         gl = family.f(u).sum(-1, keepdim=True)
         r = gl - k
         slope = family.df(u).sum(-1, keepdim=True)  # = -g'(λ) >= 0
         lo = torch.where(r > 0, lam, lo)
         hi = torch.where(r <= 0, lam, hi)
+        lo_seen = lo_seen | (r > 0)
+        hi_seen = hi_seen | (r <= 0)
         if q is None:
             step = lam + r / slope
         else:  # Newton on h = g^(1/q) − k^(1/q):  Δλ = q (g^(1/q) − k^(1/q)) g^(1−1/q) / slope
             step = lam + q * (gl ** (1 / q) - k ** (1 / q)) * gl ** (1 - 1 / q) / slope
         inside = (slope > 0) & (step >= lo) & (step <= hi)
-        new = torch.where(inside, step, 0.5 * (lo + hi))
-        done = (torch.abs(new - lam) <= 4 * eps * (1 + torch.abs(lam))) | (r == 0) | ~active
+        # A step past the bracket's upper end, while that end is still the
+        # family's bound, goes to the bound itself: for α-entmax with α > 2
+        # (g concave, so Newton overshoots from the left) the bound is the
+        # root when the row is all ties, which bisection would approach only
+        # one bit per step.
+        to_hi = (slope > 0) & (step > hi) & ~hi_seen
+        new = torch.where(inside, step, torch.where(to_hi, hi, 0.5 * (lo + hi)))
+        # Landing on a bracket end already evaluated repeats that step: a
+        # cycle at the resolution of g (it kept soft top-k sigmoid rows
+        # alternating between two λ until the iteration cap).
+        revisit = ((new == lo) & lo_seen) | ((new == hi) & hi_seen)
+        done = (
+            (torch.abs(r) <= 4 * eps * k)
+            | (torch.abs(new - lam) <= 2 * eps * torch.abs(lam))
+            | revisit
+            | ~active
+        )
         lam = torch.where(r == 0, lam, new)
         if bool(done.all()):
             break
@@ -117,10 +167,12 @@ def solve_lambda(family: Family, z: Tensor, k: int, active: Tensor, lower=None) 
         t = bracket_by_knots(family, z, k) if family.knots is not None else None
         return family.closed_form(z, k, t)
     finite = z > float("-inf")
-    lo, hi = family.bracket(z, k, finite)
+    m = _row_max(z)
+    s = z - m  # the bracket is taken on the shifted row too, so it is not rounded to |λ|
+    lo, hi = family.bracket(s, k, finite)
     if lower is not None:
-        lo = torch.minimum(torch.maximum(lo, lower), hi)
-    return newton(family, z, k, lo, hi, active)
+        lo = torch.minimum(torch.maximum(lo, lower - m), hi)
+    return _newton_shifted(family, s, k, lo, hi, active) + m
 
 
 # ------------------------------------------------------------------ fast paths
