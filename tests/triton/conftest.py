@@ -6,8 +6,20 @@ collection of this directory, is early enough.
 """
 
 import os
+import pathlib
 
 import pytest
 
 os.environ["TRITON_INTERPRET"] = "1"
 pytest.importorskip("triton", reason="triton is not installed: pip install 'softk[triton]'")
+
+_HERE = pathlib.Path(__file__).parent
+
+
+def pytest_collection_modifyitems(items):
+    # The interpreter evaluates both sides of every tl.where with NumPy, so a
+    # step that is NaN/inf by design (a Newton proposal the kernel then
+    # rejects) warns there; on a GPU nothing is raised.
+    for item in items:
+        if _HERE in pathlib.Path(item.path).parents:
+            item.add_marker(pytest.mark.filterwarnings("ignore::RuntimeWarning:triton.runtime.interpreter"))

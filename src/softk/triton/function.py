@@ -2,6 +2,14 @@
 
 The launcher moves ``dim`` last, makes rows contiguous and views them as
 (rows, n); the Function saves only p, like the torch backend's.
+
+Rows of at most :data:`ONCHIP_MAX` entries run "on chip": the kernel loads the
+row once into registers (a block of the next power of two) and runs every
+pass of the λ search on that copy.  8192 float32 entries are 32 KiB, 16 per
+thread at 16 warps, so the row plus the few per-entry temporaries of one pass
+fit in the register file without spilling (checked with ptxas for sm_90);
+16384 would need 32 per thread and spills.  Wider rows loop over blocks of
+:data:`LOOP_BLOCK` in every pass (any width).
 """
 
 from __future__ import annotations
@@ -12,25 +20,67 @@ from torch import Tensor
 from .kernels import threshold_bwd_kernel, threshold_fwd_kernel
 
 FAMILY_IDS = {"softmax": 0, "sparsemax": 1, "entmax15": 2, "entmax": 3, "exp": 4, "sigmoid": 5, "laplace": 6, "sparse": 7}
-BLOCK = 1024
-ITERS = 60  # bisection halvings: bracket width / 2^60 is below float32 resolution
+ONCHIP_MAX = 8192
+LOOP_BLOCK = 2048
+# Newton-type steps allowed before the search falls back to pure bisection,
+# and the hard cap on search passes (bisection then has MAXIT - NEWTON_CAP
+# halvings of a bracket that Newton has already shrunk).
+NEWTON_CAP = 24
+MAXIT = 64
 
 
-def _block(n: int) -> int:
-    return min(BLOCK, max(16, 1 << (n - 1).bit_length()))
+def _pow2(n: int) -> int:
+    return max(16, 1 << (n - 1).bit_length())
+
+
+def _config(n: int, onchip: bool | None, block: int | None):
+    if onchip is None:
+        onchip = n <= ONCHIP_MAX
+    if onchip:
+        blk = _pow2(n)
+        warps = 4 if blk <= 512 else 8 if blk <= 2048 else 16
+    else:
+        blk = block or LOOP_BLOCK
+        warps = 16
+    return onchip, blk, warps
+
+
+def threshold_forward(rows: Tensor, fam: int, k: float, tau: float, alpha: float = 1.5, *,
+                      onchip: bool | None = None, block: int | None = None, return_passes: bool = False):
+    """p for contiguous ``rows`` (r, n).  ``onchip``/``block`` override the
+    automatic choice (tests use them to run both variants on small rows);
+    with ``return_passes`` also the number of λ-search passes per row (int32,
+    r): the kernel's total is that + 2 (the first and the writing pass)."""
+    out = torch.empty_like(rows)
+    r, n = rows.shape
+    its = torch.zeros(r if return_passes else 1, dtype=torch.int32, device=rows.device)
+    if r:
+        oc, blk, warps = _config(n, onchip, block)
+        big = fam == 3 and alpha > 2
+        threshold_fwd_kernel[(r,)](
+            rows, out, its, n, float(k), 1.0 / tau, float(alpha),
+            FAM=fam, BLOCK=blk, ONCHIP=oc, BIG=big, PROBE=fam >= 4 or big,
+            NEWTON_CAP=NEWTON_CAP, MAXIT=MAXIT, WRITE_ITS=return_passes, num_warps=warps,
+        )
+    return (out, its) if return_passes else out
+
+
+def threshold_backward(p: Tensor, g: Tensor, fam: int, tau: float, alpha: float = 1.5, *,
+                       onchip: bool | None = None, block: int | None = None) -> Tensor:
+    """∂L/∂x for contiguous (r, n) ``p`` (the saved output) and ``g``."""
+    dx = torch.empty_like(p)
+    r, n = p.shape
+    if r:
+        oc, blk, warps = _config(n, onchip, block)
+        threshold_bwd_kernel[(r,)](p, g, dx, n, 1.0 / tau, float(alpha), FAM=fam, BLOCK=blk, ONCHIP=oc, num_warps=warps)
+    return dx
 
 
 class TritonThresholdFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, fam: int, k: int, tau: float, alpha: float) -> Tensor:
         rows = x.contiguous().view(-1, x.shape[-1])
-        out = torch.empty_like(rows)
-        n = rows.shape[-1]
-        if rows.shape[0]:
-            threshold_fwd_kernel[(rows.shape[0],)](
-                rows, out, n, float(k), 1.0 / tau, float(alpha), FAM=fam, BLOCK=_block(n), ITERS=ITERS
-            )
-        out = out.view(x.shape)
+        out = threshold_forward(rows, fam, k, tau, alpha).view(x.shape)
         ctx.save_for_backward(out)
         ctx.fam, ctx.tau, ctx.alpha = fam, tau, alpha
         return out
@@ -39,13 +89,7 @@ class TritonThresholdFunction(torch.autograd.Function):
     def backward(ctx, g: Tensor):
         (p,) = ctx.saved_tensors
         n = p.shape[-1]
-        prow = p.view(-1, n)
-        grow = g.contiguous().view(-1, n)
-        dx = torch.empty_like(prow)
-        if prow.shape[0]:
-            threshold_bwd_kernel[(prow.shape[0],)](
-                prow, grow, dx, n, 1.0 / ctx.tau, float(ctx.alpha), FAM=ctx.fam, BLOCK=_block(n)
-            )
+        dx = threshold_backward(p.view(-1, n), g.contiguous().view(-1, n), ctx.fam, ctx.tau, ctx.alpha)
         return dx.view(p.shape), None, None, None, None
 
 
