@@ -15,6 +15,14 @@ from softk.threshold.function import threshold_forward_support
 
 from . import oracle
 
+
+@pytest.fixture(autouse=True)
+def torch_path():
+    """These are the PyTorch path's fast routes (solve.py); the compiled kernels
+    have their own tests (test_native.py) and run the oracle suites too."""
+    with softk.use_backend("torch"):
+        yield
+
 K1_MAPS = [
     ("sparsemax", lambda x, d=-1: softk.sparsemax(x, d), lambda xn, d=-1: oracle.sparsemax(xn, d)),
     ("entmax15", lambda x, d=-1: softk.entmax15(x, d), lambda xn, d=-1: oracle.entmax(xn, 1.5, d)),
