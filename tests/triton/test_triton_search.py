@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from softk.triton import function as tf
-from softk.triton.function import FAMILY_IDS, threshold_backward, threshold_forward
+from softk.triton.function import FAMILY_IDS, backward_rows, forward_rows
 
 from .. import oracle
 
@@ -47,7 +47,7 @@ def _run(fam, x, k, variant, alpha=ALPHA, dtype=torch.float32):
     rows = torch.tensor(np.atleast_2d(x)).to(dtype)
     onchip = variant == "onchip"
     block = max(16, 1 << (rows.shape[-1] // 4).bit_length() - 1)
-    p, passes = threshold_forward(rows, FAMILY_IDS[fam], k, 1.0, alpha, onchip=onchip, block=None if onchip else block,
+    p, passes = forward_rows(rows, FAMILY_IDS[fam], k, 1.0, alpha, onchip=onchip, block=None if onchip else block,
                                   return_passes=True)
     return p, passes.numpy()
 
@@ -143,10 +143,13 @@ def test_exp_dominant_entry_is_exact(variant):
     x[1, 1] = 60.0  # two saturated entries, the rest share k − 2
     x[2, 1:] = -np.inf  # and a mask around a dominant entry
     x[2, 500:504] = [0.0, -1.0, -2.0, -3.0]
-    cases = [(np.array([[100.0, 0, 0, 0]]), 2, [[1, 1 / 3, 1 / 3, 1 / 3]]), (np.array([[100.0, 0, 0, 0]]), 3, [[1, 2 / 3, 2 / 3, 2 / 3]])]
-    for xi, k, want in cases:
-        p, passes = _run("exp", xi, k, variant)
-        np.testing.assert_allclose(p.double().numpy(), want, rtol=2 * EPS32, atol=0)
+    for top in (100.0, 1000.0):  # at 1000, e^{0−λ0} is 0 even as a subnormal
+        xi = np.array([[top, 0, 0, 0]])
+        for k, want in ((2, [[1, 1 / 3, 1 / 3, 1 / 3]]), (3, [[1, 2 / 3, 2 / 3, 2 / 3]])):
+            p, passes = _run("exp", xi, k, variant)
+            np.testing.assert_allclose(p.double().numpy(), want, rtol=2 * EPS32, atol=0)
+            # λ0 = lse − log k, then λ1 = log(3/(k − 1)) exactly, confirmed by the next pass
+            assert passes.tolist() == [2]
     p, _ = _run("exp", x, 5, variant)
     ref = oracle.soft_topk(x, 5, method="exp")
     np.testing.assert_allclose(p.double().numpy()[:2], ref[:2], rtol=1e-6, atol=0)
@@ -211,7 +214,7 @@ def test_row_wider_than_65536(rng, fam):
     n = 70_001
     x = _f32(rng.normal(size=(1, n)) * 3)
     k = 1 if fam in UNCAPPED else 64
-    p, passes = threshold_forward(torch.tensor(x, dtype=torch.float32), FAMILY_IDS[fam], k, 1.0, return_passes=True)
+    p, passes = forward_rows(torch.tensor(x, dtype=torch.float32), FAMILY_IDS[fam], k, 1.0, return_passes=True)
     _check(p, _oracle(fam, x, k), x, rtol=4e-6)
     assert passes.max() <= MAX_PASSES
 
@@ -220,11 +223,11 @@ def test_passes_reported():
     # softmax needs no search; exp without saturation is exact after the
     # pass that checks it; a regression to fixed bisection shows as ~60.
     x = torch.tensor([[0.0, 0.1, 0.2, 0.3, 0.4, 0.5]])
-    _, passes = threshold_forward(x, FAMILY_IDS["softmax"], 1, 1.0, return_passes=True)
+    _, passes = forward_rows(x, FAMILY_IDS["softmax"], 1, 1.0, return_passes=True)
     assert passes.tolist() == [0]
-    _, passes = threshold_forward(x, FAMILY_IDS["exp"], 1, 1.0, return_passes=True)
+    _, passes = forward_rows(x, FAMILY_IDS["exp"], 1, 1.0, return_passes=True)
     assert passes.tolist() == [1]
-    _, passes = threshold_forward(x, FAMILY_IDS["sparsemax"], 1, 1.0, return_passes=True)
+    _, passes = forward_rows(x, FAMILY_IDS["sparsemax"], 1, 1.0, return_passes=True)
     assert 1 <= passes.item() <= 4
 
 
@@ -255,7 +258,7 @@ def test_backward_loop_variant_matches_oracle_jacobian(rng, fam):
     k = 1 if fam in UNCAPPED else 3
     xn = _f32(rng.normal(size=40) * 2)
     g = rng.normal(size=40)
-    p = threshold_forward(torch.tensor(xn[None], dtype=torch.float32), FAMILY_IDS[fam], k, 1.0, ALPHA, onchip=False, block=16)
-    dx = threshold_backward(p, torch.tensor(g[None], dtype=torch.float32), FAMILY_IDS[fam], 1.0, ALPHA, onchip=False, block=16)
+    p = forward_rows(torch.tensor(xn[None], dtype=torch.float32), FAMILY_IDS[fam], k, 1.0, ALPHA, onchip=False, block=16)
+    dx = backward_rows(p, torch.tensor(g[None], dtype=torch.float32), FAMILY_IDS[fam], 1.0, ALPHA, onchip=False, block=16)
     jac = oracle.numerical_jacobian(lambda r: _oracle(fam, r[None], k)[0], xn, eps=1e-5)
     np.testing.assert_allclose(dx[0].double().numpy(), jac.T @ g, rtol=0, atol=5e-4)

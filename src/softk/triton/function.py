@@ -45,7 +45,7 @@ def _config(n: int, onchip: bool | None, block: int | None):
     return onchip, blk, warps
 
 
-def threshold_forward(rows: Tensor, fam: int, k: float, tau: float, alpha: float = 1.5, *,
+def forward_rows(rows: Tensor, fam: int, k: float, tau: float, alpha: float = 1.5, *,
                       onchip: bool | None = None, block: int | None = None, return_passes: bool = False):
     """p for contiguous ``rows`` (r, n).  ``onchip``/``block`` override the
     automatic choice (tests use them to run both variants on small rows);
@@ -65,7 +65,7 @@ def threshold_forward(rows: Tensor, fam: int, k: float, tau: float, alpha: float
     return (out, its) if return_passes else out
 
 
-def threshold_backward(p: Tensor, g: Tensor, fam: int, tau: float, alpha: float = 1.5, *,
+def backward_rows(p: Tensor, g: Tensor, fam: int, tau: float, alpha: float = 1.5, *,
                        onchip: bool | None = None, block: int | None = None) -> Tensor:
     """∂L/∂x for contiguous (r, n) ``p`` (the saved output) and ``g``."""
     dx = torch.empty_like(p)
@@ -80,7 +80,7 @@ class TritonThresholdFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, fam: int, k: int, tau: float, alpha: float) -> Tensor:
         rows = x.contiguous().view(-1, x.shape[-1])
-        out = threshold_forward(rows, fam, k, tau, alpha).view(x.shape)
+        out = forward_rows(rows, fam, k, tau, alpha).view(x.shape)
         ctx.save_for_backward(out)
         ctx.fam, ctx.tau, ctx.alpha = fam, tau, alpha
         return out
@@ -89,7 +89,7 @@ class TritonThresholdFunction(torch.autograd.Function):
     def backward(ctx, g: Tensor):
         (p,) = ctx.saved_tensors
         n = p.shape[-1]
-        dx = threshold_backward(p.view(-1, n), g.contiguous().view(-1, n), ctx.fam, ctx.tau, ctx.alpha)
+        dx = backward_rows(p.view(-1, n), g.contiguous().view(-1, n), ctx.fam, ctx.tau, ctx.alpha)
         return dx.view(p.shape), None, None, None, None
 
 
