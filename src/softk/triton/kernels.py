@@ -99,17 +99,6 @@ def _two_sum(a, b):
 
 
 @triton.jit
-def _lse_merge(M, S, T, Mb, Sb, Tb):
-    # (M, S, T) represents e^M · (S, T); merge two such pairs of sums (either
-    # may be empty: M = −inf).
-    Mn = tl.maximum(M, Mb)
-    Ms = tl.where(Mn > float("-inf"), Mn, 0.0)
-    a = tl.where(M > float("-inf"), tl.exp(M - Ms), 0.0)
-    b = tl.where(Mb > float("-inf"), tl.exp(Mb - Ms), 0.0)
-    return Mn, S * a + Sb * b, T * a + Tb * b
-
-
-@triton.jit
 def _f(u, FAM: tl.constexpr, alpha):
     if FAM == 0:
         r = tl.exp(u)
@@ -153,53 +142,62 @@ def _d_from_p(p, FAM: tl.constexpr, alpha):
     return d
 
 
-# ------------------------------------------- per-family sums over one block
-# _blk: the block's partial sums at the point λ = c + t; _init/_mrg combine
-# blocks; _fin turns the row's sums into (r = g − k, d = proposed step, s1, s2
-# = counts that identify the piece of g, x = family extra).
+# ------------------------------------------- per-family sums over the row
+# The sums at λ = c + t are kept per lane ([BLOCK] vectors) and reduced once
+# per pass (_red).  Sums of exponentials carry a running max per row (a
+# scalar, raised block by block; the lane sums are rescaled when it moves), so
+# each block costs one max reduction per such sum and no per-entry rescaling.
+# _fin turns the row's sums into (r = g − k, d = proposed step, s1, s2 =
+# counts that identify the piece of g, x = family extra).
 @triton.jit
-def _init(FAM: tl.constexpr):
-    z = tl.full((), 0.0, tl.float32)
+def _init(FAM: tl.constexpr, BLOCK: tl.constexpr):
+    v = tl.zeros([BLOCK], tl.float32)
     ninf = tl.full((), float("-inf"), tl.float32)
     if FAM == 4:
-        acc = (z, ninf, z)
+        acc = (v, ninf, v)
     elif FAM == 5 or FAM == 6:
-        acc = (z, ninf, z, z, ninf, z, z)
+        acc = (v, ninf, v, v, ninf, v, v)
     else:
-        acc = (z, z, z)
+        acc = (v, v, v)
     return acc
 
 
 @triton.jit
-def _blk(z, c, t, alpha, FAM: tl.constexpr):
+def _rescale(M, Mb):
+    # the new running max and the factor e^{M − Mnew} for sums kept at M
+    Mn = tl.maximum(M, Mb)
+    a = tl.where(M > float("-inf"), tl.exp(M - tl.where(Mn > float("-inf"), Mn, 0.0)), 0.0)
+    return Mn, a, tl.where(Mn > float("-inf"), Mn, 0.0)
+
+
+@triton.jit
+def _acc(z, c, t, alpha, acc, FAM: tl.constexpr):
     fin = z > float("-inf")
     u = (z - c) - t
     if FAM == 1:
         sup = fin & (u > 0)
-        acc = (tl.sum(sup.to(tl.float32), 0), tl.sum(tl.where(sup, u, 0.0), 0), tl.full((), 0.0, tl.float32))
+        acc = (acc[0] + sup.to(tl.float32), acc[1] + tl.where(sup, u, 0.0), acc[2])
     elif FAM == 2:
         w = tl.where(fin & (u > 0), u, 0.0)
-        acc = (tl.sum((w > 0).to(tl.float32), 0), tl.sum(w, 0), tl.sum(w * w, 0))
+        acc = (acc[0] + (w > 0).to(tl.float32), acc[1] + w, acc[2] + w * w)
     elif FAM == 3:
         y = tl.where(fin, tl.maximum((alpha - 1.0) * u, 0.0), 0.0)
         pos = y > 0
         ys = tl.where(pos, y, 1.0)
         fy = tl.where(pos, tl.exp(tl.log(ys) / (alpha - 1.0)), 0.0)
-        acc = (tl.sum(fy, 0), tl.sum(fy / ys, 0), tl.full((), 0.0, tl.float32))  # g, −g' = Σ y^(q−1)
+        acc = (acc[0] + fy, acc[1] + fy / ys, acc[2])  # g, −g' = Σ y^(q−1)
     elif FAM == 4:
         sat = fin & (u >= 0)
         low = fin & (u < 0)
-        M = tl.max(tl.where(low, u, float("-inf")), 0)
-        Ms = tl.where(M > float("-inf"), M, 0.0)
-        S = tl.sum(tl.where(low, tl.exp(u - Ms), 0.0), 0)
-        acc = (tl.sum(sat.to(tl.float32), 0), M, S)
+        M, a, Ms = _rescale(acc[1], tl.max(tl.where(low, u, float("-inf")), 0))
+        acc = (acc[0] + sat.to(tl.float32), M, acc[2] * a + tl.where(low, tl.exp(u - Ms), 0.0))
     elif FAM == 5 or FAM == 6:
         up = fin & (u >= 0)
         low = fin & (u < 0)
         y = -tl.abs(u)
-        Ma = tl.max(tl.where(low, y, float("-inf")), 0)
-        Mb = tl.max(tl.where(up, y, float("-inf")), 0)
-        Mside = tl.where(low, tl.where(Ma > float("-inf"), Ma, 0.0), tl.where(Mb > float("-inf"), Mb, 0.0))
+        Ma, aa, Mas = _rescale(acc[1], tl.max(tl.where(low, y, float("-inf")), 0))
+        Mb, ab, Mbs = _rescale(acc[4], tl.max(tl.where(up, y, float("-inf")), 0))
+        Mside = tl.where(low, Mas, Mbs)
         ee = tl.where(fin, tl.exp(y - Mside), 0.0)  # e^{−|u|} / e^{M(side)}
         if FAM == 5:
             w = 1.0 / (1.0 + ee * tl.exp(Mside))  # f = e^{−|u|} w on the low side, 1 − f on the up side
@@ -209,25 +207,23 @@ def _blk(z, c, t, alpha, FAM: tl.constexpr):
             w2 = 0.5
         ea = tl.where(low, ee, 0.0)
         eb = tl.where(up, ee, 0.0)
-        acc = (tl.sum(up.to(tl.float32), 0), Ma, tl.sum(ea * w, 0), tl.sum(ea * w2, 0), Mb, tl.sum(eb * w, 0), tl.sum(eb * w2, 0))
+        acc = (acc[0] + up.to(tl.float32), Ma, acc[2] * aa + ea * w, acc[3] * aa + ea * w2,
+               Mb, acc[5] * ab + eb * w, acc[6] * ab + eb * w2)
     else:
         sat = fin & (u >= 1)
         lin = fin & (u > 0) & (u < 1)
-        acc = (tl.sum(sat.to(tl.float32), 0), tl.sum(lin.to(tl.float32), 0), tl.sum(tl.where(lin, u, 0.0), 0))
+        acc = (acc[0] + sat.to(tl.float32), acc[1] + lin.to(tl.float32), acc[2] + tl.where(lin, u, 0.0))
     return acc
 
 
 @triton.jit
-def _mrg(a, b, FAM: tl.constexpr):
+def _red(acc, FAM: tl.constexpr):
     if FAM == 4:
-        M, S, S2 = _lse_merge(a[1], a[2], a[2], b[1], b[2], b[2])
-        r = (a[0] + b[0], M, S)
+        r = (tl.sum(acc[0], 0), acc[1], tl.sum(acc[2], 0))
     elif FAM == 5 or FAM == 6:
-        Ma, Sa, Ta = _lse_merge(a[1], a[2], a[3], b[1], b[2], b[3])
-        Mb, Sb, Tb = _lse_merge(a[4], a[5], a[6], b[4], b[5], b[6])
-        r = (a[0] + b[0], Ma, Sa, Ta, Mb, Sb, Tb)
+        r = (tl.sum(acc[0], 0), acc[1], tl.sum(acc[2], 0), tl.sum(acc[3], 0), acc[4], tl.sum(acc[5], 0), tl.sum(acc[6], 0))
     else:
-        r = (a[0] + b[0], a[1] + b[1], a[2] + b[2])
+        r = (tl.sum(acc[0], 0), tl.sum(acc[1], 0), tl.sum(acc[2], 0))
     return r
 
 
@@ -317,26 +313,28 @@ def _search_pass(xr, zrow, n, inv_tau, c, t, qc, qt, cc, ct, k, alpha, q,
                  PROBE: tl.constexpr, BIG: tl.constexpr):
     """One pass: the sums at λ = c + t, at the probe qc + qt (PROBE) and, for
     entmax15, the count of entries above the candidate cc + ct."""
-    if ONCHIP:
-        accX = _blk(zrow, c, t, alpha, FAM)
+    accX = _init(FAM, BLOCK)
+    accQ = accX
+    cntC = tl.zeros([BLOCK], tl.float32)
+    if ONCHIP:  # reduce each point's sums at once: fewer live registers
+        accX = _red(_acc(zrow, c, t, alpha, accX, FAM), FAM)
         accQ = accX
         if PROBE:
-            accQ = _blk(zrow, qc, qt, alpha, FAM)
-        cntC = 0.0
+            accQ = _red(_acc(zrow, qc, qt, alpha, _init(FAM, BLOCK), FAM), FAM)
         if FAM == 2:
-            cntC = tl.sum(((zrow > float("-inf")) & (((zrow - cc) - ct) > 0)).to(tl.float32), 0)
+            cntC = ((zrow > float("-inf")) & (((zrow - cc) - ct) > 0)).to(tl.float32)
     else:
-        accX = _init(FAM)
-        accQ = _init(FAM)
-        cntC = tl.full((), 0.0, tl.float32)
         for start in range(0, n, BLOCK):
             offs = start + tl.arange(0, BLOCK)
             z = tl.load(xr + offs, mask=offs < n, other=float("-inf")).to(tl.float32) * inv_tau
-            accX = _mrg(accX, _blk(z, c, t, alpha, FAM), FAM)
+            accX = _acc(z, c, t, alpha, accX, FAM)
             if PROBE:
-                accQ = _mrg(accQ, _blk(z, qc, qt, alpha, FAM), FAM)
+                accQ = _acc(z, qc, qt, alpha, accQ, FAM)
             if FAM == 2:
-                cntC += tl.sum(((z > float("-inf")) & (((z - cc) - ct) > 0)).to(tl.float32), 0)
+                cntC += ((z > float("-inf")) & (((z - cc) - ct) > 0)).to(tl.float32)
+        accX = _red(accX, FAM)
+        accQ = _red(accQ, FAM)
+    cntC = tl.sum(cntC, 0)
     rX, dX, s1X, s2X, xX = _fin(accX, k, q, FAM)
     rQ, dQ, s1Q, s2Q, xQ = _fin(accQ, k, q, FAM)
     return rX, dX, s1X, s2X, xX, rQ, dQ, s1Q, s2Q, xQ, cntC
@@ -361,30 +359,33 @@ def threshold_fwd_kernel(X, Y, ITS, n, k, inv_tau, alpha,
         zmin = tl.min(tl.where(fin, zrow, float("inf")), 0)
         m = tl.sum(fin.to(tl.float32), 0)
         broken = tl.sum(((zrow != zrow) | (zrow == float("inf"))).to(tl.float32), 0) > 0
-        lseM = zmax
         lseS = tl.full((), 1.0, tl.float32)
         if FAM == 0 or FAM == 4:
             lseS = tl.sum(tl.where(fin, tl.exp(zrow - tl.where(zmax > float("-inf"), zmax, 0.0)), 0.0), 0)
     else:
         zrow = 0.0
-        zmax = tl.full((), float("-inf"), tl.float32)
-        zmin = tl.full((), float("inf"), tl.float32)
-        m = tl.full((), 0.0, tl.float32)
-        nbad = tl.full((), 0.0, tl.float32)
+        vmax = tl.full([BLOCK], float("-inf"), tl.float32)
+        vmin = tl.full([BLOCK], float("inf"), tl.float32)
+        vcnt = tl.zeros([BLOCK], tl.float32)
+        vbad = tl.zeros([BLOCK], tl.float32)
         lseM = tl.full((), float("-inf"), tl.float32)
-        lseS = tl.full((), 0.0, tl.float32)
+        vlse = tl.zeros([BLOCK], tl.float32)
         for start in range(0, n, BLOCK):
             offs = start + tl.arange(0, BLOCK)
             z = tl.load(xr + offs, mask=offs < n, other=float("-inf")).to(tl.float32) * inv_tau
             fin = z > float("-inf")
-            bm = tl.max(tl.where(fin, z, float("-inf")), 0)
-            zmax = tl.maximum(zmax, bm)
-            zmin = tl.minimum(zmin, tl.min(tl.where(fin, z, float("inf")), 0))
-            m += tl.sum(fin.to(tl.float32), 0)
-            nbad += tl.sum(((z != z) | (z == float("inf"))).to(tl.float32), 0)
+            vmax = tl.maximum(vmax, tl.where(fin, z, float("-inf")))
+            vmin = tl.minimum(vmin, tl.where(fin, z, float("inf")))
+            vcnt += fin.to(tl.float32)
+            vbad += ((z != z) | (z == float("inf"))).to(tl.float32)
             if FAM == 0 or FAM == 4:
-                bS = tl.sum(tl.where(fin, tl.exp(z - tl.where(bm > float("-inf"), bm, 0.0)), 0.0), 0)
-                lseM, lseS, lseS2 = _lse_merge(lseM, lseS, lseS, bm, bS, bS)
+                lseM, a, Ms = _rescale(lseM, tl.max(tl.where(fin, z, float("-inf")), 0))
+                vlse = vlse * a + tl.where(fin, tl.exp(z - Ms), 0.0)
+        zmax = tl.max(vmax, 0)
+        zmin = tl.min(vmin, 0)
+        m = tl.sum(vcnt, 0)
+        nbad = tl.sum(vbad, 0)
+        lseS = tl.sum(vlse, 0)  # relative to lseM, which ends at max z
         broken = nbad > 0
     active = (m > k) & (~broken)
     m = tl.where(active, m, k + 1.0)  # keeps the brackets finite on rows filled below
