@@ -6,10 +6,13 @@ The launcher moves ``dim`` last, makes rows contiguous and views them as
 Rows of at most :data:`ONCHIP_MAX` entries run "on chip": the kernel loads the
 row once into registers (a block of the next power of two) and runs every
 pass of the λ search on that copy.  8192 float32 entries are 32 KiB, 16 per
-thread at 16 warps, so the row plus the few per-entry temporaries of one pass
-fit in the register file without spilling (checked with ptxas for sm_90);
-16384 would need 32 per thread and spills.  Wider rows loop over blocks of
-:data:`LOOP_BLOCK` in every pass (any width).
+thread at 16 warps, so the row plus the per-entry temporaries of one pass fit
+in the register file: compiled for sm_90 (ptxas), every family stays within
+128 registers without spilling at 8192 except sigmoid (24 bytes); at 16384
+(32 entries per thread) most families spill 40–380 bytes.  Wider rows loop
+over blocks of :data:`LOOP_BLOCK` in every pass (any width); their later
+passes re-read the row, from L2 when the rows in flight fit there.  None of
+this has been timed on a GPU yet.
 """
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ rows (ties, sqrt/log/geometric/quadratic spacing, one dominant entry, two
 clusters, 70 % masked, offset by 1000), measured through the interpreter:
 
     softmax 2 | sparsemax 4 (≤ 12) | entmax15 4 (≤ 8) | entmax α ≤ 2: 5 (≤ 7)
-    entmax α > 2: 3 (≤ 24) | exp 5 (≤ 22; 3 when nothing saturates)
+    entmax α > 2: 3, mean 7–8 (≤ 24) | exp 5 (≤ 22; 3 when nothing saturates)
     sigmoid 6 (≤ 22) | laplace 5 (≤ 21) | sparse 7 (≤ 23)
 
 and never more than 2 + ``MAXIT`` = 66.  The previous kernels took 62 for
