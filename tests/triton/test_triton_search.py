@@ -286,7 +286,7 @@ def build(fn, sig, cs, warps):
 fwd = {"X": "*bf16", "Y": "*bf16", "ITS": "*i32", "n": "i32", "k": "fp32", "inv_tau": "fp32", "alpha": "fp32"}
 for fam, onchip, big, blk, warps in ((5, False, False, 2048, 16), (3, True, True, 8192, 16)):
     build(threshold_fwd_kernel, fwd, dict(FAM=fam, BLOCK=blk, ONCHIP=onchip, BIG=big, PROBE=fam >= 4 or big,
-                                          NEWTON_CAP=24, MAXIT=64, WRITE_ITS=True), warps)
+                                          NEWTON_CAP=24, MAXIT=60, WRITE_ITS=True), warps)
 bwd = {"P": "*fp16", "G": "*fp16", "DX": "*fp16", "n": "i32", "inv_tau": "fp32", "alpha": "fp32"}
 build(threshold_bwd_kernel, bwd, dict(FAM=6, BLOCK=2048, ONCHIP=False), 16)
 print("OK")

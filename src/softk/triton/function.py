@@ -29,7 +29,7 @@ LOOP_BLOCK = 2048
 # and the hard cap on search passes (bisection then has MAXIT - NEWTON_CAP
 # halvings of a bracket that Newton has already shrunk).
 NEWTON_CAP = 24
-MAXIT = 64
+MAXIT = 60
 
 
 def _pow2(n: int) -> int:

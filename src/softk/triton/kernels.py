@@ -68,7 +68,7 @@ clusters, 70 % masked, offset by 1000), measured through the interpreter:
     entmax α > 2: 3, mean 7–8 (≤ 24) | exp 5 (≤ 22; 3 when nothing saturates)
     sigmoid 6 (≤ 22) | laplace 5 (≤ 21) | sparse 7 (≤ 23)
 
-and never more than 2 + ``MAXIT`` = 66.  The previous kernels took 62 for
+and never more than 2 + ``MAXIT`` = 62.  The previous kernels took 62 for
 every family but softmax (60 bisection steps), and 3 for softmax.  The passes
 with a second point (exp, sigmoid, laplace, sparse, entmax α > 2) cost twice
 the arithmetic of a plain pass, not twice the memory traffic.
