@@ -11,6 +11,7 @@ rows (every ratio in BENCHMARKS.md is computed here, not by hand).
 
 import argparse
 import json
+from pathlib import Path
 
 # (op, baseline provider, limit): softk's fwd+bwd p50 / the baseline's p50 must be <= limit.
 TARGETS = [
@@ -97,7 +98,7 @@ def main():
         for path in a.from_json:
             with open(path) as f:
                 rows = json.load(f)
-            runs.append((rows[0]["device"].split(", ")[-1], rows))
+            runs.append((Path(path).stem.replace("cpu_", "").replace("_2026-11-21", ""), rows))
         print(targets_table(runs))
         for label, rows in runs:
             print(f"\n### {label}\n\n{pass_table(rows)}")
