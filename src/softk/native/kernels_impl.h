@@ -257,13 +257,8 @@ static T FN(solve_exp)(const T *z, T m, int64_t n, T k, int64_t *iters)
     return lam;
 }
 
-/* The same iteration on e_i = e^{v_i} stored in p, with threshold t = e^{λ}:
- * the unsaturated sum is S − Σ_{e ≥ t} e, no second exp.  Safe while the
- * saturated part is at most half of S (the subtraction then loses at most a
- * factor 2 in relative precision, and S − S_sat ≥ 1/2 cannot be dominated by
- * underflowed entries).  Returns 0, leaving p to be overwritten, when that
- * does not hold; the caller then runs solve_exp. */
-static int FN(exp_stored)(const T *z, T *p, T m, int64_t n, T k, int64_t *iters)
+/* p_i = e^{z_i − m}; returns Σ p_i (softmax and the "exp" fast path). */
+static T FN(store_exp)(const T *z, T *p, T m, int64_t n)
 {
     T s = 0;
 #pragma omp simd reduction(+ : s)
@@ -272,6 +267,18 @@ static int FN(exp_stored)(const T *z, T *p, T m, int64_t n, T k, int64_t *iters)
         p[i] = e;
         s += e;
     }
+    return s;
+}
+
+/* The same iteration on e_i = e^{v_i} stored in p, with threshold t = e^{λ}:
+ * the unsaturated sum is S − Σ_{e ≥ t} e, no second exp.  Safe while the
+ * saturated part is at most half of S (the subtraction then loses at most a
+ * factor 2 in relative precision, and S − S_sat ≥ 1/2 cannot be dominated by
+ * underflowed entries).  Returns 0, leaving p to be overwritten, when that
+ * does not hold; the caller then runs solve_exp. */
+static int FN(exp_stored)(const T *z, T *p, T m, int64_t n, T k, int64_t *iters)
+{
+    T s = FN(store_exp)(z, p, m, n);
     T t = s / k;
     int64_t prev = 0;
     *iters = 1;
@@ -333,14 +340,7 @@ int FN(softk_forward)(int fam, const T *z, T *p, int64_t rows, int64_t n, double
             continue;
         }
         if (fam == 0) {
-            T s = 0;
-#pragma omp simd reduction(+ : s)
-            for (int64_t i = 0; i < n; i++) {
-                T e = EXP(zr[i] - m);
-                pr[i] = e;
-                s += e;
-            }
-            T scale = k / s;
+            T scale = k / FN(store_exp)(zr, pr, m, n);
 #pragma omp simd
             for (int64_t i = 0; i < n; i++) pr[i] *= scale;
             iters = 1;
