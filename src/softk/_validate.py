@@ -40,8 +40,23 @@ def check_dim(x: torch.Tensor, dim, name: str = "dim") -> int:
     return int(dim) % nd
 
 
-def check_tau(tau, name: str = "tau") -> float:
-    """Temperature: a finite number > 0."""
+def check_tau(tau, name: str = "tau", allow_grad: bool = False):
+    """Temperature: a finite number > 0.
+
+    With ``allow_grad``, a one-element tensor that requires grad is returned
+    as a 0-d tensor (after the same value check), so that the caller forms
+    x/τ with autograd and τ gets its gradient; elsewhere such a τ is refused,
+    never silently detached."""
+    if isinstance(tau, torch.Tensor) and tau.requires_grad:
+        if not allow_grad:
+            raise ValueError(
+                f"{name} is a tensor that requires grad, but this function takes {name} as a constant; "
+                f"pass {name}.detach(), or divide the scores by {name} yourself and use {name}=1"
+            )
+        if tau.numel() != 1 or not tau.is_floating_point():
+            raise TypeError(f"{name} must be a number or a one-element floating tensor, got shape {tuple(tau.shape)}")
+        check_positive(tau.detach(), name)
+        return tau.reshape(())
     return check_positive(tau, name)
 
 
@@ -81,6 +96,35 @@ def check_topk_args(x, k, dim, tau, method, methods):
     check_input(x)
     dim = check_dim(x, dim)
     k = check_k(k, x.shape[dim])
-    tau = check_tau(tau)
+    tau = check_tau(tau, allow_grad=True)
     check_choice(method, methods, "method")
     return dim, k, tau
+
+
+def check_alpha(alpha, x: torch.Tensor, dim: int):
+    """entmax's α: a finite float >= 1, or a floating tensor >= 1 (finite)
+    broadcastable to ``x`` with size 1 along ``dim``; a tensor comes back
+    broadcast to x's shape with ``dim`` moved last (one α per row)."""
+    if isinstance(alpha, torch.Tensor):
+        if not alpha.is_floating_point():
+            raise TypeError(f"alpha must be a float or a floating-point tensor, got dtype {alpha.dtype}")
+        if alpha.dim() > x.dim():
+            raise ValueError(f"alpha has more dimensions ({alpha.dim()}) than x ({x.dim()})")
+        shape = (1,) * (x.dim() - alpha.dim()) + tuple(alpha.shape)
+        target = list(x.shape)
+        target[dim] = 1
+        if any(a not in (1, t) for a, t in zip(shape, target)) or shape[dim] != 1:
+            raise ValueError(
+                f"alpha of shape {tuple(alpha.shape)} must broadcast to x's shape {tuple(x.shape)} "
+                f"with size 1 along dim={dim}, e.g. shape {tuple(target)}"
+            )
+        a = alpha.detach()
+        if bool((~torch.isfinite(a)).any()) or bool((a < 1).any()):
+            raise ValueError("alpha must be finite and >= 1 everywhere (alpha = 1 is softmax, 2 is sparsemax)")
+        return alpha.reshape(shape).expand(target).movedim(dim, -1)
+    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
+        raise TypeError(f"alpha must be a float >= 1 or a tensor, got {type(alpha).__name__}")
+    alpha = float(alpha)
+    if not (alpha >= 1 and math.isfinite(alpha)):
+        raise ValueError(f"alpha must be a finite float >= 1 (1 is softmax, 2 sparsemax), got {alpha}")
+    return alpha

@@ -35,11 +35,11 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from . import _backend
 from ._validate import check_topk_args
 from .gradtopk import gradtopk
 from .iterative import su_iterative, weighted
-from .threshold import THRESHOLD_METHODS, threshold_map
+from .threshold import THRESHOLD_METHODS
+from .threshold.op import threshold_map
 
 
 def _threshold(family):
@@ -97,5 +97,6 @@ def soft_topk(x: Tensor, k: int, dim: int = -1, tau: float = 1.0, method: str = 
     tensor([0.6667, 0.6667, 0.6667])
     """
     dim, k, tau = check_topk_args(x, k, dim, tau, method, METHODS)
-    _backend.resolve(x)
+    if isinstance(tau, Tensor):  # τ that requires grad: x/τ with autograd, the map at τ = 1
+        x, tau = x / tau.to(x.dtype), 1.0
     return _REGISTRY[method](x, k, dim, tau)

@@ -26,12 +26,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import _backend
 from ._validate import check_topk_args
 from .gradtopk import log_ek
 from .threshold import THRESHOLD_METHODS
-from .threshold.function import compute_dtype
 from .threshold.potential import potential
+from .threshold.rows import compute_dtype
 
 SUM_METHODS = tuple(THRESHOLD_METHODS) + ("grad",)
 
@@ -80,7 +79,9 @@ def topk_sum(
     7.0
     """
     dim, k, tau = check_topk_args(x, k, dim, tau, method, SUM_METHODS)
-    _backend.resolve(x)
+    if isinstance(tau, torch.Tensor):
+        # τ that requires grad: τ·Φ(x/τ) with autograd through both factors.
+        return tau.to(x.dtype) * topk_sum(x / tau.to(x.dtype), k, dim, 1.0, method, keepdim)
     if method == "grad":
         return log_ek(x, k, dim, tau, keepdim)
     family = THRESHOLD_METHODS[method]

@@ -22,7 +22,8 @@ from torch import Tensor
 
 from .kernels import threshold_bwd_kernel, threshold_fwd_kernel
 
-FAMILY_IDS = {"softmax": 0, "sparsemax": 1, "entmax15": 2, "entmax": 3, "exp": 4, "sigmoid": 5, "laplace": 6, "sparse": 7}
+from ..threshold.families import KERNEL_IDS as FAMILY_IDS  # one table for every backend
+
 ONCHIP_MAX = 8192
 LOOP_BLOCK = 2048
 # Newton-type steps allowed before the search falls back to pure bisection,
