@@ -28,10 +28,13 @@ def check_input(x, name: str = "x") -> None:
         raise ValueError(f"{name} must have at least one dimension, got a 0-d tensor")
 
 
-def check_dim(x: torch.Tensor, dim, name: str = "dim") -> int:
-    """Return ``dim`` as a non-negative index into ``x.shape``."""
+def check_dim(x, dim, name: str = "dim") -> int:
+    """Return ``dim`` as a non-negative index into ``x.shape`` (x None: only
+    the type is checked, for modules, which learn the rank at call time)."""
     if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(dim).__name__}")
+    if x is None:
+        return int(dim)
     nd = x.dim()
     if not -nd <= dim < nd:
         raise ValueError(
@@ -74,12 +77,17 @@ def check_positive(tau, name: str) -> float:
     return tau
 
 
-def check_k(k, n: int, name: str = "k") -> int:
-    """Number of selected entries: an int in [1, n]."""
+def check_k(k, n=None, name: str = "k") -> int:
+    """Number of selected entries: an int in [1, n] (n None: only k >= 1,
+    for modules, which learn n at call time)."""
     if isinstance(k, torch.Tensor) and k.numel() == 1 and not k.is_floating_point():
         k = k.item()
     if isinstance(k, bool) or not isinstance(k, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(k).__name__}")
+    if n is None:
+        if k < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {k}")
+        return int(k)
     if not 1 <= k <= n:
         raise ValueError(f"{name} must be in [1, n] = [1, {n}] for this input, got {k}")
     return int(k)
@@ -101,11 +109,12 @@ def check_topk_args(x, k, dim, tau, method, methods):
     return dim, k, tau
 
 
-def check_alpha(alpha, x: torch.Tensor, dim: int):
+def check_alpha(alpha, x, dim: int):
     """entmax's α: a finite float >= 1, or a floating tensor >= 1 (finite)
     broadcastable to ``x`` with size 1 along ``dim``; a tensor comes back
-    broadcast to x's shape with ``dim`` moved last (one α per row)."""
-    if isinstance(alpha, torch.Tensor):
+    broadcast to x's shape with ``dim`` moved last (one α per row).  With
+    ``x`` None (a module, before it sees an input) only floats are taken."""
+    if isinstance(alpha, torch.Tensor) and x is not None:
         if not alpha.is_floating_point():
             raise TypeError(f"alpha must be a float or a floating-point tensor, got dtype {alpha.dtype}")
         if alpha.dim() > x.dim():

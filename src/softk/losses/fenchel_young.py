@@ -74,6 +74,7 @@ class _FenchelYoungValue(torch.autograd.Function):
     def setup_context(ctx, inputs, output):
         _, p, y, index, _, tau = inputs
         ctx.save_for_backward(p, y, index)
+        ctx.save_for_forward(p, y, index)
         ctx.tau = tau
 
     @staticmethod
@@ -117,22 +118,21 @@ def fenchel_young_loss(
         target: class indices (integer, ``input``'s shape without dim 1; only
             for k = 1) or a floating tensor shaped like ``input`` whose rows lie
             in the map's domain: entries >= 0 (<= 1 for capped maps) summing to k.
-        family: a :class:`softk.threshold.Family` (e.g. ``softk.threshold.SPARSEMAX``).
+        family: a :class:`softk.families.Family` (e.g. ``softk.families.SPARSEMAX``).
         k: the map's Σp.
         ignore_index: class index whose rows contribute 0 and are left out of
             the mean (class-index targets only).
         reduction: "mean" (over kept rows), "sum" or "none" (per row).
         tau: temperature > 0.
 
-    Rows follow :mod:`softk.threshold.function`: ``-inf`` scores are masked
+    Rows follow :mod:`softk.threshold.rows`: ``-inf`` scores are masked
     out, so a target with mass on a masked class has loss +inf; a row with NaN
     or +inf scores gives NaN.  ``target`` gets no gradient and must not require
     one.  Half-precision input is computed in float32; the result has
     ``input``'s dtype.
 
-    >>> import torch
-    >>> from softk.threshold import SPARSEMAX
-    >>> fenchel_young_loss(torch.tensor([[0.0, 1.0, 3.0]]), torch.tensor([2]), SPARSEMAX)
+    >>> import torch, softk
+    >>> fenchel_young_loss(torch.tensor([[0.0, 1.0, 3.0]]), torch.tensor([2]), softk.families.SPARSEMAX)
     tensor(0.)
     """
     tau, reduction, ignore_index = tg.check_loss_args(input, target, tau, reduction, ignore_index)
@@ -145,7 +145,7 @@ def fenchel_young_loss(
             "pass target.detach()"
         )
     if not isinstance(family, Family):
-        raise TypeError(f"family must be a softk.threshold.Family (e.g. softk.threshold.SPARSEMAX), got {type(family).__name__}")
+        raise TypeError(f"family must be a softk.families.Family (e.g. softk.families.SPARSEMAX), got {type(family).__name__}")
     k = check_k(k, input.shape[cdim])
     if not family.capped and k != 1:
         raise ValueError(f"family {family.name!r} maps onto the simplex (k = 1 only), got k={k}")

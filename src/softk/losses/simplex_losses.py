@@ -17,11 +17,10 @@ sparsemax loss uses exactly y/|y|); rows that do not sum to 1 are refused.
 
 from __future__ import annotations
 
-import numbers
-
 from torch import Tensor
 
 from ..threshold.families import ENTMAX15, SOFTMAX, SPARSEMAX, entmax_family
+from .._validate import check_alpha
 from .fenchel_young import fenchel_young_loss
 
 _ARGS = """
@@ -93,11 +92,7 @@ def entmax_loss(
     >>> bool(entmax_loss(x, t, alpha=2.0) == sparsemax_loss(x, t))
     True
     """
-    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
-        raise TypeError(f"alpha must be a float >= 1, got {type(alpha).__name__}")
-    alpha = float(alpha)
-    if not (alpha >= 1 and alpha != float("inf")):
-        raise ValueError(f"alpha must be a finite float >= 1 (1 is softmax, 2 sparsemax), got {alpha}")
+    alpha = check_alpha(alpha, None, -1)
     family = {1.0: SOFTMAX, 1.5: ENTMAX15, 2.0: SPARSEMAX}.get(alpha) or entmax_family(alpha)
     return fenchel_young_loss(input, target, family, 1, ignore_index, reduction, tau)
 

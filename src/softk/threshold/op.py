@@ -109,6 +109,7 @@ class _Threshold(torch.autograd.Function):
     def setup_context(ctx, inputs, output):
         _, family, _, tau, backend = inputs
         ctx.save_for_backward(output)
+        ctx.save_for_forward(output)
         ctx.family, ctx.tau, ctx.backend = family, tau, backend
 
     @staticmethod

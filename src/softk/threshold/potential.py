@@ -59,6 +59,7 @@ class _PotentialValue(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         ctx.save_for_backward(inputs[1])
+        ctx.save_for_forward(inputs[1])
 
     @staticmethod
     def backward(ctx, g):
