@@ -54,11 +54,14 @@ def test_compare_reads_files(tmp_path, suffix):
     if suffix == ".npy":
         np.save(path, np.array([3.0, 1.0, 2.0]))
     else:
-        path.write_text("3, 1, 2\n" if suffix == ".csv" else "3 1\n2\n")
+        # one row: a line of comma- or space-separated numbers, or one number per line
+        path.write_text("3, 1, 2\n" if suffix == ".csv" else "3\n1\n2\n")
     r = softk("compare", "--input", str(path), "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["input"] == [3.0, 1.0, 2.0]
     r = softk("compare", "--input", "-", "--json", stdin="3 1 2")
+    assert json.loads(r.stdout)["input"] == [3.0, 1.0, 2.0]
+    r = softk("compare", "--input", "-", "--json", stdin="3,1,2\n\n")
     assert json.loads(r.stdout)["input"] == [3.0, 1.0, 2.0]
 
 
