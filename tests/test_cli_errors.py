@@ -150,6 +150,7 @@ CUDA_THAT_IS_NOT_HERE = "cuda:99" if torch.cuda.is_available() else "cuda"
         (["--repeats", "-3"], "--repeats"),
         (["--repeats", "0"], "--repeats"),
         (["--threads", "0"], "--threads"),
+        (["--threads", "100000"], "--threads"),  # used to crash the process (OpenMP)
         (["--ops", "nope"], "--ops"),
         (["--shapes", "3by65"], "--shapes"),
         (["--shapes", "2x0"], "--shapes"),

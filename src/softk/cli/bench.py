@@ -38,7 +38,7 @@ def register(sub):
                    help="cpu, cuda or cuda:N (default cpu); cuda needs a GPU and a CUDA build of torch")
     p.add_argument("--repeats", type=int, default=5,
                    help="timed rounds per op after one warm-up round, >= 1 (default 5)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads, >= 1 (default: torch's own)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads, from 1 to the number of CPUs (default: torch's own)")
     p.add_argument("--format", default="markdown", choices=["markdown", "csv", "json"],
                    help="output format (default markdown)")
     p.add_argument("--output", default="-", metavar="PATH",
@@ -88,6 +88,9 @@ def _run(args) -> int:
 
     if args.threads is not None:
         int_at_least(args.threads, "--threads", 1)
+        cpus = os.cpu_count() or 1
+        if args.threads > cpus:  # OpenMP with 100000 threads crashes the process
+            raise UsageError(f"--threads must be in [1, {cpus}] (the CPUs of this machine), got {args.threads}")
     int_at_least(args.repeats, "--repeats", 1)
     shapes = [_shape(s) for s in args.shapes]
     if args.ops is not None:
