@@ -54,7 +54,11 @@ def read_values(args) -> np.ndarray:
         return check_scores(np.array(values, dtype=np.float64), "VALUES")
     if args.input == "-":
         source = "--input - (stdin)"
-        return check_scores(parse_text(sys.stdin.read(), source), source)
+        try:
+            text = sys.stdin.read()
+        except UnicodeDecodeError:
+            raise UsageError(f"{source}: not UTF-8 text (pass a .npy file by its path)") from None
+        return check_scores(parse_text(text, source), source)
     path = Path(args.input)
     source = f"--input {path}"
     if not path.exists():
