@@ -56,7 +56,7 @@ def test_table_matches_the_maths(method):
 @pytest.mark.parametrize("method", softk.topk.METHODS)
 def test_shift_invariant_at_large_offsets(backend, method, request):
     if method in SHIFT_FAILS[backend]:
-        request.applymarker(pytest.mark.xfail(strict=True, reason="issue 12: solver on raw rows loses c·eps"))
+        request.applymarker(pytest.mark.xfail(strict=True, raises=AssertionError, reason="issue 12: solver on raw rows loses c·eps"))
     with softk.use_backend(backend):
         v = softk.property_violations(method)["shift_invariant"]
     assert v <= 1e-6  # properties()' default tol

@@ -2,7 +2,10 @@
 
 Each cell is measured by :func:`softk.properties.property_violations` on seeded
 generated inputs; a method failing a property is a finding, not an error, so
-the exit code is 0 either way.
+the exit code is 0 either way.  ``shift_invariant`` compares p(z + c) with
+p(z) for offsets up to c = ±2^-6/eps ≈ ±7e13 on rows where z + c is exact, so
+a solver that loses c·eps to cancellation is caught.  The backend in force is
+measured (``SOFTK_BACKEND=torch softk check`` for the PyTorch path).
 """
 
 from __future__ import annotations
