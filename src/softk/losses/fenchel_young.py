@@ -135,7 +135,7 @@ def fenchel_young_loss(
     >>> fenchel_young_loss(torch.tensor([[0.0, 1.0, 3.0]]), torch.tensor([2]), softk.families.SPARSEMAX)
     tensor(0.)
     """
-    tau, reduction, ignore_index = tg.check_loss_args(input, target, tau, reduction, ignore_index)
+    tau, reduction, ignore_index = tg.check_loss_args(input, target, tau, reduction, ignore_index, k=k)
     cdim = tg.class_dim(input)
     if input.shape[cdim] == 0:
         raise ValueError(f"input must have at least one class along dim {cdim}, got shape {tuple(input.shape)}")

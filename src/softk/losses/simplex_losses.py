@@ -41,11 +41,24 @@ def softmax_loss(input: Tensor, target: Tensor, ignore_index: int = -100, reduct
 
     Equal to ``KL(y ‖ softmax(z))`` and, for one-hot y, to the cross-entropy
     (use :func:`cross_entropy` for torch's exact arguments: class weights,
-    label smoothing).
+    label smoothing).  For any other y it is the cross-entropy minus the
+    entropy H(y).
+
+    Masked scores differ from :func:`cross_entropy`: on
+    ``x = [[0, -inf, 1.]]`` with ``y = [[.5, 0, .5]]`` this loss is
+    KL(y ‖ p) = ½ log(½/p₁) + ½ log(½/p₃) = 0.1201 (p = softmax(x) =
+    [0.2689, 0, 0.7311]), because the Fenchel–Young loss only involves
+    classes with y_c > 0 (the terms y_c·z_c and y_c log y_c are 0 where
+    y_c = 0, even when z_c = −inf), while ``cross_entropy`` and
+    ``torch.nn.functional.cross_entropy`` form 0·log p_c = 0·(−inf) = NaN.
+    A target with mass on a masked class gives +inf in both.
     {args}
     >>> import torch
     >>> round(softmax_loss(torch.tensor([[0.0, 0.0]]), torch.tensor([1])).item(), 6)  # log 2
     0.693147
+    >>> x, y = torch.tensor([[0.0, -float("inf"), 1.0]]), torch.tensor([[0.5, 0.0, 0.5]])
+    >>> round(softmax_loss(x, y).item(), 4)  # cross_entropy(x, y) is NaN, as in torch
+    0.1201
     """
     return fenchel_young_loss(input, target, SOFTMAX, 1, ignore_index, reduction, tau)
 

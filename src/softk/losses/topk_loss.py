@@ -45,7 +45,7 @@ def soft_topk_loss(input: Tensor, target: Tensor, k: int, method: str = "exp", t
     tensor(3.)
     """
     check_input(input, "input")
-    check_target_tensor(target)
+    check_target_tensor(target, input=input, accepts="distribution", k=k)
     if not target.is_floating_point():
         raise TypeError(
             f"target must be a float tensor shaped like input whose rows sum to k (e.g. a "
