@@ -37,3 +37,17 @@ def test_compiled_model_matches_eager(compiler):
     torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-6)
     for a, b in zip(g, g_eager):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_bad_target_still_refused_inside_a_compiled_graph():
+    """Eagerly a class index out of range is a ValueError naming it; in a
+    compiled graph the value check is an assertion in the graph, not a
+    graph break, and it still stops the call."""
+    torch._dynamo.reset()
+    f = torch.compile(lambda t, y: sparsemax_loss(t, y), fullgraph=True, backend="aot_eager")
+    x = torch.randn(2, 3)
+    assert torch.isfinite(f(x, torch.tensor([0, 2])))
+    with pytest.raises(ValueError, match="class index 3"):
+        sparsemax_loss(x, torch.tensor([0, 3]))
+    with pytest.raises(RuntimeError, match="invalid input"):
+        f(x, torch.tensor([0, 3]))

@@ -137,3 +137,16 @@ def check_alpha(alpha, x, dim: int):
     if not (alpha >= 1 and math.isfinite(alpha)):
         raise ValueError(f"alpha must be a finite float >= 1 (1 is softmax, 2 sparsemax), got {alpha}")
     return alpha
+
+
+def require(ok: torch.Tensor, message) -> None:
+    """A check on tensor *values* (a class index in range, a target row that
+    sums to k): a ValueError with ``message()`` in eager mode.  Under
+    torch.compile a value is not known while the graph is captured, so the
+    check becomes an assertion inside the graph (``torch._assert_async``,
+    which raises when it runs) instead of a graph break."""
+    if torch.compiler.is_compiling():
+        torch._assert_async(ok.all(), "softk: invalid input values (run eagerly for the full message)")
+        return
+    if not bool(ok.all()):
+        raise ValueError(message() if callable(message) else message)

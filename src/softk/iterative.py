@@ -18,7 +18,7 @@ picked (z = x/τ):
   its larger score, so at k = 2 the τ → 0 limit is 1.5 / 0.5 instead of 1 / 1.
 
 Both are plain compositions of differentiable torch operations (autograd
-gives the exact gradient of the k-step recursion).  ``softk.properties``
+gives the exact gradient of the k-step recursion).  ``softk.properties()``
 measures which of the seed's properties each keeps.
 """
 

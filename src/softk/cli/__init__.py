@@ -43,8 +43,8 @@ def plain(doc: str) -> str:
 
     Roles keep their target, double backquotes become single ones:
 
-    >>> plain("Measured by :func:`~softk.properties.properties` on ``x + c``.")
-    'Measured by softk.properties.properties on `x + c`.'
+    >>> plain("Measured by :func:`~softk.seed_properties.properties` on ``x + c``.")
+    'Measured by softk.seed_properties.properties on `x + c`.'
     """
     return _ROLE.sub(r"\1", doc).replace("``", "`")
 

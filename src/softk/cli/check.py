@@ -1,6 +1,6 @@
 """`softk check`: the seeds' property table for every soft_topk method, measured.
 
-Each cell is measured by :func:`softk.properties.property_violations` on seeded
+Each cell is measured by :func:`softk.seed_properties.property_violations` on seeded
 generated inputs; a method failing a property is a finding, not an error, so
 the exit code is 0 either way.  ``shift_invariant`` compares p(z + c) with
 p(z) for offsets up to c = ±2^-6/eps ≈ ±7e13 on rows where z + c is exact, so
@@ -25,7 +25,7 @@ def register(sub):
 
 def measure(seed: int = 0) -> dict:
     """{method: {property: (holds, worst violation)}} for every soft_topk method."""
-    from ..properties import properties, property_violations
+    from ..seed_properties import properties, property_violations
     from ..topk import METHODS
 
     out = {}
@@ -37,7 +37,7 @@ def measure(seed: int = 0) -> dict:
 
 
 def format_table(table: dict) -> str:
-    from ..properties import PROPERTY_NAMES
+    from ..seed_properties import PROPERTY_NAMES
 
     head = ["method"] + list(PROPERTY_NAMES)
     rows = []
@@ -50,7 +50,7 @@ def format_table(table: dict) -> str:
     widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
     fmt = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths))  # noqa: E731
     lines = [fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows]
-    lines.append("NO (v): the property fails; v is the worst violation measured (see softk.properties).")
+    lines.append("NO (v): the property fails; v is the worst violation measured (see softk.seed_properties).")
     return "\n".join(lines)
 
 

@@ -21,7 +21,7 @@ import numbers
 import torch
 from torch import Tensor
 
-from .._validate import check_input, check_tau
+from .._validate import check_input, check_tau, require
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -161,11 +161,10 @@ def index_target(input: Tensor, target: Tensor, ignore_index: int, name: str = "
     target = target.to(input.device)
     keep = target != ignore_index
     bad = keep & ((target < 0) | (target >= n_classes))
-    if bool(bad.any()):
-        raise ValueError(
-            f"{name} holds class index {int(target[bad].reshape(-1)[0])}, outside [0, {n_classes}) "
-            f"for an input with {n_classes} classes (and not ignore_index={ignore_index})"
-        )
+    require(~bad, lambda: (
+        f"{name} holds class index {int(target[bad].reshape(-1)[0])}, outside [0, {n_classes}) "
+        f"for an input with {n_classes} classes (and not ignore_index={ignore_index})"
+    ))
     return torch.where(keep, target, 0).long(), keep
 
 
@@ -184,15 +183,13 @@ def distribution_target(
             f"{tuple(target.shape)} (class-index targets must be an integer tensor)"
         )
     target = target.to(input.device)
-    if not bool(torch.isfinite(target).all()):
-        raise ValueError(f"{name} must be finite, got NaN or inf entries")
-    if bool((target < 0).any()):
-        raise ValueError(f"{name} must be >= 0 everywhere, got {float(target.min())}")
-    if capped and bool((target > 1).any()):
-        raise ValueError(
+    require(torch.isfinite(target), f"{name} must be finite, got NaN or inf entries")
+    require(target >= 0, lambda: f"{name} must be >= 0 everywhere, got {float(target.min())}")
+    if capped:
+        require(target <= 1, lambda: (
             f"{name} entries must lie in [0, 1] for a top-k loss (a point of the capped simplex), "
             f"got {float(target.max())}"
-        )
+        ))
     cdim = class_dim(input)
     n = input.shape[cdim]
     sums = target.double().sum(cdim)
@@ -202,30 +199,33 @@ def distribution_target(
     # normalised is off by at least 1.
     eps = torch.finfo(target.dtype).eps
     tol = k * max(eps**0.5, 2 * n * eps)
-    off = (sums - k).abs() > tol
-    if bool(off.any()):
-        lo, hi = float(sums.min()), float(sums.max())
-        normalise = f"{name} / {name}.sum(dim={cdim}, keepdim=True)"
-        if lo <= 0:
-            normalise += f" after dropping the rows that sum to 0 (keep = {name}.sum(dim={cdim}) > 0)"
-        if k == 1:
-            hint = (
-                f"rows must be probability distributions summing to 1; normalise multi-hot "
-                f"labels first: {normalise}"
-            )
-        elif lo == hi and lo == round(lo) and 1 <= lo <= n:
-            hint = (
-                f"rows must sum to k={k}: every row sums to {lo:g}, so pass k={int(lo)}, or give "
-                f"each row exactly k ones (a point of the capped simplex: entries in [0, 1] summing to k)"
-            )
-        else:
-            hint = (
-                f"rows must sum to k={k}: a multi-hot label needs exactly k ones (or a point of the "
-                f"capped simplex: entries in [0, 1] summing to k); for a varying number of labels use "
-                f"softk.losses.softmax_loss(input, {normalise})"
-            )
-        raise ValueError(f"{name} row sums lie in [{lo:.6g}, {hi:.6g}]; {hint}")
+    require((sums - k).abs() <= tol, lambda: _sum_message(sums, k, n, cdim, name))
     return target
+
+
+def _sum_message(sums: Tensor, k, n: int, cdim: int, name: str) -> str:
+    """Why a target's rows do not sum to k, and what to pass instead."""
+    lo, hi = float(sums.min()), float(sums.max())
+    normalise = f"{name} / {name}.sum(dim={cdim}, keepdim=True)"
+    if lo <= 0:
+        normalise += f" after dropping the rows that sum to 0 (keep = {name}.sum(dim={cdim}) > 0)"
+    if k == 1:
+        hint = (
+            f"rows must be probability distributions summing to 1; normalise multi-hot "
+            f"labels first: {normalise}"
+        )
+    elif lo == hi and lo == round(lo) and 1 <= lo <= n:
+        hint = (
+            f"rows must sum to k={k}: every row sums to {lo:g}, so pass k={int(lo)}, or give "
+            f"each row exactly k ones (a point of the capped simplex: entries in [0, 1] summing to k)"
+        )
+    else:
+        hint = (
+            f"rows must sum to k={k}: a multi-hot label needs exactly k ones (or a point of the "
+            f"capped simplex: entries in [0, 1] summing to k); for a varying number of labels use "
+            f"softk.losses.softmax_loss(input, {normalise})"
+        )
+    return f"{name} row sums lie in [{lo:.6g}, {hi:.6g}]; {hint}"
 
 
 def reduce(loss: Tensor, keep, reduction: str) -> Tensor:
