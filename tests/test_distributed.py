@@ -21,14 +21,10 @@ def test_two_ranks_uneven_slices(tmp_path):
     run(2, C.all_checks, tmp_path, [7, 13], [0, 1])
 
 
-def test_three_ranks_permuted_slices_with_vocab_start(tmp_path):
-    # Rank 0 holds the last slice, rank 2 the first, rank 1 a single class.
+def test_three_ranks_permuted_slices_errors_and_subgroup(tmp_path):
+    # Rank 0 holds the last slice, rank 2 the first, rank 1 a single class;
+    # then the error cases (contiguous slices) and a sub-group of ranks 0 and 2.
     run(3, C.all_checks, tmp_path, [6, 1, 12], [2, 1, 0])
-
-
-def test_three_ranks_errors_and_subgroup(tmp_path):
-    run(3, C.check_errors, tmp_path, [5, 8, 4], [0, 1, 2])
-    run(3, C.check_subgroup, tmp_path)
 
 
 def test_uninitialised_group_is_a_clear_error():
