@@ -317,5 +317,38 @@ def all_checks(rank, world, sizes, order):
     check_maps(rank, world, sizes, order)
     check_counts(rank, world, sizes, order)
     check_errors(rank, world, sizes, order)  # contiguous slices of `sizes`, whatever `order` is
+    check_fused(rank, world, sizes, order)
     if world == 3:
         check_subgroup(rank, world)
+
+
+def check_fused(rank, world, sizes, order):
+    """W sharded by vocabulary: loss and gradients equal the single-device fused/unfused ones."""
+    from softk.distributed import vocab_parallel_fused_linear_loss
+
+    v = sum(sizes)
+    lo, hi = bounds(sizes, order)[rank]
+    explicit = order != list(range(world))
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(10, 4, dtype=D, generator=g)
+    w = torch.randn(v, 4, dtype=D, generator=g)
+    b = torch.randn(v, dtype=D, generator=g)
+    t = torch.randint(0, v, (10,), generator=g)
+    t[3] = -100
+    for loss, kw in (("sparsemax", {}), ("cross_entropy", {}), ("entmax", {"alpha": 1.4})):
+        for reduction in ("mean", "sum"):
+            xf, wf, bf = (a.clone().requires_grad_() for a in (x, w, b))
+            ref = single_loss(loss, xf @ wf.T + bf, t, reduction=reduction, **kw)
+            gx, gw, gb = torch.autograd.grad(ref, (xf, wf, bf))
+            xl, wl, bl = x.clone().requires_grad_(), w[lo:hi].clone().requires_grad_(), b[lo:hi].clone().requires_grad_()
+            out = vocab_parallel_fused_linear_loss(xl, wl, t, loss, bl, vocab_start=lo if explicit else None,
+                                                   reduction=reduction, chunk_size=3, **kw)
+            what = f"fused {loss} {reduction} rank {rank}"
+            _close(out, ref, what)
+            hx, hw, hb = torch.autograd.grad(out, (xl, wl, bl))
+            _close(hx, gx, what + " grad input")
+            _close(hw, gw[lo:hi], what + " grad weight")
+            _close(hb, gb[lo:hi], what + " grad bias")
+    xs = torch.cat([x, x[:1]]) if rank == 0 else x
+    ts = torch.cat([t, t[:1]]) if rank == 0 else t
+    _expect(ValueError, "number of rows", lambda: vocab_parallel_fused_linear_loss(xs, w[lo:hi], ts, "sparsemax"))
