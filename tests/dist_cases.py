@@ -145,6 +145,24 @@ def check_losses(rank, world, sizes, order):
                     _close(gl, gf[:, lo:hi], what + " grad")
 
 
+def check_float32(rank, world, sizes, order):
+    """float32 slices against the float64 single-device loss: float32 rounding only."""
+    v = sum(sizes)
+    lo, hi = bounds(sizes, order)[rank]
+    explicit = order != list(range(world))
+    z, t = data(9, v, masks=False)
+    for loss in ("cross_entropy", "sparsemax", "entmax15"):
+        zf = z.clone().requires_grad_()
+        ref = single_loss(loss, zf, t)
+        zl = z[:, lo:hi].float().requires_grad_()
+        got = vocab_parallel_loss(zl, t, loss, vocab_start=lo if explicit else None)
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-6)
+        (gf,) = torch.autograd.grad(ref, zf)
+        (gl,) = torch.autograd.grad(got, zl)
+        torch.testing.assert_close(gl.double(), gf[:, lo:hi], rtol=1e-4, atol=1e-6)
+
+
 MAP_CASES = [("softmax", {}), ("sparsemax", {}), ("entmax15", {}), ("entmax", {"alpha": 1.7}),
              ("entmax", {"alpha": 3.0}), ("sparse", {"k": 3}), ("exp", {"k": 1})]
 
@@ -314,6 +332,7 @@ def check_subgroup(rank, world):
 
 def all_checks(rank, world, sizes, order):
     check_losses(rank, world, sizes, order)
+    check_float32(rank, world, sizes, order)
     check_maps(rank, world, sizes, order)
     check_counts(rank, world, sizes, order)
     check_errors(rank, world, sizes, order)  # contiguous slices of `sizes`, whatever `order` is

@@ -239,3 +239,17 @@ def test_bad_shapes_and_targets():
         fused_linear_loss(x, w, torch.ones(3, 4, dtype=D) / 4)
     with pytest.raises(ValueError, match="in_features must be"):
         FusedLinearLoss(0, 3)
+
+
+def test_bfloat16_runs_and_is_close_to_float32():
+    x, w, b, t = _data(16, 8, 40, seed=2)
+    xb, wb, bb = (a.detach().to(torch.bfloat16).requires_grad_() for a in (x, w, b))
+    out = fused_linear_loss(xb, wb, t, "entmax15", bb, chunk_size=5)
+    assert out.dtype == torch.bfloat16
+    ref = L.entmax15_loss(x @ w.T + b, t)
+    assert abs(out.double().item() - ref.item()) < 0.03 * max(1.0, abs(ref.item()))
+    gx, gw, gb = torch.autograd.grad(out, (xb, wb, bb))
+    assert gx.dtype == gw.dtype == gb.dtype == torch.bfloat16
+    rx, rw, rb = torch.autograd.grad(ref, (x, w, b))
+    for a, r in ((gx, rx), (gw, rw), (gb, rb)):
+        assert (a.double() - r).abs().max() < 0.05 * r.abs().max() + 1e-3

@@ -18,7 +18,6 @@ from __future__ import annotations
 import functools
 
 import torch
-from torch import Tensor
 
 from .cross_entropy import cross_entropy
 from .simplex_losses import entmax15_loss, entmax_loss, softmax_loss, sparsemax_loss
