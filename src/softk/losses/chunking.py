@@ -35,9 +35,11 @@ MIN_CHUNK_ELEMENTS = 1 << 22
 def auto_chunk_size(rows: int, hidden: int, vocab: int) -> int:
     """Rows per chunk: the largest power of two C with C·V ≤ max(N·H, 2²²), clamped to [1, N].
 
-    The rule is Liger-Kernel's (chunk = next power of two of N / ⌈V/H⌉): one
-    chunk of logits costs about as much memory as the input X itself, with a
-    floor of 4 Mi logits so that small hidden sizes do not give tiny matmuls.
+    The budget is Liger-Kernel's (its fused linear cross-entropy takes the
+    next power of two ≥ N / ⌈V/H⌉): one chunk of logits costs about as much
+    memory as the input X itself.  Here the power of two is rounded down, so
+    the chunk stays within the budget, and the budget has a floor of 4 Mi
+    logits so that small hidden sizes do not give tiny matmuls.
 
     >>> auto_chunk_size(4096, 256, 65536)   # max(2^20, 2^22) / 2^16
     64
