@@ -31,3 +31,4 @@ __all__ = [
     "cross_entropy_margin",
     "cross_entropy_floor",
 ]
+from .fused_linear import fused_linear_loss

@@ -25,3 +25,4 @@ __all__ += [
     "EntmaxLoss",
     "SoftTopKLoss",
 ]
+from .fused_linear import FusedLinearLoss
