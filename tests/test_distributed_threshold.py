@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from softk.distributed import threshold as T
 from softk.threshold import ENTMAX15, SOFTMAX, SPARSE, SPARSEMAX, entmax_family
-from softk.threshold.function import threshold_forward
+from softk.threshold.torch_path import forward as threshold_forward
 from softk.threshold.potential import value_at
 
 D = torch.float64

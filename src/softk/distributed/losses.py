@@ -24,7 +24,7 @@ from torch import Tensor
 
 from .._validate import check_input, check_tau
 from ..losses import targets as tg
-from ..threshold.function import compute_dtype
+from ..threshold.rows import compute_dtype
 from .checks import exchange, resolve_group
 from .families import check_k_int, loss_family, what_code
 from .threshold import NEG_INF, distributed_forward

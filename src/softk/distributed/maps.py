@@ -7,7 +7,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .._validate import check_input, check_tau
-from ..threshold.function import compute_dtype
+from ..threshold.rows import compute_dtype
 from .checks import exchange, resolve_group
 from .families import check_k_int, map_family, what_code
 from .threshold import distributed_forward

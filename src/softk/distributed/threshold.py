@@ -46,7 +46,8 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ..threshold.families import Family
-from ..threshold.function import row_status, threshold_forward
+from ..threshold.rows import row_status
+from ..threshold.torch_path import forward as threshold_forward
 from ..threshold.potential import value_at
 from ..threshold.solve import solve_lambda
 

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
-from ..threshold.function import compute_dtype
+from ..threshold.rows import compute_dtype
 from . import targets as tg
 
 

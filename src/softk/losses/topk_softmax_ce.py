@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from .._validate import check_k
-from ..threshold.function import compute_dtype
+from ..threshold.rows import compute_dtype
 from . import targets as tg
 
 
