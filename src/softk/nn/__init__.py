@@ -13,6 +13,8 @@ from .losses import (
     TopKSoftmaxCrossEntropyLoss,
 )
 
+from .fused_linear import FusedLinearLoss
+
 __all__ = ["Softmax", "Sparsemax", "Entmax15", "Entmax", "SoftTopK"]
 __all__ += ["HardTopK", "TopKSoftmax", "TopKSum"]
 __all__ += [
@@ -25,4 +27,4 @@ __all__ += [
     "EntmaxLoss",
     "SoftTopKLoss",
 ]
-from .fused_linear import FusedLinearLoss
+__all__ += ["FusedLinearLoss"]
