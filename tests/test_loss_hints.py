@@ -140,7 +140,13 @@ def test_float_target_row_sums_hints():
     assert "pass k=2" in msg
     assert torch.isfinite(losses.soft_topk_loss(X, y, k=2))
     msg = refusal(losses.soft_topk_loss, X, MIXED.double(), k=2)
-    run("softk.losses.softmax_loss(input, target / target.sum(dim=1, keepdim=True))", msg, MIXED.double())
+    assert "k=target.sum(dim=1, keepdim=True)" in msg  # one k per row, which the same loss takes
+    t = MIXED.double()
+    per_row = losses.soft_topk_loss(X, t, k=t.sum(dim=1, keepdim=True), reduction="none")
+    for i in range(X.shape[0]):  # equal to the loss of each row at its own int k
+        if t[i].sum() > 0:
+            one = losses.soft_topk_loss(X[i : i + 1], t[i : i + 1], k=int(t[i].sum()), reduction="none")
+            assert math.isclose(float(per_row[i]), float(one[0]), rel_tol=1e-12)
     msg = refusal(losses.softmax_loss, X, MIXED.double())
     y = run("target / target.sum(dim=1, keepdim=True)", msg, MIXED.double())
     assert math.isclose(float(losses.softmax_loss(X, y)), ref_softmax_loss(X, y), rel_tol=1e-12)

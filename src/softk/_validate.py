@@ -103,10 +103,31 @@ def check_topk_args(x, k, dim, tau, method, methods):
     """The common prelude of the top-k functions: returns (dim, k, tau)."""
     check_input(x)
     dim = check_dim(x, dim)
-    k = check_k(k, x.shape[dim])
+    k = check_k_rows(k, x, dim)
     tau = check_tau(tau, allow_grad=True)
     check_choice(method, methods, "method")
+    if isinstance(k, torch.Tensor) and method not in ("exp", "sigmoid", "laplace", "sparse"):
+        raise ValueError(
+            f"a per-row k (a tensor) needs a threshold method (exp, sigmoid, laplace, sparse), "
+            f"got method={method!r}; pass an int k"
+        )
     return dim, k, tau
+
+
+def per_row(t: torch.Tensor, x: torch.Tensor, dim: int, name: str) -> torch.Tensor:
+    """A per-row parameter: ``t`` broadcastable to x's shape with size 1 along
+    ``dim``, returned broadcast with ``dim`` moved last (x.shape[:-1] + (1,))."""
+    if t.dim() > x.dim():
+        raise ValueError(f"{name} has more dimensions ({t.dim()}) than x ({x.dim()})")
+    shape = (1,) * (x.dim() - t.dim()) + tuple(t.shape)
+    target = list(x.shape)
+    target[dim] = 1
+    if any(a not in (1, b) for a, b in zip(shape, target)) or shape[dim] != 1:
+        raise ValueError(
+            f"{name} of shape {tuple(t.shape)} must broadcast to x's shape {tuple(x.shape)} "
+            f"with size 1 along dim={dim}, e.g. shape {tuple(target)}"
+        )
+    return t.reshape(shape).expand(target).movedim(dim, -1)
 
 
 def check_alpha(alpha, x, dim: int):
@@ -117,20 +138,10 @@ def check_alpha(alpha, x, dim: int):
     if isinstance(alpha, torch.Tensor) and x is not None:
         if not alpha.is_floating_point():
             raise TypeError(f"alpha must be a float or a floating-point tensor, got dtype {alpha.dtype}")
-        if alpha.dim() > x.dim():
-            raise ValueError(f"alpha has more dimensions ({alpha.dim()}) than x ({x.dim()})")
-        shape = (1,) * (x.dim() - alpha.dim()) + tuple(alpha.shape)
-        target = list(x.shape)
-        target[dim] = 1
-        if any(a not in (1, t) for a, t in zip(shape, target)) or shape[dim] != 1:
-            raise ValueError(
-                f"alpha of shape {tuple(alpha.shape)} must broadcast to x's shape {tuple(x.shape)} "
-                f"with size 1 along dim={dim}, e.g. shape {tuple(target)}"
-            )
         a = alpha.detach()
         if bool((~torch.isfinite(a)).any()) or bool((a < 1).any()):
             raise ValueError("alpha must be finite and >= 1 everywhere (alpha = 1 is softmax, 2 is sparsemax)")
-        return alpha.reshape(shape).expand(target).movedim(dim, -1)
+        return per_row(alpha, x, dim, "alpha")
     if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
         raise TypeError(f"alpha must be a float >= 1 or a tensor, got {type(alpha).__name__}")
     alpha = float(alpha)
@@ -139,14 +150,49 @@ def check_alpha(alpha, x, dim: int):
     return alpha
 
 
+def is_row_k(k) -> bool:
+    """True for a per-row budget: a floating tensor, or one with several entries
+    (a one-element integer tensor is an ordinary int k)."""
+    return isinstance(k, torch.Tensor) and (k.is_floating_point() or k.numel() != 1)
+
+
+def check_k_rows(k, x: torch.Tensor, dim: int, name: str = "k"):
+    """k as an int in [1, n] (see :func:`check_k`), or one budget per row: a
+    real or integer tensor broadcastable to x with size 1 along ``dim``, each
+    value in (0, n] (the capped families take any real k there), returned
+    like :func:`per_row` in x's compute dtype."""
+    n = x.shape[dim]
+    if not is_row_k(k):
+        return check_k(k, n, name)
+    if k.requires_grad and not k.is_floating_point():
+        raise TypeError(f"{name} must be a floating tensor to receive a gradient")
+    if k.is_complex() or k.dtype == torch.bool:
+        raise TypeError(f"{name} must be an int or a real tensor, got dtype {k.dtype}")
+    kd = unwrapped(k.detach())
+    require((kd > 0) & (kd <= n) & torch.isfinite(kd.double()),
+            lambda: f"{name} must lie in (0, n] = (0, {n}] in every row, got values from "
+                    f"{float(kd.min())} to {float(kd.max())}")
+    ct = torch.float64 if x.dtype == torch.float64 else torch.float32
+    return per_row(k.to(ct), x, dim, name)
+
+
 def require(ok: torch.Tensor, message) -> None:
     """A check on tensor *values* (a class index in range, a target row that
     sums to k): a ValueError with ``message()`` in eager mode.  Under
     torch.compile a value is not known while the graph is captured, so the
     check becomes an assertion inside the graph (``torch._assert_async``,
-    which raises when it runs) instead of a graph break."""
+    which raises when it runs) instead of a graph break; under torch.func
+    transforms the check reads the unwrapped batch."""
     if torch.compiler.is_compiling():
         torch._assert_async(ok.all(), "softk: invalid input values (run eagerly for the full message)")
         return
-    if not bool(ok.all()):
+    if not bool(unwrapped(ok).all()):
         raise ValueError(message() if callable(message) else message)
+
+
+def unwrapped(t: torch.Tensor) -> torch.Tensor:
+    """Under torch.func transforms (vmap, grad): the whole batch underneath,
+    so that a value check (and its message) can read it."""
+    while torch._C._functorch.is_functorch_wrapped_tensor(t):
+        t = torch._C._functorch.get_unwrapped(t)
+    return t

@@ -33,6 +33,12 @@ from .threshold.rows import compute_dtype, scaled_rows
 from .threshold import torch_path
 
 
+def _in_compute_dtype(vjp, family: Family, p: Tensor, g: Tensor, tau: float) -> Tensor:
+    """Run a backward in the compute dtype (half inputs: float32), return p's dtype."""
+    ct = compute_dtype(p.dtype)
+    return vjp(family, p.to(ct), g.to(ct), tau).to(p.dtype)
+
+
 class TorchBackend:
     """The reference PyTorch implementation (every family, every device)."""
 
@@ -48,8 +54,7 @@ class TorchBackend:
 
     @staticmethod
     def backward(family: Family, p: Tensor, g: Tensor, tau: float) -> Tensor:
-        ct = compute_dtype(p.dtype)
-        return torch_path.vjp(family, p.to(ct), g.to(ct), tau).to(p.dtype)
+        return _in_compute_dtype(torch_path.vjp, family, p, g, tau)
 
 
 class NativeBackend:
@@ -72,8 +77,7 @@ class NativeBackend:
     def backward(family: Family, p: Tensor, g: Tensor, tau: float) -> Tensor:
         from . import native
 
-        ct = compute_dtype(p.dtype)
-        return native.backward(family, p.to(ct), g.to(ct), tau).to(p.dtype)
+        return _in_compute_dtype(native.backward, family, p, g, tau)
 
 
 class TritonBackend:

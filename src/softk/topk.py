@@ -74,7 +74,12 @@ def soft_topk(x: Tensor, k: int, dim: int = -1, tau: float = 1.0, method: str = 
 
     Args:
         x: scores, any shape, floating point (half computed in float32).
-        k: how many entries to select, an int in [1, n] with n = x.shape[dim].
+        k: how many entries to select, an int in [1, n] with n = x.shape[dim];
+            or, for the threshold methods, one budget per row: a tensor
+            broadcastable to ``x`` with size 1 along ``dim`` whose values lie
+            in (0, n] (fractional k is allowed: Σp = k still holds; a floating
+            k that requires grad gets ∂p/∂k = d/Σd).  A per-row k runs on the
+            PyTorch path on every device.
         dim: the dimension to select along.
         tau: temperature > 0.
         method: one of "exp", "sigmoid", "laplace", "sparse", "grad",

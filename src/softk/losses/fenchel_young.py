@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from .. import dispatch
-from .._validate import check_k
+from .._validate import check_k_rows
 from ..threshold.families import Family
 from ..threshold.op import apply_rows
 from ..threshold.potential import value_at
@@ -119,7 +119,9 @@ def fenchel_young_loss(
             for k = 1) or a floating tensor shaped like ``input`` whose rows lie
             in the map's domain: entries >= 0 (<= 1 for capped maps) summing to k.
         family: a :class:`softk.families.Family` (e.g. ``softk.families.SPARSEMAX``).
-        k: the map's Σp.
+        k: the map's Σp: an int, or for a capped family one k per row (a
+            tensor broadcastable to ``input`` with size 1 along dim 1, e.g.
+            ``target.sum(1, keepdim=True)`` for multi-hot targets).
         ignore_index: class index whose rows contribute 0 and are left out of
             the mean (class-index targets only).
         reduction: "mean" (over kept rows), "sum" or "none" (per row).
@@ -146,12 +148,13 @@ def fenchel_young_loss(
         )
     if not isinstance(family, Family):
         raise TypeError(f"family must be a softk.families.Family (e.g. softk.families.SPARSEMAX), got {type(family).__name__}")
-    k = check_k(k, input.shape[cdim])
-    if not family.capped and k != 1:
+    k = check_k_rows(k, input, cdim)
+    row_k = isinstance(k, Tensor)
+    if not family.capped and (row_k or k != 1):
         raise ValueError(f"family {family.name!r} maps onto the simplex (k = 1 only), got k={k}")
     x = input.movedim(cdim, -1)
     if tg.is_index_target(target):
-        if k != 1:
+        if row_k or k != 1:
             raise ValueError(
                 f"target of class indices is only meaningful for k = 1, got k={k}; pass a "
                 f"float target whose rows sum to k (e.g. a multi-hot label with k ones)"
@@ -164,7 +167,7 @@ def fenchel_young_loss(
                 "ignore_index applies to class-index targets only; with a probability target, "
                 "give ignored rows zero weight yourself (reduction='none')"
             )
-        y = tg.distribution_target(input, target, k, family.capped).movedim(cdim, -1)
+        y = tg.distribution_target(input, target, k.squeeze(-1) if row_k else k, family.capped).movedim(cdim, -1)
         index, keep = None, None
     if x.numel() == 0:
         loss = x.to(compute_dtype(x.dtype)).sum(-1) * 0

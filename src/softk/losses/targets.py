@@ -199,11 +199,12 @@ def distribution_target(
     # normalised is off by at least 1.
     eps = torch.finfo(target.dtype).eps
     tol = k * max(eps**0.5, 2 * n * eps)
-    require((sums - k).abs() <= tol, lambda: _sum_message(sums, k, n, cdim, name))
+    require((sums - k).abs() <= tol,
+            lambda: _sum_message(sums, k if isinstance(k, (int, float)) else "k per row", n, cdim, name, capped))
     return target
 
 
-def _sum_message(sums: Tensor, k, n: int, cdim: int, name: str) -> str:
+def _sum_message(sums: Tensor, k, n: int, cdim: int, name: str, capped: bool) -> str:
     """Why a target's rows do not sum to k, and what to pass instead."""
     lo, hi = float(sums.min()), float(sums.max())
     normalise = f"{name} / {name}.sum(dim={cdim}, keepdim=True)"
@@ -219,10 +220,15 @@ def _sum_message(sums: Tensor, k, n: int, cdim: int, name: str) -> str:
             f"rows must sum to k={k}: every row sums to {lo:g}, so pass k={int(lo)}, or give "
             f"each row exactly k ones (a point of the capped simplex: entries in [0, 1] summing to k)"
         )
-    else:
+    elif capped:
         hint = (
             f"rows must sum to k={k}: a multi-hot label needs exactly k ones (or a point of the "
-            f"capped simplex: entries in [0, 1] summing to k); for a varying number of labels use "
+            f"capped simplex: entries in [0, 1] summing to k); for a varying number of labels "
+            f"pass one k per row, k={name}.sum(dim={cdim}, keepdim=True)"
+        )
+    else:
+        hint = (
+            f"rows must sum to k={k}; for a varying number of labels use "
             f"softk.losses.softmax_loss(input, {normalise})"
         )
     return f"{name} row sums lie in [{lo:.6g}, {hi:.6g}]; {hint}"

@@ -133,17 +133,24 @@ class _ThresholdJvp(_Threshold):
         return vjp(ctx.family, p, v.to(p.dtype), ctx.tau)
 
 
-def apply_rows(x: Tensor, family: Family, k: int, tau: float, backend: str) -> Tensor:
-    """The contract on rows (dim last), backend already resolved."""
+def apply_rows(x: Tensor, family: Family, k, tau: float, backend: str) -> Tensor:
+    """The contract on rows (dim last), backend already resolved; ``k`` an
+    int, or a tensor shaped x.shape[:-1] + (1,) (see :mod:`.op_rowk`)."""
+    if isinstance(k, Tensor):
+        from .op_rowk import apply_rows_k
+
+        return apply_rows_k(x, k, family, tau)
     fn = _Threshold if torch.compiler.is_compiling() else _ThresholdJvp
     return fn.apply(x, family, k, tau, backend)
 
 
-def threshold_map(x: Tensor, family: Family, k: int, dim: int, tau) -> Tensor:
+def threshold_map(x: Tensor, family: Family, k, dim: int, tau) -> Tensor:
     """p = f(x/τ − λ), Σp = k along ``dim`` (arguments already validated).
 
     ``tau`` is a float, or a one-element tensor that requires grad: then x/τ
     is formed with autograd (so τ gets its gradient) and the map runs at τ = 1.
+    ``k`` is an int, or a per-row tensor already shaped like the rows
+    (``dim`` moved last, size 1 there).
     """
     if x.numel() == 0:
         return empty_like_result(x)

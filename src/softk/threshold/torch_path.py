@@ -44,9 +44,23 @@ def _on_candidates(family: Family, z: Tensor, k: int):
     return fill_rows(z, family.f(zs - lam), active, broken)
 
 
-def forward(family: Family, z: Tensor, k: int) -> Tensor:
-    """p = f(z − λ), Σp = k, on the last dimension (no autograd)."""
+def _general(family: Family, z: Tensor, k) -> Tensor:
+    # The general solver: sorted knots + closed form, or safeguarded Newton.
+    finite, active, broken = row_status(z, k)
+    zs = torch.where(active, z, 0.0)  # rows filled below get harmless values
+    lam = solve_lambda(family, zs, k, active)
+    p = family.f(zs - lam)
+    filled = torch.where(broken, float("nan"), finite.to(z.dtype))
+    return torch.where(active, p, filled)
+
+
+def forward(family: Family, z: Tensor, k) -> Tensor:
+    """p = f(z − λ), Σp = k, on the last dimension (no autograd); ``k`` an
+    int or a tensor of one k per row (shaped z.shape[:-1] + (1,)), which the
+    general solver takes (the fast paths take one k for every row)."""
     n = z.shape[-1]
+    if isinstance(k, Tensor):
+        return _general(family, z, k)
     if family is SOFTMAX:
         return _softmax(z, k)
     if family.zero_below and n >= _FAST_MIN_WIDTH and k + 2 <= n:
@@ -57,12 +71,7 @@ def forward(family: Family, z: Tensor, k: int) -> Tensor:
             lam, active, broken = found
             zs = z if bool(active.all()) else torch.where(active, z, 0.0)
             return fill_rows(z, family.f(zs - lam), active, broken)
-    finite, active, broken = row_status(z, k)
-    zs = torch.where(active, z, 0.0)  # rows filled below get harmless values
-    lam = solve_lambda(family, zs, k, active)
-    p = family.f(zs - lam)
-    filled = torch.where(broken, float("nan"), finite.to(z.dtype))
-    return torch.where(active, p, filled)
+    return _general(family, z, k)
 
 
 def slope(family: Family, p: Tensor) -> Tensor:
