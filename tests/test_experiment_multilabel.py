@@ -225,14 +225,87 @@ def test_threshold_grids():
 
 # ----------------------------------------------------------------- training
 def test_folds():
-    f = multilabel.folds(12, "contiguous", 0)
-    assert [list(x) for x in f] == [[0, 1, 2], [3, 4, 5], [6, 7], [8, 9], [10, 11]]
-    s = multilabel.folds(12, "shuffled", 3)
-    assert sorted(np.concatenate(s).tolist()) == list(range(12))
-    assert [x.tolist() for x in s] == [x.tolist() for x in multilabel.folds(12, "shuffled", 3)]
-    assert np.concatenate(s).tolist() != list(range(12))
+    # default sizes: ceil(14/5) = 3 rows per fold, the last what is left
+    f = multilabel.folds(14, "contiguous", 0)
+    assert [list(x) for x in f] == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, 11], [12, 13]]
+    e = multilabel.folds(12, "contiguous", 0, "even")
+    assert [list(x) for x in e] == [[0, 1, 2], [3, 4, 5], [6, 7], [8, 9], [10, 11]]
+    s = multilabel.folds(14, "shuffled", 3)
+    assert sorted(np.concatenate(s).tolist()) == list(range(14))
+    assert [x.tolist() for x in s] == [x.tolist() for x in multilabel.folds(14, "shuffled", 3)]
+    assert np.concatenate(s).tolist() != list(range(14))
+    assert [len(x) for x in s] == [3, 3, 3, 3, 2]
     with pytest.raises(ValueError, match="folds must be one of"):
-        multilabel.folds(12, "random", 0)
+        multilabel.folds(14, "random", 0)
+    with pytest.raises(ValueError, match="fold_sizes must be one of"):
+        multilabel.folds(14, "contiguous", 0, "odd")
+
+
+def _authors_blocks(n, parts=5):
+    # train_multilabel_classifier_lbfgs.py: partition_size = ceil(n / parts),
+    # start_positions = arange(0, n, size), end = start + size, last end = n.
+    size = int(np.ceil(float(n) / parts))
+    starts = np.arange(0, n, size)
+    ends = starts + size
+    ends[-1] = n
+    return [list(range(a, b)) for a, b in zip(starts, ends)]
+
+
+@pytest.mark.parametrize("n", [25, 26, 29, 179, 391, 1211, 1500])
+def test_ceil_fold_sizes_match_the_authors(n):
+    assert [list(b) for b in multilabel.fold_blocks(n)] == _authors_blocks(n)
+    assert [len(b) for b in multilabel.fold_blocks(391)] == [79, 79, 79, 79, 75]
+
+
+def test_ceil_folds_reject_too_few_rows():
+    # 16 rows: ceil(16/5) = 4 gives only four blocks (the authors' code would fail)
+    with pytest.raises(ValueError, match="do not make 5 folds"):
+        multilabel.fold_blocks(16)
+    assert [len(b) for b in multilabel.fold_blocks(16, "even")] == [4, 3, 3, 3, 3]
+
+
+def _authors_per_fold(Y, P, held):
+    """Mean over folds of (micro-F1, paper macro-F1) as the authors' code computes
+    them, NaN included, then nan_to_num."""
+    micro, macro = [], []
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for out in held:
+            y, p = Y[out].astype(float), P[out].astype(float)
+            matched, pred, gold = (y * p).sum(), p.sum(), y.sum()
+            prec, rec = matched / pred, matched / gold
+            micro.append(2 * prec * rec / (prec + rec))
+            pl = np.nan_to_num((y * p).sum(0) / p.sum(0))
+            rl = np.nan_to_num((y * p).sum(0) / y.sum(0))
+            mp, mr = pl.mean(), rl.mean()
+            macro.append(2 * mp * mr / (mp + mr))
+    return float(np.nan_to_num(np.mean(micro))), float(np.nan_to_num(np.mean(macro)))
+
+
+def test_per_fold_scoring_matches_the_authors_formulas(rng):
+    held = multilabel.folds(47, "shuffled", 1)
+    for trial in range(40):
+        Y = rng.random((47, 4)) < 0.35
+        Y[~Y.any(1), 0] = True
+        P = rng.random((47, 4)) < (0.1 + 0.8 * rng.random())
+        if trial % 4 == 0:  # a fold with no true positive: the setting scores 0
+            P[held[trial % 5]] = False
+        ref = _authors_per_fold(Y, P, held)
+        got = (multilabel.per_fold_f1(metrics.micro_f1, Y, P, held),
+               multilabel.per_fold_f1(metrics.macro_f1, Y, P, held))
+        assert got == pytest.approx(ref, abs=1e-14)
+        if trial % 4 == 0:
+            assert got == (0.0, 0.0)
+
+
+def test_per_fold_differs_from_pooled_by_hand():
+    # two folds of two rows, one label: fold A TP 1 FP 1 (F1 2/3), fold B TP 1 FN 1 (F1 2/3)
+    # -> per-fold mean 2/3; pooled TP 2 FP 1 FN 1 -> 4/6 = 2/3 as well; make fold B
+    # perfect instead: per-fold (2/3 + 1)/2 = 5/6, pooled TP 2 FP 1 -> 4/5.
+    Y = np.array([[1], [0], [1], [0]], bool)
+    P = np.array([[1], [1], [1], [0]], bool)
+    held = [np.array([0, 1]), np.array([2, 3])]
+    assert multilabel.per_fold_f1(metrics.micro_f1, Y, P, held) == pytest.approx(5 / 6, abs=1e-15)
+    assert metrics.micro_f1(Y, P) == pytest.approx(4 / 5, abs=1e-15)
 
 
 def test_standardise_uses_training_statistics():
@@ -304,9 +377,13 @@ def test_cli_end_to_end(tiny_mulan, tmp_path, capsys):
                "--folds", "contiguous", "shuffled", "--lambdas", "1e-1", "1e-3", "--out", str(out)])
     assert rc == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["dataset"] == "tiny" and report["folds"] == "contiguous"
-    assert set(report["results"]) == set(objectives.LOSSES)
-    assert set(report["shuffled_folds"]["results"]) == set(objectives.LOSSES)
+    assert report["dataset"] == "tiny" and report["folds"] == "contiguous" and report["cv_score"] == "per-fold"
+    assert [(r["folds"], r["cv_score"]) for r in report["runs"]] == [
+        ("contiguous", "per-fold"), ("contiguous", "pooled"), ("shuffled", "per-fold"), ("shuffled", "pooled")]
+    assert report["results"] == report["runs"][0]["results"]
+    assert report["data"]["fold_rows"] == [8, 8, 8, 8, 8]
+    for run in report["runs"]:
+        assert set(run["results"]) == set(objectives.LOSSES)
     keys = {"micro_f1", "macro_f1", "macro_f1_per_label_mean", "lambda_micro", "threshold_micro",
             "lambda_macro", "threshold_macro", "train_seconds"}
     for res in report["results"].values():
@@ -335,6 +412,9 @@ def test_cli_markdown_and_usage_errors(tiny_mulan, capsys):
                  "--folds", "contiguous", "--quiet"]) == 0  # the full λ grid, one cheap loss
     text = capsys.readouterr().out
     assert "| sigmoid |" in text and "contiguous" in text and "shuffled" not in text
+    assert "CV score: **per-fold** (headline)" in text and "CV score: **pooled**." in text
+    assert main(["experiment", "multilabel", "--data", str(tiny_mulan), "--cv-score", "median"]) == 2
+    assert "--cv-score must be among" in capsys.readouterr().err
     assert main(["experiment", "multilabel", "--data", str(tiny_mulan), "--loss", "hinge"]) == 2
     assert "--loss must be among" in capsys.readouterr().err
     assert main(["experiment", "multilabel", "--data", str(tiny_mulan), "--folds", "random"]) == 2
@@ -353,13 +433,23 @@ def test_run_multilabel_rejects_bad_arguments(tiny_mulan):
         multilabel.run_multilabel(ds, schemes=[])
     with pytest.raises(ValueError, match="lambdas must be"):
         multilabel.run_multilabel(ds, lambdas=[-1.0])
+    with pytest.raises(ValueError, match="cv_scores must be"):
+        multilabel.run_multilabel(ds, cv_scores=["pooled", "pooled"])
+    with pytest.raises(ValueError, match="fold_sizes must be"):
+        multilabel.run_multilabel(ds, fold_sizes="odd")
+
+
+def test_experiment_without_subcommand_exits_2(capsys):
+    assert main(["experiment"]) == 2
+    err = capsys.readouterr().err
+    assert "usage:" in err and "choose an experiment" in err
 
 
 @pytest.mark.parametrize("loss", ["softmax", "sparsemax", "entmax15", "soft_topk"])
 def test_losses_agree_with_softk_losses(rng, loss):
-    # The trainer evaluates the Fenchel–Young losses through the threshold core
-    # directly (value and p − ỹ in one pass, no autograd graph); the public
-    # softk.losses must give the same value and, by autograd, the same gradient.
+    # The trainer's losses are softk.losses called with a detached copy and
+    # differentiated by autograd; check the plumbing (normalised targets, |y|
+    # groups for soft_topk, the returned gradient) against a direct call.
     losses = pytest.importorskip("softk.losses")
     z = torch.tensor(rng.normal(size=(10, 5)) * 2, requires_grad=True)
     y = torch.tensor((rng.random((10, 5)) < 0.4).astype(float))
