@@ -20,7 +20,8 @@ from softk.experiments import arff, data, metrics, multilabel, objectives  # noq
 
 from . import oracle  # noqa: E402
 
-MULAN = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "mulan")
+# ../shared next to the checkout; SOFTK_MULAN_DIR overrides (e.g. from a git worktree elsewhere).
+MULAN = os.environ.get("SOFTK_MULAN_DIR") or os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "mulan")
 EMOTIONS = os.path.join(MULAN, "emotions")
 
 
@@ -464,3 +465,21 @@ def test_losses_agree_with_softk_losses(rng, loss):
     ref.backward()
     assert float(total) == pytest.approx(ref.item(), rel=1e-12, abs=1e-12)
     np.testing.assert_allclose(grad.numpy(), z.grad.numpy(), rtol=0, atol=1e-12)
+
+
+# ------------------------------------------- the independent reference, on real data
+BIRDS = os.path.join(MULAN, "birds")
+
+
+@pytest.mark.skipif(not (os.path.isdir(EMOTIONS) and os.path.isdir(BIRDS)), reason="needs ../shared/data/mulan")
+def test_reproduces_the_independent_reference():
+    # An independent re-implementation of the authors' protocol (per-fold CV
+    # scoring, ceil(n/5) contiguous folds) gives test macro-F1 66.07 for
+    # sparsemax on emotions and 33.65 for sigmoid on birds; pooled scoring gives
+    # 67.29 and 36.66 (softk's numbers before the protocol change).
+    # One loss per data set keeps this under ~20 s.
+    for name, loss, per_fold, pooled in (("emotions", "sparsemax", 66.07, 67.29), ("birds", "sigmoid", 33.65, 36.66)):
+        ds = data.load_mulan(os.path.join(MULAN, name))
+        report = multilabel.run_multilabel(ds, [loss], ["contiguous"])
+        got = {run["cv_score"]: round(100 * run["results"][loss]["macro_f1"], 2) for run in report["runs"]}
+        assert got == {"per-fold": per_fold, "pooled": pooled}, name

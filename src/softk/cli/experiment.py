@@ -33,7 +33,7 @@ from ..experiments.objectives import LOSSES
 
 
 def register(sub):
-    p = sub.add_parser("experiment", help="run an experiment on real data (multilabel: Mulan benchmark)")
+    p = sub.add_parser("experiment", help="run an experiment on real data (multilabel, topk-softmax, attention, router)")
     kinds = p.add_subparsers(dest="experiment", metavar="EXPERIMENT")
     m = kinds.add_parser(
         "multilabel",
