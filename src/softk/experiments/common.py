@@ -22,7 +22,6 @@
 from __future__ import annotations
 
 import importlib
-import math
 import sys
 import time
 
@@ -158,7 +157,3 @@ def seeded(seed: int) -> torch.Generator:
     g = torch.Generator()
     g.manual_seed(seed)
     return g
-
-
-def finite_or_none(x: float):
-    return x if math.isfinite(x) else None
