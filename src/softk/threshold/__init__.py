@@ -20,7 +20,6 @@ from .families import (
 )
 from .solve import solve_lambda
 from .op import threshold_map
-from .torch_path import forward as threshold_forward  # transitional: experiments/objectives.py
 
 __all__ = [
     "Family",
