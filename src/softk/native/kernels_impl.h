@@ -216,44 +216,48 @@ static void FN(write_zero_below)(int fam, T *p, int64_t n, T lam, T alpha, T *va
 }
 
 /* ---------------------------------------------------------------------------
- * Soft top-k "exp", f = min(1, e^u): g(λ) = #{v ≥ λ} + e^{−λ} Σ_{v<λ} e^v.
- * λ0 = lse(v) − log k is an upper bound (every min(1, ·) ≤ its second
- * argument).  From above, λ ← lse_{v<λ}(v) − log(k − #{v ≥ λ}) is Newton in
+ * Soft top-k "exp", f = min(1, e^u): g(λ) = #{z ≥ λ} + e^{−λ} Σ_{z<λ} e^z.
+ * λ0 = lse(z) − log k is an upper bound (every min(1, ·) ≤ its second
+ * argument).  From above, λ ← lse_{z<λ}(z) − log(k − #{z ≥ λ}) is Newton in
  * μ = e^{−λ} on a concave increasing function: it never overshoots, the
  * saturated set only grows, and λ is exact once that set stops growing (at
- * most k + 1 rounds; one or two on typical rows).  The unsaturated sum is
- * taken relative to its own maximum, so it cannot underflow when saturated
- * entries dominate the row.  Returns λ − max(z).
+ * most k + 1 rounds; one or two on typical rows).
+ * λ is carried as ref + ℓ with ref an entry of the row (the max, then the
+ * largest unsaturated entry) and ℓ = O(log n): with a saturated outlier
+ * (z = [1e6, 0, 1], k = 2) λ − max(z) ≈ −1e6 would keep only 1/16 of λ's
+ * fraction in float32, while z − ref and ℓ are exact to a few ulps of the
+ * entries that p depends on.  Returns ℓ, sets *ref.
  */
-static T FN(solve_exp)(const T *z, T m, int64_t n, T k, int64_t *iters)
+static T FN(solve_exp)(const T *z, T m, int64_t n, T k, T *ref, int64_t *iters)
 {
     T s = 0;
 #pragma omp simd reduction(+ : s)
     for (int64_t i = 0; i < n; i++) s += EXP(z[i] - m);
-    T lam = LOG(s) - LOG(k);
+    T r = m, lam = LOG(s) - LOG(k);
     int64_t prev = 0, it = 1;
     for (; it < (int64_t)k + 3; it++) {
-        if (lam > 0) break; /* every v ≤ 0 < λ: nothing saturates */
+        if (lam > 0 && r == m) break; /* every z ≤ m < λ: nothing saturates */
         T mu = -INFINITY;
         int64_t nsat = 0;
 #pragma omp simd reduction(max : mu) reduction(+ : nsat)
         for (int64_t i = 0; i < n; i++) {
-            T v = z[i] - m;
+            T v = z[i] - r;
             nsat += v >= lam;
-            mu = (v < lam && v > mu) ? v : mu;
+            mu = (v < lam && z[i] > mu) ? z[i] : mu;
         }
         if (nsat == prev || nsat >= (int64_t)k) break;
         T u = 0;
 #pragma omp simd reduction(+ : u)
         for (int64_t i = 0; i < n; i++) {
-            T v = z[i] - m;
-            T e = EXP(v - mu);
-            u += v < lam ? e : 0;
+            T e = EXP(z[i] - mu);
+            u += z[i] - r < lam ? e : 0;
         }
-        lam = mu + LOG(u) - LOG(k - (T)nsat);
+        r = mu;
+        lam = LOG(u) - LOG(k - (T)nsat);
         prev = nsat;
     }
     if (iters) *iters = it;
+    *ref = r;
     return lam;
 }
 
@@ -347,10 +351,10 @@ int FN(softk_forward)(int fam, const T *z, T *p, int64_t rows, int64_t n, double
         } else if (fam == 4 && FN(exp_stored)(zr, pr, m, n, k, &iters)) {
             /* done: the common case, one exp per entry */
         } else if (fam == 4) {
-            T lam = FN(solve_exp)(zr, m, n, k, &iters);
+            T ref, lam = FN(solve_exp)(zr, m, n, k, &ref, &iters);
 #pragma omp simd
             for (int64_t i = 0; i < n; i++) {
-                T e = EXP((zr[i] - m) - lam);
+                T e = EXP((zr[i] - ref) - lam);
                 pr[i] = e < 1 ? e : 1;
             }
         } else {
