@@ -31,6 +31,7 @@ import math
 import torch
 from torch import Tensor
 
+from .entmax_anchor import entmax_probs
 from .families import EXP, Family
 
 # Newton converges in a handful of steps (at most ~40 on the hard rows of
@@ -197,7 +198,11 @@ def solve_probs(family: Family, z: Tensor, k: int, active: Tensor, lower=None):
     """(p, λ) with p = f(z − λ), Σp = k, p evaluated on the shifted row (exact
     far from the origin; rows not ``active`` hold harmless values)."""
     ref, lam = solve_relative(family, z, k, active, lower)
-    return family.f((z - ref) - lam), lam + ref
+    s = z - ref
+    if family.name == "entmax" and family.alpha is not None:
+        # λ's float grid is too coarse for α-entmax at large α and near α = 1
+        return entmax_probs(family.alpha, s, lam, active), lam + ref
+    return family.f(s - lam), lam + ref
 
 
 def solve_lambda(family: Family, z: Tensor, k: int, active: Tensor, lower=None) -> Tensor:
