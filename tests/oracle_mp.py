@@ -58,7 +58,8 @@ def _root(f, df, z, k):
         hi = c + w
     lam = (lo + hi) / 2
     tol = mp.mpf(2) ** (-(PREC - 40)) * (1 + abs(c))
-    for _ in range(4 * PREC):
+    width = hi - lo
+    for _ in range(8 * PREC):
         r = g(lam) - k
         if r == 0:
             return lam
@@ -70,8 +71,12 @@ def _root(f, df, z, k):
             return (lo + hi) / 2
         d = mp.fsum(df(v - lam) for v in z)
         step = lam + r / d if d > 0 else None
-        lam = step if step is not None and lo < step < hi else (lo + hi) / 2
-    return lam
+        # Newton while it at least halves the bracket every step (a power
+        # 1/(α−1) = 1e4 makes plain Newton crawl), bisection otherwise
+        slow = hi - lo > width / 2
+        width = hi - lo
+        lam = step if step is not None and lo < step < hi and not slow else (lo + hi) / 2
+    raise AssertionError("oracle_mp: no convergence")
 
 
 def threshold_row(name, row, k, tau=1.0, alpha=None):

@@ -197,12 +197,52 @@ static T FN(solve_zero_below)(int fam, const T *z, const T *bm, T m, int64_t n, 
     return FN(solve_candidates)(fam, lam, k, alpha, val, idx, c, nval, iters);
 }
 
+/* entmax with α near 1 (q = 1/(α−1) > 8): λ ≈ −q is known only to eps·q, and
+ * p = (a(v − λ))^q turns that absolute error of w ≈ 1 into q·eps relative
+ * error of p (1e-3 in float32 at α = 1.0001).  Re-solve in μ = λ + q, where
+ * w = 1 + x with x = a(v − μ) small: p = e^{q·log1p(x)} is exact to a few
+ * ulps and tends to softmax as α → 1.  g(μ) is convex and decreasing, so
+ * Newton started a little left of the root (g ≥ 1) climbs to it in one or
+ * two steps from the λ solution.  Only these rows pay the extra passes
+ * (scalar log1p: libmvec's vector log1p is not in every glibc).
+ * Overwrites val[j] with p_j for the candidates. */
+static void FN(entmax_near_softmax)(T lam, T am1, T *val, int64_t c)
+{
+    T q = 1 / am1;
+    T mu = lam + q;
+    mu -= 8 * EPS * (fabs((double)lam) + 1);
+    for (int it = 0; it < 8; it++) {
+        T G = 0, S = 0;
+        for (int64_t j = 0; j < c; j++) {
+            T x = am1 * (val[j] - mu);
+            if (x > -1) {
+                T l = (T)log1p((double)x);
+                G += EXP(q * l);
+                S += EXP((q - 1) * l);
+            }
+        }
+        if (!(S > 0)) break;
+        T step = (G - 1) / S;
+        mu += step;
+        if (fabs((double)step) <= 2 * EPS * (fabs((double)mu) + 1)) break;
+    }
+    for (int64_t j = 0; j < c; j++) {
+        T x = am1 * (val[j] - mu);
+        val[j] = x > -1 ? EXP(q * (T)log1p((double)x)) : 0;
+    }
+}
+
 /* f(v − λ) on the candidates, written into a zeroed row. */
 static void FN(write_zero_below)(int fam, T *p, int64_t n, T lam, T alpha, T *val,
                                  const int64_t *idx, int64_t c)
 {
     T am1 = alpha - 1, q = 1 / am1;
     memset(p, 0, (size_t)n * sizeof(T));
+    if (fam == 3 && q > 8) {
+        FN(entmax_near_softmax)(lam, am1, val, c);
+        for (int64_t j = 0; j < c; j++) p[idx[j]] = val[j];
+        return;
+    }
     int64_t cp = (c + PAD - 1) / PAD * PAD; /* whole vectors, as in solve_candidates */
     for (int64_t j = c; j < cp; j++) val[j] = lam;
 #pragma omp simd
