@@ -67,6 +67,17 @@ def _probe_prelude() -> bool:
 PRELUDE_EXACT = _probe_prelude()
 
 
+def _probe_probs() -> bool:
+    """True when the PyTorch path takes entmax's p from the solver
+    (softk.threshold.solve.solve_probs) rather than f(z − λ) with a float λ."""
+    with softk.use_backend("torch"):
+        p = softk.entmax(torch.tensor([0.0, -0.21782390773296356]), alpha=5.0)
+    return abs(float(p[1]) - 0.03386) < 1e-4
+
+
+PROBS_EXACT = _probe_probs()
+
+
 # ------------------------------------------------------------------ cases
 def _case_rows():
     rng = np.random.default_rng(12)
@@ -189,6 +200,8 @@ for m in MAPS:
                 marks = []
                 if not PRELUDE_EXACT and _needs_prelude(c[0], b, m[0], k):
                     marks.append(pytest.mark.xfail(reason="needs the shifted row prelude (function.py)", strict=False))
+                elif not PROBS_EXACT and b == "torch" and m[0] == "entmax1.0001":
+                    marks.append(pytest.mark.xfail(reason="needs p from solve_probs (function.py)", strict=False))
                 PARAMS.append(pytest.param(m[0], c[0], k, b, id=f"{m[0]}-{c[0]}-k{k}-{b}", marks=marks))
 
 
@@ -210,7 +223,8 @@ def test_map_is_exact_for_the_rounded_input(map_id, case_id, k, backend):
         tol = tol + 8 * eps * k * 140 * ref
     bad = np.abs(p - ref) > tol
     assert not bad.any(), f"p={p[bad]} ref={ref[bad]} tol={tol[bad]}"
-    assert abs(p.sum() - k) <= 8 * N * eps * k
+    table = 140 * k if map_id == "topk-grad" else 1  # GradTopK's table rounding, as above
+    assert abs(p.sum() - k) <= 8 * N * eps * k * table
 
 
 # ------------------------------------------------------------------ topk_sum
