@@ -84,3 +84,26 @@ def check_topk_args(x, k, dim, tau, method, methods):
     tau = check_tau(tau)
     check_choice(method, methods, "method")
     return dim, k, tau
+
+
+def check_alpha(alpha, name: str = "alpha"):
+    """entmax's α: a real number or a floating tensor, every value finite and
+    >= 1 (1 is softmax, 2 sparsemax; α → ∞ tends to the argmax, which is
+    ``softk.hard_topk(x, 1)``: inf itself is refused, as a float and as a
+    tensor entry alike).  Returns α (a float for a number)."""
+    if isinstance(alpha, torch.Tensor):
+        if not alpha.is_floating_point():
+            raise TypeError(f"{name} must be a float or a floating-point tensor, got dtype {alpha.dtype}")
+        bad = torch.isnan(alpha) | (alpha < 1) | torch.isinf(alpha)
+        if bool(bad.any()):
+            raise ValueError(
+                f"{name} must be finite and >= 1 everywhere (1 is softmax, 2 sparsemax; "
+                f"for the alpha -> inf limit use softk.hard_topk(x, 1)), got {alpha[bad].flatten()[0].item()}"
+            )
+        return alpha
+    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
+        raise TypeError(f"{name} must be a float >= 1 or a tensor, got {type(alpha).__name__}")
+    alpha = float(alpha)
+    if not (alpha >= 1 and math.isfinite(alpha)):
+        raise ValueError(f"{name} must be a finite float >= 1, got {alpha}")
+    return alpha

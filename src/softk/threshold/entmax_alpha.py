@@ -17,8 +17,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .families import SOFTMAX, entmax_family
-from .function import compute_dtype, threshold_forward, threshold_vjp
+from .._validate import check_alpha
+from .families import entmax_family
+from .function import compute_dtype, row_status, threshold_vjp
+from .solve import solve_probs
 
 
 def _entmax_d(p: Tensor, a: Tensor) -> Tensor:
@@ -27,19 +29,35 @@ def _entmax_d(p: Tensor, a: Tensor) -> Tensor:
     return torch.where(p > 0, torch.exp((2 - a) * logp), 0.0)
 
 
+def entmax_rows(x: Tensor, alpha: Tensor, tau: float) -> Tensor:
+    """p of α-entmax on the last dimension (no autograd), one α per row.
+
+    The row is shifted by its finite maximum before dividing by τ (entmax is
+    shift invariant; x/τ first rounds the differences away at large offsets
+    or tiny τ), and p comes from :func:`softk.threshold.solve.solve_probs`
+    (exact for every α > 1, softmax at α = 1).  Row conventions as every map.
+    """
+    ct = compute_dtype(x.dtype)
+    xc = x.to(ct)
+    a = alpha.to(ct)
+    finite, active, broken = row_status(xc, 1)
+    top = torch.where(finite, xc, float("-inf")).amax(-1, keepdim=True)
+    s = torch.where(active, (xc - torch.where(active, top, 0.0)) / tau, 0.0)
+    soft = a == 1
+    p, _ = solve_probs(entmax_family(torch.where(soft, 2.0, a)), s, 1, active)
+    if bool(soft.any()):
+        p = torch.where(soft, torch.softmax(s, -1), p)
+    filled = torch.where(broken, float("nan"), finite.to(ct))
+    return torch.where(active, p, filled)
+
+
 class EntmaxAlphaFunction(torch.autograd.Function):
     """x: (..., n), alpha: (..., 1) (already broadcast), both along the last dim."""
 
     @staticmethod
     def forward(ctx, x: Tensor, alpha: Tensor, tau: float) -> Tensor:
-        ct = compute_dtype(x.dtype)
-        z = x.to(ct) / tau
-        a = alpha.to(ct)
-        soft = a == 1
-        p = threshold_forward(entmax_family(torch.where(soft, 2.0, a)), z, 1)
-        if bool(soft.any()):
-            p = torch.where(soft, threshold_forward(SOFTMAX, z, 1), p)
-        out = p.to(x.dtype)
+        check_alpha(alpha)
+        out = entmax_rows(x, alpha, tau).to(x.dtype)
         ctx.save_for_backward(out, alpha)
         ctx.tau = tau
         return out
