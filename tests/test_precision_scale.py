@@ -51,31 +51,13 @@ from hypothesis import strategies as st
 import softk
 
 from . import oracle_mp
+from ._precision_probes import PRELUDE_EXACT, PROBS_EXACT
 from .oracle_topk import gradtopk_row_mp
 
 N = 12
 ENTMAX_ALPHAS = (1.0001, 1.3, 1.5, 2.0, 2.5, 5.0, 10.0, 50.0)
 
 
-def _probe_prelude() -> bool:
-    """True when the PyTorch path is exact at a large offset (the shifted prelude)."""
-    with softk.use_backend("torch"):
-        p = softk.sparsemax(torch.full((3,), 1000.3), tau=1e-3)
-    return bool(torch.all(torch.abs(p - 1 / 3) <= 1e-7))
-
-
-PRELUDE_EXACT = _probe_prelude()
-
-
-def _probe_probs() -> bool:
-    """True when the PyTorch path takes entmax's p from the solver
-    (softk.threshold.solve.solve_probs) rather than f(z − λ) with a float λ."""
-    with softk.use_backend("torch"):
-        p = softk.entmax(torch.tensor([0.0, -0.21782390773296356]), alpha=5.0)
-    return abs(float(p[1]) - 0.03386) < 1e-4
-
-
-PROBS_EXACT = _probe_probs()
 
 
 # ------------------------------------------------------------------ cases
