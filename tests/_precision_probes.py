@@ -25,5 +25,13 @@ def _probe_probs() -> bool:
     return abs(float(p[1]) - 0.03386) < 1e-4
 
 
+def _probe_softmax() -> bool:
+    """True when softk.softmax shifts before dividing by τ (simplex.py)."""
+    with softk.use_backend("torch"):
+        p = softk.softmax(torch.tensor([3e38, 0.0]), tau=0.5)
+    return bool(torch.equal(p, torch.tensor([1.0, 0.0])))
+
+
 PRELUDE_EXACT = _probe_prelude()
+SOFTMAX_SHIFTED = _probe_softmax()
 PROBS_EXACT = _probe_probs()

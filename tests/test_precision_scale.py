@@ -51,7 +51,7 @@ from hypothesis import strategies as st
 import softk
 
 from . import oracle_mp
-from ._precision_probes import PRELUDE_EXACT, PROBS_EXACT
+from ._precision_probes import PRELUDE_EXACT, PROBS_EXACT, SOFTMAX_SHIFTED
 from .oracle_topk import gradtopk_row_mp
 
 N = 12
@@ -180,7 +180,10 @@ for m in MAPS:
         for k in m[6]:
             for b in ("torch", "native") if m[5] else ("torch",):
                 marks = []
-                if not PRELUDE_EXACT and _needs_prelude(c[0], b, m[0], k):
+                if m[0] == "softmax":  # softk.softmax is simplex.py's own: only its x/τ matters
+                    if "tau" in c[0] and not SOFTMAX_SHIFTED:
+                        marks.append(pytest.mark.xfail(reason="softk.softmax forms x/τ first (simplex.py)"))
+                elif not PRELUDE_EXACT and _needs_prelude(c[0], b, m[0], k):
                     marks.append(pytest.mark.xfail(reason="needs the shifted row prelude (function.py)", strict=False))
                 elif not PROBS_EXACT and b == "torch" and m[0] == "entmax1.0001":
                     marks.append(pytest.mark.xfail(reason="needs p from solve_probs (function.py)", strict=False))

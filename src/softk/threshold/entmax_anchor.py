@@ -29,9 +29,9 @@ with d_i < 0 vanish and p tends to the argmax (uniform on ties); a·ℓ and
 log(a·d) stay finite for every finite α, so no ceiling on α is needed
 (α = inf is refused by the callers).
 
-G(ℓ) = Σ_i p_i is increasing and convex in ℓ on the terms with d_i ≥ 0
-(each log p_i is convex: d/dℓ = σ(a ℓ − log(a d_i)) ∈ (0, 1]), so Newton
-started where G ≥ 1 decreases monotonically to the root.  The anchor is
+G(ℓ) = Σ_i p_i is increasing in ℓ (and convex on the terms with d_i ≥ 0:
+d log p_i/dℓ = σ(a ℓ − log(a d_i)) ∈ (0, 1]); Newton runs inside the bracket
+(−∞, 0] (p_j = 1 gives G ≥ 1), bisecting when a step leaves it.  The anchor is
 chosen from the solver's λ; when even p_j → 0 leaves G ≥ 1 the anchor is
 not in the support and the next entry up is
 taken, starting from the largest entry at or below λ (a few rounds: only
@@ -102,26 +102,34 @@ def entmax_probs(alpha, s: Tensor, lam: Tensor, active: Tensor) -> Tensor:
         nxt = torch.where(pos, s, inf).amin(-1, keepdim=True)
         anchor = torch.where(out, nxt, anchor)
     d = torch.where(finite, s - anchor, float("-inf"))
-    # start where G ≥ 1: ℓ = 0 (p_j = 1), or the solver's own p_j when it is at least that
+    # Start from the solver's own p_j; ℓ = 0 (p_j = 1, G ≥ 1) bounds the
+    # root above, and −inf below.  Newton inside the bracket, bisection
+    # (on ℓ, or halving towards −∞ while no lower end is known) when a step
+    # leaves it: entries below the anchor that re-enter the support can
+    # break G's convexity, and rounding can put the start just below 1.
     pj = torch.clamp((a * (anchor - lam)), min=0.0)
-    ell = torch.where(pj > 0, beta * torch.log(torch.where(pj > 0, pj, 1.0)), 0.0)
+    ell = torch.where(pj > 0, beta * torch.log(torch.where(pj > 0, pj, 1.0)), -1.0)
     ell = torch.clamp(ell, max=0.0)
-    logp, _ = _log_terms(d, ell, a, beta, log_a)
-    ell = torch.where(torch.exp(logp).sum(-1, keepdim=True) >= 1, ell, 0.0)
+    hi = torch.zeros_like(ell)
+    lo = torch.full_like(ell, float("-inf"))
     eps = torch.finfo(s.dtype).eps
     for _ in range(_NEWTON):
         logp, slope = _log_terms(d, ell, a, beta, log_a)
         p = torch.exp(logp)
         g = p.sum(-1, keepdim=True)
         dg = (p * slope).sum(-1, keepdim=True)
-        step = torch.where(active & (dg > 0), (g - 1) / torch.where(dg > 0, dg, 1.0), 0.0)
-        # convex and increasing: from G ≥ 1 every Newton step stays at or above the root
-        step = torch.clamp(step, min=0.0)
-        new = ell - step
-        # stop where ℓ no longer moves or Σp is 1 to rounding (not on a
+        hi = torch.where(g >= 1, torch.minimum(hi, ell), hi)
+        lo = torch.where(g < 1, torch.maximum(lo, ell), lo)
+        new = ell - (g - 1) / torch.where(dg > 0, dg, 1.0)
+        inside = (dg > 0) & (new > lo) & (new < hi)
+        mid = torch.where(lo > float("-inf"), 0.5 * (lo + hi), 2 * hi - 1)
+        new = torch.where(inside, new, mid)
+        new = torch.where(active, new, ell)
+        # stop where Σp is 1 to rounding or ℓ no longer moves (not on a
         # relative step size: ℓ ~ −4 would then stop 1e−6 early in float32)
-        if bool(((new == ell) | (torch.abs(g - 1) <= eps)).all()):
+        done = (torch.abs(g - 1) <= eps) | (new == ell) | ~active
+        ell = torch.where(torch.abs(g - 1) <= eps, ell, new)
+        if bool(done.all()):
             break
-        ell = new
     logp, _ = _log_terms(d, ell, a, beta, log_a)
     return torch.exp(logp)
