@@ -20,7 +20,8 @@ from torch import Tensor
 from .._validate import check_alpha
 from .families import entmax_family
 from .function import compute_dtype, row_status, threshold_vjp
-from .solve import solve_probs
+from .entmax_anchor import entmax_probs, needs_anchor
+from .solve import solve_on_candidates, solve_probs
 
 
 def _entmax_d(p: Tensor, a: Tensor) -> Tensor:
@@ -44,7 +45,13 @@ def entmax_rows(x: Tensor, alpha: Tensor, tau: float) -> Tensor:
     top = torch.where(finite, xc, float("-inf")).amax(-1, keepdim=True)
     s = torch.where(active, (xc - torch.where(active, top, 0.0)) / tau, 0.0)
     soft = a == 1
-    p, _ = solve_probs(entmax_family(torch.where(soft, 2.0, a)), s, 1, active)
+    family = entmax_family(torch.where(soft, 2.0, a))
+    if s.shape[-1] >= 64:
+        # λ from the pooled fast path (no sort of the row), then p refined on its support
+        lam = solve_on_candidates(family, s, 1)[0]
+        p = entmax_probs(family.alpha, s, lam, active) if needs_anchor(family.alpha) else family.f(s - lam)
+    else:
+        p, _ = solve_probs(family, s, 1, active)
     if bool(soft.any()):
         p = torch.where(soft, torch.softmax(s, -1), p)
     filled = torch.where(broken, float("nan"), finite.to(ct))

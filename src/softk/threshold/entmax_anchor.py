@@ -75,9 +75,42 @@ def _log_terms(d: Tensor, ell: Tensor, a, beta, log_a) -> tuple:
     return logp, slope
 
 
+def needs_anchor(alpha) -> bool:
+    """Whether p = f(s − λ) with a float λ falls short for this α: near 1
+    (β = 1/(α−1) > 8 multiplies w's rounding) or above 2 (support entries
+    with w = p^{α−1} ≪ p sit below λ's grid).  For 1.125 ≤ α ≤ 2 the error
+    of f(s − λ) is β·eps·(1 + |log p|) at most, the same as the anchor form's."""
+    a = torch.as_tensor(alpha, dtype=torch.float64) - 1
+    return bool(((a < 0.125) | (a > 1)).any())
+
+
 def entmax_probs(alpha, s: Tensor, lam: Tensor, active: Tensor) -> Tensor:
     """p of α-entmax (k = 1) on rows ``s`` (..., n) given the solver's λ
-    (..., 1) on the same rows, refined as described above."""
+    (..., 1) on the same rows, refined as described above.
+
+    Only the entries at or above the largest one ≤ λ can be in the support
+    (λ is the root to within its rounding), so the refinement runs on those,
+    gathered by a partial sort, and p is scattered back.
+
+    >>> import torch
+    >>> s = torch.tensor([0.0, -0.21782390773296356])
+    >>> lam = torch.tensor([-0.2178238])  # a float λ: p₂ would be 0 or ±1 % off
+    >>> entmax_probs(5.0, s, lam, torch.tensor([True]))
+    tensor([0.9661, 0.0339])
+    """
+    n = s.shape[-1]
+    finite = s > float("-inf")
+    below = torch.where(finite & (s <= lam), s, float("-inf")).amax(-1, keepdim=True)
+    count = (finite & (s >= below)).sum(-1, keepdim=True) if n > 1 else None
+    K = int(count.amax()) if count is not None and count.numel() else n
+    if 0 < K < n // 2:
+        vals, idx = torch.topk(s, K, dim=-1)
+        p = _entmax_probs_dense(alpha, vals, lam, active)
+        return torch.zeros_like(s).scatter_(-1, idx, p)
+    return _entmax_probs_dense(alpha, s, lam, active)
+
+
+def _entmax_probs_dense(alpha, s: Tensor, lam: Tensor, active: Tensor) -> Tensor:
     a = alpha - 1
     beta = 1 / a
     log_a = torch.log(torch.as_tensor(a, dtype=s.dtype))
@@ -127,7 +160,11 @@ def entmax_probs(alpha, s: Tensor, lam: Tensor, active: Tensor) -> Tensor:
         new = torch.where(active, new, ell)
         # stop where Σp is 1 to rounding or ℓ no longer moves (not on a
         # relative step size: ℓ ~ −4 would then stop 1e−6 early in float32)
-        done = (torch.abs(g - 1) <= eps) | (new == ell) | ~active
+        n = s.shape[-1]
+        settled = (torch.abs(new - ell) <= 2 * eps * torch.clamp(torch.abs(ell), min=1.0)) & (
+            torch.abs(g - 1) <= 2 * n * eps
+        )  # at ℓ's resolution with Σp at the rounding of n terms
+        done = (torch.abs(g - 1) <= eps) | (new == ell) | settled | ~active
         ell = torch.where(torch.abs(g - 1) <= eps, ell, new)
         if bool(done.all()):
             break

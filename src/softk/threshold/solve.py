@@ -31,7 +31,7 @@ import math
 import torch
 from torch import Tensor
 
-from .entmax_anchor import entmax_probs
+from .entmax_anchor import entmax_probs, needs_anchor
 from .families import EXP, Family
 
 # Newton converges in a handful of steps (at most ~40 on the hard rows of
@@ -199,7 +199,7 @@ def solve_probs(family: Family, z: Tensor, k: int, active: Tensor, lower=None):
     far from the origin; rows not ``active`` hold harmless values)."""
     ref, lam = solve_relative(family, z, k, active, lower)
     s = z - ref
-    if family.name == "entmax" and family.alpha is not None:
+    if family.name == "entmax" and needs_anchor(family.alpha):
         # λ's float grid is too coarse for α-entmax at large α and near α = 1
         return entmax_probs(family.alpha, s, lam, active), lam + ref
     return family.f(s - lam), lam + ref
