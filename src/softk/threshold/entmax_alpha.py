@@ -48,8 +48,14 @@ def entmax_rows(x: Tensor, alpha: Tensor, tau: float) -> Tensor:
     family = entmax_family(torch.where(soft, 2.0, a))
     if s.shape[-1] >= 64:
         # λ from the pooled fast path (no sort of the row), then p refined on its support
-        lam = solve_on_candidates(family, s, 1)[0]
-        p = entmax_probs(family.alpha, s, lam, active) if needs_anchor(family.alpha) else family.f(s - lam)
+        lam, _, _, idx, valid = solve_on_candidates(family, s, 1)
+        if needs_anchor(family.alpha):
+            p = entmax_probs(family.alpha, s, lam, active)
+        elif idx is not None:  # p = 0 off the gathered candidates: evaluate only those
+            vals = torch.where(valid, family.f(s.gather(-1, idx) - lam), 0.0)
+            p = torch.zeros_like(s).scatter_add_(-1, idx, vals)
+        else:
+            p = family.f(s - lam)
     else:
         p, _ = solve_probs(family, s, 1, active)
     if bool(soft.any()):
