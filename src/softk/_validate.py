@@ -139,14 +139,21 @@ def check_alpha(alpha, x, dim: int):
         if not alpha.is_floating_point():
             raise TypeError(f"alpha must be a float or a floating-point tensor, got dtype {alpha.dtype}")
         a = alpha.detach()
-        if bool((~torch.isfinite(a)).any()) or bool((a < 1).any()):
-            raise ValueError("alpha must be finite and >= 1 everywhere (alpha = 1 is softmax, 2 is sparsemax)")
+        bad = ~torch.isfinite(a) | (a < 1)
+        if bool(bad.any()):
+            raise ValueError(
+                "alpha must be finite and >= 1 everywhere (1 is softmax, 2 sparsemax; for the alpha -> inf "
+                f"limit, the argmax, use softk.hard_topk(x, 1)), got {a[bad].flatten()[0].item()}"
+            )
         return per_row(alpha, x, dim, "alpha")
     if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
         raise TypeError(f"alpha must be a float >= 1 or a tensor, got {type(alpha).__name__}")
     alpha = float(alpha)
     if not (alpha >= 1 and math.isfinite(alpha)):
-        raise ValueError(f"alpha must be a finite float >= 1 (1 is softmax, 2 sparsemax), got {alpha}")
+        raise ValueError(
+            f"alpha must be a finite float >= 1 (1 is softmax, 2 sparsemax; for the alpha -> inf limit, "
+            f"the argmax, use softk.hard_topk(x, 1)), got {alpha}"
+        )
     return alpha
 
 

@@ -50,7 +50,7 @@ class TorchBackend:
 
     @staticmethod
     def forward(family: Family, x: Tensor, k: int, tau: float) -> Tensor:
-        return torch_path.forward(family, scaled_rows(x, tau), k).to(x.dtype)
+        return torch_path.forward(family, scaled_rows(x, tau, family, k), k).to(x.dtype)
 
     @staticmethod
     def backward(family: Family, p: Tensor, g: Tensor, tau: float) -> Tensor:
@@ -70,8 +70,9 @@ class NativeBackend:
     def forward(family: Family, x: Tensor, k: int, tau: float) -> Tensor:
         from . import native
 
-        # The kernels find λ relative to the row maximum: shift only where x/τ would overflow.
-        return native.forward(family, scaled_rows(x, tau, shift=False), k).to(x.dtype)
+        # The kernels find λ relative to the row themselves; x/τ is formed
+        # after the shift (τ ≠ 1), as on every path.
+        return native.forward(family, scaled_rows(x, tau, family, k, shift=tau != 1.0), k).to(x.dtype)
 
     @staticmethod
     def backward(family: Family, p: Tensor, g: Tensor, tau: float) -> Tensor:

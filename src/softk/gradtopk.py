@@ -22,6 +22,12 @@ rounding gives b > a).  Here everything is a *sum of non-negative terms*:
 * marginals (forward–backward):
   log p_i = z_i + logsumexp_a(A[i−1, a] + B[i, k−1−a]) − A[n, k].
 
+Scale.  Rows are shifted by their (k+1)-th largest entry r and entries more
+than T ≈ 130 + log(2nk) above it (in z units) are lowered to T: they are in S
+with probability 1 − O(e^−130), so no marginal moves (see ``_clamp_margin``),
+and the tables hold numbers of size ~T whatever the offset, outlier or τ
+([1e16, 0, 1], k = 2 gives [1, .2689, .7311] in float64; x/τ is never formed).
+
 The backward of p = ∇ log e_k is the Hessian–vector product H g, which is
 the directional derivative of p along g.  It is computed explicitly by pushing
 forward-mode tangents through the same two recurrences (their weights
@@ -43,10 +49,12 @@ x ~ N(0, 50²) was measured 4.9e-4 off per entry and 9.7e-3 off in Σp (float64:
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
-from .threshold.function import row_status
+from .threshold.rows import row_status
 
 NEG_INF = float("-inf")
 _WORK = torch.float64
@@ -161,18 +169,54 @@ def _solve_rows(z: Tensor, k: int, g: Tensor | None = None):
     return log_ek, p, hg
 
 
+def _clamp_margin(n: int, k: int) -> float:
+    """T such that an entry T or more above the (k+1)-th largest is in the
+    random k-subset S with probability 1 to float64 rounding.
+
+    Any S ∌ i holds some j outside the top k (w_j ≤ w_(k+1)); swapping j for i
+    multiplies its weight by e^{z_i − z_j} ≥ e^T, and each S ∋ i is reached
+    from at most n − k such S, so P(i ∉ S) ≤ (n − k) e^{−T}.  The law of S
+    given i ∈ S does not involve w_i, so lowering such z_i to z_(k+1) + T
+    moves every other marginal by at most 2 (n − k) e^{−T}; with at most k
+    such entries, T = 130 + log(2nk) keeps the total below e^−130 ≈ 4e−57
+    (absolute: far below float64's resolution of p near 1, and below the
+    e^−100 tails that tests/test_gradtopk.py checks at 1e−40).  The price is
+    the tables' range, ≈ k·T: their rounding stays ~1e−14 relative."""
+    return 130.0 + math.log(2.0 * n * k)
+
+
 def _prepare(x: Tensor, k: int, tau: float):
-    """Rows of x (last dim) in float64 with the shared row conventions."""
-    z = x.to(_WORK) / tau
-    finite, active, broken = row_status(z, k)
+    """Rows of x (last dim) in float64 with the shared row conventions.
+
+    Returns (z, active, filled, offset): z = min((x − r)/τ, T) with r the
+    row's (k+1)-th largest entry (every entry far above it is certainly in S,
+    see :func:`_clamp_margin`), so the tables see numbers of at most T + log
+    terms whatever the row's offset, outlier or τ (x/τ alone overflows or
+    rounds λ away: [1e16, 0, 1] gave [1, 1, 1]); ``offset`` (rows, 1) is
+    what τ·log e_k loses to the shift and the clamp.
+    """
+    xw = x.to(_WORK)
+    finite, active, broken = row_status(xw, k)
     filled = torch.where(broken, float("nan"), finite.to(_WORK))
-    zs = torch.where(active, z, 0.0)  # rows filled by convention get harmless values
-    return zs.reshape(-1, z.shape[-1]), active, filled
+    xs = torch.where(active, xw, 0.0).reshape(-1, x.shape[-1])  # filled rows get harmless values
+    n = xs.shape[-1]
+    if n > k:
+        ref = torch.topk(xs, k + 1, dim=-1).values[:, k : k + 1]
+        ref = torch.where(torch.isfinite(ref), ref, 0.0)
+    else:
+        ref = torch.zeros_like(xs[:, :1])
+    margin = _clamp_margin(n, k)
+    z = (xs - ref) / tau  # entries so far below that this underflows have p = 0
+    over = z > margin
+    # τ·(z − T) on the clamped entries, in x's units (x − ref − Tτ, not ref + Tτ,
+    # which rounds to ref when τ is tiny)
+    lost = torch.where(over, (xs - ref) - margin * tau, 0.0).sum(-1, keepdim=True)
+    return torch.where(over, margin, z), active, filled, k * ref + lost
 
 
 def gradtopk_forward(x: Tensor, k: int, tau: float) -> Tensor:
     """The marginals p (last dimension, float64), with the row conventions."""
-    zs, active, filled = _prepare(x, k, tau)
+    zs, active, filled, _ = _prepare(x, k, tau)
     _, p, _ = _solve_rows(zs, k)
     return torch.where(active, p.reshape(filled.shape), filled)
 
@@ -180,7 +224,7 @@ def gradtopk_forward(x: Tensor, k: int, tau: float) -> Tensor:
 def gradtopk_hvp(x: Tensor, k: int, tau: float, g: Tensor) -> Tensor:
     """∂L/∂x = H(z) g / τ (H the Hessian of log e_k, symmetric), 0 on rows
     filled by convention (float64)."""
-    zs, active, filled = _prepare(x, k, tau)
+    zs, active, filled, _ = _prepare(x, k, tau)
     gs = torch.where(active, g.to(_WORK), 0.0).reshape(zs.shape)
     _, _, hg = _solve_rows(zs, k, gs)
     return torch.where(active, hg.reshape(filled.shape), 0.0) / tau
@@ -214,14 +258,14 @@ def log_ek_rows(x: Tensor, k: int, tau: float) -> tuple[Tensor, Tensor]:
     on the finite entries makes the value Σ of them, gradient p); NaN/+inf rows
     give NaN.
     """
-    zs, active, filled = _prepare(x, k, tau)
+    zs, active, filled, offset = _prepare(x, k, tau)
     log_ek, p, _ = _solve_rows(zs, k)
     shape = filled.shape[:-1] + (1,)
     xf = x.to(_WORK)
     finite_sum = torch.where(filled > 0, xf, 0.0).sum(-1, keepdim=True)
     broken = torch.isnan(filled).any(-1, keepdim=True)
     conv = torch.where(broken, float("nan"), finite_sum)
-    value = torch.where(active, tau * log_ek.reshape(shape), conv)
+    value = torch.where(active, (tau * log_ek[:, None] + offset).reshape(shape), conv)
     return value, torch.where(active, p.reshape(filled.shape), filled)
 
 

@@ -27,14 +27,20 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .threshold.function import compute_dtype, row_status
+from .threshold.rows import compute_dtype, row_status
 
 
 def _rows(x: Tensor, k: int, tau: float):
     """z on the last dimension with masked entries replaced by 0 (kept out of
     every softmax below), plus the row conventions."""
-    z = x.to(compute_dtype(x.dtype)) / tau
-    finite, active, broken = row_status(z.detach(), k)
+    xc = x.to(compute_dtype(x.dtype))
+    finite, active, broken = row_status(xc.detach(), k)
+    # Both maps are shift invariant: shift by the row max before dividing by
+    # τ, so z keeps the differences of x (x/τ first rounds them away at large
+    # offsets or tiny τ, and overflows for |x|/τ > the dtype's range).
+    top = torch.where(finite, xc.detach(), float("-inf")).amax(-1, keepdim=True)
+    top = torch.where(torch.isfinite(top), top, 0.0)
+    z = (xc - top) / tau
     use = finite & active
     zs = torch.where(use, z, 0.0)
     filled = torch.where(broken, float("nan"), finite.to(z.dtype))

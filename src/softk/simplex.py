@@ -19,7 +19,7 @@ from torch import Tensor
 
 from ._validate import check_alpha, check_dim, check_input, check_tau
 from .threshold import ENTMAX15, SOFTMAX, SPARSEMAX, entmax_family
-from .threshold.entmax_alpha import EntmaxAlphaFunction
+from .threshold.entmax_alpha import entmax_alpha
 from .threshold.op import threshold_map
 from .threshold.rows import compute_dtype
 
@@ -168,7 +168,7 @@ def entmax(x: Tensor, alpha=1.5, dim: int = -1, tau: float = 1.0) -> Tensor:
             return x * 0
         if isinstance(tau, Tensor):
             x, tau = x / tau.to(x.dtype), 1.0
-        out = EntmaxAlphaFunction.apply(x.movedim(dim, -1), alpha, tau)
+        out = entmax_alpha(x.movedim(dim, -1), alpha, tau)
         return out.movedim(-1, dim)
     if alpha == 1.0:
         return softmax(x, dim, tau)

@@ -5,7 +5,7 @@
  * Shifted coordinates: the solvers work with v = z − max(z) ≤ 0 and return
  * λ − max(z), so tolerances are relative to the data's spread, not to |max|.
  *
- * Row conventions (the same as softk.threshold.function): −inf entries are
+ * Row conventions (the same as softk.threshold.rows): −inf entries are
  * removed; a row with m ≤ k finite entries gets 1 on them (0 elsewhere); a row
  * holding NaN or +inf is NaN.
  */
@@ -197,12 +197,52 @@ static T FN(solve_zero_below)(int fam, const T *z, const T *bm, T m, int64_t n, 
     return FN(solve_candidates)(fam, lam, k, alpha, val, idx, c, nval, iters);
 }
 
+/* entmax with α near 1 (q = 1/(α−1) > 8): λ ≈ −q is known only to eps·q, and
+ * p = (a(v − λ))^q turns that absolute error of w ≈ 1 into q·eps relative
+ * error of p (1e-3 in float32 at α = 1.0001).  Re-solve in μ = λ + q, where
+ * w = 1 + x with x = a(v − μ) small: p = e^{q·log1p(x)} is exact to a few
+ * ulps and tends to softmax as α → 1.  g(μ) is convex and decreasing, so
+ * Newton started a little left of the root (g ≥ 1) climbs to it in one or
+ * two steps from the λ solution.  Only these rows pay the extra passes
+ * (scalar log1p: libmvec's vector log1p is not in every glibc).
+ * Overwrites val[j] with p_j for the candidates. */
+static void FN(entmax_near_softmax)(T lam, T am1, T *val, int64_t c)
+{
+    T q = 1 / am1;
+    T mu = lam + q;
+    mu -= 8 * EPS * (fabs((double)lam) + 1);
+    for (int it = 0; it < 8; it++) {
+        T G = 0, S = 0;
+        for (int64_t j = 0; j < c; j++) {
+            T x = am1 * (val[j] - mu);
+            if (x > -1) {
+                T l = (T)log1p((double)x);
+                G += EXP(q * l);
+                S += EXP((q - 1) * l);
+            }
+        }
+        if (!(S > 0)) break;
+        T step = (G - 1) / S;
+        mu += step;
+        if (fabs((double)step) <= 2 * EPS * (fabs((double)mu) + 1)) break;
+    }
+    for (int64_t j = 0; j < c; j++) {
+        T x = am1 * (val[j] - mu);
+        val[j] = x > -1 ? EXP(q * (T)log1p((double)x)) : 0;
+    }
+}
+
 /* f(v − λ) on the candidates, written into a zeroed row. */
 static void FN(write_zero_below)(int fam, T *p, int64_t n, T lam, T alpha, T *val,
                                  const int64_t *idx, int64_t c)
 {
     T am1 = alpha - 1, q = 1 / am1;
     memset(p, 0, (size_t)n * sizeof(T));
+    if (fam == 3 && q > 8) {
+        FN(entmax_near_softmax)(lam, am1, val, c);
+        for (int64_t j = 0; j < c; j++) p[idx[j]] = val[j];
+        return;
+    }
     int64_t cp = (c + PAD - 1) / PAD * PAD; /* whole vectors, as in solve_candidates */
     for (int64_t j = c; j < cp; j++) val[j] = lam;
 #pragma omp simd
@@ -216,44 +256,48 @@ static void FN(write_zero_below)(int fam, T *p, int64_t n, T lam, T alpha, T *va
 }
 
 /* ---------------------------------------------------------------------------
- * Soft top-k "exp", f = min(1, e^u): g(λ) = #{v ≥ λ} + e^{−λ} Σ_{v<λ} e^v.
- * λ0 = lse(v) − log k is an upper bound (every min(1, ·) ≤ its second
- * argument).  From above, λ ← lse_{v<λ}(v) − log(k − #{v ≥ λ}) is Newton in
+ * Soft top-k "exp", f = min(1, e^u): g(λ) = #{z ≥ λ} + e^{−λ} Σ_{z<λ} e^z.
+ * λ0 = lse(z) − log k is an upper bound (every min(1, ·) ≤ its second
+ * argument).  From above, λ ← lse_{z<λ}(z) − log(k − #{z ≥ λ}) is Newton in
  * μ = e^{−λ} on a concave increasing function: it never overshoots, the
  * saturated set only grows, and λ is exact once that set stops growing (at
- * most k + 1 rounds; one or two on typical rows).  The unsaturated sum is
- * taken relative to its own maximum, so it cannot underflow when saturated
- * entries dominate the row.  Returns λ − max(z).
+ * most k + 1 rounds; one or two on typical rows).
+ * λ is carried as ref + ℓ with ref an entry of the row (the max, then the
+ * largest unsaturated entry) and ℓ = O(log n): with a saturated outlier
+ * (z = [1e6, 0, 1], k = 2) λ − max(z) ≈ −1e6 would keep only 1/16 of λ's
+ * fraction in float32, while z − ref and ℓ are exact to a few ulps of the
+ * entries that p depends on.  Returns ℓ, sets *ref.
  */
-static T FN(solve_exp)(const T *z, T m, int64_t n, T k, int64_t *iters)
+static T FN(solve_exp)(const T *z, T m, int64_t n, T k, T *ref, int64_t *iters)
 {
     T s = 0;
 #pragma omp simd reduction(+ : s)
     for (int64_t i = 0; i < n; i++) s += EXP(z[i] - m);
-    T lam = LOG(s) - LOG(k);
+    T r = m, lam = LOG(s) - LOG(k);
     int64_t prev = 0, it = 1;
     for (; it < (int64_t)k + 3; it++) {
-        if (lam > 0) break; /* every v ≤ 0 < λ: nothing saturates */
+        if (lam > 0 && r == m) break; /* every z ≤ m < λ: nothing saturates */
         T mu = -INFINITY;
         int64_t nsat = 0;
 #pragma omp simd reduction(max : mu) reduction(+ : nsat)
         for (int64_t i = 0; i < n; i++) {
-            T v = z[i] - m;
+            T v = z[i] - r;
             nsat += v >= lam;
-            mu = (v < lam && v > mu) ? v : mu;
+            mu = (v < lam && z[i] > mu) ? z[i] : mu;
         }
         if (nsat == prev || nsat >= (int64_t)k) break;
         T u = 0;
 #pragma omp simd reduction(+ : u)
         for (int64_t i = 0; i < n; i++) {
-            T v = z[i] - m;
-            T e = EXP(v - mu);
-            u += v < lam ? e : 0;
+            T e = EXP(z[i] - mu);
+            u += z[i] - r < lam ? e : 0;
         }
-        lam = mu + LOG(u) - LOG(k - (T)nsat);
+        r = mu;
+        lam = LOG(u) - LOG(k - (T)nsat);
         prev = nsat;
     }
     if (iters) *iters = it;
+    *ref = r;
     return lam;
 }
 
@@ -347,10 +391,10 @@ int FN(softk_forward)(int fam, const T *z, T *p, int64_t rows, int64_t n, double
         } else if (fam == 4 && FN(exp_stored)(zr, pr, m, n, k, &iters)) {
             /* done: the common case, one exp per entry */
         } else if (fam == 4) {
-            T lam = FN(solve_exp)(zr, m, n, k, &iters);
+            T ref, lam = FN(solve_exp)(zr, m, n, k, &ref, &iters);
 #pragma omp simd
             for (int64_t i = 0; i < n; i++) {
-                T e = EXP((zr[i] - m) - lam);
+                T e = EXP((zr[i] - ref) - lam);
                 pr[i] = e < 1 ? e : 1;
             }
         } else {

@@ -10,6 +10,12 @@ z gives (Peters et al. 2019, §3.2; the same expression as the entmax package's
 
 At α = 1 exactly (softmax) both terms are 0/0; their limit, from a second-order
 expansion in α−1, is  ∂p_i/∂α = p_i (Σ_j p_j log²p_j − log²p_i) / 2.
+
+The autograd contract is the one of :mod:`.op`: a custom op
+``softk::entmax_alpha`` (fake kernel, vmap rule) for the forward, the backward
+as differentiable tensor code (so double backward works), and forward mode
+from the same derivatives (J_x is symmetric; ∂p/∂α is the vector above).  It
+runs on the PyTorch path on every device (the kernels take one α per call).
 """
 
 from __future__ import annotations
@@ -17,8 +23,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .families import SOFTMAX, entmax_family
-from .function import compute_dtype, threshold_forward, threshold_vjp
+from .families import entmax_family
+from .rows import compute_dtype, row_status
+from .torch_path import vjp_from_slope
+from .entmax_anchor import entmax_probs, needs_anchor
+from .solve import solve_on_candidates, solve_probs
 
 
 def _entmax_d(p: Tensor, a: Tensor) -> Tensor:
@@ -27,22 +36,88 @@ def _entmax_d(p: Tensor, a: Tensor) -> Tensor:
     return torch.where(p > 0, torch.exp((2 - a) * logp), 0.0)
 
 
+def entmax_rows(x: Tensor, alpha: Tensor, tau: float) -> Tensor:
+    """p of α-entmax on the last dimension (no autograd), one α per row.
+
+    The row is shifted by its finite maximum before dividing by τ (entmax is
+    shift invariant; x/τ first rounds the differences away at large offsets
+    or tiny τ), and p comes from :func:`softk.threshold.solve.solve_probs`
+    (exact for every α > 1, softmax at α = 1).  Row conventions as every map.
+    """
+    ct = compute_dtype(x.dtype)
+    xc = x.to(ct)
+    a = alpha.to(ct)
+    finite, active, broken = row_status(xc, 1)
+    top = torch.where(finite, xc, float("-inf")).amax(-1, keepdim=True)
+    s = torch.where(active, (xc - torch.where(active, top, 0.0)) / tau, 0.0)
+    soft = a == 1
+    family = entmax_family(torch.where(soft, 2.0, a))
+    if s.shape[-1] >= 64:
+        # λ from the pooled fast path (no sort of the row), then p refined on its support
+        lam, _, _, idx, valid = solve_on_candidates(family, s, 1)
+        if needs_anchor(family.alpha):
+            p = entmax_probs(family.alpha, s, lam, active)
+        elif idx is not None:  # p = 0 off the gathered candidates: evaluate only those
+            vals = torch.where(valid, family.f(s.gather(-1, idx) - lam), 0.0)
+            p = torch.zeros_like(s).scatter_add_(-1, idx, vals)
+        else:
+            p = family.f(s - lam)
+    else:
+        p, _ = solve_probs(family, s, 1, active)
+    if bool(soft.any()):
+        p = torch.where(soft, torch.softmax(s, -1), p)
+    filled = torch.where(broken, float("nan"), finite.to(ct))
+    return torch.where(active, p, filled)
+
+
+@torch.library.custom_op("softk::entmax_alpha", mutates_args=())
+def entmax_alpha_op(x: Tensor, alpha: Tensor, tau: float) -> Tensor:
+    """p of α-entmax along the last dimension, α shaped x.shape[:-1] + (1,)."""
+    return entmax_rows(x, alpha, tau).to(x.dtype)
+
+
+@entmax_alpha_op.register_fake
+def _(x, alpha, tau):
+    return torch.empty_like(x)
+
+
+def _vmap(info, in_dims, x, alpha, tau):
+    def front(t, bdim):
+        return t.expand(info.batch_size, *t.shape) if bdim is None else t.movedim(bdim, 0)
+
+    return entmax_alpha_op(front(x, in_dims[0]), front(alpha, in_dims[1]), tau), 0
+
+
+entmax_alpha_op.register_vmap(_vmap)
+
+
+def _dp_dalpha(p: Tensor, a: Tensor, d: Tensor) -> Tensor:
+    """∂p/∂α (module docstring), from the output p, α and d = f′ through p."""
+    logp = torch.log(torch.where(p > 0, p, 1.0))
+    plogp = p * logp
+    am1 = torch.where(a == 1, 1.0, a - 1)
+    sd = d.sum(-1, keepdim=True)
+    skew = d / torch.where(sd > 0, sd, 1.0)
+    general = (p - skew) / am1**2 - (plogp - skew * plogp.sum(-1, keepdim=True)) / am1
+    limit = 0.5 * p * ((plogp * logp).sum(-1, keepdim=True) - logp**2)
+    return torch.where(a == 1, limit, general)
+
+
 class EntmaxAlphaFunction(torch.autograd.Function):
-    """x: (..., n), alpha: (..., 1) (already broadcast), both along the last dim."""
+    """x: (..., n), alpha: (..., 1) (already broadcast and checked), both along the last dim."""
+
+    generate_vmap_rule = True
 
     @staticmethod
-    def forward(ctx, x: Tensor, alpha: Tensor, tau: float) -> Tensor:
-        ct = compute_dtype(x.dtype)
-        z = x.to(ct) / tau
-        a = alpha.to(ct)
-        soft = a == 1
-        p = threshold_forward(entmax_family(torch.where(soft, 2.0, a)), z, 1)
-        if bool(soft.any()):
-            p = torch.where(soft, threshold_forward(SOFTMAX, z, 1), p)
-        out = p.to(x.dtype)
-        ctx.save_for_backward(out, alpha)
+    def forward(x: Tensor, alpha: Tensor, tau: float) -> Tensor:
+        return entmax_alpha_op(x, alpha, tau)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _, alpha, tau = inputs
+        ctx.save_for_backward(output, alpha)
+        ctx.save_for_forward(output, alpha)
         ctx.tau = tau
-        return out
 
     @staticmethod
     def backward(ctx, g: Tensor):
@@ -50,16 +125,27 @@ class EntmaxAlphaFunction(torch.autograd.Function):
         ct = compute_dtype(out.dtype)
         p, a, g = out.to(ct), alpha.to(ct), g.to(ct)
         d = _entmax_d(p, a)
-        gx = threshold_vjp(d, g, ctx.tau).to(out.dtype)
+        gx = vjp_from_slope(d, g, ctx.tau).to(out.dtype)
         ga = None
         if ctx.needs_input_grad[1]:
-            logp = torch.log(torch.where(p > 0, p, 1.0))
-            plogp = p * logp
-            am1 = torch.where(a == 1, 1.0, a - 1)
-            sd = d.sum(-1, keepdim=True)
-            skew = d / torch.where(sd > 0, sd, 1.0)
-            general = (p - skew) / am1**2 - (plogp - skew * plogp.sum(-1, keepdim=True)) / am1
-            limit = 0.5 * p * ((plogp * logp).sum(-1, keepdim=True) - logp**2)
-            dp_da = torch.where(a == 1, limit, general)
-            ga = (g * dp_da).sum(-1, keepdim=True).to(alpha.dtype)
+            ga = (g * _dp_dalpha(p, a, d)).sum(-1, keepdim=True).to(alpha.dtype)
         return gx, ga, None
+
+
+class EntmaxAlphaFunctionJvp(EntmaxAlphaFunction):
+    @staticmethod
+    def jvp(ctx, vx, va, _):
+        out, alpha = ctx.saved_tensors
+        ct = compute_dtype(out.dtype)
+        p, a = out.to(ct), alpha.to(ct)
+        d = _entmax_d(p, a)
+        t = vjp_from_slope(d, vx.to(ct), ctx.tau) if vx is not None else torch.zeros_like(p)
+        if va is not None:
+            t = t + va.to(ct) * _dp_dalpha(p, a, d)
+        return t.to(out.dtype)
+
+
+def entmax_alpha(x: Tensor, alpha: Tensor, tau: float) -> Tensor:
+    """The contract on rows (dim last), α shaped x.shape[:-1] + (1,)."""
+    fn = EntmaxAlphaFunction if torch.compiler.is_compiling() else EntmaxAlphaFunctionJvp
+    return fn.apply(x, alpha, tau)

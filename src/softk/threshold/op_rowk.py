@@ -28,8 +28,9 @@ from .torch_path import slope, vjp
 @torch.library.custom_op("softk::threshold_rowk", mutates_args=())
 def threshold_rowk_op(x: Tensor, k: Tensor, name: str, alpha: float, tau: float) -> Tensor:
     """p along the last dimension of ``x`` with Σp = k (k shaped x.shape[:-1] + (1,))."""
-    z = scaled_rows(x, tau)
-    return torch_forward(family_by_key(name, alpha), z, k.to(z.dtype)).to(x.dtype)
+    family = family_by_key(name, alpha)
+    kc = k.to(compute_dtype(x.dtype))
+    return torch_forward(family, scaled_rows(x, tau, family, kc), kc).to(x.dtype)
 
 
 @threshold_rowk_op.register_fake

@@ -34,18 +34,23 @@ def finite_max(z: Tensor) -> Tensor:
     return torch.where(torch.isfinite(m), m, 0.0)
 
 
-def scaled_rows(x: Tensor, tau: float, shift: bool = True) -> Tensor:
-    """z = (x − max x)/τ in the compute dtype (no autograd needed: the maps
-    are shift invariant and their backward takes τ separately).
+def scaled_rows(x: Tensor, tau: float, family=None, k=1, shift: bool = True) -> Tensor:
+    """z = (x − r)/τ in the compute dtype, r the entry λ is carried relative
+    to (:func:`softk.threshold.solve.lambda_reference`: the row's maximum for
+    the k = 1 maps, its k-th largest entry for the top-k families).
 
-    ``shift=False`` skips the shift where the consumer is exact at any offset
-    (the compiled kernels find λ relative to the row maximum themselves)
-    unless x/τ itself would overflow."""
+    Shifting *before* dividing keeps every difference near the threshold
+    exact: x/τ first would round each entry to ulp(x/τ) (tiny τ), and a shift
+    by the maximum alone would round the entries near a top-k threshold to
+    ulp(outlier).  No autograd is needed: the maps are shift invariant and
+    their backward takes τ separately.  ``shift=False`` (the compiled
+    kernels at τ = 1, which find λ relative to the row themselves) skips it.
+    """
+    from .solve import lambda_reference
+
     z = x.to(compute_dtype(x.dtype))
     if shift:
-        z = z - finite_max(z)
-    elif tau < 1.0 and bool((z.abs() > tau * torch.finfo(z.dtype).max).any()):
-        z = z - finite_max(z)
+        z = z - lambda_reference(z, k, family is not None and family.capped)
     return z if tau == 1.0 else z / tau
 
 

@@ -31,6 +31,7 @@ import math
 import torch
 from torch import Tensor
 
+from .entmax_anchor import entmax_probs, needs_anchor
 from .families import EXP, Family
 
 # Newton converges in a handful of steps (at most ~40 on the hard rows of
@@ -114,6 +115,7 @@ def _newton_shifted(family: Family, s: Tensor, k: int, lo: Tensor, hi: Tensor, a
       * or the step lands on a bracket end already evaluated (a cycle).
     """
     eps = torch.finfo(s.dtype).eps
+    n = s.shape[-1]
     q = family.newton_power
     lam = lo.clone() if family.convex else 0.5 * (lo + hi)
     lo_seen = torch.zeros_like(lam, dtype=torch.bool)
@@ -143,9 +145,14 @@ def _newton_shifted(family: Family, s: Tensor, k: int, lo: Tensor, hi: Tensor, a
         # cycle at the resolution of g (it kept soft top-k sigmoid rows
         # alternating between two λ until the iteration cap).
         revisit = ((new == lo) & lo_seen) | ((new == hi) & hi_seen)
+        # A step below 2 ulps of λ' ends a row only where |g − k| is within
+        # the rounding of a sum of n terms: on an exponential tail of g (tiny
+        # τ, |λ'| ~ 1e7) Newton's steps are 1 ulp of λ' while Σp is still
+        # visibly off; such rows go on (or stop on a revisit).
+        tiny = (torch.abs(new - lam) <= 2 * eps * torch.abs(lam)) & (torch.abs(r) <= 2 * n * eps * k)
         done = (
             (torch.abs(r) <= 4 * eps * k)
-            | (torch.abs(new - lam) <= 2 * eps * torch.abs(lam))
+            | tiny
             | revisit
             | ~active
         )
@@ -155,24 +162,79 @@ def _newton_shifted(family: Family, s: Tensor, k: int, lo: Tensor, hi: Tensor, a
     return lam
 
 
+def lambda_reference(z: Tensor, k: int, capped: bool) -> Tensor:
+    """The entry each row's λ is carried relative to: the k-th largest finite
+    entry for the capped (top-k) families, the maximum otherwise; 0 on rows
+    without one (rows the solver ignores).
+
+    λ lies within O(1 + log n) of it: for the capped families
+    g(z_(k)) ≥ k ≥ g(z_(k) + log(n)) (exp; the others alike), for the k = 1
+    maps max z − f⁻¹(k) ≤ λ ≤ max z.  So λ' = λ − ref is of the order of the
+    data's spread near the threshold, whatever the row's offset or outliers
+    (the maximum alone is not: with one outlier at 1e6, λ − max ≈ −1e6 and
+    float32 keeps only 1/16 of λ's fraction).
+    """
+    if isinstance(k, Tensor):  # one k per row: the ⌊k⌋-th largest entry of each row
+        if not capped:
+            ref = z.amax(-1, keepdim=True)
+        else:
+            v = torch.sort(z, dim=-1, descending=True).values
+            ref = v.gather(-1, (torch.clamp(torch.floor(k), 1, z.shape[-1]) - 1).long())
+    elif capped and k > 1 and z.shape[-1] >= k:
+        ref = torch.topk(z, k, dim=-1).values[..., k - 1 : k]
+    else:
+        ref = z.amax(-1, keepdim=True)
+    return torch.where(torch.isfinite(ref), ref, 0.0)
+
+
+def solve_relative(family: Family, z: Tensor, k: int, active: Tensor, lower=None):
+    """(ref, λ') with λ = ref + λ' (see :func:`lambda_reference`); every
+    route runs on the shifted row s = z − ref, so λ' is exact (piecewise
+    families) or at its own resolution (Newton) whatever the row's offset.
+    p = f((z − ref) − λ') is then exact; p = f(z − λ) with λ rounded to
+    ulp(ref) is not, far from the origin.  ``lower`` as in :func:`solve_lambda`."""
+    ref = lambda_reference(z, k, family.capped)
+    s = z - ref
+    if lower is not None:
+        lower = lower - ref
+    return ref, _solve_shifted(family, s, k, active, lower)
+
+
+def solve_probs(family: Family, z: Tensor, k: int, active: Tensor, lower=None):
+    """(p, λ) with p = f(z − λ), Σp = k, p evaluated on the shifted row (exact
+    far from the origin; rows not ``active`` hold harmless values)."""
+    ref, lam = solve_relative(family, z, k, active, lower)
+    s = z - ref
+    if family.name == "entmax" and needs_anchor(family.alpha):
+        # λ's float grid is too coarse for α-entmax at large α and near α = 1
+        return entmax_probs(family.alpha, s, lam, active), lam + ref
+    return family.f(s - lam), lam + ref
+
+
 def solve_lambda(family: Family, z: Tensor, k: int, active: Tensor, lower=None) -> Tensor:
     """λ of shape ``z.shape[:-1] + (1,)``; exact for piecewise families.
 
     ``lower`` (optional, −inf where unknown) is a known lower bound of λ
     (g(lower) ≥ k); Newton starts from it instead of the family's bracket.
+    λ is solved relative to :func:`lambda_reference` and rounded once when
+    that is added back (use :func:`solve_probs` for p itself).
     """
+    ref, lam = solve_relative(family, z, k, active, lower)
+    return lam + ref
+
+
+def _solve_shifted(family: Family, s: Tensor, k: int, active: Tensor, lower) -> Tensor:
+    """λ' on a row already shifted so that λ' = O(spread) (see above)."""
     if family.support_size is not None:
-        return family.closed_form(z, k, bracket_by_sorting(family, z, k))
+        return family.closed_form(s, k, bracket_by_sorting(family, s, k))
     if family.closed_form is not None:
-        t = bracket_by_knots(family, z, k) if family.knots is not None else None
-        return family.closed_form(z, k, t)
-    finite = z > float("-inf")
-    m = _row_max(z)
-    s = z - m  # the bracket is taken on the shifted row too, so it is not rounded to |λ|
+        t = bracket_by_knots(family, s, k) if family.knots is not None else None
+        return family.closed_form(s, k, t)
+    finite = s > float("-inf")
     lo, hi = family.bracket(s, k, finite)
     if lower is not None:
-        lo = torch.minimum(torch.maximum(lo, lower - m), hi)
-    return _newton_shifted(family, s, k, lo, hi, active) + m
+        lo = torch.minimum(torch.maximum(lo, lower), hi)
+    return _newton_shifted(family, s, k, lo, hi, active)
 
 
 # ------------------------------------------------------------------ fast paths

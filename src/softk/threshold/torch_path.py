@@ -19,7 +19,8 @@ from torch import Tensor
 
 from .families import EXP, SOFTMAX, Family
 from .rows import fill_rows, row_status
-from .solve import solve_exp_pooled, solve_exp_topk, solve_lambda, solve_on_candidates
+from .entmax_anchor import entmax_probs, needs_anchor
+from .solve import solve_exp_pooled, solve_exp_topk, solve_on_candidates, solve_probs
 
 # Rows narrower than this go through the general solver: a partial sort saves
 # nothing there and the general path is the one the fast paths are checked against.
@@ -35,6 +36,10 @@ def _softmax(z: Tensor, k: int) -> Tensor:
 
 def _on_candidates(family: Family, z: Tensor, k: int):
     lam, active, broken, idx, valid = solve_on_candidates(family, z, k)
+    if family.name == "entmax" and needs_anchor(family.alpha):
+        # λ's float grid is too coarse for p at large α or α near 1 (entmax_anchor.py);
+        # z is shifted by its maximum, so λ here is already relative to it.
+        return fill_rows(z, entmax_probs(family.alpha, torch.where(active, z, 0.0), lam, active), active, broken)
     if idx is not None:
         # f(z − λ) = 0 off the candidates: write only the candidates.
         vals = torch.where(valid, family.f(z.gather(-1, idx) - lam), 0.0)
@@ -45,11 +50,11 @@ def _on_candidates(family: Family, z: Tensor, k: int):
 
 
 def _general(family: Family, z: Tensor, k) -> Tensor:
-    # The general solver: sorted knots + closed form, or safeguarded Newton.
+    # The general solver: sorted knots + closed form, or safeguarded Newton,
+    # λ carried relative to the k-th largest entry (solve.lambda_reference).
     finite, active, broken = row_status(z, k)
     zs = torch.where(active, z, 0.0)  # rows filled below get harmless values
-    lam = solve_lambda(family, zs, k, active)
-    p = family.f(zs - lam)
+    p, _ = solve_probs(family, zs, k, active)  # p on the row shifted by λ's reference entry
     filled = torch.where(broken, float("nan"), finite.to(z.dtype))
     return torch.where(active, p, filled)
 
@@ -67,7 +72,10 @@ def forward(family: Family, z: Tensor, k) -> Tensor:
         return _on_candidates(family, z, k)
     if family is EXP and n >= _FAST_MIN_WIDTH and 4 * (k + 1) <= n:
         found = solve_exp_pooled(z, k) or solve_exp_topk(z, k)
-        if found is not None:
+        # λ here is absolute on the max-shifted row; |λ| > 1 (an outlier above
+        # the k-th entry) would round p to ulp(λ): the general route carries λ
+        # relative to the k-th largest entry instead.
+        if found is not None and bool((found[0].abs() <= 1).all()):
             lam, active, broken = found
             zs = z if bool(active.all()) else torch.where(active, z, 0.0)
             return fill_rows(z, family.f(zs - lam), active, broken)
