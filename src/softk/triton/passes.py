@@ -22,23 +22,20 @@ def _load_z(xr, offs, n, inv_tau):
 
 # ----------------------------------------------------------------- pass 1
 @triton.jit
-def _stats_init(BLOCK: tl.constexpr):
-    # per-lane max, min, finite count, NaN/+inf count; the logsumexp sum and its running max
-    v = tl.zeros([BLOCK], tl.float32)
-    return (tl.full([BLOCK], float("-inf"), tl.float32), tl.full([BLOCK], float("inf"), tl.float32),
-            v, v, tl.full((), float("-inf"), tl.float32), v)
-
-
-@triton.jit
-def _stats_acc(z, st, FAM: tl.constexpr):
+def _stats_block(z, lseM, FAM: tl.constexpr):
+    """One block of z: per lane, z where finite (−inf / +inf elsewhere, for
+    the max and the min), finite and NaN/+inf indicators; for softmax and exp
+    (which start from λ = lse(z) − log k) also the running max of the lse
+    moved to this block, the factor for lane sums kept at the old max, and
+    this block's terms e^{z − max}."""
     fin = z > float("-inf")
-    lseM = st[4]
-    vlse = st[5]
-    if FAM == 0 or FAM == 4:  # softmax and exp start from λ = lse(z) − log k
+    a = tl.full((), 0.0, tl.float32)
+    e = tl.zeros_like(z)
+    if FAM == 0 or FAM == 4:
         lseM, a, Ms = _rescale(lseM, tl.max(tl.where(fin, z, float("-inf")), 0))
-        vlse = vlse * a + tl.where(fin, tl.exp(z - Ms), 0.0)
-    return (tl.maximum(st[0], tl.where(fin, z, float("-inf"))), tl.minimum(st[1], tl.where(fin, z, float("inf"))),
-            st[2] + fin.to(tl.float32), st[3] + ((z != z) | (z == float("inf"))).to(tl.float32), lseM, vlse)
+        e = tl.where(fin, tl.exp(z - Ms), 0.0)
+    return (tl.where(fin, z, float("-inf")), tl.where(fin, z, float("inf")), fin.to(tl.float32),
+            ((z != z) | (z == float("inf"))).to(tl.float32), lseM, a, e)
 
 
 @triton.jit
@@ -46,16 +43,24 @@ def _row_stats(xr, n, inv_tau, FAM: tl.constexpr, BLOCK: tl.constexpr, ONCHIP: t
     """Pass 1: (zrow, max z, min z over the finite entries, their count m,
     whether the row holds a NaN or +inf, Σ e^{z − max z}).  ``zrow`` is the
     register copy of the row (ONCHIP), unused otherwise."""
-    st = _stats_init(BLOCK)
-    if ONCHIP:
+    lseM = tl.full((), float("-inf"), tl.float32)
+    if ONCHIP:  # the row is one block: its lanes are the row's
         zrow = _load_z(xr, tl.arange(0, BLOCK), n, inv_tau)
-        st = _stats_acc(zrow, st, FAM)
-    else:
+        st = _stats_block(zrow, lseM, FAM)
+        vlse = st[6]
+    else:  # lanes merged block by block; the lse sums follow their running max
         zrow = 0.0
+        st = (tl.full([BLOCK], float("-inf"), tl.float32), tl.full([BLOCK], float("inf"), tl.float32),
+              tl.zeros([BLOCK], tl.float32), tl.zeros([BLOCK], tl.float32))
+        vlse = tl.zeros([BLOCK], tl.float32)
         for start in range(0, n, BLOCK):
-            st = _stats_acc(_load_z(xr, start + tl.arange(0, BLOCK), n, inv_tau), st, FAM)
+            b = _stats_block(_load_z(xr, start + tl.arange(0, BLOCK), n, inv_tau), lseM, FAM)
+            st = (tl.maximum(st[0], b[0]), tl.minimum(st[1], b[1]), st[2] + b[2], st[3] + b[3])
+            lseM = b[4]
+            if FAM == 0 or FAM == 4:
+                vlse = vlse * b[5] + b[6]
     # the lse sum is relative to its running max, which ends at max z
-    return zrow, tl.max(st[0], 0), tl.min(st[1], 0), tl.sum(st[2], 0), tl.sum(st[3], 0) > 0, tl.sum(st[5], 0)
+    return zrow, tl.max(st[0], 0), tl.min(st[1], 0), tl.sum(st[2], 0), tl.sum(st[3], 0) > 0, tl.sum(vlse, 0)
 
 
 # --------------------------------------------------------- a search pass
