@@ -182,13 +182,14 @@ def _fin_two_sided(acc, k, FAM: tl.constexpr):
 
 @triton.jit
 def _fin(acc, k, q, FAM: tl.constexpr):
+    # s1, s2: the counts that identify the piece of g (support, saturated,
+    # linear); x: entmax15's closed-form candidate step, entmax α's h
+    s1 = acc[0]
+    s2 = 0.0
+    x = 0.0
     if FAM == 1:
-        cnt = acc[0]
         r = acc[1] - k
-        d = r / cnt
-        s1 = cnt
-        s2 = 0.0
-        x = 0.0
+        d = r / s1
     elif FAM == 2:
         cnt = acc[0]
         W1 = acc[1]
@@ -198,8 +199,6 @@ def _fin(acc, k, q, FAM: tl.constexpr):
         d = 4.0 * (rg - tl.sqrt(k)) * rg / W1  # Newton on √g
         # closed form on this support: Σ (w − δ)² = 4k, the smaller root
         x = 4.0 * r / (W1 + tl.sqrt(tl.maximum(W1 * W1 - 4.0 * cnt * r, 0.0)))
-        s1 = cnt
-        s2 = 0.0
     elif FAM == 3:
         g = acc[0]
         r = g - k
@@ -208,28 +207,17 @@ def _fin(acc, k, q, FAM: tl.constexpr):
         x = tl.exp(lg / q) - tl.exp(tl.log(k) / q)  # h, for false position (α > 2)
         d = q * x * tl.exp(lg - lg / q) / acc[1]
         s1 = 0.0
-        s2 = 0.0
     elif FAM == 4:
         ns = acc[0]
         M = acc[1]
         S = acc[2]
         r = (ns - k) + tl.exp(M) * S
         d = M + tl.log(S) - tl.log(k - ns)  # NaN/inf when ns ≥ k or nothing unsaturated
-        s1 = ns
-        s2 = 0.0
-        x = 0.0
     elif FAM == 5 or FAM == 6:
-        r, d = _fin_two_sided(acc, k, FAM)
-        s1 = acc[0]  # entries at or above λ
-        s2 = 0.0
-        x = 0.0
+        r, d = _fin_two_sided(acc, k, FAM)  # s1: entries at or above λ
     else:
-        ns = acc[0]
         nl = acc[1]
-        r = (ns - k) + acc[2]
+        r = (acc[0] - k) + acc[2]
         d = r / nl
-        s1 = ns
         s2 = nl
-        x = 0.0
     return r, d, s1, s2, x
-

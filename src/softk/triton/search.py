@@ -131,6 +131,13 @@ def _proposal(c, t, X, qc, qt, Q, qv, lo, hi, hlo, hhi, mid, zmax,
 
 
 @triton.jit
+def _stop_at(stop, fc, ft, s, ac, at):
+    # a rule that holds (s) where no earlier one stopped: stop there with (ac, at)
+    s = (~stop) & s
+    return stop | s, tl.where(s, ac, fc), tl.where(s, at, ft)
+
+
+@triton.jit
 def _exact_stop(c, t, X, qc, qt, Q, qv, pxc, pxt, okX, newt, ps1, ps2, cc, ct, cntC, pcnt, k,
                 FAM: tl.constexpr, PROBE: tl.constexpr):
     """The rules under which λ is exact, most specific first: (stop, and
@@ -139,26 +146,17 @@ def _exact_stop(c, t, X, qc, qt, Q, qv, pxc, pxt, okX, newt, ps1, ps2, cc, ct, c
     fc = c
     ft = t
     if PROBE:
-        s = (~stop) & (qv != 0) & (Q[0] == 0)
-        fc = tl.where(s, qc, fc)
-        ft = tl.where(s, qt, ft)
-        stop = stop | s
+        stop, fc, ft = _stop_at(stop, fc, ft, (qv != 0) & (Q[0] == 0), qc, qt)
     if FAM == 1 or FAM == 4 or FAM == 6 or FAM == 7:
         # λ came from the exact root of a piece that it lies on: exact;
         # this pass's own proposal (same piece, computed next to λ) polishes it.
-        s = (~stop) & (newt != 0) & (X[2] == ps1) & (X[3] == ps2)
-        fc = tl.where(s & okX, pxc, fc)
-        ft = tl.where(s & okX, pxt, ft)
-        stop = stop | s
+        stop, fc, ft = _stop_at(stop, fc, ft, (newt != 0) & (X[2] == ps1) & (X[3] == ps2),
+                                tl.where(okX, pxc, fc), tl.where(okX, pxt, ft))
     if FAM == 2:
-        s = (~stop) & (cntC == pcnt)
-        fc = tl.where(s, cc, fc)
-        ft = tl.where(s, ct, ft)
-        stop = stop | s
+        stop, fc, ft = _stop_at(stop, fc, ft, cntC == pcnt, cc, ct)
     if FAM == 4:
         # an iterate from above that reaches or passes the root (rounding)
-        s = (~stop) & (newt != 0) & ((X[0] > 0) | (X[2] >= k))
-        stop = stop | s
+        stop, fc, ft = _stop_at(stop, fc, ft, (newt != 0) & ((X[0] > 0) | (X[2] >= k)), fc, ft)
     return stop, fc, ft
 
 
@@ -167,18 +165,10 @@ def _converged(stop, fc, ft, X, pxc, pxt, bok, bc, bt, mc, mt, lo, hi, mid, tol,
     """The rules that stop on width: a Newton step of a few ulps, a bracket a
     few ulps wide, or a midpoint that no longer splits it."""
     if not BIG:
-        s = (~stop) & (tl.abs(X[1]) < float("inf")) & (tl.abs(X[1]) <= tol)
-        fc = tl.where(s, pxc, fc)
-        ft = tl.where(s, pxt, ft)
-        stop = stop | s
-    s = (~stop) & ((hi - lo) <= (2.0 * tol if BIG else tol))
-    fc = tl.where(s, tl.where(bok, bc, mc), fc)
-    ft = tl.where(s, tl.where(bok, bt, mt), ft)
-    stop = stop | s
-    s = (~stop) & (~go) & ((mid <= lo) | (mid >= hi))
-    fc = tl.where(s, mc, fc)
-    ft = tl.where(s, mt, ft)
-    stop = stop | s
+        stop, fc, ft = _stop_at(stop, fc, ft, (tl.abs(X[1]) < float("inf")) & (tl.abs(X[1]) <= tol), pxc, pxt)
+    stop, fc, ft = _stop_at(stop, fc, ft, (hi - lo) <= (2.0 * tol if BIG else tol),
+                            tl.where(bok, bc, mc), tl.where(bok, bt, mt))
+    stop, fc, ft = _stop_at(stop, fc, ft, (~go) & ((mid <= lo) | (mid >= hi)), mc, mt)
     return stop, fc, ft
 
 
