@@ -224,9 +224,10 @@ def _find_lambda(xr, zrow, n, inv_tau, zmax, zmin, m, lseS, active, k, alpha,
         # ---- stopping rules, most specific first; (fc, ft) is the answer
         stop, fc, ft = _exact_stop(c, t, X, qc, qt, Q, qv, pxc, pxt, okX, newt, ps1, ps2, cc, ct, cntC, pcnt, k,
                                    FAM, PROBE)
-        # ---- next point: Newton while allowed and inside the bracket, else bisection
+        # Newton while allowed and inside the bracket, else bisection
         go = bok & (it < NEWTON_CAP)
         stop, fc, ft = _converged(stop, fc, ft, X, pxc, pxt, bok, bc, bt, mc, mt, lo, hi, mid, tol, go, BIG)
+        # ---- next point
         if FAM == 2:
             cc, ct = _two_sum(c, t + X[4])
             pcnt = tl.where((tl.abs(X[4]) < float("inf")), X[2], -1.0)
