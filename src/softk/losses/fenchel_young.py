@@ -28,7 +28,7 @@ from torch import Tensor
 
 from .. import dispatch
 from .._validate import check_k_rows
-from ..threshold.families import Family
+from ..threshold.families import SOFTMAX, Family
 from ..threshold.op import apply_rows
 from ..threshold.potential import value_at
 from ..threshold.rows import compute_dtype, finite_max
@@ -90,12 +90,46 @@ class _FenchelYoungValueJvp(_FenchelYoungValue):
         return (_diff(p, y, index) * vx).sum(-1, keepdim=True) / ctx.tau
 
 
+def _tsallis_alpha_term(v: Tensor, a: Tensor) -> Tensor:
+    """Σ_i (v_i^α − v_i)/(α(α−1)) on the last dimension: Ω_α(v) up to a
+    constant in v (Σv = 1 for both arguments of the loss), written so that it
+    is finite at α = 1 (→ Σ v log v) and differentiable in α."""
+    am1 = a - 1
+    logv = torch.log(torch.where(v > 0, v, 1.0))
+    safe = torch.where(am1 == 0, 1.0, am1)
+    term = torch.where(am1 == 0, v * logv, v * torch.expm1(am1 * logv) / safe)
+    return torch.where(v > 0, term, 0.0).sum(-1, keepdim=True) / a
+
+
+def _alpha_correction(p: Tensor, y, index, a: Tensor) -> Tensor:
+    """Zero in value; its gradient in α is ∂L/∂α = ∂Ω_α(y)/∂α − ∂Ω_α(p)/∂α
+    at fixed p (the envelope theorem: Φ_α's own dependence through p vanishes)."""
+    if y is None:
+        y = torch.zeros_like(p).scatter_(-1, index, 1.0)
+    c = _tsallis_alpha_term(y, a) - _tsallis_alpha_term(p.detach(), a)
+    return c - c.detach()
+
+
 def fenchel_young_rows(x: Tensor, y, index, family: Family, k: int, tau: float) -> Tensor:
-    """L(x/τ; y) per row (keepdim) on rows (classes last), in the compute dtype."""
+    """L(x/τ; y) per row (keepdim) on rows (classes last), in the compute dtype.
+
+    An entmax family with a per-row tensor α (shaped like the rows' first
+    dimensions + (1,)) takes p from the tensor-α map and gives α its gradient."""
     xc = x.to(compute_dtype(x.dtype))
-    p = apply_rows(xc, family, k, tau, dispatch.resolve(xc, family))
     yc = None if y is None else y.to(xc.dtype)
     fn = _FenchelYoungValue if torch.compiler.is_compiling() else _FenchelYoungValueJvp
+    if isinstance(family.alpha, Tensor):
+        from ..threshold.entmax_alpha import entmax_alpha
+        from ..threshold.families import entmax_family
+
+        a = family.alpha.to(xc.dtype)
+        p = entmax_alpha(xc, a, tau)
+        value_family = entmax_family(torch.where(a == 1, 2.0, a.detach()))
+        loss = fn.apply(xc, p, yc, index, value_family, tau)
+        if bool((a == 1).any()):  # ψ of α = 1 rows: the softmax loss's Shannon term
+            loss = torch.where(a.detach() == 1, fn.apply(xc, p, yc, index, SOFTMAX, tau), loss)
+        return loss + _alpha_correction(p, yc, index, a)
+    p = apply_rows(xc, family, k, tau, dispatch.resolve(xc, family))
     return fn.apply(xc, p, yc, index, family, tau)
 
 

@@ -97,7 +97,10 @@ def entmax_loss(
     r"""α-entmax loss, Ω(y) = Σ y_i^α / (α(α−1)) (Tsallis); α = 1 is :func:`softmax_loss`,
     1.5 :func:`entmax15_loss`, 2 :func:`sparsemax_loss` (those use their exact maps).
 
-    ``alpha`` is a float >= 1; other α solve the map by safeguarded Newton to
+    ``alpha`` is a float >= 1, or a tensor of one α per row (broadcastable to
+    ``input`` with size 1 along the class dim 1), which may require grad: then
+    ∂L/∂α = ∂Ω_α(y)/∂α − ∂Ω_α(p)/∂α (the envelope theorem), so α can be
+    learnt with the loss (it runs on the PyTorch path).  Other α solve the map by safeguarded Newton to
     the working precision.
     {args}
     >>> import torch
@@ -105,6 +108,12 @@ def entmax_loss(
     >>> bool(entmax_loss(x, t, alpha=2.0) == sparsemax_loss(x, t))
     True
     """
+    if isinstance(alpha, Tensor) and isinstance(input, Tensor) and input.dim() > 0:
+        # one α per row (learnable): broadcast like entmax's, rows along the class dim
+        cdim = 1 if input.dim() > 1 else 0
+        alpha = check_alpha(alpha, input, cdim)
+        return fenchel_young_loss(input, target, entmax_family(alpha),
+                                  1, ignore_index, reduction, tau)
     alpha = check_alpha(alpha, None, -1)
     family = {1.0: SOFTMAX, 1.5: ENTMAX15, 2.0: SPARSEMAX}.get(alpha) or entmax_family(alpha)
     return fenchel_young_loss(input, target, family, 1, ignore_index, reduction, tau)
