@@ -8,6 +8,7 @@ from .simplex import entmax, entmax15, log_softmax, logsumexp, softmax, sparsema
 from .topk import soft_topk
 from .hard import hard_topk, topk_softmax
 from .topk_smooth_sum import topk_sum
+from .support_info import Support, support
 from .seed_properties import properties, property_violations
 from . import families, losses, nn
 
@@ -24,6 +25,8 @@ __all__ = [
     "hard_topk",
     "topk_softmax",
     "topk_sum",
+    "support",
+    "Support",
     "properties",
     "property_violations",
     "backend",
