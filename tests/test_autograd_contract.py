@@ -198,3 +198,52 @@ def test_native_backend_is_not_asked_for_what_it_does_not_serve(monkeypatch, eac
     softk.soft_topk(torch.randn(3, 5), 2, method="sigmoid")
     softk.entmax(torch.randn(3, 5), alpha=2.5)
     assert [c[0] for c in calls] == ["torch", "torch"]
+
+
+# The other constructions: plain PyTorch (iterative, weighted, topk_softmax,
+# log_softmax, logsumexp), or their own custom ops (GradTopK, tensor-α entmax).
+OTHERS = {
+    "grad": (lambda t: softk.soft_topk(t, 2, method="grad"), lambda r: oracle_topk.gradtopk(r, 2)),
+    "iterative": (lambda t: softk.soft_topk(t, 2, method="iterative"), lambda r: oracle_topk.iterative(r, 2)),
+    "weighted": (lambda t: softk.soft_topk(t, 2, method="weighted"), lambda r: oracle_topk.weighted(r, 2)),
+    "topk_sum_grad": (lambda t: softk.topk_sum(t, 2, method="grad"), lambda r: oracle_topk.topk_sum(r, 2, method="grad")),
+    "topk_softmax": (lambda t: softk.topk_softmax(t, 3), lambda r: oracle_topk.topk_softmax(r, 3)),
+    "log_softmax": (lambda t: softk.log_softmax(t, tau=0.5), lambda r: np.log(oracle.softmax(r, tau=0.5))),
+    "logsumexp": (lambda t: softk.logsumexp(t), lambda r: oracle._lse(r)),
+    "entmax_tensor_alpha": (
+        lambda t: softk.entmax(t, torch.tensor([1.3], dtype=t.dtype)),
+        lambda r: oracle.entmax(r, 1.3),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OTHERS))
+def test_other_maps_under_torch_func(name):
+    fn, ref = OTHERS[name]
+    x = torch.tensor(ROW)
+    expect = oracle.numerical_jacobian(lambda r: np.atleast_1d(ref(r)), ROW)
+    np.testing.assert_allclose(np.atleast_2d(torch.func.jacrev(fn)(x).numpy()), expect, atol=1e-6)
+    np.testing.assert_allclose(np.atleast_2d(torch.func.jacfwd(fn)(x).numpy()), expect, atol=1e-6)
+    xs = torch.tensor(np.stack([ROW, ROW[::-1] * 2]))
+    out = torch.func.vmap(fn)(xs)
+    for row, got in zip(xs.numpy(), out.numpy()):
+        np.testing.assert_allclose(got, ref(row), atol=1e-9)
+
+
+@pytest.mark.parametrize("name", sorted(OTHERS))
+def test_other_maps_compile_without_graph_breaks(name):
+    fn, _ = OTHERS[name]
+    torch._dynamo.reset()
+    x = torch.tensor(ROW)
+    np.testing.assert_allclose(torch.compile(fn, fullgraph=True, backend="aot_eager")(x).numpy(), fn(x).numpy(), atol=1e-12)
+
+
+def test_gradtopk_second_derivative_is_a_clear_error():
+    x = torch.tensor(ROW, requires_grad=True)
+    (g,) = torch.autograd.grad(softk.soft_topk(x, 2, method="grad")[0], x, create_graph=True)
+    with pytest.raises(NotImplementedError, match="first derivatives only"):
+        torch.autograd.grad(g.sum(), x)
+    # topk_sum's "grad" value is twice differentiable: its Hessian is GradTopK's Jacobian
+    H = torch.autograd.functional.hessian(lambda t: softk.topk_sum(t, 2, method="grad"), torch.tensor(ROW))
+    expect = oracle.numerical_jacobian(lambda r: oracle_topk.gradtopk(r, 2), ROW)
+    np.testing.assert_allclose(H.numpy(), expect, atol=1e-7)

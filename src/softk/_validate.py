@@ -138,13 +138,12 @@ def check_alpha(alpha, x, dim: int):
     if isinstance(alpha, torch.Tensor) and x is not None:
         if not alpha.is_floating_point():
             raise TypeError(f"alpha must be a float or a floating-point tensor, got dtype {alpha.dtype}")
-        a = alpha.detach()
+        a = unwrapped(alpha.detach())
         bad = ~torch.isfinite(a) | (a < 1)
-        if bool(bad.any()):
-            raise ValueError(
-                "alpha must be finite and >= 1 everywhere (1 is softmax, 2 sparsemax; for the alpha -> inf "
-                f"limit, the argmax, use softk.hard_topk(x, 1)), got {a[bad].flatten()[0].item()}"
-            )
+        require(~bad, lambda: (
+            "alpha must be finite and >= 1 everywhere (1 is softmax, 2 sparsemax; for the alpha -> inf "
+            f"limit, the argmax, use softk.hard_topk(x, 1)), got {a[bad].flatten()[0].item()}"
+        ))
         return per_row(alpha, x, dim, "alpha")
     if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
         raise TypeError(f"alpha must be a float >= 1 or a tensor, got {type(alpha).__name__}")
@@ -200,6 +199,8 @@ def require(ok: torch.Tensor, message) -> None:
 def unwrapped(t: torch.Tensor) -> torch.Tensor:
     """Under torch.func transforms (vmap, grad): the whole batch underneath,
     so that a value check (and its message) can read it."""
+    if torch.compiler.is_compiling():  # fake tensors: nothing to read (require asserts in-graph)
+        return t
     while torch._C._functorch.is_functorch_wrapped_tensor(t):
         t = torch._C._functorch.get_unwrapped(t)
     return t

@@ -230,24 +230,82 @@ def gradtopk_hvp(x: Tensor, k: int, tau: float, g: Tensor) -> Tensor:
     return torch.where(active, hg.reshape(filled.shape), 0.0) / tau
 
 
+# ----------------------------------------------------------- autograd contract
+# The tables are opaque custom ops (fake kernels, vmap rules: the rows are
+# independent, so a batch dimension moves to the front), under autograd
+# Functions with setup_context: vmap, jacrev, jacfwd, jvp and torch.compile
+# work.  p's Jacobian is H/τ with H the (symmetric) Hessian of log e_k, so the
+# jvp is the same Hessian–vector product as the backward.  Second derivatives
+# of p would need third-order tables: differentiating the backward raises.
+_SECOND_ORDER = (
+    "soft_topk(method='grad') has first derivatives only (its backward is an explicit "
+    "Hessian-vector product); for second derivatives use a threshold method, e.g. method='exp'"
+)
+
+
+def _front(info, t: Tensor, bdim):
+    return t.expand(info.batch_size, *t.shape) if bdim is None else t.movedim(bdim, 0)
+
+
+@torch.library.custom_op("softk::gradtopk", mutates_args=())
+def gradtopk_op(x: Tensor, k: int, tau: float) -> Tensor:
+    return gradtopk_forward(x, k, tau).to(x.dtype)
+
+
+@torch.library.custom_op("softk::gradtopk_hvp", mutates_args=())
+def gradtopk_hvp_op(x: Tensor, g: Tensor, k: int, tau: float) -> Tensor:
+    return gradtopk_hvp(x, k, tau, g).to(x.dtype)
+
+
+@gradtopk_op.register_fake
+def _(x, k, tau):
+    return torch.empty_like(x)
+
+
+@gradtopk_hvp_op.register_fake
+def _(x, g, k, tau):
+    return torch.empty_like(x)
+
+
+def _no_second_order(ctx, grad):
+    raise NotImplementedError(_SECOND_ORDER)
+
+
+# Differentiating the Hessian–vector product (a second derivative of p) fails loudly.
+gradtopk_hvp_op.register_autograd(_no_second_order)
+gradtopk_op.register_vmap(lambda info, d, x, k, tau: (gradtopk_op(_front(info, x, d[0]), k, tau), 0))
+gradtopk_hvp_op.register_vmap(
+    lambda info, d, x, g, k, tau: (gradtopk_hvp_op(_front(info, x, d[0]), _front(info, g, d[1]), k, tau), 0)
+)
+
+
 class GradTopKFunction(torch.autograd.Function):
-    """p = ∇ log e_k(exp(x/τ)) along the last dimension; backward H g / τ.
+    """p = ∇ log e_k(exp(x/τ)) along the last dimension; backward H g / τ."""
 
-    First derivatives only (the backward is computed explicitly, not as a
-    graph), so double backward through it is not supported.
-    """
+    generate_vmap_rule = True
 
     @staticmethod
-    def forward(ctx, x: Tensor, k: int, tau: float) -> Tensor:
+    def forward(x: Tensor, k: int, tau: float) -> Tensor:
+        return gradtopk_op(x, k, tau)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, k, tau = inputs
         ctx.save_for_backward(x)
+        ctx.save_for_forward(x)
         ctx.k, ctx.tau = k, tau
-        return gradtopk_forward(x, k, tau).to(x.dtype)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, g: Tensor):
         (x,) = ctx.saved_tensors
-        return gradtopk_hvp(x, ctx.k, ctx.tau, g).to(x.dtype), None, None
+        return gradtopk_hvp_op(x, g, ctx.k, ctx.tau), None, None
+
+
+class _GradTopKJvp(GradTopKFunction):
+    @staticmethod
+    def jvp(ctx, v, *_):
+        (x,) = ctx.saved_tensors
+        return gradtopk_hvp_op(x, v, ctx.k, ctx.tau)
 
 
 def log_ek_rows(x: Tensor, k: int, tau: float) -> tuple[Tensor, Tensor]:
@@ -269,29 +327,63 @@ def log_ek_rows(x: Tensor, k: int, tau: float) -> tuple[Tensor, Tensor]:
     return value, torch.where(active, p.reshape(filled.shape), filled)
 
 
+@torch.library.custom_op("softk::log_ek", mutates_args=())
+def log_ek_op(x: Tensor, k: int, tau: float) -> Tensor:
+    return log_ek_rows(x, k, tau)[0].to(x.dtype)
+
+
+@log_ek_op.register_fake
+def _(x, k, tau):
+    return x.new_empty(x.shape[:-1] + (1,))
+
+
+log_ek_op.register_vmap(lambda info, d, x, k, tau: (log_ek_op(_front(info, x, d[0]), k, tau), 0))
+
+
+def _apply_gradtopk(x: Tensor, k: int, tau: float) -> Tensor:
+    fn = GradTopKFunction if torch.compiler.is_compiling() else _GradTopKJvp
+    return fn.apply(x, k, tau)
+
+
 class LogEkFunction(torch.autograd.Function):
-    """τ·log e_k(exp(x/τ)) along the last dimension (keepdim); gradient p."""
+    """τ·log e_k(exp(x/τ)) along the last dimension (keepdim); gradient p
+    (computed through GradTopK, so the Hessian of the value is p's Jacobian)."""
+
+    generate_vmap_rule = True
 
     @staticmethod
-    def forward(ctx, x: Tensor, k: int, tau: float) -> Tensor:
-        value, p = log_ek_rows(x, k, tau)
-        ctx.save_for_backward(p.to(x.dtype))
-        return value.to(x.dtype)
+    def forward(x: Tensor, k: int, tau: float) -> Tensor:
+        return log_ek_op(x, k, tau)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, k, tau = inputs
+        ctx.save_for_backward(x)
+        ctx.save_for_forward(x)
+        ctx.k, ctx.tau = k, tau
 
     @staticmethod
     def backward(ctx, g: Tensor):
-        (p,) = ctx.saved_tensors
-        return g * p, None, None
+        (x,) = ctx.saved_tensors
+        return g * _apply_gradtopk(x, ctx.k, ctx.tau), None, None
+
+
+class _LogEkJvp(LogEkFunction):
+    @staticmethod
+    def jvp(ctx, v, *_):
+        (x,) = ctx.saved_tensors
+        return (_apply_gradtopk(x, ctx.k, ctx.tau) * v).sum(-1, keepdim=True)
 
 
 def gradtopk(x: Tensor, k: int, dim: int, tau: float) -> Tensor:
     """Launcher for ``soft_topk(method="grad")`` (arguments already validated)."""
     if x.numel() == 0:
         return x * 0
-    return GradTopKFunction.apply(x.movedim(dim, -1), k, tau).movedim(-1, dim)
+    return _apply_gradtopk(x.movedim(dim, -1), k, tau).movedim(-1, dim)
 
 
 def log_ek(x: Tensor, k: int, dim: int, tau: float, keepdim: bool = False) -> Tensor:
     """τ·log e_k(exp(x/τ)) along ``dim`` (arguments already validated)."""
-    out = LogEkFunction.apply(x.movedim(dim, -1), k, tau).movedim(-1, dim)
+    fn = LogEkFunction if torch.compiler.is_compiling() else _LogEkJvp
+    out = fn.apply(x.movedim(dim, -1), k, tau).movedim(-1, dim)
     return out if keepdim else out.squeeze(dim)

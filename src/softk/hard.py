@@ -20,8 +20,8 @@ from .simplex import softmax
 def _mask_last(x: Tensor, k: int) -> Tensor:
     """Boolean k-hot mask of the last dimension (ties → lower index first)."""
     order = torch.sort(x, dim=-1, descending=True, stable=True).indices[..., :k]
-    mask = torch.zeros(x.shape, dtype=torch.bool, device=x.device)
-    mask.scatter_(-1, order, True)
+    # out of place, so that torch.func.vmap can batch it
+    mask = torch.zeros(x.shape, dtype=torch.bool, device=x.device).scatter(-1, order, True)
     return mask & (x > float("-inf"))
 
 
