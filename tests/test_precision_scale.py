@@ -269,3 +269,29 @@ def test_hypothesis_soft_topk_solver_far_from_origin(row_tau, method, k):
     d = {"exp": _d_exp, "sigmoid": _d_sig, "sparse": _d_clip}[method]
     tol = _tolerance(ref, z32.astype(np.float64), 1.0, k, d, True, None, float(np.finfo(np.float32).eps))
     assert np.all(np.abs(p.double().numpy() - ref) <= tol)
+
+
+@given(far_rows(), st.sampled_from(["exp", "sigmoid", "laplace", "sparse", "sparsemax", "entmax15"]), st.integers(1, 2))
+def test_hypothesis_public_maps_far_from_origin(row_tau, method, k):
+    """The public maps on both CPU backends at the same ranges (float32 input,
+    exact reference of the rounded input); xfailed while the PyTorch path
+    lacks the shifted prelude (the probe)."""
+    row, tau = row_tau
+    x32 = row.astype(np.float32)
+    k = 1 if method in ("sparsemax", "entmax15") else k
+    d = {"exp": _d_exp, "sigmoid": _d_sig, "laplace": _d_lap, "sparse": _d_clip, "sparsemax": _d_relu,
+         "entmax15": _d_entmax(1.5)}[method]
+    ref = oracle_mp.threshold_row(method, x32.astype(np.float64), k, tau=tau)
+    tol = _tolerance(ref, x32.astype(np.float64), tau, k, d, k > 1 or method in SUM_METHODS,
+                     1.5 if method == "entmax15" else None, float(np.finfo(np.float32).eps))
+    x = torch.from_numpy(x32)
+    for backend in ("torch", "native"):
+        with softk.use_backend(backend):
+            if method in ("sparsemax", "entmax15"):
+                p = getattr(softk, method)(x, tau=tau)
+            else:
+                p = softk.soft_topk(x, k, tau=tau, method=method)
+        ok = bool(np.all(np.abs(p.double().numpy() - ref) <= tol))
+        if not ok and not PRELUDE_EXACT:
+            pytest.xfail("needs the shifted row prelude (function.py)")
+        assert ok, (backend, p, ref)
