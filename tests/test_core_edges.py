@@ -156,8 +156,8 @@ def test_modules_match_functions_and_repr():
     assert torch.equal(snn.Sparsemax(dim=0, tau=0.5)(x), softk.sparsemax(x, 0, 0.5))
     assert torch.equal(snn.Entmax15()(x), softk.entmax15(x))
     assert torch.equal(snn.Entmax(alpha=1.3)(x), softk.entmax(x, 1.3))
-    assert torch.equal(snn.SoftTopK(2, "laplace", 0.5)(x), softk.soft_topk(x, 2, tau=0.5, method="laplace"))
-    assert "k=2, method='laplace', tau=0.5, dim=-1" in repr(snn.SoftTopK(2, "laplace", 0.5))
+    assert torch.equal(snn.SoftTopK(2, -1, 0.5, "laplace")(x), softk.soft_topk(x, 2, -1, 0.5, "laplace"))
+    assert "k=2, dim=-1, tau=0.5, method='laplace'" in repr(snn.SoftTopK(2, -1, 0.5, "laplace"))
     assert "dim=0, tau=0.5" in repr(snn.Sparsemax(dim=0, tau=0.5))
     assert "alpha=1.3" in repr(snn.Entmax(alpha=1.3))
 

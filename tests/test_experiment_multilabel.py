@@ -20,7 +20,8 @@ from softk.experiments import arff, data, metrics, multilabel, objectives  # noq
 
 from . import oracle  # noqa: E402
 
-MULAN = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "mulan")
+# ../shared next to the checkout; SOFTK_MULAN_DIR overrides (e.g. from a git worktree elsewhere).
+MULAN = os.environ.get("SOFTK_MULAN_DIR") or os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "mulan")
 EMOTIONS = os.path.join(MULAN, "emotions")
 
 
@@ -225,14 +226,20 @@ def test_threshold_grids():
 
 # ----------------------------------------------------------------- training
 def test_folds():
-    f = multilabel.folds(12, "contiguous", 0)
-    assert [list(x) for x in f] == [[0, 1, 2], [3, 4, 5], [6, 7], [8, 9], [10, 11]]
-    s = multilabel.folds(12, "shuffled", 3)
-    assert sorted(np.concatenate(s).tolist()) == list(range(12))
-    assert [x.tolist() for x in s] == [x.tolist() for x in multilabel.folds(12, "shuffled", 3)]
-    assert np.concatenate(s).tolist() != list(range(12))
+    # default sizes: ceil(14/5) = 3 rows per fold, the last what is left
+    f = multilabel.folds(14, "contiguous", 0)
+    assert [list(x) for x in f] == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, 11], [12, 13]]
+    e = multilabel.folds(12, "contiguous", 0, "even")
+    assert [list(x) for x in e] == [[0, 1, 2], [3, 4, 5], [6, 7], [8, 9], [10, 11]]
+    s = multilabel.folds(14, "shuffled", 3)
+    assert sorted(np.concatenate(s).tolist()) == list(range(14))
+    assert [x.tolist() for x in s] == [x.tolist() for x in multilabel.folds(14, "shuffled", 3)]
+    assert np.concatenate(s).tolist() != list(range(14))
+    assert [len(x) for x in s] == [3, 3, 3, 3, 2]
     with pytest.raises(ValueError, match="folds must be one of"):
-        multilabel.folds(12, "random", 0)
+        multilabel.folds(14, "random", 0)
+    with pytest.raises(ValueError, match="fold_sizes must be one of"):
+        multilabel.folds(14, "contiguous", 0, "odd")
 
 
 def test_standardise_uses_training_statistics():
@@ -304,9 +311,13 @@ def test_cli_end_to_end(tiny_mulan, tmp_path, capsys):
                "--folds", "contiguous", "shuffled", "--lambdas", "1e-1", "1e-3", "--out", str(out)])
     assert rc == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["dataset"] == "tiny" and report["folds"] == "contiguous"
-    assert set(report["results"]) == set(objectives.LOSSES)
-    assert set(report["shuffled_folds"]["results"]) == set(objectives.LOSSES)
+    assert report["dataset"] == "tiny" and report["folds"] == "contiguous" and report["cv_score"] == "per-fold"
+    assert [(r["folds"], r["cv_score"]) for r in report["runs"]] == [
+        ("contiguous", "per-fold"), ("contiguous", "pooled"), ("shuffled", "per-fold"), ("shuffled", "pooled")]
+    assert report["results"] == report["runs"][0]["results"]
+    assert report["data"]["fold_rows"] == [8, 8, 8, 8, 8]
+    for run in report["runs"]:
+        assert set(run["results"]) == set(objectives.LOSSES)
     keys = {"micro_f1", "macro_f1", "macro_f1_per_label_mean", "lambda_micro", "threshold_micro",
             "lambda_macro", "threshold_macro", "train_seconds"}
     for res in report["results"].values():
@@ -335,6 +346,9 @@ def test_cli_markdown_and_usage_errors(tiny_mulan, capsys):
                  "--folds", "contiguous", "--quiet"]) == 0  # the full λ grid, one cheap loss
     text = capsys.readouterr().out
     assert "| sigmoid |" in text and "contiguous" in text and "shuffled" not in text
+    assert "CV score: **per-fold** (headline)" in text and "CV score: **pooled**." in text
+    assert main(["experiment", "multilabel", "--data", str(tiny_mulan), "--cv-score", "median"]) == 2
+    assert "--cv-score must be among" in capsys.readouterr().err
     assert main(["experiment", "multilabel", "--data", str(tiny_mulan), "--loss", "hinge"]) == 2
     assert "--loss must be among" in capsys.readouterr().err
     assert main(["experiment", "multilabel", "--data", str(tiny_mulan), "--folds", "random"]) == 2
@@ -353,13 +367,23 @@ def test_run_multilabel_rejects_bad_arguments(tiny_mulan):
         multilabel.run_multilabel(ds, schemes=[])
     with pytest.raises(ValueError, match="lambdas must be"):
         multilabel.run_multilabel(ds, lambdas=[-1.0])
+    with pytest.raises(ValueError, match="cv_scores must be"):
+        multilabel.run_multilabel(ds, cv_scores=["pooled", "pooled"])
+    with pytest.raises(ValueError, match="fold_sizes must be"):
+        multilabel.run_multilabel(ds, fold_sizes="odd")
+
+
+def test_experiment_without_subcommand_exits_2(capsys):
+    assert main(["experiment"]) == 2
+    err = capsys.readouterr().err
+    assert "usage:" in err and "choose an experiment" in err
 
 
 @pytest.mark.parametrize("loss", ["softmax", "sparsemax", "entmax15", "soft_topk"])
 def test_losses_agree_with_softk_losses(rng, loss):
-    # The trainer evaluates the Fenchel–Young losses through the threshold core
-    # directly (value and p − ỹ in one pass, no autograd graph); the public
-    # softk.losses must give the same value and, by autograd, the same gradient.
+    # The trainer's losses are softk.losses called with a detached copy and
+    # differentiated by autograd; check the plumbing (normalised targets, |y|
+    # groups for soft_topk, the returned gradient) against a direct call.
     losses = pytest.importorskip("softk.losses")
     z = torch.tensor(rng.normal(size=(10, 5)) * 2, requires_grad=True)
     y = torch.tensor((rng.random((10, 5)) < 0.4).astype(float))

@@ -11,7 +11,8 @@ import torch
 
 import softk
 from softk.threshold import ENTMAX15, EXP, SPARSE, SPARSEMAX, entmax_family
-from softk.threshold.function import threshold_forward_support
+from softk.threshold.solve import solve_on_candidates
+from softk.threshold.torch_path import forward as torch_forward
 
 from . import oracle
 
@@ -110,26 +111,23 @@ def test_half_inputs_are_computed_in_float32(rng, dtype):
 
 
 def test_support_path_is_taken_on_wide_rows(rng):
-    """Guard that wide rows on the PyTorch path take the sparse backward, not
-    the dense one (pinned to that path: under the default backend the compiled
-    CPU kernels take these families and return no support)."""
+    """Guard that wide rows on the PyTorch path are solved on a few gathered
+    candidate columns, and that these hold the whole support."""
     z = torch.tensor(rng.normal(size=(4, 3000)))
     for fam in (SPARSEMAX, ENTMAX15, entmax_family(1.3), SPARSE):
-        with softk.use_backend("torch"):
-            p, support = threshold_forward_support(fam, z, 1)
-        assert support is not None
-        idx, valid = support
+        p = torch_forward(fam, z, 1)
+        *_, idx, valid = solve_on_candidates(fam, z, 1)
+        assert idx is not None
         assert idx.shape[-1] < 3000 // 2
         # Every non-zero of p is a valid candidate column.
         # (padding slots repeat a column, so count rather than overwrite)
         marked = torch.zeros_like(p, dtype=torch.long).scatter_add_(-1, idx, valid.long()) > 0
         assert bool(((p > 0) == marked).all())
-    assert threshold_forward_support(EXP, z, 5)[1] is None
 
 
 @pytest.mark.parametrize("name,fn,ref", K1_MAPS)
 def test_wide_row_gradients_match_oracle_jacobian(rng, name, fn, ref):
-    """vjp through the support-only backward against central differences of the oracle."""
+    """vjp on wide rows (fast forward paths) against central differences of the oracle."""
     n = 96
     xn = rng.normal(size=n) * 3
     xn[:20] = -np.inf

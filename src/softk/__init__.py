@@ -7,9 +7,9 @@ from ._backend import backend, use_backend
 from .simplex import entmax, entmax15, log_softmax, logsumexp, softmax, sparsemax
 from .topk import soft_topk
 from .hard import hard_topk, topk_softmax
-from .topk_sum import topk_sum
-from .properties import properties, property_violations
-from . import losses
+from .topk_smooth_sum import topk_sum
+from .seed_properties import properties, property_violations
+from . import families, losses, nn
 
 __version__ = "0.1.0"
 

@@ -24,6 +24,14 @@ import os
 import threading
 
 
+def _constant_under_compile(fn):
+    """Mark ``fn`` as torch.compile's ``assume_constant_result`` does (its
+    result is read once, when a graph is captured) without importing
+    torch._dynamo, which would add seconds to ``import softk``."""
+    fn._dynamo_marked_constant = True
+    return fn
+
+
 def triton_importable() -> bool:
     """True when the ``triton`` package is installed (not imported here)."""
     return importlib.util.find_spec("triton") is not None
@@ -34,6 +42,7 @@ def triton_interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+@_constant_under_compile
 def native_available() -> bool:
     """True when the compiled CPU kernels load (compiling them on first use)."""
     from .native import build
@@ -57,6 +66,7 @@ def _check(name: str, source: str) -> str:
     return name
 
 
+@_constant_under_compile
 def backend() -> str:
     """The configured backend name: "auto" (default), "torch", "native" or "triton".
 
@@ -88,14 +98,18 @@ def use_backend(name: str):
         _state.name = previous
 
 
-def resolve(x) -> str:
-    """The concrete backend that runs ``x`` under the current setting."""
+def resolve(x, native_ok=native_available) -> str:
+    """The backend that runs ``x`` under the current setting (before asking
+    whether it serves the family: see :func:`softk.dispatch.resolve`).
+
+    Under ``torch.compile`` the setting is read once, when the graph is
+    captured (``torch.compiler.assume_constant_result``)."""
     name = backend()
     runnable = x.is_cuda or triton_interpreted()
     if name == "auto":
         if x.is_cuda:
             return "triton" if triton_importable() else "torch"
-        return "native" if x.device.type == "cpu" and native_available() else "torch"
+        return "native" if x.device.type == "cpu" and native_ok() else "torch"
     if name == "native" and x.device.type != "cpu":
         raise ValueError(
             f"backend 'native' runs CPU tensors, got a tensor on {x.device}; "

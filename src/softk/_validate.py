@@ -28,10 +28,13 @@ def check_input(x, name: str = "x") -> None:
         raise ValueError(f"{name} must have at least one dimension, got a 0-d tensor")
 
 
-def check_dim(x: torch.Tensor, dim, name: str = "dim") -> int:
-    """Return ``dim`` as a non-negative index into ``x.shape``."""
+def check_dim(x, dim, name: str = "dim") -> int:
+    """Return ``dim`` as a non-negative index into ``x.shape`` (x None: only
+    the type is checked, for modules, which learn the rank at call time)."""
     if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(dim).__name__}")
+    if x is None:
+        return int(dim)
     nd = x.dim()
     if not -nd <= dim < nd:
         raise ValueError(
@@ -40,8 +43,23 @@ def check_dim(x: torch.Tensor, dim, name: str = "dim") -> int:
     return int(dim) % nd
 
 
-def check_tau(tau, name: str = "tau") -> float:
-    """Temperature: a finite number > 0."""
+def check_tau(tau, name: str = "tau", allow_grad: bool = False):
+    """Temperature: a finite number > 0.
+
+    With ``allow_grad``, a one-element tensor that requires grad is returned
+    as a 0-d tensor (after the same value check), so that the caller forms
+    x/τ with autograd and τ gets its gradient; elsewhere such a τ is refused,
+    never silently detached."""
+    if isinstance(tau, torch.Tensor) and tau.requires_grad:
+        if not allow_grad:
+            raise ValueError(
+                f"{name} is a tensor that requires grad, but this function takes {name} as a constant; "
+                f"pass {name}.detach(), or divide the scores by {name} yourself and use {name}=1"
+            )
+        if tau.numel() != 1 or not tau.is_floating_point():
+            raise TypeError(f"{name} must be a number or a one-element floating tensor, got shape {tuple(tau.shape)}")
+        check_positive(tau.detach(), name)
+        return tau.reshape(())
     return check_positive(tau, name)
 
 
@@ -59,12 +77,17 @@ def check_positive(tau, name: str) -> float:
     return tau
 
 
-def check_k(k, n: int, name: str = "k") -> int:
-    """Number of selected entries: an int in [1, n]."""
+def check_k(k, n=None, name: str = "k") -> int:
+    """Number of selected entries: an int in [1, n] (n None: only k >= 1,
+    for modules, which learn n at call time)."""
     if isinstance(k, torch.Tensor) and k.numel() == 1 and not k.is_floating_point():
         k = k.item()
     if isinstance(k, bool) or not isinstance(k, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(k).__name__}")
+    if n is None:
+        if k < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {k}")
+        return int(k)
     if not 1 <= k <= n:
         raise ValueError(f"{name} must be in [1, n] = [1, {n}] for this input, got {k}")
     return int(k)
@@ -80,30 +103,103 @@ def check_topk_args(x, k, dim, tau, method, methods):
     """The common prelude of the top-k functions: returns (dim, k, tau)."""
     check_input(x)
     dim = check_dim(x, dim)
-    k = check_k(k, x.shape[dim])
-    tau = check_tau(tau)
+    k = check_k_rows(k, x, dim)
+    tau = check_tau(tau, allow_grad=True)
     check_choice(method, methods, "method")
+    if isinstance(k, torch.Tensor) and method not in ("exp", "sigmoid", "laplace", "sparse"):
+        raise ValueError(
+            f"a per-row k (a tensor) needs a threshold method (exp, sigmoid, laplace, sparse), "
+            f"got method={method!r}; pass an int k"
+        )
     return dim, k, tau
 
 
-def check_alpha(alpha, name: str = "alpha"):
-    """entmax's α: a real number or a floating tensor, every value finite and
-    >= 1 (1 is softmax, 2 sparsemax; α → ∞ tends to the argmax, which is
-    ``softk.hard_topk(x, 1)``: inf itself is refused, as a float and as a
-    tensor entry alike).  Returns α (a float for a number)."""
-    if isinstance(alpha, torch.Tensor):
+def per_row(t: torch.Tensor, x: torch.Tensor, dim: int, name: str) -> torch.Tensor:
+    """A per-row parameter: ``t`` broadcastable to x's shape with size 1 along
+    ``dim``, returned broadcast with ``dim`` moved last (x.shape[:-1] + (1,))."""
+    if t.dim() > x.dim():
+        raise ValueError(f"{name} has more dimensions ({t.dim()}) than x ({x.dim()})")
+    shape = (1,) * (x.dim() - t.dim()) + tuple(t.shape)
+    target = list(x.shape)
+    target[dim] = 1
+    if any(a not in (1, b) for a, b in zip(shape, target)) or shape[dim] != 1:
+        raise ValueError(
+            f"{name} of shape {tuple(t.shape)} must broadcast to x's shape {tuple(x.shape)} "
+            f"with size 1 along dim={dim}, e.g. shape {tuple(target)}"
+        )
+    return t.reshape(shape).expand(target).movedim(dim, -1)
+
+
+def check_alpha(alpha, x, dim: int):
+    """entmax's α: a finite float >= 1, or a floating tensor >= 1 (finite)
+    broadcastable to ``x`` with size 1 along ``dim``; a tensor comes back
+    broadcast to x's shape with ``dim`` moved last (one α per row).  With
+    ``x`` None (a module, before it sees an input) only floats are taken."""
+    if isinstance(alpha, torch.Tensor) and x is not None:
         if not alpha.is_floating_point():
-            raise TypeError(f"{name} must be a float or a floating-point tensor, got dtype {alpha.dtype}")
-        bad = torch.isnan(alpha) | (alpha < 1) | torch.isinf(alpha)
+            raise TypeError(f"alpha must be a float or a floating-point tensor, got dtype {alpha.dtype}")
+        a = alpha.detach()
+        bad = ~torch.isfinite(a) | (a < 1)
         if bool(bad.any()):
             raise ValueError(
-                f"{name} must be finite and >= 1 everywhere (1 is softmax, 2 sparsemax; "
-                f"for the alpha -> inf limit use softk.hard_topk(x, 1)), got {alpha[bad].flatten()[0].item()}"
+                "alpha must be finite and >= 1 everywhere (1 is softmax, 2 sparsemax; for the alpha -> inf "
+                f"limit, the argmax, use softk.hard_topk(x, 1)), got {a[bad].flatten()[0].item()}"
             )
-        return alpha
+        return per_row(alpha, x, dim, "alpha")
     if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
-        raise TypeError(f"{name} must be a float >= 1 or a tensor, got {type(alpha).__name__}")
+        raise TypeError(f"alpha must be a float >= 1 or a tensor, got {type(alpha).__name__}")
     alpha = float(alpha)
     if not (alpha >= 1 and math.isfinite(alpha)):
-        raise ValueError(f"{name} must be a finite float >= 1, got {alpha}")
+        raise ValueError(
+            f"alpha must be a finite float >= 1 (1 is softmax, 2 sparsemax; for the alpha -> inf limit, "
+            f"the argmax, use softk.hard_topk(x, 1)), got {alpha}"
+        )
     return alpha
+
+
+def is_row_k(k) -> bool:
+    """True for a per-row budget: a floating tensor, or one with several entries
+    (a one-element integer tensor is an ordinary int k)."""
+    return isinstance(k, torch.Tensor) and (k.is_floating_point() or k.numel() != 1)
+
+
+def check_k_rows(k, x: torch.Tensor, dim: int, name: str = "k"):
+    """k as an int in [1, n] (see :func:`check_k`), or one budget per row: a
+    real or integer tensor broadcastable to x with size 1 along ``dim``, each
+    value in (0, n] (the capped families take any real k there), returned
+    like :func:`per_row` in x's compute dtype."""
+    n = x.shape[dim]
+    if not is_row_k(k):
+        return check_k(k, n, name)
+    if k.requires_grad and not k.is_floating_point():
+        raise TypeError(f"{name} must be a floating tensor to receive a gradient")
+    if k.is_complex() or k.dtype == torch.bool:
+        raise TypeError(f"{name} must be an int or a real tensor, got dtype {k.dtype}")
+    kd = unwrapped(k.detach())
+    require((kd > 0) & (kd <= n) & torch.isfinite(kd.double()),
+            lambda: f"{name} must lie in (0, n] = (0, {n}] in every row, got values from "
+                    f"{float(kd.min())} to {float(kd.max())}")
+    ct = torch.float64 if x.dtype == torch.float64 else torch.float32
+    return per_row(k.to(ct), x, dim, name)
+
+
+def require(ok: torch.Tensor, message) -> None:
+    """A check on tensor *values* (a class index in range, a target row that
+    sums to k): a ValueError with ``message()`` in eager mode.  Under
+    torch.compile a value is not known while the graph is captured, so the
+    check becomes an assertion inside the graph (``torch._assert_async``,
+    which raises when it runs) instead of a graph break; under torch.func
+    transforms the check reads the unwrapped batch."""
+    if torch.compiler.is_compiling():
+        torch._assert_async(ok.all(), "softk: invalid input values (run eagerly for the full message)")
+        return
+    if not bool(unwrapped(ok).all()):
+        raise ValueError(message() if callable(message) else message)
+
+
+def unwrapped(t: torch.Tensor) -> torch.Tensor:
+    """Under torch.func transforms (vmap, grad): the whole batch underneath,
+    so that a value check (and its message) can read it."""
+    while torch._C._functorch.is_functorch_wrapped_tensor(t):
+        t = torch._C._functorch.get_unwrapped(t)
+    return t

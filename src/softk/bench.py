@@ -50,8 +50,14 @@ try:  # the reference implementation, when installed
 except ImportError:  # pragma: no cover
     _entmax = None
 
+# The fewest columns an op runs on (soft_topk_exp64 selects k = 64 entries).
+MIN_COLS = {"soft_topk_exp64": 64}
 DEFAULT_SHAPES = ((256, 32000), (2048, 1024))
 PASSES = ("fwd", "bwd", "fwd+bwd")
+
+
+class AllocationError(ValueError):
+    """The inputs of one shape could not be allocated (the message starts with the shape)."""
 
 
 def device_name(device: torch.device) -> str:
@@ -128,13 +134,21 @@ def run(ops=None, shapes=DEFAULT_SHAPES, dtype=torch.float32, device="cpu", repe
         ops = ["softmax"] + ops
     if not (isinstance(repeats, int) and repeats >= 1):
         raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
+    for op in ops:
+        small = [s for s in shapes if s[-1] < MIN_COLS.get(op, 1)]
+        if small:
+            raise ValueError(f"op {op} needs at least {MIN_COLS[op]} columns, got shapes {small}")
     device = torch.device(device)
     date = datetime.date.today().isoformat()
     rows = []
     for shape in shapes:
         gen = torch.Generator().manual_seed(seed)
-        x = torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
-        g = torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
+        try:
+            x = torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
+            g = torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
+        except (RuntimeError, MemoryError) as exc:  # too large for this machine
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise AllocationError(f"{'x'.join(map(str, shape))}: cannot allocate the inputs on {device} ({first})") from None
         jobs = [(op, prov, fn) for op in ops for prov, fn in OPS[op].items()]
         times = {(op, prov, w): [] for op, prov, _ in jobs for w in PASSES}
         peak = {}

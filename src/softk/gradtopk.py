@@ -54,7 +54,7 @@ import math
 import torch
 from torch import Tensor
 
-from .threshold.function import row_status
+from .threshold.rows import row_status
 
 NEG_INF = float("-inf")
 _WORK = torch.float64

@@ -4,7 +4,7 @@ Ties are broken by position: among equal scores the entry with the *lower
 index* along ``dim`` is kept (a stable descending sort), so exactly k entries
 are selected on every row with at least k finite entries.  ``-inf`` entries are
 never selected: a row with m ≤ k finite entries selects those m (the row
-convention of :mod:`softk.threshold.function`).  A row holding NaN or +inf is
+convention of :mod:`softk.threshold.rows`).  A row holding NaN or +inf is
 NaN.
 """
 
@@ -13,7 +13,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import _backend
 from ._validate import check_dim, check_input, check_k, check_tau
 from .simplex import softmax
 
@@ -63,7 +62,6 @@ def hard_topk(x: Tensor, k: int, dim: int = -1) -> Tensor:
     check_input(x)
     dim = check_dim(x, dim)
     k = check_k(k, x.shape[dim])
-    _backend.resolve(x)
     xl = x.detach().movedim(dim, -1)
     out = _mask_last(xl, k).to(x.dtype)
     out = torch.where(_broken(xl), float("nan"), out)
@@ -101,8 +99,7 @@ def topk_softmax(x: Tensor, k: int, dim: int = -1, tau: float = 1.0) -> Tensor:
     check_input(x)
     dim = check_dim(x, dim)
     k = check_k(k, x.shape[dim])
-    tau = check_tau(tau)
-    _backend.resolve(x)
+    tau = check_tau(tau, allow_grad=True)
     keep = topk_mask(x, k, dim)
     p = softmax(torch.where(keep, x, float("-inf")), dim, tau)
     broken = _broken(x.detach().movedim(dim, -1)).movedim(-1, dim)

@@ -18,7 +18,7 @@ picked (z = x/τ):
   its larger score, so at k = 2 the τ → 0 limit is 1.5 / 0.5 instead of 1 / 1.
 
 Both are plain compositions of differentiable torch operations (autograd
-gives the exact gradient of the k-step recursion).  ``softk.properties``
+gives the exact gradient of the k-step recursion).  ``softk.properties()``
 measures which of the seed's properties each keeps.
 """
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .threshold.function import compute_dtype, row_status
+from .threshold.rows import compute_dtype, row_status
 
 
 def _rows(x: Tensor, k: int, tau: float):

@@ -7,45 +7,40 @@ All of them solve the regularised argmax
 and have the threshold form p_i = f(z_i − λ), Σp = 1 (see :mod:`softk.threshold`).
 Every function here takes any shape and ``dim``, float64/32/16/bfloat16 input
 (half precision is computed in float32 and returned in the input dtype), and
-follows the row conventions of :mod:`softk.threshold.function`: ``-inf`` entries
+follows the row conventions of :mod:`softk.threshold.rows`: ``-inf`` entries
 are removed, a fully masked row gives zeros (log-probabilities ``-inf``) with a
 zero gradient, a NaN stays in its row.
 """
 
 from __future__ import annotations
 
-import numbers
-
 import torch
 from torch import Tensor
 
-from . import _backend
-from ._validate import check_dim, check_input, check_tau
-from .threshold import ENTMAX15, SPARSEMAX, entmax_family, threshold_map
-from .threshold.entmax_alpha import EntmaxAlphaFunction
-from .threshold.function import compute_dtype
+from ._validate import check_alpha, check_dim, check_input, check_tau
+from .threshold import ENTMAX15, SOFTMAX, SPARSEMAX, entmax_family
+from .threshold.entmax_alpha import entmax_alpha
+from .threshold.op import threshold_map
+from .threshold.rows import compute_dtype
 
 
 def _prepare(x, dim, tau):
     check_input(x)
-    dim = check_dim(x, dim)
-    tau = check_tau(tau)
-    _backend.resolve(x)
-    return dim, tau
+    return check_dim(x, dim), check_tau(tau, allow_grad=True)
 
 
-def _scaled(x: Tensor, tau: float) -> Tensor:
+def _log_normaliser(x: Tensor, dim: int, tau):
+    """(s, m, lse, empty): s = (x − m)/τ with m the finite row max (so x/τ
+    never overflows), lse = logsumexp(s), and the fully masked rows, whose s
+    is replaced by zeros so that neither lse nor its gradient is NaN there.
+    Plain tensor code (no data-dependent branch), so vmap, compile and double
+    backward see ordinary ops."""
     z = x.to(compute_dtype(x.dtype))
-    return z if tau == 1.0 else z / tau
-
-
-def _unmask_empty_rows(z: Tensor, dim: int):
-    """Rows with no finite entry make torch return NaN; give them zeros instead
-    (and remember which they were).  Returns (z, empty) with empty=None if none."""
-    empty = (z == float("-inf")).all(dim, keepdim=True)
-    if not bool(empty.any()):
-        return z, None
-    return torch.where(empty, 0.0, z), empty
+    m = z.detach().amax(dim, keepdim=True)
+    empty = m == float("-inf")
+    m = torch.where(torch.isfinite(m), m, 0.0)
+    s = torch.where(empty, 0.0, (z - m) / tau)
+    return s, m, torch.logsumexp(s, dim, keepdim=True), empty
 
 
 def softmax(x: Tensor, dim: int = -1, tau: float = 1.0) -> Tensor:
@@ -71,11 +66,7 @@ def softmax(x: Tensor, dim: int = -1, tau: float = 1.0) -> Tensor:
     tensor([0.0321, 0.0871, 0.2369, 0.6439])
     """
     dim, tau = _prepare(x, dim, tau)
-    z, empty = _unmask_empty_rows(_scaled(x, tau), dim)
-    p = torch.softmax(z, dim)
-    if empty is not None:
-        p = torch.where(empty, 0.0, p)
-    return p.to(x.dtype)
+    return threshold_map(x, SOFTMAX, 1, dim, tau)
 
 
 def log_softmax(x: Tensor, dim: int = -1, tau: float = 1.0) -> Tensor:
@@ -88,11 +79,8 @@ def log_softmax(x: Tensor, dim: int = -1, tau: float = 1.0) -> Tensor:
     tensor([-0.6931, -0.6931])
     """
     dim, tau = _prepare(x, dim, tau)
-    z, empty = _unmask_empty_rows(_scaled(x, tau), dim)
-    out = torch.log_softmax(z, dim)
-    if empty is not None:
-        out = torch.where(empty, float("-inf"), out)
-    return out.to(x.dtype)
+    s, _, lse, empty = _log_normaliser(x, dim, tau)
+    return torch.where(empty, float("-inf"), s - lse).to(x.dtype)
 
 
 def logsumexp(x: Tensor, dim: int = -1, tau: float = 1.0, keepdim: bool = False) -> Tensor:
@@ -106,11 +94,8 @@ def logsumexp(x: Tensor, dim: int = -1, tau: float = 1.0, keepdim: bool = False)
     4.4402
     """
     dim, tau = _prepare(x, dim, tau)
-    z, empty = _unmask_empty_rows(_scaled(x, tau), dim)
-    out = torch.logsumexp(z, dim, keepdim=True)
-    if empty is not None:
-        out = torch.where(empty, float("-inf"), out)
-    out = out * tau
+    _, m, lse, empty = _log_normaliser(x, dim, tau)
+    out = torch.where(empty, float("-inf"), m + lse * tau)
     if not keepdim:
         out = out.squeeze(dim)
     return out.to(x.dtype)
@@ -150,25 +135,6 @@ def entmax15(x: Tensor, dim: int = -1, tau: float = 1.0) -> Tensor:
     return threshold_map(x, ENTMAX15, 1, dim, tau)
 
 
-def _alpha_tensor(alpha: Tensor, x: Tensor, dim: int) -> Tensor:
-    """Broadcast a tensor α to x's shape with size 1 along dim (dim moved last)."""
-    if not alpha.is_floating_point():
-        raise TypeError(f"alpha must be a float or a floating-point tensor, got dtype {alpha.dtype}")
-    if alpha.dim() > x.dim():
-        raise ValueError(f"alpha has more dimensions ({alpha.dim()}) than x ({x.dim()})")
-    shape = (1,) * (x.dim() - alpha.dim()) + tuple(alpha.shape)
-    target = list(x.shape)
-    target[dim] = 1
-    if any(a not in (1, t) for a, t in zip(shape, target)) or shape[dim] != 1:
-        raise ValueError(
-            f"alpha of shape {tuple(alpha.shape)} must broadcast to x's shape {tuple(x.shape)} "
-            f"with size 1 along dim={dim}, e.g. shape {tuple(target)}"
-        )
-    if bool(torch.isnan(alpha).any()) or bool((alpha < 1).any()):
-        raise ValueError("alpha must be >= 1 everywhere (alpha = 1 is softmax, 2 is sparsemax)")
-    return alpha.reshape(shape).expand(target).movedim(dim, -1)
-
-
 def entmax(x: Tensor, alpha=1.5, dim: int = -1, tau: float = 1.0) -> Tensor:
     r"""α-entmax (Peters, Niculae & Martins, 2019): Tsallis-regularised argmax.
 
@@ -196,17 +162,14 @@ def entmax(x: Tensor, alpha=1.5, dim: int = -1, tau: float = 1.0) -> Tensor:
     (1.0, True)
     """
     dim, tau = _prepare(x, dim, tau)
+    alpha = check_alpha(alpha, x, dim)
     if isinstance(alpha, Tensor):
-        a = _alpha_tensor(alpha, x, dim)
         if x.numel() == 0:
             return x * 0
-        out = EntmaxAlphaFunction.apply(x.movedim(dim, -1), a, tau)
+        if isinstance(tau, Tensor):
+            x, tau = x / tau.to(x.dtype), 1.0
+        out = entmax_alpha(x.movedim(dim, -1), alpha, tau)
         return out.movedim(-1, dim)
-    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
-        raise TypeError(f"alpha must be a float >= 1 or a tensor, got {type(alpha).__name__}")
-    alpha = float(alpha)
-    if not alpha >= 1 or alpha == float("inf"):
-        raise ValueError(f"alpha must be a finite float >= 1, got {alpha}")
     if alpha == 1.0:
         return softmax(x, dim, tau)
     if alpha == 1.5:

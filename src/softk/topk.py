@@ -35,11 +35,11 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from . import _backend
 from ._validate import check_topk_args
 from .gradtopk import gradtopk
 from .iterative import su_iterative, weighted
-from .threshold import THRESHOLD_METHODS, threshold_map
+from .threshold import THRESHOLD_METHODS
+from .threshold.op import threshold_map
 
 
 def _threshold(family):
@@ -74,7 +74,12 @@ def soft_topk(x: Tensor, k: int, dim: int = -1, tau: float = 1.0, method: str = 
 
     Args:
         x: scores, any shape, floating point (half computed in float32).
-        k: how many entries to select, an int in [1, n] with n = x.shape[dim].
+        k: how many entries to select, an int in [1, n] with n = x.shape[dim];
+            or, for the threshold methods, one budget per row: a tensor
+            broadcastable to ``x`` with size 1 along ``dim`` whose values lie
+            in (0, n] (fractional k is allowed: Σp = k still holds; a floating
+            k that requires grad gets ∂p/∂k = d/Σd).  A per-row k runs on the
+            PyTorch path on every device.
         dim: the dimension to select along.
         tau: temperature > 0.
         method: one of "exp", "sigmoid", "laplace", "sparse", "grad",
@@ -97,5 +102,6 @@ def soft_topk(x: Tensor, k: int, dim: int = -1, tau: float = 1.0, method: str = 
     tensor([0.6667, 0.6667, 0.6667])
     """
     dim, k, tau = check_topk_args(x, k, dim, tau, method, METHODS)
-    _backend.resolve(x)
+    if isinstance(tau, Tensor):  # τ that requires grad: x/τ with autograd, the map at τ = 1
+        x, tau = x / tau.to(x.dtype), 1.0
     return _REGISTRY[method](x, k, dim, tau)

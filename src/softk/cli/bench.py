@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import sys
 
-from . import UsageError
+from . import UsageError, int_at_least
 
 
 def _shape(text: str):
@@ -20,16 +21,64 @@ def _shape(text: str):
 
 
 def register(sub):
-    p = sub.add_parser("bench", help="time softk vs torch.softmax and the entmax package")
-    p.add_argument("--shapes", nargs="+", default=["64x4096", "256x1024"], help="ROWSxCOLS sizes (default: small, < 1 min)")
-    p.add_argument("--ops", nargs="+", default=None, help="ops to time (default: all)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float64", "float16", "bfloat16"])
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    p.add_argument("--format", default="markdown", choices=["markdown", "csv", "json"])
-    p.add_argument("--output", default="-", help="file to write (default: stdout)")
+    p = sub.add_parser(
+        "bench",
+        help="time softk vs torch.softmax and the entmax package",
+        description="Time forward, backward and both for each op and provider, interleaved round by round "
+        "(see softk.bench); prints p20/p50/p80 ms, the ratio to torch.softmax and GB/s.",
+    )
+    p.add_argument("--shapes", nargs="+", default=["64x4096", "256x1024"], metavar="ROWSxCOLS",
+                   help="input sizes, e.g. 256x32000 (default: 64x4096 256x1024, under a minute)")
+    p.add_argument("--ops", nargs="+", default=None, metavar="OP",
+                   help="ops to time, among softmax, sparsemax, entmax15, entmax1.3, soft_topk_exp64 "
+                   "(default: all; torch.softmax is always timed as the baseline)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64", "float16", "bfloat16"],
+                   help="dtype of the random inputs (default float32)")
+    p.add_argument("--device", default="cpu",
+                   help="cpu, cuda or cuda:N (default cpu); cuda needs a GPU and a CUDA build of torch")
+    p.add_argument("--repeats", type=int, default=5,
+                   help="timed rounds per op after one warm-up round, >= 1 (default 5)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads, from 1 to the number of CPUs (default: torch's own)")
+    p.add_argument("--format", default="markdown", choices=["markdown", "csv", "json"],
+                   help="output format (default markdown)")
+    p.add_argument("--output", default="-", metavar="PATH",
+                   help="file to write, created or overwritten (default -: stdout)")
     p.set_defaults(run=_run)
+
+
+def _device(text: str):
+    """``text`` as a torch.device bench can time on: cpu, or a CUDA device that exists here."""
+    import torch
+
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise UsageError(f"--device must be cpu, cuda or cuda:N, got {text!r}") from None
+    if device.type == "cpu":
+        return device
+    if device.type != "cuda":
+        raise UsageError(f"--device must be cpu, cuda or cuda:N (bench times CPU and CUDA only), got {text!r}")
+    if not torch.cuda.is_available():
+        raise UsageError(f"--device {text}: CUDA is not available here (torch {torch.__version__}, "
+                         f"{'no CUDA build' if torch.version.cuda is None else 'no GPU found'}); use --device cpu")
+    if device.index is not None and device.index >= torch.cuda.device_count():
+        raise UsageError(f"--device {text}: there are only {torch.cuda.device_count()} CUDA device(s) here")
+    return device
+
+
+def _check_output(path: str) -> None:
+    """Refuse an --output that cannot be written, before minutes of timing."""
+    if path == "-":
+        return
+    if not path:
+        raise UsageError("--output must name a file (or - for stdout), got an empty string")
+    if os.path.isdir(path):
+        raise UsageError(f"--output {path}: is a folder, not a file")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise UsageError(f"--output {path}: its folder {parent} does not exist or is not a folder")
+    if not os.access(parent, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise UsageError(f"--output {path}: not writable")
 
 
 def _run(args) -> int:
@@ -38,14 +87,36 @@ def _run(args) -> int:
     from .. import bench
 
     if args.threads is not None:
-        if args.threads < 1:
-            raise UsageError(f"--threads must be >= 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
-    if args.repeats < 1:
-        raise UsageError(f"--repeats must be >= 1, got {args.repeats}")
+        int_at_least(args.threads, "--threads", 1)
+        cpus = os.cpu_count() or 1
+        if args.threads > cpus:  # OpenMP with 100000 threads crashes the process
+            raise UsageError(f"--threads must be in [1, {cpus}] (the CPUs of this machine), got {args.threads}")
+    int_at_least(args.repeats, "--repeats", 1)
     shapes = [_shape(s) for s in args.shapes]
-    rows = bench.run(args.ops, shapes, getattr(torch, args.dtype), args.device, args.repeats)
-    out = sys.stdout if args.output == "-" else open(args.output, "w", newline="")
+    if args.ops is not None:
+        unknown = [o for o in args.ops if o not in bench.OPS]
+        if unknown:
+            raise UsageError(f"--ops must be among {', '.join(bench.OPS)}; got {', '.join(unknown)}")
+    ops = list(bench.OPS) if args.ops is None else args.ops
+    for op in ops:
+        need = bench.MIN_COLS.get(op, 1)
+        small = [f"{r}x{c}" for r, c in shapes if c < need]
+        if small:
+            which = f"--ops {op}" if args.ops is not None else f"op {op} (one of the default --ops)"
+            raise UsageError(f"{which} needs at least {need} columns, but --shapes has {', '.join(small)}; "
+                             f"use wider --shapes or leave {op} out of --ops")
+    device = _device(args.device)
+    _check_output(args.output)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    try:
+        rows = bench.run(ops, shapes, getattr(torch, args.dtype), device, args.repeats)
+    except bench.AllocationError as exc:
+        raise UsageError(f"--shapes {exc}") from None
+    try:
+        out = sys.stdout if args.output == "-" else open(args.output, "w", newline="")
+    except OSError as exc:
+        raise UsageError(f"--output {args.output}: cannot write it: {exc.strerror or exc}") from None
     try:
         if args.format == "json":
             json.dump(rows, out, indent=1)

@@ -1,25 +1,31 @@
 """`softk check`: the seeds' property table for every soft_topk method, measured.
 
-Each cell is measured by :func:`softk.properties.property_violations` on seeded
+Each cell is measured by :func:`softk.seed_properties.property_violations` on seeded
 generated inputs; a method failing a property is a finding, not an error, so
-the exit code is 0 either way.
+the exit code is 0 either way.  ``shift_invariant`` compares p(z + c) with
+p(z) for offsets up to c = ±2^-6/eps ≈ ±7e13 on rows where z + c is exact, so
+a solver that loses c·eps to cancellation is caught.  The backend in force is
+measured (``SOFTK_BACKEND=torch softk check`` for the PyTorch path).
 """
 
 from __future__ import annotations
 
 import json
 
+from . import int_at_least, plain
+
 
 def register(sub):
-    p = sub.add_parser("check", help="measure the seeds' properties for every soft_topk method", description=__doc__)
+    p = sub.add_parser("check", help="measure the seeds' properties for every soft_topk method",
+                       description=plain(__doc__))
     p.add_argument("--json", action="store_true", help="print {METHOD: {PROPERTY: bool}} as JSON")
-    p.add_argument("--seed", type=int, default=0, help="seed of the generated inputs (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the generated inputs, an integer >= 0 (default 0)")
     p.set_defaults(run=run)
 
 
 def measure(seed: int = 0) -> dict:
     """{method: {property: (holds, worst violation)}} for every soft_topk method."""
-    from ..properties import properties, property_violations
+    from ..seed_properties import properties, property_violations
     from ..topk import METHODS
 
     out = {}
@@ -31,7 +37,7 @@ def measure(seed: int = 0) -> dict:
 
 
 def format_table(table: dict) -> str:
-    from ..properties import PROPERTY_NAMES
+    from ..seed_properties import PROPERTY_NAMES
 
     head = ["method"] + list(PROPERTY_NAMES)
     rows = []
@@ -44,12 +50,12 @@ def format_table(table: dict) -> str:
     widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
     fmt = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths))  # noqa: E731
     lines = [fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows]
-    lines.append("NO (v): the property fails; v is the worst violation measured (see softk.properties).")
+    lines.append("NO (v): the property fails; v is the worst violation measured (see softk.seed_properties).")
     return "\n".join(lines)
 
 
 def run(args) -> int:
-    table = measure(args.seed)
+    table = measure(int_at_least(args.seed, "--seed", 0))
     if args.json:
         print(json.dumps({m: {name: ok for name, (ok, _) in props.items()} for m, props in table.items()}, indent=2))
     else:

@@ -3,68 +3,135 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from . import UsageError, finite_number, one_line
+
 DEFAULT_VALUES = [1.0, 2.0, 3.0, 4.0]  # the seeds' example
+DEFAULT_K = 2  # capped at n, so a single score still runs
 
 
 def register(sub):
     p = sub.add_parser(
         "compare",
         help="every map on the same scores (default: the seeds' 1 2 3 4)",
-        description="Apply every operator to one score vector and print a table "
+        description="Apply every operator to one row of scores and print a table "
         "(one row per operator, one column per entry, plus the sum and support size). "
-        "Negative values go after `--`, e.g. `softk compare -- -1 0 2`.",
+        "Negative values go after `--`, e.g. `softk compare -- -1 0 2`. "
+        "Scores are numbers; -inf masks an entry, NaN and +inf are refused. "
+        "--input takes ONE row: a 1-D .npy array, or text (csv or whitespace) holding "
+        "one line of numbers or one number per line; a 2-D table or 3-D array is refused "
+        "with its shape (run compare once per row, e.g. on x[i]).",
     )
-    p.add_argument("values", nargs="*", help="the scores (default: 1 2 3 4)")
-    p.add_argument("--k", type=int, default=2, help="k for the top-k maps (default 2)")
-    p.add_argument("--tau", type=float, default=1.0, help="temperature > 0 (default 1)")
-    p.add_argument("--alpha", type=float, default=1.3, help="α of the extra entmax row (default 1.3)")
-    p.add_argument("--input", metavar="PATH|-", help="read the scores from a .npy, .csv or whitespace text file, or stdin")
+    p.add_argument("values", nargs="*", metavar="VALUES", help="the scores (default: 1 2 3 4)")
+    p.add_argument("--k", type=int, default=None,
+                   help="k for the top-k maps, in [1, n] (default: 2, or 1 for a single score)")
+    p.add_argument("--tau", type=float, default=1.0, help="temperature, a finite number > 0 (default 1)")
+    p.add_argument("--alpha", type=float, default=1.3, help="α >= 1 of the extra entmax row (default 1.3)")
+    p.add_argument("--input", metavar="PATH|-",
+                   help="read one row of scores from a .npy file, a csv or whitespace text file, or - for stdin")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(run=run)
 
 
 def read_values(args) -> np.ndarray:
-    from . import UsageError
-
+    """The scores as a 1-D float64 array, or a UsageError naming VALUES or --input."""
     if args.input is not None and args.values:
         raise UsageError("give the scores either as VALUES or with --input, not both")
     if args.input is None:
         raw = args.values or [str(v) for v in DEFAULT_VALUES]
-        try:
-            return np.array([float(v) for v in raw], dtype=np.float64)
-        except ValueError:
-            bad = next(v for v in raw if not _is_float(v))
-            raise UsageError(f"VALUES must be numbers, got {bad!r}") from None
+        values = []
+        for i, v in enumerate(raw, 1):
+            try:
+                values.append(float(v))
+            except ValueError:
+                raise UsageError(f"VALUES must be numbers, got {v!r} (value {i})") from None
+        return check_scores(np.array(values, dtype=np.float64), "VALUES")
     if args.input == "-":
-        text = sys.stdin.read()
-    else:
-        path = Path(args.input)
-        if not path.is_file():
-            raise UsageError(f"--input: no such file: {path}")
-        if path.suffix == ".npy":
-            return np.asarray(np.load(path), dtype=np.float64).ravel()
-        text = path.read_text()
+        source = "--input - (stdin)"
+        try:
+            text = sys.stdin.read()
+        except UnicodeDecodeError:
+            raise UsageError(f"{source}: not UTF-8 text (pass a .npy file by its path)") from None
+        return check_scores(parse_text(text, source), source)
+    path = Path(args.input)
+    source = f"--input {path}"
+    if not path.exists():
+        raise UsageError(f"{source}: no such file")
+    if path.is_dir():
+        raise UsageError(f"{source}: is a folder, not a file")
     try:
-        values = np.array([float(v) for v in text.replace(",", " ").split()], dtype=np.float64)
-    except ValueError:
-        raise UsageError(f"--input: could not read numbers from {args.input}") from None
+        if path.suffix.lower() == ".npy":
+            return check_scores(load_npy(path, source), source)
+        data = path.read_bytes()
+    except OSError as exc:
+        raise UsageError(f"{source}: cannot read it: {exc.strerror or exc}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"{source}: not a UTF-8 text file (a .npy file must end in .npy)") from None
+    return check_scores(parse_text(text, source), source)
+
+
+def load_npy(path: Path, source: str) -> np.ndarray:
+    """A 1-D (or 0-d) real array from ``path``; bool, complex, object, 2-D and 3-D are refused."""
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except (ValueError, EOFError) as exc:
+        raise UsageError(f"{source}: not a readable .npy file ({one_line(exc)})") from None
+    if not isinstance(arr, np.ndarray):  # an .npz archive under a .npy name
+        raise UsageError(f"{source}: holds an .npz archive, not one array")
+    if arr.dtype.kind not in "iuf":
+        what = {"b": "bool", "c": "complex"}.get(arr.dtype.kind, str(arr.dtype))
+        raise UsageError(f"{source}: holds {what} values ({arr.dtype}); scores must be real numbers "
+                         "(save x.astype(float) if that is what you mean)")
+    if arr.ndim > 1:
+        raise UsageError(f"{source}: holds a {arr.ndim}-D array of shape {arr.shape}; compare takes one "
+                         "row of scores, a 1-D array (save x[i] for row i)")
+    return arr.astype(np.float64).reshape(-1)
+
+
+def parse_text(text: str, source: str) -> np.ndarray:
+    """One row of numbers from csv or whitespace text (one line, or one number per line)."""
+    rows = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        fields = line.split(",") if "," in line else line.split()
+        row = []
+        for j, field in enumerate(fields, 1):
+            field = field.strip()
+            if not field:
+                raise UsageError(f"{source}: line {lineno}, field {j} is empty; every field must hold a number")
+            try:
+                row.append(float(field))
+            except ValueError:
+                raise UsageError(f"{source}: line {lineno}, field {j} is not a number: {field!r}") from None
+        rows.append(row)
+    if len(rows) > 1 and any(len(r) > 1 for r in rows):
+        widths = sorted({len(r) for r in rows})
+        shape = f"{len(rows)} rows x {widths[0]} columns" if len(widths) == 1 else \
+            f"{len(rows)} lines of {' to '.join(map(str, (widths[0], widths[-1])))} numbers"
+        raise UsageError(f"{source}: holds a table of {shape}; compare takes one row of scores "
+                         "(one line, or one number per line): run it once per row")
+    return np.array([v for r in rows for v in r], dtype=np.float64)
+
+
+def check_scores(values: np.ndarray, source: str) -> np.ndarray:
+    """At least one score, no NaN or +inf, at least one finite (-inf masks an entry)."""
     if values.size == 0:
-        raise UsageError(f"--input: no numbers in {args.input}")
+        raise UsageError(f"{source}: no scores; compare needs at least one number")
+    for i, v in enumerate(values, 1):
+        if np.isnan(v) or v == np.inf:
+            raise UsageError(f"{source}: value {i} is {v}; scores must be numbers other than NaN and +inf (-inf masks an entry)")
+    if not np.isfinite(values).any():
+        raise UsageError(f"{source}: every value is -inf (masked); at least one score must be finite")
     return values
-
-
-def _is_float(v: str) -> bool:
-    try:
-        float(v)
-        return True
-    except ValueError:
-        return False
 
 
 def operators(k: int, tau: float, alpha: float):
@@ -84,16 +151,15 @@ def operators(k: int, tau: float, alpha: float):
     return ops
 
 
-def compute(values: np.ndarray, k: int, tau: float, alpha: float) -> dict:
-    from . import UsageError
-
+def compute(values: np.ndarray, k, tau: float, alpha: float) -> dict:
+    """Every operator on ``values``; ``k=None`` is min(DEFAULT_K, n)."""
     n = values.size
+    if k is None:
+        k = min(DEFAULT_K, n)
     if not 1 <= k <= n:
-        raise UsageError(f"--k must be in [1, n] = [1, {n}] for {n} values, got {k}")
-    if not tau > 0:
-        raise UsageError(f"--tau must be > 0, got {tau}")
-    if not alpha >= 1:
-        raise UsageError(f"--alpha must be >= 1, got {alpha}")
+        raise UsageError(f"--k must be in [1, n] = [1, {n}] for {n} value{'s' * (n != 1)}, got {k}")
+    finite_number(tau, "--tau", low=0)
+    finite_number(alpha, "--alpha", low=1, strict=False)
     x = torch.tensor(values, dtype=torch.float64)
     rows = {}
     for name, fn in operators(k, tau, alpha):
@@ -114,6 +180,17 @@ def compute(values: np.ndarray, k: int, tau: float, alpha: float) -> dict:
     }
 
 
+def number(v: float) -> str:
+    """Four decimals where that is readable, else 5 significant digits (no 300-digit lines).
+
+    >>> number(4.44018), number(1.3862943611198906e300), number(-2.5e-9)
+    ('4.4402', '1.3863e+300', '-2.5e-09')
+    """
+    if v == 0 or not math.isfinite(v) or 1e-3 <= abs(v) < 1e7:
+        return f"{v:.4f}"
+    return f"{v:.5g}"
+
+
 def format_table(result: dict) -> str:
     n = len(result["input"])
     head = ["operator"] + [f"x={v:g}" for v in result["input"]] + ["sum", "support"]
@@ -123,7 +200,7 @@ def format_table(result: dict) -> str:
     fmt = lambda row: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))  # noqa: E731
     out = [f"k = {result['k']}, tau = {result['tau']:g}  (top-k maps use k; softmax, sparsemax, entmax have k = 1)"]
     out += [fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in lines]
-    out.append(f"logsumexp (smooth max) = {result['logsumexp']:.4f}")
+    out.append(f"logsumexp (smooth max) = {number(result['logsumexp'])}")
     return "\n".join(out)
 
 

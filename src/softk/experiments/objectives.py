@@ -2,9 +2,9 @@ r"""The five training losses and their prediction rules, on score matrices Z (N,
 
 Each loss returns ``(sum over rows of the loss, dL/dZ)`` as float64 tensors;
 the trainer adds the mean and the ridge term.  The distributional losses are
-Fenchel–Young losses  L(z; ỹ) = Φ(z) + Ω(ỹ) − ⟨z, ỹ⟩  of a softk threshold
-family, evaluated with the shared core (:func:`~softk.threshold.threshold_forward`
-and the potential's :func:`~softk.threshold.potential.value_at`), so dL/dz = p − ỹ:
+Fenchel–Young losses  L(z; ỹ) = Φ(z) + Ω(ỹ) − ⟨z, ỹ⟩, evaluated by the public
+:mod:`softk.losses` functions with dense targets (``reduction="sum"``) and
+differentiated by autograd, so dL/dz = p − ỹ (no second implementation here):
 
 ============  ================================  ====================================
 loss          target                            map p
@@ -45,23 +45,23 @@ import torch
 from torch import Tensor
 
 from .. import entmax15 as _entmax15
+from .. import losses as _losses
 from .. import soft_topk as _soft_topk
 from .. import softmax as _softmax
 from .. import sparsemax as _sparsemax
-from ..threshold import ENTMAX15, SOFTMAX, SPARSE, SPARSEMAX, threshold_forward
-from ..threshold.potential import value_at
 
 LOSSES = ("sigmoid", "softmax", "sparsemax", "entmax15", "soft_topk")
 T_GRID = tuple(1.0 + 0.5 * i for i in range(9))  # 1.0, 1.5, ..., 5.0
 DELTA_GRID = tuple(round(0.05 * i, 2) for i in range(1, 11))  # 0.05, ..., 0.50
 
 
-def _fy(family, z: Tensor, target: Tensor, k: int):
-    """Σ_rows Φ(z) + Ω(target) − ⟨z, target⟩ and its gradient p − target."""
-    p = threshold_forward(family, z, k)
-    omega_y = family.psi(target).sum(-1, keepdim=True)
-    loss = value_at(family, z, p) + omega_y - (z * target).sum(-1, keepdim=True)
-    return loss.sum(), p - target
+def _value_and_grad(loss_of, z: Tensor):
+    """(loss_of(z), d loss_of / dz) by autograd, both detached."""
+    with torch.enable_grad():
+        zz = z.detach().clone().requires_grad_(True)
+        total = loss_of(zz)
+        (grad,) = torch.autograd.grad(total, zz)
+    return total.detach(), grad
 
 
 def _normalised(y: Tensor) -> Tensor:
@@ -74,27 +74,26 @@ def sigmoid_loss(z: Tensor, y: Tensor):
 
 
 def softmax_loss(z, y):
-    return _fy(SOFTMAX, z, _normalised(y), 1)
+    return _value_and_grad(lambda v: _losses.softmax_loss(v, _normalised(y), reduction="sum"), z)
 
 
 def sparsemax_loss(z, y):
-    return _fy(SPARSEMAX, z, _normalised(y), 1)
+    return _value_and_grad(lambda v: _losses.sparsemax_loss(v, _normalised(y), reduction="sum"), z)
 
 
 def entmax15_loss(z, y):
-    return _fy(ENTMAX15, z, _normalised(y), 1)
+    return _value_and_grad(lambda v: _losses.entmax15_loss(v, _normalised(y), reduction="sum"), z)
 
 
 def soft_topk_loss(z, y):
     card = y.sum(-1).round().long()
-    total = z.new_zeros(())
-    grad = torch.empty_like(z)
-    for k in torch.unique(card).tolist():
-        rows = card == k
-        loss_k, grad_k = _fy(SPARSE, z[rows], y[rows], int(k))
-        total = total + loss_k
-        grad[rows] = grad_k
-    return total, grad
+    groups = [(card == k, int(k)) for k in torch.unique(card).tolist()]
+
+    def total(v):
+        return sum(_losses.soft_topk_loss(v[rows], y[rows], k=k, method="sparse", reduction="sum")
+                   for rows, k in groups)
+
+    return _value_and_grad(total, z)
 
 
 LOSS_FUNCTIONS = {

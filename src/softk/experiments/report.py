@@ -26,22 +26,25 @@ def results_table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def run_title(run: dict, headline: bool) -> str:
+    """'Folds: contiguous, ceil sizes; CV score: per-fold (headline).'"""
+    seed = f", seed {run['seed']}" if run.get("seed") is not None else ""
+    tail = " (headline)" if headline else ""
+    return (f"Folds: **{run['folds']}**{seed}, {run['fold_sizes']} sizes; "
+            f"CV score: **{run['cv_score']}**{tail}.")
+
+
 def markdown_report(report: dict) -> str:
-    """The tables of one data set, headline (paper's folds) first."""
+    """The tables of one data set, one per (fold scheme, CV scoring), headline first."""
     d = report["data"]
     out = [
         f"### {report['dataset']}",
         "",
         f"{d['n_train']} training rows, {d['n_test']} test rows, {d['n_features']} features, "
         f"{d['n_labels']} labels ({d['mean_labels_per_row_train']:.2f} per training row); "
-        f"rows without labels dropped: {d['dropped_unlabelled_train']} train, {d['dropped_unlabelled_test']} test.",
-        "",
-        f"Cross-validation folds: **{report['folds']}** (headline).",
-        "",
-        results_table(report["results"]),
+        f"rows without labels dropped: {d['dropped_unlabelled_train']} train, {d['dropped_unlabelled_test']} test; "
+        f"CV fold rows {', '.join(map(str, d['fold_rows']))}.",
     ]
-    for key, block in report.items():
-        if key.endswith("_folds") and isinstance(block, dict):
-            scheme = key[: -len("_folds")]
-            out += ["", f"Cross-validation folds: **{scheme}** (seed {block['seed']}).", "", results_table(block["results"])]
+    for i, run in enumerate(report["runs"]):
+        out += ["", run_title(run, i == 0), "", results_table(run["results"])]
     return "\n".join(out) + "\n"

@@ -15,6 +15,8 @@ from .simplex_losses import entmax15_loss, entmax_loss, softmax_loss, sparsemax_
 from .topk_loss import soft_topk_loss
 from .topk_softmax_ce import topk_softmax_cross_entropy
 
+from .fused_linear import fused_linear_loss
+
 __all__ = [
     "cross_entropy",
     "topk_softmax_cross_entropy",
@@ -31,3 +33,4 @@ __all__ = [
     "cross_entropy_margin",
     "cross_entropy_floor",
 ]
+__all__ += ["fused_linear_loss"]

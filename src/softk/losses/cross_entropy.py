@@ -17,6 +17,18 @@ a probability target must be a distribution (>= 0, rows summing to 1), and
 ignores it there).  Half-precision input is computed in float32 and the result
 returned in the input dtype.  A row whose scores are all ``-inf`` gives NaN,
 as in torch (it has no distribution to score).
+
+Masked scores (``-inf``) with a probability target: the formula sums
+q_c·log p_c over *every* class, and a masked class has log p_c = −inf, so a
+zero target weight there gives 0·(−inf) = NaN, exactly as in torch:
+``cross_entropy([[0, -inf, 1.]], [[.5, 0, .5]])`` is NaN.  Label smoothing
+puts ε/C > 0 on the masked class, so the loss is +inf.  A class-index target
+only reads log p_t and stays finite unless t itself is masked (+inf).
+:func:`softk.losses.softmax_loss` on the same input is finite (0.1201): it is
+the Fenchel–Young loss, which sums only over the classes the target weights
+(0·log 0 = 0 and masked classes with y_c = 0 drop out), and for a
+non-one-hot target it is KL(y ‖ p) = cross-entropy − H(y), not the
+cross-entropy itself.
 """
 
 from __future__ import annotations
@@ -28,7 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
-from ..threshold.function import compute_dtype
+from ..threshold.rows import compute_dtype
 from . import targets as tg
 
 
@@ -77,9 +89,14 @@ def cross_entropy(
 
     See the module docstring for the formula and the few inputs refused where
     torch accepts them.  The Fenchel–Young view: for one-hot targets this is
-    :func:`softmax_loss`.
+    :func:`softmax_loss`.  With ``-inf`` (masked) scores and a probability
+    target the result is NaN, as in torch (0·log 0 at the masked class), where
+    :func:`softmax_loss` stays finite; see the module docstring.
 
     >>> import torch
+    >>> x, y = torch.tensor([[0.0, -float("inf"), 1.0]]), torch.tensor([[0.5, 0.0, 0.5]])
+    >>> cross_entropy(x, y), torch.nn.functional.cross_entropy(x, y)
+    (tensor(nan), tensor(nan))
     >>> round(cross_entropy(torch.tensor([[0.0, 0.0, 0.0]]), torch.tensor([2])).item(), 6)  # log 3
     1.098612
     >>> round(cross_entropy(torch.tensor([[2.0, 0.0]]), torch.tensor([0]), tau=2.0).item(), 6)  # log(1 + 1/e)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from .._validate import check_dim, check_input
-from ..threshold.function import compute_dtype
+from ..threshold.rows import compute_dtype
 from .targets import check_reduction, reduce
 
 

@@ -12,9 +12,13 @@ L ≥ 0 is the Fenchel–Young inequality, with equality exactly when p(z) = y.
 With a temperature, z = x/τ and the gradient with respect to x is (p − y)/τ,
 exactly as for ``cross_entropy(x / tau, ...)``.
 
-The forward solves for p once and saves it; the backward is p − y, with no
-second solve.  For a class-index target y = e_t the loss is
-Φ(z) − z_t + ψ(1) (ψ(0) = 0 for every family), so no one-hot tensor is built.
+The map's output p comes from its own autograd contract
+(:mod:`softk.threshold.op`, through the one dispatch) and enters the value as
+an input whose partial derivative is 0 (p maximises ⟨z, p⟩ − Ω(p): the
+envelope theorem).  So the gradient is p − y with no second solve, and its
+derivative, the Hessian, is the map's Jacobian (double backward, ``hessian``).
+For a class-index target y = e_t the loss is Φ(z) − z_t + ψ(1) (ψ(0) = 0 for
+every family), so no one-hot tensor is built.
 """
 
 from __future__ import annotations
@@ -22,58 +26,77 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .._validate import check_k
+from .. import dispatch
+from .._validate import check_k_rows
 from ..threshold.families import Family
-from ..threshold.function import compute_dtype, threshold_forward
+from ..threshold.op import apply_rows
 from ..threshold.potential import value_at
+from ..threshold.rows import compute_dtype, finite_max
 from . import targets as tg
 
 
-class FenchelYoungFunction(torch.autograd.Function):
-    """L(x/τ; y) on the last dimension of ``x`` (keepdim), in the compute dtype.
+def _diff(p: Tensor, y, index) -> Tensor:
+    """p − y, with y = e_index for class-index targets."""
+    if index is None:
+        return p - y
+    return p.scatter_add(-1, index, torch.full(index.shape, -1.0, dtype=p.dtype, device=p.device))
+
+
+class _FenchelYoungValue(torch.autograd.Function):
+    """L(x/τ; y) on the last dimension (keepdim) given p = map(x/τ), in p's dtype.
 
     Exactly one of ``y`` (a dense target shaped like ``x``) and ``index`` (class
-    indices shaped ``x.shape[:-1]``) is given.
+    indices shaped ``x.shape[:-1] + (1,)``) is given.
     """
 
+    generate_vmap_rule = True
+
     @staticmethod
-    def forward(ctx, x: Tensor, y, index, family: Family, k: int, tau: float) -> Tensor:
-        ct = compute_dtype(x.dtype)
-        z = x.to(ct) / tau
+    def forward(x: Tensor, p: Tensor, y, index, family: Family, tau: float) -> Tensor:
         # L is invariant to a per-row shift of z (Φ(z + c) = Φ(z) + ck and
         # ⟨z + c, y⟩ = ⟨z, y⟩ + ck).  Shifting the row max to 0 keeps the terms
         # z_i·p_i of the entries that carry the mass near 0, so their rounding
         # does not scale with |z|.
-        zmax = z.amax(-1, keepdim=True)  # NaN, +inf or -inf rows: no shift
-        z = z - torch.where(torch.isfinite(zmax), zmax, 0.0)
-        p = threshold_forward(family, z, k)
+        z = (x - finite_max(x)) / tau
         phi = value_at(family, z, p)
         if index is None:
-            y = y.to(ct)
             loss = phi - value_at(family, z, y)
         else:
-            index = index.unsqueeze(-1)
             z_t = z.gather(-1, index)
             loss = phi - (z_t - family.psi(torch.ones_like(z_t)))
         # Exact L is >= 0; only rounding of the two nearly equal terms can make
-        # it negative.
+        # it negative.  A row with NaN/+inf scores has p = NaN, but ψ may read
+        # NaN as 0 (sigmoid's x log x does), so say NaN explicitly.
         loss = torch.clamp(loss, min=0.0)
-        # A row with NaN/+inf scores has p = NaN, but ψ may read NaN as 0
-        # (sigmoid's x log x does), so say NaN explicitly.
-        loss = torch.where(torch.isnan(p).any(-1, keepdim=True), float("nan"), loss)
+        return torch.where(torch.isnan(p).any(-1, keepdim=True), float("nan"), loss)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _, p, y, index, _, tau = inputs
         ctx.save_for_backward(p, y, index)
-        ctx.tau, ctx.x_dtype = tau, x.dtype
-        return loss
+        ctx.save_for_forward(p, y, index)
+        ctx.tau = tau
 
     @staticmethod
     def backward(ctx, g: Tensor):
         p, y, index = ctx.saved_tensors
-        if index is None:
-            diff = p - y
-        else:
-            diff = p.scatter_add(-1, index, torch.full(index.shape, -1.0, dtype=p.dtype, device=p.device))
-        grad = (g.to(p.dtype) * diff / ctx.tau).to(ctx.x_dtype)
-        return grad, None, None, None, None, None
+        return g * _diff(p, y, index) / ctx.tau, None, None, None, None, None
+
+
+class _FenchelYoungValueJvp(_FenchelYoungValue):
+    @staticmethod
+    def jvp(ctx, vx, *_):
+        p, y, index = ctx.saved_tensors
+        return (_diff(p, y, index) * vx).sum(-1, keepdim=True) / ctx.tau
+
+
+def fenchel_young_rows(x: Tensor, y, index, family: Family, k: int, tau: float) -> Tensor:
+    """L(x/τ; y) per row (keepdim) on rows (classes last), in the compute dtype."""
+    xc = x.to(compute_dtype(x.dtype))
+    p = apply_rows(xc, family, k, tau, dispatch.resolve(xc, family))
+    yc = None if y is None else y.to(xc.dtype)
+    fn = _FenchelYoungValue if torch.compiler.is_compiling() else _FenchelYoungValueJvp
+    return fn.apply(xc, p, yc, index, family, tau)
 
 
 def fenchel_young_loss(
@@ -95,25 +118,26 @@ def fenchel_young_loss(
         target: class indices (integer, ``input``'s shape without dim 1; only
             for k = 1) or a floating tensor shaped like ``input`` whose rows lie
             in the map's domain: entries >= 0 (<= 1 for capped maps) summing to k.
-        family: a :class:`softk.threshold.Family` (e.g. ``softk.threshold.SPARSEMAX``).
-        k: the map's Σp.
+        family: a :class:`softk.families.Family` (e.g. ``softk.families.SPARSEMAX``).
+        k: the map's Σp: an int, or for a capped family one k per row (a
+            tensor broadcastable to ``input`` with size 1 along dim 1, e.g.
+            ``target.sum(1, keepdim=True)`` for multi-hot targets).
         ignore_index: class index whose rows contribute 0 and are left out of
             the mean (class-index targets only).
         reduction: "mean" (over kept rows), "sum" or "none" (per row).
         tau: temperature > 0.
 
-    Rows follow :mod:`softk.threshold.function`: ``-inf`` scores are masked
+    Rows follow :mod:`softk.threshold.rows`: ``-inf`` scores are masked
     out, so a target with mass on a masked class has loss +inf; a row with NaN
     or +inf scores gives NaN.  ``target`` gets no gradient and must not require
     one.  Half-precision input is computed in float32; the result has
     ``input``'s dtype.
 
-    >>> import torch
-    >>> from softk.threshold import SPARSEMAX
-    >>> fenchel_young_loss(torch.tensor([[0.0, 1.0, 3.0]]), torch.tensor([2]), SPARSEMAX)
+    >>> import torch, softk
+    >>> fenchel_young_loss(torch.tensor([[0.0, 1.0, 3.0]]), torch.tensor([2]), softk.families.SPARSEMAX)
     tensor(0.)
     """
-    tau, reduction, ignore_index = tg.check_loss_args(input, target, tau, reduction, ignore_index)
+    tau, reduction, ignore_index = tg.check_loss_args(input, target, tau, reduction, ignore_index, k=k)
     cdim = tg.class_dim(input)
     if input.shape[cdim] == 0:
         raise ValueError(f"input must have at least one class along dim {cdim}, got shape {tuple(input.shape)}")
@@ -123,13 +147,14 @@ def fenchel_young_loss(
             "pass target.detach()"
         )
     if not isinstance(family, Family):
-        raise TypeError(f"family must be a softk.threshold.Family (e.g. softk.threshold.SPARSEMAX), got {type(family).__name__}")
-    k = check_k(k, input.shape[cdim])
-    if not family.capped and k != 1:
+        raise TypeError(f"family must be a softk.families.Family (e.g. softk.families.SPARSEMAX), got {type(family).__name__}")
+    k = check_k_rows(k, input, cdim)
+    row_k = isinstance(k, Tensor)
+    if not family.capped and (row_k or k != 1):
         raise ValueError(f"family {family.name!r} maps onto the simplex (k = 1 only), got k={k}")
     x = input.movedim(cdim, -1)
     if tg.is_index_target(target):
-        if k != 1:
+        if row_k or k != 1:
             raise ValueError(
                 f"target of class indices is only meaningful for k = 1, got k={k}; pass a "
                 f"float target whose rows sum to k (e.g. a multi-hot label with k ones)"
@@ -142,12 +167,12 @@ def fenchel_young_loss(
                 "ignore_index applies to class-index targets only; with a probability target, "
                 "give ignored rows zero weight yourself (reduction='none')"
             )
-        y = tg.distribution_target(input, target, k, family.capped).movedim(cdim, -1)
+        y = tg.distribution_target(input, target, k.squeeze(-1) if row_k else k, family.capped).movedim(cdim, -1)
         index, keep = None, None
     if x.numel() == 0:
         loss = x.to(compute_dtype(x.dtype)).sum(-1) * 0
     else:
-        loss = FenchelYoungFunction.apply(x, y, index, family, k, tau).squeeze(-1)
+        loss = fenchel_young_rows(x, y, None if index is None else index.unsqueeze(-1), family, k, tau).squeeze(-1)
     if keep is not None:
         loss = torch.where(keep, loss, 0.0)
     return tg.reduce(loss, keep, reduction).to(input.dtype)

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .._validate import check_input
-from ..threshold.function import compute_dtype
+from ..threshold.rows import compute_dtype
 from .._validate import check_positive
 from .margins import _check_n, cross_entropy_floor, cross_entropy_margin
 

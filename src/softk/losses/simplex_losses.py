@@ -17,11 +17,10 @@ sparsemax loss uses exactly y/|y|); rows that do not sum to 1 are refused.
 
 from __future__ import annotations
 
-import numbers
-
 from torch import Tensor
 
 from ..threshold.families import ENTMAX15, SOFTMAX, SPARSEMAX, entmax_family
+from .._validate import check_alpha
 from .fenchel_young import fenchel_young_loss
 
 _ARGS = """
@@ -42,11 +41,24 @@ def softmax_loss(input: Tensor, target: Tensor, ignore_index: int = -100, reduct
 
     Equal to ``KL(y ‖ softmax(z))`` and, for one-hot y, to the cross-entropy
     (use :func:`cross_entropy` for torch's exact arguments: class weights,
-    label smoothing).
+    label smoothing).  For any other y it is the cross-entropy minus the
+    entropy H(y).
+
+    Masked scores differ from :func:`cross_entropy`: on
+    ``x = [[0, -inf, 1.]]`` with ``y = [[.5, 0, .5]]`` this loss is
+    KL(y ‖ p) = ½ log(½/p₁) + ½ log(½/p₃) = 0.1201 (p = softmax(x) =
+    [0.2689, 0, 0.7311]), because the Fenchel–Young loss only involves
+    classes with y_c > 0 (the terms y_c·z_c and y_c log y_c are 0 where
+    y_c = 0, even when z_c = −inf), while ``cross_entropy`` and
+    ``torch.nn.functional.cross_entropy`` form 0·log p_c = 0·(−inf) = NaN.
+    A target with mass on a masked class gives +inf in both.
     {args}
     >>> import torch
     >>> round(softmax_loss(torch.tensor([[0.0, 0.0]]), torch.tensor([1])).item(), 6)  # log 2
     0.693147
+    >>> x, y = torch.tensor([[0.0, -float("inf"), 1.0]]), torch.tensor([[0.5, 0.0, 0.5]])
+    >>> round(softmax_loss(x, y).item(), 4)  # cross_entropy(x, y) is NaN, as in torch
+    0.1201
     """
     return fenchel_young_loss(input, target, SOFTMAX, 1, ignore_index, reduction, tau)
 
@@ -93,11 +105,7 @@ def entmax_loss(
     >>> bool(entmax_loss(x, t, alpha=2.0) == sparsemax_loss(x, t))
     True
     """
-    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
-        raise TypeError(f"alpha must be a float >= 1, got {type(alpha).__name__}")
-    alpha = float(alpha)
-    if not (alpha >= 1 and alpha != float("inf")):
-        raise ValueError(f"alpha must be a finite float >= 1 (1 is softmax, 2 sparsemax), got {alpha}")
+    alpha = check_alpha(alpha, None, -1)
     family = {1.0: SOFTMAX, 1.5: ENTMAX15, 2.0: SPARSEMAX}.get(alpha) or entmax_family(alpha)
     return fenchel_young_loss(input, target, family, 1, ignore_index, reduction, tau)
 

@@ -21,7 +21,7 @@ import numbers
 import torch
 from torch import Tensor
 
-from .._validate import check_input, check_tau
+from .._validate import check_input, check_tau, require
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -43,26 +43,99 @@ def check_ignore_index(ignore_index) -> int:
     return int(ignore_index)
 
 
-def check_target_tensor(target, name: str = "target") -> None:
+ACCEPTS = ("index or distribution", "index", "distribution")
+
+
+def check_target_tensor(target, name: str = "target", *, input=None, accepts: str = "index or distribution", k=1) -> None:
+    """``target`` must be a real tensor; a bool one is refused with a hint that works.
+
+    ``accepts`` says which targets the calling loss takes ("index", "distribution"
+    or both) and ``k`` its Σp, so that the suggested conversion of a bool target
+    is one the same loss then accepts (see :func:`bool_target_hint`).
+    """
     if not isinstance(target, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(target).__name__}")
     if target.dtype == torch.bool:
-        raise TypeError(
-            f"{name} is a bool tensor; pass class indices as an integer tensor, or a multi-hot "
-            f"label as floats normalised by the caller, e.g. {name}.float() / "
-            f"{name}.float().sum(1, keepdim=True)"
-        )
+        raise TypeError(f"{name} is a bool tensor; {bool_target_hint(target, input, accepts, k, name)}")
     if target.is_complex():
         raise TypeError(f"{name} must be an integer or real floating tensor, got dtype {target.dtype}")
 
 
-def check_loss_args(input, target, tau, reduction, ignore_index):
-    """The common prelude of the class losses: returns (tau, reduction, ignore_index)."""
+def _multi_hot_advice(input: Tensor, cdim: int, lo: int, name: str) -> str:
+    """The loss that takes a multi-hot label with a varying number of ones per row."""
+    t = f"{name}.float()"
+    advice = f"softk.losses.softmax_loss(input, {t} / {t}.sum(dim={cdim}, keepdim=True))"
+    if lo == 0:
+        advice += f" after dropping the rows with no label (keep = {name}.any(dim={cdim}); they have no distribution)"
+    return advice
+
+
+def bool_target_hint(target: Tensor, input, accepts: str, k, name: str = "target") -> str:
+    """What to pass instead of a bool ``target``, for a loss taking ``accepts`` targets with Σp = ``k``.
+
+    Each suggestion is one the loss accepts (tests/test_loss_targets.py follows
+    every one): a bool tensor shaped like the class indices becomes
+    ``target.long()``; a bool multi-hot label shaped like ``input`` becomes
+    floats (normalised for k = 1, as they are for k ones per row), the class
+    index of its single label, or a pointer to the loss that takes it.
+    """
+    if accepts not in ACCEPTS:
+        raise ValueError(f"accepts must be one of {list(ACCEPTS)}, got {accepts!r}")
+    if not isinstance(input, Tensor) or input.dim() == 0:
+        return "pass class indices as an integer tensor (target.long()) or a float target (target.float())"
+    cdim = class_dim(input)
+    n = input.shape[cdim]
+    index_shape = input.shape[:cdim] + input.shape[cdim + 1 :]
+    k_int = int(k) if isinstance(k, numbers.Integral) and not isinstance(k, bool) else None
+    takes_index = accepts == "index" or (accepts == "index or distribution" and k_int == 1)
+    if target.shape == index_shape and target.shape != input.shape:
+        if takes_index:
+            return f"as class indices (False = 0, True = 1) pass {name}.long()"
+        if k_int == 1:
+            return (f"this loss takes a float target shaped like input; as a one-hot of class indices pass "
+                    f"torch.nn.functional.one_hot({name}.long(), {n}).movedim(-1, {cdim}).float()")
+        return f"this loss takes a float target shaped like input whose rows hold k={k} ones (a multi-hot label)"
+    if target.shape != input.shape or target.numel() == 0:
+        return (f"targets are class indices of shape {tuple(index_shape)} (an integer tensor) or floats of "
+                f"input's shape {tuple(input.shape)}, got shape {tuple(target.shape)}")
+    counts = target.sum(cdim)
+    lo, hi = int(counts.min()), int(counts.max())
+    labels = f"{lo} label{'s' * (lo != 1)} per row" if lo == hi else f"{lo} to {hi} labels per row"
+    if accepts == "index":
+        if lo == hi == 1:
+            return f"it holds one label per row; this loss takes class indices: pass {name}.float().argmax(dim={cdim})"
+        other = (f"softk.losses.soft_topk_loss(input, {name}.float(), k={lo})" if lo == hi and 1 <= lo <= n
+                 else _multi_hot_advice(input, cdim, lo, name))
+        return f"it holds {labels}, and this loss takes one class index per row; for the multi-hot label use {other}"
+    if takes_index and accepts == "index or distribution":
+        if lo == hi == 1:
+            return f"it holds one label per row: pass {name}.float() (or the class indices {name}.float().argmax(dim={cdim}))"
+        t = f"{name}.float()"
+        fix = f"{t} / {t}.sum(dim={cdim}, keepdim=True)"
+        if lo == 0:
+            return (f"it holds {labels}; normalise each row to sum 1, {fix}, after dropping the rows with no "
+                    f"label (keep = {name}.any(dim={cdim}); they have no distribution)")
+        return f"it holds {labels}; pass the rows normalised to sum 1: {fix}"
+    # a loss whose rows sum to k (the capped simplex)
+    if lo == hi and k_int is not None and lo == k_int:
+        return f"pass the multi-hot label as floats: {name}.float()"
+    if lo == hi and 1 <= lo <= n:
+        return f"it holds {labels}, not k={k}: pass {name}.float() with k={lo}"
+    return (f"it holds {labels}, and this loss needs exactly k={k} ones per row; for a varying number "
+            f"of labels use {_multi_hot_advice(input, cdim, lo, name)}")
+
+
+def check_loss_args(input, target, tau, reduction, ignore_index, *, accepts: str = "index or distribution", k=1):
+    """The common prelude of the class losses: returns (tau, reduction, ignore_index).
+
+    ``accepts`` and ``k`` describe the calling loss, for the hint given with a
+    bool target (:func:`bool_target_hint`).
+    """
     check_input(input, "input")
     tau = check_tau(tau)
     reduction = check_reduction(reduction)
     ignore_index = check_ignore_index(ignore_index)
-    check_target_tensor(target)
+    check_target_tensor(target, input=input, accepts=accepts, k=k)
     return tau, reduction, ignore_index
 
 
@@ -88,11 +161,10 @@ def index_target(input: Tensor, target: Tensor, ignore_index: int, name: str = "
     target = target.to(input.device)
     keep = target != ignore_index
     bad = keep & ((target < 0) | (target >= n_classes))
-    if bool(bad.any()):
-        raise ValueError(
-            f"{name} holds class index {int(target[bad].reshape(-1)[0])}, outside [0, {n_classes}) "
-            f"for an input with {n_classes} classes (and not ignore_index={ignore_index})"
-        )
+    require(~bad, lambda: (
+        f"{name} holds class index {int(target[bad].reshape(-1)[0])}, outside [0, {n_classes}) "
+        f"for an input with {n_classes} classes (and not ignore_index={ignore_index})"
+    ))
     return torch.where(keep, target, 0).long(), keep
 
 
@@ -111,15 +183,13 @@ def distribution_target(
             f"{tuple(target.shape)} (class-index targets must be an integer tensor)"
         )
     target = target.to(input.device)
-    if not bool(torch.isfinite(target).all()):
-        raise ValueError(f"{name} must be finite, got NaN or inf entries")
-    if bool((target < 0).any()):
-        raise ValueError(f"{name} must be >= 0 everywhere, got {float(target.min())}")
-    if capped and bool((target > 1).any()):
-        raise ValueError(
+    require(torch.isfinite(target), f"{name} must be finite, got NaN or inf entries")
+    require(target >= 0, lambda: f"{name} must be >= 0 everywhere, got {float(target.min())}")
+    if capped:
+        require(target <= 1, lambda: (
             f"{name} entries must lie in [0, 1] for a top-k loss (a point of the capped simplex), "
             f"got {float(target.max())}"
-        )
+        ))
     cdim = class_dim(input)
     n = input.shape[cdim]
     sums = target.double().sum(cdim)
@@ -129,21 +199,39 @@ def distribution_target(
     # normalised is off by at least 1.
     eps = torch.finfo(target.dtype).eps
     tol = k * max(eps**0.5, 2 * n * eps)
-    off = (sums - k).abs() > tol
-    if bool(off.any()):
-        lo, hi = float(sums.min()), float(sums.max())
-        if k == 1:
-            hint = (
-                f"rows must be probability distributions summing to 1; normalise multi-hot "
-                f"labels first: {name} / {name}.sum(dim={cdim}, keepdim=True)"
-            )
-        else:
-            hint = (
-                f"rows must sum to k={k}: a multi-hot label needs exactly k ones, or use a "
-                f"point of the capped simplex (entries in [0, 1] summing to k)"
-            )
-        raise ValueError(f"{name} row sums lie in [{lo:.6g}, {hi:.6g}]; {hint}")
+    require((sums - k).abs() <= tol,
+            lambda: _sum_message(sums, k if isinstance(k, (int, float)) else "k per row", n, cdim, name, capped))
     return target
+
+
+def _sum_message(sums: Tensor, k, n: int, cdim: int, name: str, capped: bool) -> str:
+    """Why a target's rows do not sum to k, and what to pass instead."""
+    lo, hi = float(sums.min()), float(sums.max())
+    normalise = f"{name} / {name}.sum(dim={cdim}, keepdim=True)"
+    if lo <= 0:
+        normalise += f" after dropping the rows that sum to 0 (keep = {name}.sum(dim={cdim}) > 0)"
+    if k == 1:
+        hint = (
+            f"rows must be probability distributions summing to 1; normalise multi-hot "
+            f"labels first: {normalise}"
+        )
+    elif lo == hi and lo == round(lo) and 1 <= lo <= n:
+        hint = (
+            f"rows must sum to k={k}: every row sums to {lo:g}, so pass k={int(lo)}, or give "
+            f"each row exactly k ones (a point of the capped simplex: entries in [0, 1] summing to k)"
+        )
+    elif capped:
+        hint = (
+            f"rows must sum to k={k}: a multi-hot label needs exactly k ones (or a point of the "
+            f"capped simplex: entries in [0, 1] summing to k); for a varying number of labels "
+            f"pass one k per row, k={name}.sum(dim={cdim}, keepdim=True)"
+        )
+    else:
+        hint = (
+            f"rows must sum to k={k}; for a varying number of labels use "
+            f"softk.losses.softmax_loss(input, {normalise})"
+        )
+    return f"{name} row sums lie in [{lo:.6g}, {hi:.6g}]; {hint}"
 
 
 def reduce(loss: Tensor, keep, reduction: str) -> Tensor:

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from .._validate import check_choice, check_input, check_k
+from .._validate import check_choice, check_input
 from ..threshold.families import THRESHOLD_METHODS
 from .fenchel_young import fenchel_young_loss
-from .targets import check_target_tensor, class_dim
+from .targets import check_target_tensor
 
 
 def soft_topk_loss(input: Tensor, target: Tensor, k: int, method: str = "exp", tau: float = 1.0, reduction: str = "mean") -> Tensor:
@@ -29,7 +29,9 @@ def soft_topk_loss(input: Tensor, target: Tensor, k: int, method: str = "exp", t
         target: float tensor shaped like ``input`` whose rows along dim 1 lie in
             the capped simplex: entries in [0, 1] summing to k (a multi-hot
             label with exactly k ones, or any soft top-k target).
-        k: int in [1, C].
+        k: int in [1, C], or one k per row (a tensor broadcastable to
+            ``input`` with size 1 along dim 1): multi-hot rows with a varying
+            number of labels take ``k = target.sum(1, keepdim=True)``.
         method: "exp", "sigmoid", "laplace" or "sparse" (as in ``soft_topk``).
         tau: temperature > 0; the loss is evaluated at ``input / tau``.
         reduction: "mean" (over rows), "sum" or "none".
@@ -45,12 +47,11 @@ def soft_topk_loss(input: Tensor, target: Tensor, k: int, method: str = "exp", t
     tensor(3.)
     """
     check_input(input, "input")
-    check_target_tensor(target)
+    check_target_tensor(target, input=input, accepts="distribution", k=k)
     if not target.is_floating_point():
         raise TypeError(
             f"target must be a float tensor shaped like input whose rows sum to k (e.g. a "
             f"multi-hot label with k ones), got dtype {target.dtype}"
         )
-    k = check_k(k, input.shape[class_dim(input)])
     check_choice(method, tuple(THRESHOLD_METHODS), "method")
     return fenchel_young_loss(input, target, THRESHOLD_METHODS[method], k, reduction=reduction, tau=tau)

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from .._validate import check_k
-from ..threshold.function import compute_dtype
+from ..threshold.rows import compute_dtype
 from . import targets as tg
 
 
@@ -52,7 +52,7 @@ def topk_softmax_cross_entropy(
     >>> topk_softmax_cross_entropy(x, torch.tensor([0]), k=1)
     tensor(0.)
     """
-    tau, reduction, ignore_index = tg.check_loss_args(input, target, tau, reduction, ignore_index)
+    tau, reduction, ignore_index = tg.check_loss_args(input, target, tau, reduction, ignore_index, accepts="index")
     if target.is_floating_point():
         raise TypeError(
             f"target must hold class indices (an integer tensor), got dtype {target.dtype}; "

@@ -5,11 +5,10 @@ direction, templated on float/double), :mod:`.build` compiles and loads it,
 and this module is the launcher: it takes contiguous float32/float64 CPU
 tensors with the map's dimension last, views them as (rows, n) and calls the
 kernel, which splits the rows between ``torch.get_num_threads()`` OpenMP
-threads (torch's own pool on Linux, see :mod:`.build`).  :func:`softk.threshold.function.threshold_forward_support` and
-``ThresholdFunction.backward`` call it when the backend resolves to "native"
-(see :mod:`softk._backend`); every other case runs the PyTorch path.
+threads (torch's own pool on Linux, see :mod:`.build`).  :class:`softk.dispatch.NativeBackend` calls it when the backend resolves to
+"native" (see :mod:`softk.dispatch`); every other case runs the PyTorch path.
 
-Covered families (``FAMILY_IDS``): softmax (p = k·softmax), sparsemax,
+Covered families (``Family.native``): softmax (p = k·softmax), sparsemax,
 entmax15, entmax with 1 < α ≤ 2, soft top-k "exp".  λ is found without
 sorting: Newton from a lower bound over the surviving candidates, finished by
 the family's closed form (exact for sparsemax, entmax15 and "exp"), see the
@@ -33,23 +32,14 @@ from torch import Tensor
 
 from . import build
 
-FAMILY_IDS = {"softmax": 0, "sparsemax": 1, "entmax15": 2, "entmax": 3, "exp": 4}
 # Below this many elements one thread beats waking the others.
 _PARALLEL_MIN = 1 << 15
 
 
 def family_id(family):
-    """The kernel id of ``family``, or None when the kernels do not cover it."""
-    fid = FAMILY_IDS.get(family.name)
-    if fid == 3:
-        a = family.alpha
-        if isinstance(a, Tensor) or not (1.0 < float(a) <= 2.0):
-            return None  # per-row α and α > 2 (g not convex) stay on the PyTorch path
-    return fid
-
-
-def _alpha(family) -> float:
-    return float(family.alpha) if family.alpha is not None else 1.5
+    """The kernel id of ``family``, or None when the kernels do not cover it
+    (the table is :data:`softk.threshold.families.KERNEL_IDS`)."""
+    return family.kernel if family.native else None
 
 
 def _threads(rows: int, n: int) -> int:
@@ -80,7 +70,7 @@ def forward(family, z: Tensor, k: int, return_iters: bool = False):
     fn = getattr(build.library(), f"softk_forward_threads_{_suffix(z)}")
     it = ctypes.c_int64(0)
     if rows:
-        rc = fn(family_id(family), rows_t.data_ptr(), out.data_ptr(), rows, n, float(k), _alpha(family),
+        rc = fn(family_id(family), rows_t.data_ptr(), out.data_ptr(), rows, n, float(k), family.alpha_value,
                 ctypes.byref(it), _threads(rows, n))
         if rc != 0:
             raise MemoryError(f"softk native kernel: no scratch memory for rows of {n} entries")
@@ -97,7 +87,7 @@ def backward(family, p: Tensor, g: Tensor, tau: float) -> Tensor:
     fn = getattr(build.library(), f"softk_backward_threads_{_suffix(p)}")
     if rows:
         rc = fn(family_id(family), prow.data_ptr(), grow.data_ptr(), dx.data_ptr(), rows, n, 1.0 / tau,
-                _alpha(family), _threads(rows, n))
+                family.alpha_value, _threads(rows, n))
         if rc != 0:
             raise MemoryError(f"softk native kernel: no scratch memory for rows of {n} entries")
     return dx.view(p.shape)

@@ -5,7 +5,7 @@
  * Shifted coordinates: the solvers work with v = z − max(z) ≤ 0 and return
  * λ − max(z), so tolerances are relative to the data's spread, not to |max|.
  *
- * Row conventions (the same as softk.threshold.function): −inf entries are
+ * Row conventions (the same as softk.threshold.rows): −inf entries are
  * removed; a row with m ≤ k finite entries gets 1 on them (0 elsewhere); a row
  * holding NaN or +inf is NaN.
  */

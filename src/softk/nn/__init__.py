@@ -1,6 +1,6 @@
 """``torch.nn`` modules wrapping softk's functions (see each function for the maths)."""
 
-from .maps import Entmax, Entmax15, Sparsemax, SoftTopK
+from .maps import Entmax, Entmax15, Softmax, Sparsemax, SoftTopK
 from .topk import HardTopK, TopKSoftmax, TopKSum
 from .cosine import CosineClassifier
 from .losses import (
@@ -13,7 +13,9 @@ from .losses import (
     TopKSoftmaxCrossEntropyLoss,
 )
 
-__all__ = ["Sparsemax", "Entmax15", "Entmax", "SoftTopK"]
+from .fused_linear import FusedLinearLoss
+
+__all__ = ["Softmax", "Sparsemax", "Entmax15", "Entmax", "SoftTopK"]
 __all__ += ["HardTopK", "TopKSoftmax", "TopKSum"]
 __all__ += [
     "CosineClassifier",
@@ -25,3 +27,4 @@ __all__ += [
     "EntmaxLoss",
     "SoftTopKLoss",
 ]
+__all__ += ["FusedLinearLoss"]

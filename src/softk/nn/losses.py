@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import numbers
-
 import torch
 from torch import nn
 
 from .. import losses as L
-from .._validate import check_choice, check_tau
+from .._validate import check_alpha, check_choice, check_k, check_tau
 from ..threshold.families import THRESHOLD_METHODS
 from ..losses.cross_entropy import _check_smoothing
 from ..losses.targets import check_ignore_index, check_reduction
@@ -53,9 +51,7 @@ class EntmaxLoss(_ClassLoss):
 
     def __init__(self, alpha: float = 1.5, ignore_index: int = -100, reduction: str = "mean", tau: float = 1.0):
         super().__init__(ignore_index, reduction, tau)
-        if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not float(alpha) >= 1:
-            raise ValueError(f"alpha must be a float >= 1, got {alpha!r}")
-        self.alpha = float(alpha)
+        self.alpha = check_alpha(alpha, None, -1)
 
     def forward(self, input, target):
         return L.entmax_loss(input, target, self.alpha, self.ignore_index, self.reduction, self.tau)
@@ -87,9 +83,7 @@ class TopKSoftmaxCrossEntropyLoss(_ClassLoss):
 
     def __init__(self, k: int, ignore_index: int = -100, reduction: str = "mean", tau: float = 1.0):
         super().__init__(ignore_index, reduction, tau)
-        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
-            raise ValueError(f"k must be an int >= 1, got {k!r}")
-        self.k = int(k)
+        self.k = check_k(k)
 
     def forward(self, input, target):
         return L.topk_softmax_cross_entropy(input, target, self.k, self.ignore_index, self.reduction, self.tau)
@@ -103,9 +97,7 @@ class SoftTopKLoss(nn.Module):
 
     def __init__(self, k: int, method: str = "exp", tau: float = 1.0, reduction: str = "mean"):
         super().__init__()
-        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
-            raise ValueError(f"k must be an int >= 1, got {k!r}")
-        self.k = int(k)
+        self.k = check_k(k)
         self.method = check_choice(method, tuple(THRESHOLD_METHODS), "method")
         self.tau = check_tau(tau)
         self.reduction = check_reduction(reduction)

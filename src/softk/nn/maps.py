@@ -1,4 +1,6 @@
-"""Module forms of the maps.  Each documents itself by pointing to its function."""
+"""Module forms of the maps.  Each takes its function's arguments in the
+function's order (after the input), checks them at construction with the
+function's own checks, and documents itself by pointing to its function."""
 
 from __future__ import annotations
 
@@ -8,28 +10,40 @@ import torch
 from torch import nn
 
 from .. import simplex, topk
-from .._validate import check_tau
+from .._validate import check_alpha, check_choice, check_dim, check_k, check_tau
 
 
-class Sparsemax(nn.Module):
-    """``softk.sparsemax(x, dim, tau)`` as a module."""
+class Softmax(nn.Module):
+    """``softk.softmax(x, dim, tau)`` as a module (a fully masked row gives zeros)."""
 
     def __init__(self, dim: int = -1, tau: float = 1.0):
         super().__init__()
-        self.dim, self.tau = dim, check_tau(tau)
+        self.dim, self.tau = check_dim(None, dim), check_tau(tau)
 
     def forward(self, x):
-        return simplex.sparsemax(x, self.dim, self.tau)
+        return simplex.softmax(x, self.dim, self.tau)
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, tau={self.tau}"
 
 
-class Entmax15(Sparsemax):
+class Sparsemax(Softmax):
+    """``softk.sparsemax(x, dim, tau)`` as a module."""
+
+    def forward(self, x):
+        return simplex.sparsemax(x, self.dim, self.tau)
+
+
+class Entmax15(Softmax):
     """``softk.entmax15(x, dim, tau)`` as a module."""
 
     def forward(self, x):
         return simplex.entmax15(x, self.dim, self.tau)
+
+
+def _inverse_softplus(y: float) -> float:
+    # log(e^y − 1) without overflow: y + log(1 − e^−y).
+    return y + math.log(-math.expm1(-y))
 
 
 class Entmax(nn.Module):
@@ -42,15 +56,12 @@ class Entmax(nn.Module):
 
     def __init__(self, alpha: float = 1.5, dim: int = -1, tau: float = 1.0, learnable: bool = False):
         super().__init__()
-        alpha = float(alpha)
+        alpha = check_alpha(alpha, None, dim)
         if learnable and not alpha > 1:
             raise ValueError(f"alpha must be > 1 when learnable=True, got {alpha}")
-        if not alpha >= 1:
-            raise ValueError(f"alpha must be >= 1, got {alpha}")
-        self.dim, self.tau, self.learnable = dim, check_tau(tau), learnable
+        self.dim, self.tau, self.learnable = check_dim(None, dim), check_tau(tau), bool(learnable)
         if learnable:
-            # inverse softplus of α − 1
-            self.alpha_raw = nn.Parameter(torch.tensor(math.log(math.expm1(alpha - 1))))
+            self.alpha_raw = nn.Parameter(torch.tensor(_inverse_softplus(alpha - 1)))
         else:
             self._alpha = alpha
 
@@ -74,16 +85,13 @@ class Entmax(nn.Module):
 class SoftTopK(nn.Module):
     """``softk.soft_topk(x, k, dim, tau, method)`` as a module."""
 
-    def __init__(self, k: int, method: str = "exp", tau: float = 1.0, dim: int = -1):
+    def __init__(self, k: int, dim: int = -1, tau: float = 1.0, method: str = "exp"):
         super().__init__()
-        if method not in topk.METHODS:
-            raise ValueError(f"method must be one of {sorted(topk.METHODS)}, got {method!r}")
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"k must be an int >= 1, got {k!r}")
-        self.k, self.method, self.tau, self.dim = k, method, check_tau(tau), dim
+        self.k, self.dim, self.tau = check_k(k), check_dim(None, dim), check_tau(tau)
+        self.method = check_choice(method, topk.METHODS, "method")
 
     def forward(self, x):
         return topk.soft_topk(x, self.k, self.dim, self.tau, self.method)
 
     def extra_repr(self) -> str:
-        return f"k={self.k}, method={self.method!r}, tau={self.tau}, dim={self.dim}"
+        return f"k={self.k}, dim={self.dim}, tau={self.tau}, method={self.method!r}"

@@ -6,15 +6,8 @@ from __future__ import annotations
 from torch import nn
 
 from .. import hard
-from ..topk_sum import SUM_METHODS, topk_sum
-from .._validate import check_choice, check_tau
-
-
-def _check_k(k) -> int:
-    # n is only known at call time; the function checks k <= n there.
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"k must be an int >= 1, got {k!r}")
-    return k
+from ..topk_smooth_sum import SUM_METHODS, topk_sum
+from .._validate import check_choice, check_dim, check_k, check_tau
 
 
 class HardTopK(nn.Module):
@@ -22,7 +15,7 @@ class HardTopK(nn.Module):
 
     def __init__(self, k: int, dim: int = -1):
         super().__init__()
-        self.k, self.dim = _check_k(k), dim
+        self.k, self.dim = check_k(k), check_dim(None, dim)
 
     def forward(self, x):
         return hard.hard_topk(x, self.k, self.dim)
@@ -36,7 +29,7 @@ class TopKSoftmax(nn.Module):
 
     def __init__(self, k: int, dim: int = -1, tau: float = 1.0):
         super().__init__()
-        self.k, self.dim, self.tau = _check_k(k), dim, check_tau(tau)
+        self.k, self.dim, self.tau = check_k(k), check_dim(None, dim), check_tau(tau)
 
     def forward(self, x):
         return hard.topk_softmax(x, self.k, self.dim, self.tau)
@@ -51,7 +44,7 @@ class TopKSum(nn.Module):
     def __init__(self, k: int, dim: int = -1, tau: float = 1.0, method: str = "exp", keepdim: bool = False):
         super().__init__()
         check_choice(method, SUM_METHODS, "method")
-        self.k, self.dim, self.tau = _check_k(k), dim, check_tau(tau)
+        self.k, self.dim, self.tau = check_k(k), check_dim(None, dim), check_tau(tau)
         self.method, self.keepdim = method, bool(keepdim)
 
     def forward(self, x):

@@ -1,7 +1,9 @@
 """The threshold-map core: p = f(x/τ − λ) with Σp = k.
 
-``families`` says what each map is, ``solve`` finds λ, ``function`` holds the one
-autograd function and the row conventions (masks, saturated and NaN rows).
+``families`` says what each map is, ``solve`` finds λ, ``rows`` holds the row
+prelude and conventions, ``torch_path`` the reference forward and backward,
+and ``op`` the one autograd contract that every backend runs under
+(:mod:`softk.dispatch` picks the backend).
 """
 
 from .families import (
@@ -16,8 +18,8 @@ from .families import (
     Family,
     entmax_family,
 )
-from .function import ThresholdFunction, threshold_forward, threshold_map, threshold_vjp
 from .solve import solve_lambda
+from .op import threshold_map
 
 __all__ = [
     "Family",
@@ -30,9 +32,6 @@ __all__ = [
     "ENTMAX15",
     "THRESHOLD_METHODS",
     "entmax_family",
-    "ThresholdFunction",
-    "threshold_forward",
-    "threshold_map",
-    "threshold_vjp",
     "solve_lambda",
+    "threshold_map",
 ]

@@ -10,6 +10,12 @@ z gives (Peters et al. 2019, §3.2; the same expression as the entmax package's
 
 At α = 1 exactly (softmax) both terms are 0/0; their limit, from a second-order
 expansion in α−1, is  ∂p_i/∂α = p_i (Σ_j p_j log²p_j − log²p_i) / 2.
+
+The autograd contract is the one of :mod:`.op`: a custom op
+``softk::entmax_alpha`` (fake kernel, vmap rule) for the forward, the backward
+as differentiable tensor code (so double backward works), and forward mode
+from the same derivatives (J_x is symmetric; ∂p/∂α is the vector above).  It
+runs on the PyTorch path on every device (the kernels take one α per call).
 """
 
 from __future__ import annotations
@@ -17,9 +23,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .._validate import check_alpha
 from .families import entmax_family
-from .function import compute_dtype, row_status, threshold_vjp
+from .rows import compute_dtype, row_status
+from .torch_path import vjp_from_slope
 from .entmax_anchor import entmax_probs, needs_anchor
 from .solve import solve_on_candidates, solve_probs
 
@@ -64,16 +70,54 @@ def entmax_rows(x: Tensor, alpha: Tensor, tau: float) -> Tensor:
     return torch.where(active, p, filled)
 
 
+@torch.library.custom_op("softk::entmax_alpha", mutates_args=())
+def entmax_alpha_op(x: Tensor, alpha: Tensor, tau: float) -> Tensor:
+    """p of α-entmax along the last dimension, α shaped x.shape[:-1] + (1,)."""
+    return entmax_rows(x, alpha, tau).to(x.dtype)
+
+
+@entmax_alpha_op.register_fake
+def _(x, alpha, tau):
+    return torch.empty_like(x)
+
+
+def _vmap(info, in_dims, x, alpha, tau):
+    def front(t, bdim):
+        return t.expand(info.batch_size, *t.shape) if bdim is None else t.movedim(bdim, 0)
+
+    return entmax_alpha_op(front(x, in_dims[0]), front(alpha, in_dims[1]), tau), 0
+
+
+entmax_alpha_op.register_vmap(_vmap)
+
+
+def _dp_dalpha(p: Tensor, a: Tensor, d: Tensor) -> Tensor:
+    """∂p/∂α (module docstring), from the output p, α and d = f′ through p."""
+    logp = torch.log(torch.where(p > 0, p, 1.0))
+    plogp = p * logp
+    am1 = torch.where(a == 1, 1.0, a - 1)
+    sd = d.sum(-1, keepdim=True)
+    skew = d / torch.where(sd > 0, sd, 1.0)
+    general = (p - skew) / am1**2 - (plogp - skew * plogp.sum(-1, keepdim=True)) / am1
+    limit = 0.5 * p * ((plogp * logp).sum(-1, keepdim=True) - logp**2)
+    return torch.where(a == 1, limit, general)
+
+
 class EntmaxAlphaFunction(torch.autograd.Function):
-    """x: (..., n), alpha: (..., 1) (already broadcast), both along the last dim."""
+    """x: (..., n), alpha: (..., 1) (already broadcast and checked), both along the last dim."""
+
+    generate_vmap_rule = True
 
     @staticmethod
-    def forward(ctx, x: Tensor, alpha: Tensor, tau: float) -> Tensor:
-        check_alpha(alpha)
-        out = entmax_rows(x, alpha, tau).to(x.dtype)
-        ctx.save_for_backward(out, alpha)
+    def forward(x: Tensor, alpha: Tensor, tau: float) -> Tensor:
+        return entmax_alpha_op(x, alpha, tau)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _, alpha, tau = inputs
+        ctx.save_for_backward(output, alpha)
+        ctx.save_for_forward(output, alpha)
         ctx.tau = tau
-        return out
 
     @staticmethod
     def backward(ctx, g: Tensor):
@@ -81,16 +125,27 @@ class EntmaxAlphaFunction(torch.autograd.Function):
         ct = compute_dtype(out.dtype)
         p, a, g = out.to(ct), alpha.to(ct), g.to(ct)
         d = _entmax_d(p, a)
-        gx = threshold_vjp(d, g, ctx.tau).to(out.dtype)
+        gx = vjp_from_slope(d, g, ctx.tau).to(out.dtype)
         ga = None
         if ctx.needs_input_grad[1]:
-            logp = torch.log(torch.where(p > 0, p, 1.0))
-            plogp = p * logp
-            am1 = torch.where(a == 1, 1.0, a - 1)
-            sd = d.sum(-1, keepdim=True)
-            skew = d / torch.where(sd > 0, sd, 1.0)
-            general = (p - skew) / am1**2 - (plogp - skew * plogp.sum(-1, keepdim=True)) / am1
-            limit = 0.5 * p * ((plogp * logp).sum(-1, keepdim=True) - logp**2)
-            dp_da = torch.where(a == 1, limit, general)
-            ga = (g * dp_da).sum(-1, keepdim=True).to(alpha.dtype)
+            ga = (g * _dp_dalpha(p, a, d)).sum(-1, keepdim=True).to(alpha.dtype)
         return gx, ga, None
+
+
+class EntmaxAlphaFunctionJvp(EntmaxAlphaFunction):
+    @staticmethod
+    def jvp(ctx, vx, va, _):
+        out, alpha = ctx.saved_tensors
+        ct = compute_dtype(out.dtype)
+        p, a = out.to(ct), alpha.to(ct)
+        d = _entmax_d(p, a)
+        t = vjp_from_slope(d, vx.to(ct), ctx.tau) if vx is not None else torch.zeros_like(p)
+        if va is not None:
+            t = t + va.to(ct) * _dp_dalpha(p, a, d)
+        return t.to(out.dtype)
+
+
+def entmax_alpha(x: Tensor, alpha: Tensor, tau: float) -> Tensor:
+    """The contract on rows (dim last), α shaped x.shape[:-1] + (1,)."""
+    fn = EntmaxAlphaFunction if torch.compiler.is_compiling() else EntmaxAlphaFunctionJvp
+    return fn.apply(x, alpha, tau)

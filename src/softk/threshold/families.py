@@ -59,6 +59,34 @@ class Family:
     support_size: Optional[Callable[[Tensor, Tensor, int], Tensor]] = None
     alpha: object = None  # entmax's α (the Triton kernels take it as a number)
 
+    # Which kernels serve the family: one table, read by softk.dispatch.
+    @property
+    def kernel(self) -> Optional[int]:
+        """The id of this family in the compiled CPU and Triton kernels (None: PyTorch path only)."""
+        if self.name == "entmax" and isinstance(self.alpha, Tensor):
+            return None  # per-row α: PyTorch path
+        return KERNEL_IDS.get(self.name)
+
+    @property
+    def native(self) -> bool:
+        """True when the compiled CPU kernels serve this family: the first five
+        ids, and entmax only for 1 < α ≤ 2 (for α > 2, g is not convex and the
+        C solver's Newton-from-below is not safe)."""
+        fid = self.kernel
+        if fid is None or fid not in NATIVE_IDS:
+            return False
+        return fid != KERNEL_IDS["entmax"] or 1.0 < float(self.alpha) <= 2.0
+
+    @property
+    def alpha_value(self) -> float:
+        """α as a float for the kernels (1.5 where the family has none)."""
+        return float(self.alpha) if self.alpha is not None else 1.5
+
+
+# Kernel ids shared by kernels_impl.h (native) and softk/triton/kernels.py.
+KERNEL_IDS = {"softmax": 0, "sparsemax": 1, "entmax15": 2, "entmax": 3, "exp": 4, "sigmoid": 5, "laplace": 6, "sparse": 7}
+NATIVE_IDS = frozenset(range(5))
+
 
 def _sum(t: Tensor) -> Tensor:
     return t.sum(-1, keepdim=True)

@@ -174,7 +174,13 @@ def lambda_reference(z: Tensor, k: int, capped: bool) -> Tensor:
     (the maximum alone is not: with one outlier at 1e6, λ − max ≈ −1e6 and
     float32 keeps only 1/16 of λ's fraction).
     """
-    if capped and k > 1 and z.shape[-1] >= k:
+    if isinstance(k, Tensor):  # one k per row: the ⌊k⌋-th largest entry of each row
+        if not capped:
+            ref = z.amax(-1, keepdim=True)
+        else:
+            v = torch.sort(z, dim=-1, descending=True).values
+            ref = v.gather(-1, (torch.clamp(torch.floor(k), 1, z.shape[-1]) - 1).long())
+    elif capped and k > 1 and z.shape[-1] >= k:
         ref = torch.topk(z, k, dim=-1).values[..., k - 1 : k]
     else:
         ref = z.amax(-1, keepdim=True)

@@ -6,6 +6,6 @@ before triton is imported, which runs the kernels on CPU tensors — how CI
 checks them without a GPU).
 """
 
-from .function import FAMILY_IDS, triton_threshold_map
+from .function import FAMILY_IDS, backward_rows, forward_rows
 
-__all__ = ["FAMILY_IDS", "triton_threshold_map"]
+__all__ = ["FAMILY_IDS", "forward_rows", "backward_rows"]

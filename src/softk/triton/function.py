@@ -1,7 +1,7 @@
-"""Launcher and autograd Function for the Triton kernels.
+"""Launchers for the Triton kernels, on contiguous (rows, n) tensors.
 
-The launcher moves ``dim`` last, makes rows contiguous and views them as
-(rows, n); the Function saves only p, like the torch backend's.
+:class:`softk.dispatch.TritonBackend` calls them inside the custom ops of
+:mod:`softk.threshold.op`, which hold the one autograd contract.
 
 Rows of at most :data:`ONCHIP_MAX` entries run "on chip": the kernel loads the
 row once into registers (a block of the next power of two) and runs every
@@ -22,7 +22,8 @@ from torch import Tensor
 
 from .kernels import threshold_bwd_kernel, threshold_fwd_kernel
 
-FAMILY_IDS = {"softmax": 0, "sparsemax": 1, "entmax15": 2, "entmax": 3, "exp": 4, "sigmoid": 5, "laplace": 6, "sparse": 7}
+from ..threshold.families import KERNEL_IDS as FAMILY_IDS  # one table for every backend
+
 ONCHIP_MAX = 8192
 LOOP_BLOCK = 2048
 # Newton-type steps allowed before the search falls back to pure bisection,
@@ -77,29 +78,3 @@ def backward_rows(p: Tensor, g: Tensor, fam: int, tau: float, alpha: float = 1.5
         oc, blk, warps = _config(n, onchip, block)
         threshold_bwd_kernel[(r,)](p, g, dx, n, 1.0 / tau, float(alpha), FAM=fam, BLOCK=blk, ONCHIP=oc, num_warps=warps)
     return dx
-
-
-class TritonThresholdFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: Tensor, fam: int, k: int, tau: float, alpha: float) -> Tensor:
-        rows = x.contiguous().view(-1, x.shape[-1])
-        out = forward_rows(rows, fam, k, tau, alpha).view(x.shape)
-        ctx.save_for_backward(out)
-        ctx.fam, ctx.tau, ctx.alpha = fam, tau, alpha
-        return out
-
-    @staticmethod
-    def backward(ctx, g: Tensor):
-        (p,) = ctx.saved_tensors
-        n = p.shape[-1]
-        dx = backward_rows(p.view(-1, n), g.contiguous().view(-1, n), ctx.fam, ctx.tau, ctx.alpha)
-        return dx.view(p.shape), None, None, None, None
-
-
-def triton_threshold_map(x: Tensor, family: str, k: int, dim: int, tau: float, alpha: float = 1.5) -> Tensor:
-    """p = f(x/τ − λ), Σp = k along ``dim`` with the Triton kernels (arguments
-    already validated by the caller; ``family`` a key of :data:`FAMILY_IDS`)."""
-    if x.numel() == 0:
-        return x * 0
-    out = TritonThresholdFunction.apply(x.movedim(dim, -1), FAMILY_IDS[family], k, tau, alpha)
-    return out.movedim(-1, dim)

@@ -26,12 +26,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import _backend
 from ._validate import check_topk_args
 from .gradtopk import log_ek
 from .threshold import THRESHOLD_METHODS
-from .threshold.function import compute_dtype
 from .threshold.potential import potential
+from .threshold.rows import compute_dtype
 
 SUM_METHODS = tuple(THRESHOLD_METHODS) + ("grad",)
 
@@ -55,7 +54,9 @@ def topk_sum(
 
     Args:
         x: scores, any shape, floating point (half computed in float32).
-        k: an int in [1, n], n = x.shape[dim].
+        k: an int in [1, n], n = x.shape[dim], or one k per row for the
+            threshold methods: a tensor broadcastable to x with size 1 along
+            ``dim``, values in (0, n] (fractional allowed; no gradient in k).
         dim: the dimension reduced.
         tau: temperature > 0.
         method: "exp", "sigmoid", "laplace", "sparse" or "grad"
@@ -79,8 +80,14 @@ def topk_sum(
     >>> round(float(softk.topk_sum(x, k=2, tau=0.01)), 6)
     7.0
     """
-    dim, k, tau = check_topk_args(x, k, dim, tau, method, SUM_METHODS)
-    _backend.resolve(x)
+    dim, k_rows, tau = check_topk_args(x, k, dim, tau, method, SUM_METHODS)
+    if isinstance(tau, torch.Tensor):
+        # τ that requires grad: τ·Φ(x/τ) with autograd through both factors.
+        return tau.to(x.dtype) * topk_sum(x / tau.to(x.dtype), k, dim, 1.0, method, keepdim)
+    k = k_rows
+    if isinstance(k, torch.Tensor) and k.requires_grad:
+        # ∂/∂k would need λ itself (∂Φ/∂k = λ), which the contract does not return.
+        raise ValueError("topk_sum gives no gradient to a per-row k; pass k.detach() (soft_topk does differentiate in k)")
     if method == "grad":
         return log_ek(x, k, dim, tau, keepdim)
     family = THRESHOLD_METHODS[method]
@@ -88,7 +95,8 @@ def topk_sum(
     xc = x.to(compute_dtype(x.dtype))
     phi = potential(xc, family, k, dim, tau, keepdim=True)
     # Σp = min(k, number of finite entries): the shift is constant in x.
-    count = torch.clamp((x.detach() > float("-inf")).sum(dim, keepdim=True), max=k)
+    count = (x.detach() > float("-inf")).sum(dim, keepdim=True).to(phi.dtype)
+    count = torch.minimum(count, k.movedim(-1, dim) if isinstance(k, torch.Tensor) else torch.tensor(float(k)))
     psi1 = float(family.psi(torch.tensor(1.0, dtype=torch.float64)))
     out = phi + (tau * psi1) * count.to(phi.dtype)
     # A NaN/+inf row is NaN (⟨z, p⟩ − Σψ(p) reads a NaN p as 0 for "sigmoid").

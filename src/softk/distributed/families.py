@@ -1,0 +1,74 @@
+"""Which threshold family a vocab-parallel map or loss name stands for, and what is refused."""
+
+from __future__ import annotations
+
+import numbers
+import zlib
+
+from ..threshold.families import ENTMAX15, SOFTMAX, SPARSE, SPARSEMAX, Family, entmax_family
+
+MAPS = ("softmax", "sparsemax", "entmax15", "entmax", "sparse", "exp")
+LOSSES = ("cross_entropy", "softmax", "sparsemax", "entmax15", "entmax", "soft_topk", "topk_softmax_ce")
+
+_REFUSED = (
+    "{what} is not available vocab-parallel: its map gives every class a positive share, so λ depends "
+    "on every entry non-linearly and no fixed number of collectives over a bounded set of candidates finds "
+    "it exactly.  Supported: softmax/cross_entropy, sparsemax, entmax15, entmax (any alpha), soft top-k "
+    "'sparse' (any k) and 'exp' with k = 1 (= softmax); or gather the logits and use the single-device loss"
+)
+
+
+def _alpha_family(alpha) -> Family:
+    if alpha is None or isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
+        raise ValueError(f"alpha must be a float >= 1 for entmax, got {alpha!r}")
+    a = float(alpha)
+    if not (a >= 1 and a != float("inf")):
+        raise ValueError(f"alpha must be a finite float >= 1 (1 is softmax, 2 sparsemax), got {a}")
+    return {1.0: SOFTMAX, 1.5: ENTMAX15, 2.0: SPARSEMAX}.get(a) or entmax_family(a)
+
+
+def check_k_int(k) -> int:
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
+        raise ValueError(f"k must be an int >= 1, got {k!r}")
+    return int(k)
+
+
+def map_family(name, k, alpha) -> Family:
+    """The family of ``vocab_parallel_map(map=name)``."""
+    if name not in MAPS:
+        raise ValueError(f"map must be one of {list(MAPS)}, got {name!r}")
+    if name == "entmax":
+        fam = _alpha_family(alpha)
+    elif alpha is not None:
+        raise ValueError(f"alpha applies to map='entmax' only, got alpha={alpha!r} with map={name!r}")
+    else:
+        fam = {"softmax": SOFTMAX, "sparsemax": SPARSEMAX, "entmax15": ENTMAX15, "sparse": SPARSE, "exp": SOFTMAX}[name]
+    if name == "exp" and k != 1:
+        raise ValueError(_REFUSED.format(what=f"map='exp' with k={k}"))
+    if not fam.capped and k != 1:
+        raise ValueError(f"map={name!r} maps onto the simplex (k = 1 only), got k={k}")
+    return fam
+
+
+def loss_family(name, k, alpha, method) -> Family:
+    """The family of ``vocab_parallel_loss(loss=name)`` (None for topk_softmax_ce, which has no λ)."""
+    if name not in LOSSES:
+        raise ValueError(f"loss must be one of {list(LOSSES)}, got {name!r}")
+    if name == "entmax":
+        return map_family("entmax", 1 if k == 1 else k, alpha)
+    if alpha is not None:
+        raise ValueError(f"alpha applies to loss='entmax' only, got alpha={alpha!r} with loss={name!r}")
+    if name == "soft_topk":
+        if method == "sparse":
+            return SPARSE
+        if method == "exp" and k == 1:
+            return SOFTMAX
+        raise ValueError(_REFUSED.format(what=f"soft_topk with method={method!r}, k={k}"))
+    if name not in ("topk_softmax_ce",) and k != 1:
+        raise ValueError(f"k applies to loss='soft_topk' and 'topk_softmax_ce' only, got k={k} with loss={name!r}")
+    return {"cross_entropy": SOFTMAX, "softmax": SOFTMAX, "sparsemax": SPARSEMAX, "entmax15": ENTMAX15}.get(name)
+
+
+def what_code(*parts) -> int:
+    """A number that is equal on two ranks when their loss/map arguments are (for the agreement check)."""
+    return zlib.crc32("|".join(map(repr, parts)).encode()) & 0x7FFFFFFF

@@ -1,0 +1,147 @@
+r"""Fused linear layer + vocab-parallel loss: W sharded by vocabulary, logits a chunk of rows at a time.
+
+Megatron's output layer with softk's losses.  Every rank holds the same
+hidden states X (N, H) and its rows of the weight, W_r (V_r, H) (and b_r).
+For each chunk of rows it computes its slice of the logits
+X_c W_rᵀ + b_r and the chunk's loss with :func:`vocab_parallel_loss`,
+whose gradient G_r = (p − y)/τ is local.  It then accumulates
+
+.. math:: \nabla_{W_r} \mathrel{+}= G_r^\top X_c,\qquad
+          \nabla_{b_r} \mathrel{+}= \mathbf 1^\top G_r,\qquad
+          \nabla_X = \textstyle\sum_r G_r W_r \ (\text{one all-reduce at the end}).
+
+No rank ever holds more than one chunk of its own slice of the logits.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+import torch.distributed as dist
+
+from .._validate import check_input
+from ..losses.chunking import auto_chunk_size
+from ..losses.targets import check_reduction
+from .checks import comm_device, resolve_group
+from .losses import vocab_parallel_loss
+
+
+class _Fused(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, b, target, kwargs, chunk, n_kept, mean, want, group):
+        m = x.shape[0]
+        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+        total = torch.zeros((), dtype=acc, device=x.device)
+        gx = torch.zeros(x.shape, dtype=acc, device=x.device) if want[0] else None
+        gw = torch.zeros(w.shape, dtype=acc, device=x.device) if want[1] else None
+        gb = torch.zeros(w.shape[0], dtype=acc, device=x.device) if want[2] else None
+        for s in range(0, m, chunk):
+            e = min(s + chunk, m)
+            xc = x[s:e]
+            with torch.no_grad():
+                logits = xc @ w.t() if b is None else torch.addmm(b, xc, w.t())
+            with torch.enable_grad():
+                logits.requires_grad_(True)
+                rows = vocab_parallel_loss(logits, target[s:e], group=group, reduction="none", **kwargs)
+                (g,) = torch.autograd.grad(rows.sum(), logits)
+            total += rows.detach().sum().to(acc)
+            g = g.to(acc)
+            if gx is not None:
+                gx[s:e] = g @ w.to(acc)
+            if gw is not None:
+                gw.addmm_(g.t(), xc.to(acc))
+            if gb is not None:
+                gb += g.sum(0)
+        if gx is not None:
+            dist.all_reduce(gx, op=dist.ReduceOp.SUM, group=group)  # Σ_r G_r W_r
+        ctx.save_for_backward(gx, gw, gb)
+        ctx.scale = 1.0 / max(n_kept, 1) if mean else 1.0
+        out = total / n_kept if mean else total
+        return out.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, go):
+        gx, gw, gb = ctx.saved_tensors
+        s = go * ctx.scale
+        f = lambda g: None if g is None else (g * s.to(g.dtype)).to(go.dtype)  # noqa: E731
+        return f(gx), f(gw), f(gb), None, None, None, None, None, None, None
+
+
+def vocab_parallel_fused_linear_loss(
+    input, local_weight, target, loss: str = "sparsemax", local_bias=None, *, group=None, vocab_start=None,
+    alpha=None, k: int = 1, method: str = "sparse", tau: float = 1.0, ignore_index: int = -100,
+    reduction: str = "mean", chunk_size=None,
+):
+    r"""``vocab_parallel_loss(input @ local_weight.T + local_bias, target, loss)``, a chunk of rows at a time.
+
+    Args:
+        input: (N, H) hidden states, the same on every rank of ``group``.
+        local_weight: (V_r, H), this rank's rows of the output weight (its vocabulary slice).
+        target: global class indices (N,), the same on every rank, or a dense
+            target (N, V_r) sliced like the weight.
+        local_bias: None or (V_r,).
+        chunk_size: rows per chunk; None takes :func:`softk.losses.chunking.auto_chunk_size`
+            with the largest slice, so every rank runs the same number of chunks.
+        The rest: as in :func:`vocab_parallel_loss`; reduction is "mean" or "sum".
+
+    The gradient of ``input`` is the full one, Σ_r G_r W_r, all-reduced over
+    the group during the forward (do not all-reduce it again).
+
+    Collectives: 1 all-reduce (slice sizes and argument agreement), then per
+    chunk those of :func:`vocab_parallel_loss` (at most 4), then 1 all-reduce of
+    the (N, H) input gradient when ``input`` requires grad.  Backward: none.
+
+    >>> import torch, torch.distributed as dist, tempfile, os
+    >>> f = os.path.join(tempfile.mkdtemp(), "pg")
+    >>> dist.init_process_group("gloo", init_method=f"file://{f}", rank=0, world_size=1)
+    >>> x, w = torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 0.0], [1.0, 0.0], [3.0, 0.0]])
+    >>> vocab_parallel_fused_linear_loss(x, w, torch.tensor([2]), "sparsemax")  # logits (0, 1, 3)
+    tensor(0.)
+    >>> dist.destroy_process_group()
+    """
+    rank, world = resolve_group(group)
+    err = None
+    try:
+        check_input(input, "input")
+        if input.dim() != 2:
+            raise ValueError(f"input must be (N, H), got shape {tuple(input.shape)}")
+        if not isinstance(local_weight, torch.Tensor) or local_weight.dim() != 2 or local_weight.shape[1] != input.shape[1]:
+            raise ValueError(f"local_weight must be (V_r, H) with H = {input.shape[1]}")
+        if local_weight.dtype != input.dtype:
+            raise TypeError(f"local_weight must have input's dtype {input.dtype}, got {local_weight.dtype}")
+        if local_bias is not None and (not isinstance(local_bias, torch.Tensor) or local_bias.shape != (local_weight.shape[0],)):
+            raise ValueError(f"local_bias must be None or ({local_weight.shape[0]},)")
+        if check_reduction(reduction) == "none":
+            raise ValueError("reduction must be 'mean' or 'sum' here (the gradients are computed in the forward)")
+        if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral) or chunk_size < 1):
+            raise ValueError(f"chunk_size must be None or an int >= 1, got {chunk_size!r}")
+    except (TypeError, ValueError) as e:
+        err = e
+    # One table (world, 4) of [error, V_r, N, H]: every rank must run the same
+    # number of chunks, so N (and H) must agree before the first chunk.
+    table = torch.zeros(world, 4, dtype=torch.int64, device=comm_device(input, group))
+    if err is None:
+        table[rank] = torch.tensor([0, local_weight.shape[0], *input.shape])
+    else:
+        table[rank, 0] = 1
+    dist.all_reduce(table, op=dist.ReduceOp.SUM, group=group)
+    table = table.cpu()
+    if err is not None:
+        raise err
+    if bool(table[:, 0].any()):
+        raise ValueError("another rank of the group rejected its arguments (its own error says why); no rank went on")
+    for col, what in ((2, "the number of rows N of input"), (3, "the hidden size H of input")):
+        if not bool((table[:, col] == table[0, col]).all()):
+            raise ValueError(f"{what} differs between ranks: {table[:, col].tolist()} (input must be the same on every rank)")
+    info = table[:, 1].max()
+    n, h = input.shape
+    chunk = chunk_size or auto_chunk_size(n, h, int(info))
+    if target.is_floating_point():
+        n_kept = n
+    else:
+        n_kept = int((target != ignore_index).sum())
+    kwargs = dict(loss=loss, vocab_start=vocab_start, alpha=alpha, k=k, method=method, tau=tau, ignore_index=ignore_index)
+    on = torch.is_grad_enabled()
+    want = tuple(on and a is not None and a.requires_grad for a in (input, local_weight, local_bias))
+    return _Fused.apply(input, local_weight, local_bias, target, kwargs, chunk, n_kept, reduction == "mean", want, group)

@@ -1,0 +1,117 @@
+r"""The per-chunk pieces of :func:`softk.losses.fused_linear_loss`.
+
+* :func:`auto_chunk_size`: how many rows of logits to hold at once;
+* :func:`chunk_loss_fn`: the public loss named by ``loss``, per row;
+* :func:`chunked_pass`: logits = X_c Wᵀ + b one chunk of rows at a time, the
+  per-row loss, and (optionally) the gradients G = ∂(Σ_i w_i L_i)/∂logits
+  pushed straight into grad_X = G W, grad_W += Gᵀ X_c, grad_b += Σ_rows G,
+  so no more than one chunk's (rows × V) logits ever exist.
+
+The gradient of each chunk comes from the public loss itself
+(``torch.autograd.grad`` on the chunk's logits), so the chunk runs on whatever
+backend that loss dispatches to (compiled CPU kernels, Triton on CUDA, or the
+PyTorch reference); for the Fenchel–Young losses it is (p − y)/τ.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .cross_entropy import cross_entropy
+from .simplex_losses import entmax15_loss, entmax_loss, softmax_loss, sparsemax_loss
+from .topk_loss import soft_topk_loss
+from .topk_softmax_ce import topk_softmax_cross_entropy
+
+LOSSES = ("cross_entropy", "softmax", "sparsemax", "entmax15", "entmax", "soft_topk", "topk_softmax_ce")
+
+# Below this many logits per chunk (4 Mi elements, 16 MiB in float32) the
+# per-chunk matmuls get so small that their overhead dominates; above it the
+# chunk is still a small fraction of the N×V logits of any large vocabulary.
+MIN_CHUNK_ELEMENTS = 1 << 22
+
+
+def auto_chunk_size(rows: int, hidden: int, vocab: int) -> int:
+    """Rows per chunk: the largest power of two C with C·V ≤ max(N·H, 2²²), clamped to [1, N].
+
+    The budget is Liger-Kernel's (its fused linear cross-entropy takes the
+    next power of two ≥ N / ⌈V/H⌉): one chunk of logits costs about as much
+    memory as the input X itself.  Here the power of two is rounded down, so
+    the chunk stays within the budget, and the budget has a floor of 4 Mi
+    logits so that small hidden sizes do not give tiny matmuls.
+
+    >>> auto_chunk_size(4096, 256, 65536)   # max(2^20, 2^22) / 2^16
+    64
+    >>> auto_chunk_size(8192, 4096, 131072)  # Liger's rule gives the same 256
+    256
+    """
+    budget = max(rows * hidden, MIN_CHUNK_ELEMENTS)
+    c = max(1, budget // max(vocab, 1))
+    c = 1 << (c.bit_length() - 1)  # largest power of two <= c
+    return max(1, min(c, rows))
+
+
+def chunk_loss_fn(loss: str, *, alpha, k: int, method: str, tau: float, ignore_index: int):
+    """The public loss ``loss`` as ``fn(logits (C, V), target) -> (C,)`` (reduction "none")."""
+    none = "none"
+    if loss == "cross_entropy":
+        return functools.partial(_call_ce, ignore_index=ignore_index, tau=tau)
+    if loss == "softmax":
+        return lambda z, t: softmax_loss(z, t, ignore_index, none, tau)
+    if loss == "sparsemax":
+        return lambda z, t: sparsemax_loss(z, t, ignore_index, none, tau)
+    if loss == "entmax15":
+        return lambda z, t: entmax15_loss(z, t, ignore_index, none, tau)
+    if loss == "entmax":
+        return lambda z, t: entmax_loss(z, t, alpha, ignore_index, none, tau)
+    if loss == "soft_topk":
+        return lambda z, t: soft_topk_loss(z, t, k, method, tau, none)
+    return lambda z, t: topk_softmax_cross_entropy(z, t, k, ignore_index, none, tau)
+
+
+def _call_ce(z, t, ignore_index, tau):
+    return cross_entropy(z, t, ignore_index=ignore_index, reduction="none", tau=tau)
+
+
+def chunked_pass(x, weight, bias, target, fn, chunk: int, row_weight, grads):
+    """One pass over the rows of ``x`` (M, H) in chunks of ``chunk`` rows.
+
+    Returns ``(loss (M,), grad_x, grad_w, grad_b)`` with the per-row losses in
+    float32 (float64 for float64 input) and the gradients of Σ_i w_i L_i
+    (``row_weight`` w (M,), or all ones when None) for the entries of
+    ``grads = (want_x, want_w, want_b)``, None for the others.  Weight and bias
+    gradients are accumulated in float32 for half inputs.
+    """
+    m = x.shape[0]
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    losses = torch.empty(m, dtype=acc, device=x.device)
+    want_x, want_w, want_b = grads
+    any_grad = want_x or want_w or want_b
+    gx = torch.empty_like(x) if want_x else None
+    gw = torch.zeros(weight.shape, dtype=acc, device=x.device) if want_w else None
+    gb = torch.zeros(weight.shape[0], dtype=acc, device=x.device) if want_b else None
+    wt = weight.t()
+    for s in range(0, m, chunk):
+        e = min(s + chunk, m)
+        xc = x[s:e]
+        with torch.no_grad():
+            logits = xc @ wt if bias is None else torch.addmm(bias, xc, wt)
+        with torch.enable_grad():
+            logits.requires_grad_(any_grad)
+            lrow = fn(logits, target[s:e])
+            if any_grad:
+                w = torch.ones_like(lrow) if row_weight is None else row_weight[s:e].to(lrow.dtype)
+                (g,) = torch.autograd.grad(lrow, logits, grad_outputs=w)
+        losses[s:e] = lrow.detach()
+        del logits, lrow
+        if not any_grad:
+            continue
+        if want_x:
+            torch.mm(g, weight, out=gx[s:e])
+        if want_w:
+            gw.addmm_(g.t().to(acc), xc.to(acc))
+        if want_b:
+            gb += g.sum(0, dtype=acc)
+        del g
+    return losses, gx, gw, gb

@@ -1,0 +1,204 @@
+r"""Fused linear layer + loss: ``loss(input @ weight.T + bias, target)`` without the N×V logits.
+
+An output layer over a vocabulary of V classes turns N hidden states (N, H)
+into N×V logits, usually the largest tensor of a training step.  Here the
+rows are processed in chunks (Liger-Kernel's FusedLinearCrossEntropy, Hsu et
+al. 2024, arXiv:2410.10989, extended to every loss of :mod:`softk.losses`):
+
+.. math:: Z_c = X_c W^\top + b,\qquad G_c = \partial L/\partial Z_c,\qquad
+          \nabla_X = G W,\quad \nabla_W = \textstyle\sum_c G_c^\top X_c,\quad
+          \nabla_b = \textstyle\sum_c \mathbf 1^\top G_c,
+
+and each chunk's logits and G_c are freed before the next chunk.  For the
+Fenchel–Young losses G = (p − y)/τ per row.
+
+Reductions:
+
+* "mean" and "sum": the gradients are computed during the forward (one matmul
+  pass), kept, and scaled by the incoming gradient in the backward — the
+  backward costs nothing, as in Liger.  "mean" divides by the number of rows
+  whose target is not ``ignore_index`` (torch's rule; NaN when there is none,
+  with zero gradients).
+* "none": the forward computes only the losses; the backward needs the
+  per-row incoming gradient, so it recomputes every chunk's logits once more
+  (two forward matmuls in all instead of one).
+
+The chunk loss is the public loss function itself, so on CUDA it runs on the
+Triton kernels where softk has them (see :mod:`softk._backend`); on CPU it is
+the compiled or PyTorch route.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+from torch import Tensor
+
+from .._validate import check_choice, check_input
+from ..threshold.families import THRESHOLD_METHODS
+from .chunking import LOSSES, auto_chunk_size, chunk_loss_fn, chunked_pass
+from .targets import check_ignore_index, check_reduction, check_target_tensor
+
+
+class _FusedLinearLoss(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, target, fn, chunk, reduction, n_kept, want):
+        ctx.fn, ctx.chunk, ctx.reduction, ctx.n_kept = fn, chunk, reduction, n_kept
+        if reduction == "none":
+            losses, *_ = chunked_pass(x, weight, bias, target, fn, chunk, None, (False, False, False))
+            ctx.save_for_backward(x, weight, bias, target)
+            ctx.want = want
+            return losses.to(x.dtype)
+        losses, gx, gw, gb = chunked_pass(x, weight, bias, target, fn, chunk, None, want)
+        ctx.save_for_backward(gx, gw, gb)
+        total = losses.sum()
+        if reduction == "mean":
+            total = total / n_kept
+        return total.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, go):
+        if ctx.reduction == "none":
+            x, weight, bias, target = ctx.saved_tensors
+            _, gx, gw, gb = chunked_pass(x, weight, bias, target, ctx.fn, ctx.chunk, go, ctx.want)
+        else:
+            gx, gw, gb = ctx.saved_tensors
+            scale = go if ctx.reduction == "sum" else go / max(ctx.n_kept, 1)
+            gx = None if gx is None else gx * scale.to(gx.dtype)
+            gw = None if gw is None else gw * scale.to(gw.dtype)
+            gb = None if gb is None else gb * scale.to(gb.dtype)
+        cast = lambda g, ref: None if g is None else g.to(ref.dtype)  # noqa: E731
+        return cast(gx, go), cast(gw, go), cast(gb, go), None, None, None, None, None, None
+
+
+def _check_linear(input, weight, bias):
+    check_input(input, "input")
+    if not isinstance(weight, Tensor) or weight.dim() != 2:
+        shape = tuple(weight.shape) if isinstance(weight, Tensor) else type(weight).__name__
+        raise ValueError(f"weight must be a 2-D tensor (num_classes, in_features), got {shape}")
+    if weight.shape[1] != input.shape[-1]:
+        raise ValueError(
+            f"weight has in_features={weight.shape[1]} but input's last dimension is {input.shape[-1]} "
+            f"(input (..., H) needs weight (V, H))"
+        )
+    if weight.shape[0] == 0:
+        raise ValueError("weight must have at least one class (row), got shape (0, H)")
+    if weight.dtype != input.dtype or weight.device != input.device:
+        raise TypeError(
+            f"weight must have input's dtype and device ({input.dtype}, {input.device}), "
+            f"got ({weight.dtype}, {weight.device})"
+        )
+    if bias is not None:
+        if not isinstance(bias, Tensor) or bias.shape != (weight.shape[0],):
+            shape = tuple(bias.shape) if isinstance(bias, Tensor) else type(bias).__name__
+            raise ValueError(f"bias must be None or a tensor of shape ({weight.shape[0]},), got {shape}")
+        if bias.dtype != input.dtype or bias.device != input.device:
+            raise TypeError(f"bias must have input's dtype and device ({input.dtype}, {input.device}), got ({bias.dtype}, {bias.device})")
+
+
+def _check_loss_options(loss, alpha, k, method):
+    check_choice(loss, LOSSES, "loss")
+    if loss == "entmax":
+        if alpha is None or isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
+            raise ValueError(f"loss='entmax' needs alpha, a float >= 1, got {alpha!r}")
+    elif alpha is not None:
+        raise ValueError(f"alpha applies to loss='entmax' only, got alpha={alpha!r} with loss={loss!r}")
+    if loss not in ("soft_topk", "topk_softmax_ce") and k != 1:
+        raise ValueError(f"k applies to loss='soft_topk' and 'topk_softmax_ce' only, got k={k!r} with loss={loss!r}")
+    check_choice(method, tuple(THRESHOLD_METHODS), "method")
+
+
+def _check_chunk_size(chunk_size):
+    if chunk_size is None:
+        return None
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be None or an int >= 1 (rows per chunk), got {chunk_size!r}")
+    return int(chunk_size)
+
+
+def fused_linear_loss(
+    input: Tensor,
+    weight: Tensor,
+    target: Tensor,
+    loss: str = "sparsemax",
+    bias=None,
+    *,
+    alpha=None,
+    k: int = 1,
+    method: str = "exp",
+    tau: float = 1.0,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    chunk_size=None,
+) -> Tensor:
+    r"""``loss(input @ weight.T + bias, target)`` computed a chunk of rows at a time.
+
+    Args:
+        input: hidden states (..., H), floating.
+        weight: (V, H), the output layer's weight (input's dtype and device).
+        target: class indices shaped ``input.shape[:-1]``, or a float tensor
+            (..., V) of target distributions (multi-hot rows with k ones for
+            "soft_topk"), exactly as the loss itself takes them.
+        loss: "cross_entropy", "softmax", "sparsemax", "entmax15", "entmax"
+            (needs ``alpha``), "soft_topk" (``k``, ``method``) or
+            "topk_softmax_ce" (``k``); each is the function of the same name
+            in :mod:`softk.losses` on the logits.
+        bias: None or (V,).
+        alpha, k, method, tau, ignore_index: passed to that loss.
+        reduction: "mean" (over rows whose target is not ``ignore_index``),
+            "sum" or "none" (shape ``input.shape[:-1]``).
+        chunk_size: rows of logits held at once; None picks the largest power
+            of two C with C·V ≤ max(N·H, 2²²) (:func:`~softk.losses.chunking.auto_chunk_size`):
+            a chunk of logits then costs about what the input does.
+
+    Returns the loss, with gradients for ``input``, ``weight`` and ``bias``
+    (not for ``target``).  Memory beyond the inputs: the gradients (N×H, V×H,
+    V) and one chunk's logits and loss temporaries, never N×V.  Equal to the
+    unfused loss to rounding (the sum over chunks is ordered differently).
+
+    >>> import torch
+    >>> torch.manual_seed(0) and None
+    >>> x, w = torch.randn(6, 4, dtype=torch.float64), torch.randn(10, 4, dtype=torch.float64)
+    >>> t = torch.tensor([0, 3, 9, 2, 2, 1])
+    >>> from softk.losses import sparsemax_loss
+    >>> fused = fused_linear_loss(x, w, t, "sparsemax", chunk_size=4)
+    >>> bool(torch.isclose(fused, sparsemax_loss(x @ w.T, t)))
+    True
+    """
+    _check_linear(input, weight, bias)
+    _check_loss_options(loss, alpha, k, method)
+    reduction = check_reduction(reduction)
+    ignore_index = check_ignore_index(ignore_index)
+    chunk = _check_chunk_size(chunk_size)
+    check_target_tensor(target)
+    lead = input.shape[:-1]
+    x = input.reshape(-1, input.shape[-1])
+    vocab = weight.shape[0]
+    if target.is_floating_point():
+        if target.shape != (*lead, vocab):
+            raise ValueError(
+                f"target of probabilities must have shape {(*lead, vocab)} (input's leading dims and V), "
+                f"got {tuple(target.shape)}"
+            )
+        t = target.reshape(-1, vocab)
+        n_kept = x.shape[0]
+    else:
+        if target.shape != lead:
+            raise ValueError(
+                f"target of class indices must have shape {tuple(lead)} (input's shape without its last "
+                f"dimension), got {tuple(target.shape)}"
+            )
+        t = target.reshape(-1)
+        n_kept = int((t != ignore_index).sum()) if loss != "soft_topk" else x.shape[0]
+    fn = chunk_loss_fn(loss, alpha=alpha, k=k, method=method, tau=tau, ignore_index=ignore_index)
+    if chunk is None:
+        chunk = auto_chunk_size(x.shape[0], x.shape[1], vocab)
+    if x.shape[0] == 0:
+        # No rows: the unfused loss of an empty batch (mean is NaN, as in torch).
+        out = fn(x @ weight.t(), t).sum() * 0
+        return out / 0 if reduction == "mean" else (out if reduction == "sum" else x.new_zeros(lead))
+    grad_on = torch.is_grad_enabled()
+    want = tuple(grad_on and a is not None and a.requires_grad for a in (input, weight, bias))
+    out = _FusedLinearLoss.apply(x, weight, bias, t, fn, chunk, reduction, n_kept, want)
+    return out.reshape(lead) if reduction == "none" else out

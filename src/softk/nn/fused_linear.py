@@ -1,0 +1,92 @@
+"""``FusedLinearLoss``: an output layer and its loss in one module, never holding N×V logits."""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+from torch import nn
+
+from ..losses.fused_linear import _check_chunk_size, _check_loss_options, fused_linear_loss
+from ..losses.targets import check_ignore_index, check_reduction
+from .._validate import check_tau
+
+
+class FusedLinearLoss(nn.Module):
+    r"""``nn.Linear(in_features, num_classes, bias)`` followed by a softk loss, fused.
+
+    ``forward(input (..., in_features), target)`` returns
+    :func:`softk.losses.fused_linear_loss` ``(input, self.weight, target, loss, self.bias, ...)``,
+    so the (N, num_classes) logits are only ever held a chunk of rows at a
+    time.  Parameters are initialised as in ``nn.Linear`` (uniform in
+    ±1/√in_features); the weight is (num_classes, in_features), so a trained
+    ``nn.Linear``'s state dict loads into it.  For inference, ``logits(input)``
+    is the plain linear layer.
+
+    >>> import torch
+    >>> head = FusedLinearLoss(8, 100, loss="entmax15")
+    >>> x, t = torch.randn(5, 8), torch.randint(0, 100, (5,))
+    >>> loss = head(x, t)
+    >>> loss.backward()
+    >>> head.weight.grad.shape
+    torch.Size([100, 8])
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        num_classes: int,
+        loss: str = "sparsemax",
+        bias: bool = True,
+        *,
+        alpha=None,
+        k: int = 1,
+        method: str = "exp",
+        tau: float = 1.0,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+        chunk_size=None,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        for name, v in (("in_features", in_features), ("num_classes", num_classes)):
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+        _check_loss_options(loss, alpha, k, method)
+        self.in_features, self.num_classes = int(in_features), int(num_classes)
+        self.loss, self.alpha, self.k, self.method = loss, alpha, k, method
+        self.tau = check_tau(tau)
+        self.ignore_index = check_ignore_index(ignore_index)
+        self.reduction = check_reduction(reduction)
+        self.chunk_size = _check_chunk_size(chunk_size)
+        kw = {"device": device, "dtype": dtype}
+        self.weight = nn.Parameter(torch.empty(num_classes, in_features, **kw))
+        self.bias = nn.Parameter(torch.empty(num_classes, **kw)) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        bound = 1 / math.sqrt(self.in_features)
+        nn.init.uniform_(self.weight, -bound, bound)
+        if self.bias is not None:
+            nn.init.uniform_(self.bias, -bound, bound)
+
+    def logits(self, input: torch.Tensor) -> torch.Tensor:
+        """The full logits ``input @ weight.T + bias`` (for inference; this does hold N×V)."""
+        return nn.functional.linear(input, self.weight, self.bias)
+
+    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return fused_linear_loss(
+            input, self.weight, target, self.loss, self.bias,
+            alpha=self.alpha, k=self.k, method=self.method, tau=self.tau,
+            ignore_index=self.ignore_index, reduction=self.reduction, chunk_size=self.chunk_size,
+        )
+
+    def extra_repr(self) -> str:
+        extra = f", alpha={self.alpha}" if self.alpha is not None else ""
+        extra += f", k={self.k}, method={self.method!r}" if self.loss in ("soft_topk", "topk_softmax_ce") else ""
+        return (
+            f"in_features={self.in_features}, num_classes={self.num_classes}, bias={self.bias is not None}, "
+            f"loss={self.loss!r}{extra}, tau={self.tau}, reduction={self.reduction!r}, chunk_size={self.chunk_size}"
+        )

@@ -1,0 +1,75 @@
+r"""The row prelude: what every map, loss and potential does before and after λ.
+
+Every operator here works on *rows*: the reduced dimension moved last.  This
+module holds the conventions all of them share, so that they are written once:
+
+* the compute dtype (half inputs are computed in float32);
+* the scaled row z = (x − max x)/τ, shifted by the row's finite maximum
+  *before* dividing by τ, so that neither a large offset nor a tiny τ
+  overflows or rounds the entries that carry the mass (the maps are
+  invariant to a per-row shift);
+* the row status: ``-inf`` entries are removed; a row with m ≤ k finite
+  entries (m = 0 is a fully masked row) gets p = 1 on its finite entries and
+  0 elsewhere, with a zero gradient; a row holding NaN or +inf is NaN;
+* the empty-input guard.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+NEG_INF = float("-inf")
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Half inputs are computed in float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def finite_max(z: Tensor) -> Tensor:
+    """Maximum of each row's entries (keepdim), 0 where it is not finite
+    (fully masked rows, and NaN/+inf rows, which the conventions fill)."""
+    m = z.amax(-1, keepdim=True)
+    return torch.where(torch.isfinite(m), m, 0.0)
+
+
+def scaled_rows(x: Tensor, tau: float, family=None, k=1, shift: bool = True) -> Tensor:
+    """z = (x − r)/τ in the compute dtype, r the entry λ is carried relative
+    to (:func:`softk.threshold.solve.lambda_reference`: the row's maximum for
+    the k = 1 maps, its k-th largest entry for the top-k families).
+
+    Shifting *before* dividing keeps every difference near the threshold
+    exact: x/τ first would round each entry to ulp(x/τ) (tiny τ), and a shift
+    by the maximum alone would round the entries near a top-k threshold to
+    ulp(outlier).  No autograd is needed: the maps are shift invariant and
+    their backward takes τ separately.  ``shift=False`` (the compiled
+    kernels at τ = 1, which find λ relative to the row themselves) skips it.
+    """
+    from .solve import lambda_reference
+
+    z = x.to(compute_dtype(x.dtype))
+    if shift:
+        z = z - lambda_reference(z, k, family is not None and family.capped)
+    return z if tau == 1.0 else z / tau
+
+
+def row_status(z: Tensor, k: int):
+    """(finite mask, rows to solve, broken rows) for a (..., n) tensor."""
+    finite = z > NEG_INF
+    broken = (torch.isnan(z) | (z == float("inf"))).any(-1, keepdim=True)
+    saturated = finite.sum(-1, keepdim=True) <= k
+    return finite, ~(broken | saturated), broken
+
+
+def fill_rows(z: Tensor, p: Tensor, active: Tensor, broken: Tensor) -> Tensor:
+    """Apply the row conventions to the rows that were not solved."""
+    if bool(active.all()):
+        return p
+    filled = torch.where(broken, float("nan"), (z > NEG_INF).to(z.dtype))
+    return torch.where(active, p, filled)
+
+
+def empty_like_result(x: Tensor) -> Tensor:
+    """The result for an input with no element (keeps autograd connected)."""
+    return x * 0

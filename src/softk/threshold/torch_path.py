@@ -1,0 +1,104 @@
+r"""The PyTorch path: the reference forward and backward on rows.
+
+Forward:  p = f(z − λ) with Σ p = k along the last dimension, z already
+scaled and shifted by :func:`softk.threshold.rows.scaled_rows`.
+Backward (implicit function theorem), with d = f'(z − λ) read off the saved
+output and g the incoming gradient:
+
+.. math::  \partial L/\partial x = \bigl(d\odot g - d\,\textstyle\sum(d\odot g)/\sum d\bigr)/\tau
+
+and 0 where Σd = 0 (every entry exactly at 0 or 1: the map is locally constant).
+Both are plain differentiable tensor code: :func:`vjp` is also what the
+autograd contract differentiates for second derivatives.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .families import EXP, SOFTMAX, Family
+from .rows import fill_rows, row_status
+from .entmax_anchor import entmax_probs, needs_anchor
+from .solve import solve_exp_pooled, solve_exp_topk, solve_on_candidates, solve_probs
+
+# Rows narrower than this go through the general solver: a partial sort saves
+# nothing there and the general path is the one the fast paths are checked against.
+_FAST_MIN_WIDTH = 64
+
+
+def _softmax(z: Tensor, k: int) -> Tensor:
+    # torch's own kernel; rows with no finite entry are filled (torch gives NaN).
+    _, active, broken = row_status(z, k)
+    p = torch.softmax(torch.where(active, z, 0.0), -1)
+    return fill_rows(z, p if k == 1 else k * p, active, broken)
+
+
+def _on_candidates(family: Family, z: Tensor, k: int):
+    lam, active, broken, idx, valid = solve_on_candidates(family, z, k)
+    if family.name == "entmax" and needs_anchor(family.alpha):
+        # λ's float grid is too coarse for p at large α or α near 1 (entmax_anchor.py);
+        # z is shifted by its maximum, so λ here is already relative to it.
+        return fill_rows(z, entmax_probs(family.alpha, torch.where(active, z, 0.0), lam, active), active, broken)
+    if idx is not None:
+        # f(z − λ) = 0 off the candidates: write only the candidates.
+        vals = torch.where(valid, family.f(z.gather(-1, idx) - lam), 0.0)
+        p = torch.zeros_like(z).scatter_add_(-1, idx, vals)  # padding slots add 0
+        return fill_rows(z, p, active, broken)
+    zs = z if bool(active.all()) else torch.where(active, z, 0.0)
+    return fill_rows(z, family.f(zs - lam), active, broken)
+
+
+def _general(family: Family, z: Tensor, k) -> Tensor:
+    # The general solver: sorted knots + closed form, or safeguarded Newton,
+    # λ carried relative to the k-th largest entry (solve.lambda_reference).
+    finite, active, broken = row_status(z, k)
+    zs = torch.where(active, z, 0.0)  # rows filled below get harmless values
+    p, _ = solve_probs(family, zs, k, active)  # p on the row shifted by λ's reference entry
+    filled = torch.where(broken, float("nan"), finite.to(z.dtype))
+    return torch.where(active, p, filled)
+
+
+def forward(family: Family, z: Tensor, k) -> Tensor:
+    """p = f(z − λ), Σp = k, on the last dimension (no autograd); ``k`` an
+    int or a tensor of one k per row (shaped z.shape[:-1] + (1,)), which the
+    general solver takes (the fast paths take one k for every row)."""
+    n = z.shape[-1]
+    if isinstance(k, Tensor):
+        return _general(family, z, k)
+    if family is SOFTMAX:
+        return _softmax(z, k)
+    if family.zero_below and n >= _FAST_MIN_WIDTH and k + 2 <= n:
+        return _on_candidates(family, z, k)
+    if family is EXP and n >= _FAST_MIN_WIDTH and 4 * (k + 1) <= n:
+        found = solve_exp_pooled(z, k) or solve_exp_topk(z, k)
+        # λ here is absolute on the max-shifted row; |λ| > 1 (an outlier above
+        # the k-th entry) would round p to ulp(λ): the general route carries λ
+        # relative to the k-th largest entry instead.
+        if found is not None and bool((found[0].abs() <= 1).all()):
+            lam, active, broken = found
+            zs = z if bool(active.all()) else torch.where(active, z, 0.0)
+            return fill_rows(z, family.f(zs - lam), active, broken)
+    return _general(family, z, k)
+
+
+def slope(family: Family, p: Tensor) -> Tensor:
+    """d = f′(z − λ) read off p, 0 where p = 0 (outside the support every
+    family has f′ = 0), evaluated so that its own derivative is finite there
+    too (√p at 0 would give an infinite slope and a NaN second derivative)."""
+    pos = p > 0
+    return torch.where(pos, family.d_from_p(torch.where(pos, p, 0.5)), 0.0)
+
+
+def vjp_from_slope(d: Tensor, g: Tensor, tau: float) -> Tensor:
+    """d⊙(g − Σ(d⊙g)/Σd)/τ on the last dimension, 0 where Σd = 0."""
+    sd = d.sum(-1, keepdim=True)
+    sdg = (d * g).sum(-1, keepdim=True)
+    coef = torch.where(sd > 0, sdg / torch.where(sd > 0, sd, 1.0), 0.0)
+    out = (g - coef) * d
+    return out if tau == 1.0 else out / tau
+
+
+def vjp(family: Family, p: Tensor, g: Tensor, tau: float) -> Tensor:
+    """The backward of every threshold map (differentiable in p and g)."""
+    return vjp_from_slope(slope(family, p), g, tau)
