@@ -31,10 +31,6 @@ softk.gradtopk._clamp_margin).
 A wrong λ by one ulp of the offset (what the unshifted path did) is d_i·ulp(c)
 ≫ tol_i, so every failure listed in issue 12 fails here.  |Σp − k| is also
 checked against 8·n·eps·k.
-
-Cases that need the row prelude to hand the solver (x − r)/τ (softk's
-function.py forms x/τ first today) are xfailed while that is so: the probe
-``PRELUDE_EXACT`` flips to True when it lands, and they must then pass.
 """
 
 from __future__ import annotations
@@ -51,7 +47,6 @@ from hypothesis import strategies as st
 import softk
 
 from . import oracle_mp
-from ._precision_probes import PRELUDE_EXACT, PROBS_EXACT, SOFTMAX_SHIFTED
 from .oracle_topk import gradtopk_row_mp
 
 N = 12
@@ -161,33 +156,13 @@ def _tolerance(p, row, tau, k, dfun, capped, alpha, eps, floor=5e-324):
     return tol + floor
 
 
-def _needs_prelude(case_id, backend, map_id, k):
-    """Cases whose error today comes from function.py (the lead's part), not
-    from the solver: x/τ is formed before the shift, and p = f(z − λ) is
-    taken with λ = r + λ' rounded to ulp(r), r the row's reference entry
-    (an outlier is that entry when k = 1)."""
-    far = any(t in case_id for t in ("offset1e+06", "offset1000", "tau"))
-    if map_id == "topk-grad":
-        return False
-    if backend == "native":
-        return "tau" in case_id  # x/τ rounds before the kernel's own shift
-    return far or ("outlier" in case_id and k == 1)
-
-
-PARAMS = []
-for m in MAPS:
-    for c in CASES:
-        for k in m[6]:
-            for b in ("torch", "native") if m[5] else ("torch",):
-                marks = []
-                if m[0] == "softmax":  # softk.softmax is simplex.py's own: only its x/τ matters
-                    if "tau" in c[0] and not SOFTMAX_SHIFTED:
-                        marks.append(pytest.mark.xfail(reason="softk.softmax forms x/τ first (simplex.py)"))
-                elif not PRELUDE_EXACT and _needs_prelude(c[0], b, m[0], k):
-                    marks.append(pytest.mark.xfail(reason="needs the shifted row prelude (function.py)", strict=False))
-                elif not PROBS_EXACT and b == "torch" and m[0] == "entmax1.0001":
-                    marks.append(pytest.mark.xfail(reason="needs p from solve_probs (function.py)", strict=False))
-                PARAMS.append(pytest.param(m[0], c[0], k, b, id=f"{m[0]}-{c[0]}-k{k}-{b}", marks=marks))
+PARAMS = [
+    pytest.param(m[0], c[0], k, b, id=f"{m[0]}-{c[0]}-k{k}-{b}")
+    for m in MAPS
+    for c in CASES
+    for k in m[6]
+    for b in (("torch", "native") if m[5] else ("torch",))
+]
 
 
 @pytest.mark.parametrize("map_id, case_id, k, backend", PARAMS)
@@ -228,8 +203,6 @@ def test_topk_sum_is_exact_for_the_rounded_input(method, case_id):
     eps = float(np.finfo(dt).eps)
     # the value is Σ of the top k plus τ·O(k log n): its rounding is eps·Σ|top k|
     scale = np.sort(np.abs(row.astype(np.float64)))[::-1][: k + 1].sum() + tau * k * math.log(N)
-    if not PRELUDE_EXACT and ("tau" in case_id or "offset" in case_id and "offset0" not in case_id):
-        pytest.xfail("needs the shifted row prelude (function.py / potential.py)")
     assert abs(got - want) <= 64 * eps * scale
 
 
@@ -274,8 +247,7 @@ def test_hypothesis_soft_topk_solver_far_from_origin(row_tau, method, k):
 @given(far_rows(), st.sampled_from(["exp", "sigmoid", "laplace", "sparse", "sparsemax", "entmax15"]), st.integers(1, 2))
 def test_hypothesis_public_maps_far_from_origin(row_tau, method, k):
     """The public maps on both CPU backends at the same ranges (float32 input,
-    exact reference of the rounded input); xfailed while the PyTorch path
-    lacks the shifted prelude (the probe)."""
+    exact reference of the rounded input)."""
     row, tau = row_tau
     x32 = row.astype(np.float32)
     k = 1 if method in ("sparsemax", "entmax15") else k
@@ -291,7 +263,4 @@ def test_hypothesis_public_maps_far_from_origin(row_tau, method, k):
                 p = getattr(softk, method)(x, tau=tau)
             else:
                 p = softk.soft_topk(x, k, tau=tau, method=method)
-        ok = bool(np.all(np.abs(p.double().numpy() - ref) <= tol))
-        if not ok and not PRELUDE_EXACT:
-            pytest.xfail("needs the shifted row prelude (function.py)")
-        assert ok, (backend, p, ref)
+        assert bool(np.all(np.abs(p.double().numpy() - ref) <= tol)), (backend, p, ref)
