@@ -1,5 +1,12 @@
 import os
 
+# Triton reads TRITON_INTERPRET once, when it is first imported, and
+# torch.compile's Inductor imports it (tests/test_compile.py runs before
+# tests/triton/): set it before anything can, so the Triton tests run the
+# kernels through the CPU interpreter whatever ran first.  It only matters
+# where the "triton" backend is asked for; "auto" picks Triton for CUDA tensors.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
 import numpy as np
 import pytest
 import torch

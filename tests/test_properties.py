@@ -38,10 +38,6 @@ EXPECTED = {
 # (issue 12; "native" runs only "exp" compiled, the rest on the PyTorch path).
 # strict: once a solver is fixed the xfail turns into a failure, so the entry
 # has to be removed and the table in the README updated.
-SHIFT_FAILS = {
-    "torch": {"weighted"},
-    "native": {"weighted"},
-}
 
 
 @pytest.mark.parametrize("method", softk.topk.METHODS)
@@ -54,9 +50,7 @@ def test_table_matches_the_maths(method):
 
 @pytest.mark.parametrize("backend", ["torch", "native"])
 @pytest.mark.parametrize("method", softk.topk.METHODS)
-def test_shift_invariant_at_large_offsets(backend, method, request):
-    if method in SHIFT_FAILS[backend]:
-        request.applymarker(pytest.mark.xfail(strict=True, raises=AssertionError, reason="issue 12: solver on raw rows loses c·eps"))
+def test_shift_invariant_at_large_offsets(backend, method):
     with softk.use_backend(backend):
         v = softk.property_violations(method)["shift_invariant"]
     assert v <= 1e-6  # properties()' default tol
