@@ -264,3 +264,31 @@ def test_hypothesis_public_maps_far_from_origin(row_tau, method, k):
             else:
                 p = softk.soft_topk(x, k, tau=tau, method=method)
         assert bool(np.all(np.abs(p.double().numpy() - ref) <= tol)), (backend, p, ref)
+
+
+# ------------------------------------------------------------------ losses
+LOSS_FAMILIES = [("exp", 3), ("sigmoid", 3), ("laplace", 3), ("sparse", 3), ("softmax", 1), ("sparsemax", 1), ("entmax15", 1)]
+
+
+@pytest.mark.parametrize("name, k", LOSS_FAMILIES)
+@pytest.mark.parametrize("case_id", [c[0] for c in CASES if "scale" not in c[0]])
+def test_fenchel_young_loss_is_exact_for_the_rounded_input(name, k, case_id):
+    """L = Φ(z) + Ω(y) − <z, y> is shift invariant (Σp = Σy = k): computed
+    on rows shifted by an entry r, its rounding is that of the shifted terms,
+    eps·(1 + Σ_j |s_j| (p_j + y_j) + k log n) in z = x/τ units (16× allowed)."""
+    from softk import families
+
+    (_, dt, row, tau) = next(c for c in CASES if c[0] == case_id)
+    y = np.zeros(N)
+    y[[2, 5, 9][:k]] = 1.0  # entries of the base row, not the outlier (index 3)
+    x = torch.from_numpy(row.copy())
+    fam = getattr(families, name.upper())
+    with softk.use_backend("torch"):
+        got = float(softk.losses.fenchel_young_loss(x, torch.from_numpy(y.astype(dt)), fam, k=k, tau=tau, reduction="sum"))
+    r64 = row.astype(np.float64)
+    want = oracle_mp.fy_row(name, r64, y, k, tau=tau)
+    p = oracle_mp.threshold_row(name, r64, k, tau=tau)
+    ref_entry = np.sort(r64)[::-1][k - 1]
+    s = np.abs((r64 - ref_entry) / tau)
+    eps = float(np.finfo(dt).eps)
+    assert abs(got - want) <= 16 * eps * (1 + (s * (p + y)).sum() + k * math.log(N)), (got, want)
