@@ -117,3 +117,44 @@ def topk_sum_row(name, row, k, tau=1.0):
         else:  # sparse
             F, psi1 = (lambda u: u - half if u >= 1 else half * max(u, 0) ** 2), half
         return float(T * (mp.fsum(F(v - lam) for v in z) + k * lam) + T * psi1 * k)
+
+
+def _F_psi(name, alpha=None):
+    """(F with F' = f, ψ = F*) in mpmath, the package's normalisation."""
+    half = mp.mpf("0.5")
+
+    def xlogx(p):
+        return p * mp.log(p) if p > 0 else mp.mpf(0)
+
+    if name in ("exp", "softmax"):
+        F = (lambda u: mp.exp(u) if u <= 0 else 1 + u) if name == "exp" else mp.exp
+        return F, lambda p: xlogx(p) - p
+    if name == "sigmoid":
+        return (lambda u: mp.log1p(mp.exp(u)) if u < 0 else u + mp.log1p(mp.exp(-u))), (lambda p: xlogx(p) + xlogx(1 - p))
+    if name == "laplace":
+        def psi(p):
+            q = p if p < half else 1 - p
+            return xlogx(2 * q) / 2 - q
+        return (lambda u: u + half * mp.exp(-u) if u >= 0 else half * mp.exp(u)), psi
+    if name in ("sparse", "sparsemax"):
+        F = (lambda u: u - half if u >= 1 else half * max(u, 0) ** 2) if name == "sparse" else (lambda u: half * max(u, 0) ** 2)
+        return F, lambda p: half * p * p
+    if name == "entmax15":
+        name, alpha = "entmax", 1.5
+    a = mp.mpf(alpha) - 1
+    A = mp.mpf(alpha)
+    return (lambda u: (a * u) ** (1 / a + 1) / A if u > 0 else 0), (lambda p: p**A / (A * a) if p > 0 else 0)
+
+
+def fy_row(name, row, y, k=1, tau=1.0, alpha=None):
+    """Fenchel–Young loss Φ(z) + Ω(y) − <z, y> of z = row/τ (finite row with
+    more than k entries) against the target y, as float64."""
+    f, df = _fam(name, alpha)
+    F, psi = _F_psi(name, alpha)
+    with mp.workprec(PREC):
+        T = mp.mpf(tau)
+        z = [mp.mpf(float(v)) / T for v in np.asarray(row, dtype=np.float64)]
+        yy = [mp.mpf(float(v)) for v in np.asarray(y, dtype=np.float64)]
+        lam = _root(f, df, z, k)
+        phi = mp.fsum(F(v - lam) for v in z) + k * lam
+        return float(phi + mp.fsum(psi(v) for v in yy) - mp.fsum(a * b for a, b in zip(z, yy)))

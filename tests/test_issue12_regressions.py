@@ -4,9 +4,6 @@ the public API on both CPU backends (where a map has no compiled route,
 
 Expected values are exact answers for the rounded input, worked by hand in
 the comments (or by tests/oracle_mp.py where noted), never softk's output.
-Lines whose fix also needs softk/threshold/function.py (the row prelude, or
-p from ``solve.solve_probs``) are xfailed behind the probes of
-tests/_precision_probes.py while those are missing on the PyTorch path.
 """
 
 from __future__ import annotations
@@ -18,20 +15,9 @@ import torch
 import softk
 
 from . import oracle_mp
-from ._precision_probes import PRELUDE_EXACT, PROBS_EXACT
 
 BACKENDS = ("torch", "native")
 t = torch.tensor
-
-
-def _prelude(backend):
-    if backend == "torch" and not PRELUDE_EXACT:
-        pytest.xfail("needs the shifted row prelude in function.py")
-
-
-def _probs(backend="torch"):
-    if backend == "torch" and not PROBS_EXACT:
-        pytest.xfail("needs p from solve.solve_probs in function.py")
 
 
 def close(got, want, atol):
@@ -41,7 +27,6 @@ def close(got, want, atol):
 # ---------------------------------------------------------------- tiny τ, ties, offsets
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_sparsemax_tiny_tau(backend):
-    _prelude(backend)
     with softk.use_backend(backend):
         close(softk.sparsemax(t([0.3, 0.1, 0.2]), tau=1e-8), [1, 0, 0], 0)  # gaps ≥ 1e7 ≫ 1
         close(softk.sparsemax(t([1.78125, 1.78125]), tau=1e-7), [0.5, 0.5], 0)  # a tie
@@ -49,7 +34,6 @@ def test_sparsemax_tiny_tau(backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_soft_topk_tiny_tau_ties(backend):
-    _prelude(backend)
     with softk.use_backend(backend):
         # k = 1: the tie at 2 splits, 1 is 1e7 below: e^-1e7 = 0
         close(softk.soft_topk(t([1.0, 2.0, 2.0]), 1, tau=1e-7), [0, 0.5, 0.5], 1e-7)
@@ -61,7 +45,6 @@ def test_soft_topk_tiny_tau_ties(backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_constant_rows_at_an_offset(backend):
-    _prelude(backend)
     with softk.use_backend(backend):
         close(softk.sparsemax(torch.full((3,), 1000.3), tau=1e-3), [1 / 3] * 3, 1e-7)
         close(softk.entmax15(t([-1.8151673] * 2), tau=1e-3), [0.5, 0.5], 1e-7)
@@ -72,8 +55,6 @@ def test_constant_rows_at_an_offset(backend):
 def test_error_does_not_grow_with_the_offset(backend, method):
     """randn(16, 200) + c: float32 error vs the float64 exact map of the same
     rounded input stays at float32 rounding up to c = 1e6 (issue: 7e-2)."""
-    if backend == "torch" or method == "sparse":  # "sparse" has no compiled route
-        _prelude("torch")
     g = torch.Generator().manual_seed(12)
     base = torch.randn(16, 200, generator=g)
     for c in (0.0, 1e2, 1e4, 1e6):
@@ -123,8 +104,6 @@ def test_gradtopk_any_float64_scale():
 # ---------------------------------------------------------------- entmax
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_entmax_alpha_2_5_far_from_origin(backend):
-    _prelude("torch")  # α > 2 has no compiled route: "native" runs the PyTorch path
-    _probs("torch")
     with softk.use_backend(backend):
         assert abs(float(softk.entmax(t([0.3, 0.1, 0.2]), alpha=2.5, tau=1e-7).sum()) - 1) <= 1e-6
         close(softk.entmax(t([0.0, 1e5]), alpha=2.5), [0, 1], 1e-7)
@@ -132,8 +111,6 @@ def test_entmax_alpha_2_5_far_from_origin(backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_entmax_near_one_is_softmax_like(backend):
-    if backend == "torch":
-        _probs()
     with softk.use_backend(backend):
         close(softk.entmax(torch.zeros(5), alpha=1.0001), [0.2] * 5, 3e-8)
         x = torch.randn(3, 7, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
@@ -144,7 +121,6 @@ def test_entmax_near_one_is_softmax_like(backend):
 
 
 def test_entmax_large_alpha_keeps_small_support_entries():
-    _probs()
     # exact answers of the rounded inputs, from tests/oracle_mp.py at 400 bits
     p = softk.entmax(t([0.0, -0.21782390773296356]), alpha=5.0)
     ref = oracle_mp.threshold_row("entmax", np.float32([0.0, -0.21782390773296356]).astype(np.float64), 1, alpha=5.0)
@@ -161,7 +137,6 @@ def test_entmax_large_alpha_keeps_small_support_entries():
 def test_entmax_rows_sum_to_one_at_large_alpha(alpha, dtype):
     """Random rows of 50 scaled so the supports hold several entries; issue:
     |Σp − 1| up to 0.165 (α = 10, float32)."""
-    _probs()
     g = torch.Generator().manual_seed(int(alpha))
     x = torch.randn(20, 50, generator=g, dtype=dtype) / (4 * alpha)
     p = softk.entmax(x, alpha=alpha)
@@ -171,7 +146,6 @@ def test_entmax_rows_sum_to_one_at_large_alpha(alpha, dtype):
 
 
 def test_huge_alpha_is_the_argmax_not_zeros():
-    _probs()
     for a in (1e10, 1e30):
         close(softk.entmax(t([0.0, 1.0, 2.0]), alpha=a), [0, 0, 1], 0)
         close(softk.entmax(t([2.0, 2.0, 1.0]), alpha=a), [0.5, 0.5, 0], 1e-7)

@@ -31,10 +31,6 @@ softk.gradtopk._clamp_margin).
 A wrong λ by one ulp of the offset (what the unshifted path did) is d_i·ulp(c)
 ≫ tol_i, so every failure listed in issue 12 fails here.  |Σp − k| is also
 checked against 8·n·eps·k.
-
-Cases that need the row prelude to hand the solver (x − r)/τ (softk's
-function.py forms x/τ first today) are xfailed while that is so: the probe
-``PRELUDE_EXACT`` flips to True when it lands, and they must then pass.
 """
 
 from __future__ import annotations
@@ -51,7 +47,6 @@ from hypothesis import strategies as st
 import softk
 
 from . import oracle_mp
-from ._precision_probes import PRELUDE_EXACT, PROBS_EXACT, SOFTMAX_SHIFTED
 from .oracle_topk import gradtopk_row_mp
 
 N = 12
@@ -161,33 +156,13 @@ def _tolerance(p, row, tau, k, dfun, capped, alpha, eps, floor=5e-324):
     return tol + floor
 
 
-def _needs_prelude(case_id, backend, map_id, k):
-    """Cases whose error today comes from function.py (the lead's part), not
-    from the solver: x/τ is formed before the shift, and p = f(z − λ) is
-    taken with λ = r + λ' rounded to ulp(r), r the row's reference entry
-    (an outlier is that entry when k = 1)."""
-    far = any(t in case_id for t in ("offset1e+06", "offset1000", "tau"))
-    if map_id == "topk-grad":
-        return False
-    if backend == "native":
-        return "tau" in case_id  # x/τ rounds before the kernel's own shift
-    return far or ("outlier" in case_id and k == 1)
-
-
-PARAMS = []
-for m in MAPS:
-    for c in CASES:
-        for k in m[6]:
-            for b in ("torch", "native") if m[5] else ("torch",):
-                marks = []
-                if m[0] == "softmax":  # softk.softmax is simplex.py's own: only its x/τ matters
-                    if "tau" in c[0] and not SOFTMAX_SHIFTED:
-                        marks.append(pytest.mark.xfail(reason="softk.softmax forms x/τ first (simplex.py)"))
-                elif not PRELUDE_EXACT and _needs_prelude(c[0], b, m[0], k):
-                    marks.append(pytest.mark.xfail(reason="needs the shifted row prelude (function.py)", strict=False))
-                elif not PROBS_EXACT and b == "torch" and m[0] == "entmax1.0001":
-                    marks.append(pytest.mark.xfail(reason="needs p from solve_probs (function.py)", strict=False))
-                PARAMS.append(pytest.param(m[0], c[0], k, b, id=f"{m[0]}-{c[0]}-k{k}-{b}", marks=marks))
+PARAMS = [
+    pytest.param(m[0], c[0], k, b, id=f"{m[0]}-{c[0]}-k{k}-{b}")
+    for m in MAPS
+    for c in CASES
+    for k in m[6]
+    for b in (("torch", "native") if m[5] else ("torch",))
+]
 
 
 @pytest.mark.parametrize("map_id, case_id, k, backend", PARAMS)
@@ -228,8 +203,6 @@ def test_topk_sum_is_exact_for_the_rounded_input(method, case_id):
     eps = float(np.finfo(dt).eps)
     # the value is Σ of the top k plus τ·O(k log n): its rounding is eps·Σ|top k|
     scale = np.sort(np.abs(row.astype(np.float64)))[::-1][: k + 1].sum() + tau * k * math.log(N)
-    if not PRELUDE_EXACT and ("tau" in case_id or "offset" in case_id and "offset0" not in case_id):
-        pytest.xfail("needs the shifted row prelude (function.py / potential.py)")
     assert abs(got - want) <= 64 * eps * scale
 
 
@@ -269,3 +242,53 @@ def test_hypothesis_soft_topk_solver_far_from_origin(row_tau, method, k):
     d = {"exp": _d_exp, "sigmoid": _d_sig, "sparse": _d_clip}[method]
     tol = _tolerance(ref, z32.astype(np.float64), 1.0, k, d, True, None, float(np.finfo(np.float32).eps))
     assert np.all(np.abs(p.double().numpy() - ref) <= tol)
+
+
+@given(far_rows(), st.sampled_from(["exp", "sigmoid", "laplace", "sparse", "sparsemax", "entmax15"]), st.integers(1, 2))
+def test_hypothesis_public_maps_far_from_origin(row_tau, method, k):
+    """The public maps on both CPU backends at the same ranges (float32 input,
+    exact reference of the rounded input)."""
+    row, tau = row_tau
+    x32 = row.astype(np.float32)
+    k = 1 if method in ("sparsemax", "entmax15") else k
+    d = {"exp": _d_exp, "sigmoid": _d_sig, "laplace": _d_lap, "sparse": _d_clip, "sparsemax": _d_relu,
+         "entmax15": _d_entmax(1.5)}[method]
+    ref = oracle_mp.threshold_row(method, x32.astype(np.float64), k, tau=tau)
+    tol = _tolerance(ref, x32.astype(np.float64), tau, k, d, k > 1 or method in SUM_METHODS,
+                     1.5 if method == "entmax15" else None, float(np.finfo(np.float32).eps))
+    x = torch.from_numpy(x32)
+    for backend in ("torch", "native"):
+        with softk.use_backend(backend):
+            if method in ("sparsemax", "entmax15"):
+                p = getattr(softk, method)(x, tau=tau)
+            else:
+                p = softk.soft_topk(x, k, tau=tau, method=method)
+        assert bool(np.all(np.abs(p.double().numpy() - ref) <= tol)), (backend, p, ref)
+
+
+# ------------------------------------------------------------------ losses
+LOSS_FAMILIES = [("exp", 3), ("sigmoid", 3), ("laplace", 3), ("sparse", 3), ("softmax", 1), ("sparsemax", 1), ("entmax15", 1)]
+
+
+@pytest.mark.parametrize("name, k", LOSS_FAMILIES)
+@pytest.mark.parametrize("case_id", [c[0] for c in CASES if "scale" not in c[0]])
+def test_fenchel_young_loss_is_exact_for_the_rounded_input(name, k, case_id):
+    """L = Φ(z) + Ω(y) − <z, y> is shift invariant (Σp = Σy = k): computed
+    on rows shifted by an entry r, its rounding is that of the shifted terms,
+    eps·(1 + Σ_j |s_j| (p_j + y_j) + k log n) in z = x/τ units (16× allowed)."""
+    from softk import families
+
+    (_, dt, row, tau) = next(c for c in CASES if c[0] == case_id)
+    y = np.zeros(N)
+    y[[2, 5, 9][:k]] = 1.0  # entries of the base row, not the outlier (index 3)
+    x = torch.from_numpy(row.copy())
+    fam = getattr(families, name.upper())
+    with softk.use_backend("torch"):
+        got = float(softk.losses.fenchel_young_loss(x, torch.from_numpy(y.astype(dt)), fam, k=k, tau=tau, reduction="sum"))
+    r64 = row.astype(np.float64)
+    want = oracle_mp.fy_row(name, r64, y, k, tau=tau)
+    p = oracle_mp.threshold_row(name, r64, k, tau=tau)
+    ref_entry = np.sort(r64)[::-1][k - 1]
+    s = np.abs((r64 - ref_entry) / tau)
+    eps = float(np.finfo(dt).eps)
+    assert abs(got - want) <= 16 * eps * (1 + (s * (p + y)).sum() + k * math.log(N)), (got, want)
