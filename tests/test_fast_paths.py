@@ -11,7 +11,7 @@ import torch
 
 import softk
 from softk.threshold import ENTMAX15, EXP, SPARSE, SPARSEMAX, entmax_family
-from softk.threshold.solve import solve_on_candidates
+from softk.threshold.fast_paths import solve_on_candidates
 from softk.threshold.torch_path import forward as torch_forward
 
 from . import oracle

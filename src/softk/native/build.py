@@ -26,7 +26,7 @@ import warnings
 from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
-_SOURCES = ("kernels.c", "kernels_impl.h")
+_SOURCES = ("kernels.c", "kernels_impl.h", "kernels_rows.h", "kernels_exp.h")
 # -march=native: AVX2/AVX-512 loops and libmvec's vector exp/log/pow.  No
 # -ffast-math: the row conventions need inf and NaN to behave.  -fopenmp:
 # rows are split between OpenMP threads, and on Linux the library then shares

@@ -27,7 +27,8 @@ from .families import entmax_family
 from .rows import compute_dtype, row_status
 from .torch_path import vjp_from_slope
 from .entmax_anchor import entmax_probs, needs_anchor
-from .solve import solve_on_candidates, solve_probs
+from .fast_paths import solve_on_candidates
+from .solve import solve_probs
 
 
 def _entmax_d(p: Tensor, a: Tensor) -> Tensor:

@@ -47,7 +47,7 @@ class Family:
     # then never overshoots.
     convex: bool = False
     # True when f(u) = 0 for u <= 0: only the largest entries can be in the
-    # support, so λ can be found from a partial sort (solve.solve_on_candidates).
+    # support, so λ can be found from a partial sort (fast_paths.solve_on_candidates).
     zero_below: bool = False
     # Newton runs on h(λ) = g(λ)^(1/q) − k^(1/q) when this is set: for entmax
     # with q = 1/(α−1) ≥ 1, h is convex and nearly linear (a q-norm of (z−λ)_+),

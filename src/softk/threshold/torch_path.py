@@ -20,7 +20,8 @@ from torch import Tensor
 from .families import EXP, SOFTMAX, Family
 from .rows import fill_rows, row_status
 from .entmax_anchor import entmax_probs, needs_anchor
-from .solve import solve_exp_pooled, solve_exp_topk, solve_on_candidates, solve_probs
+from .fast_paths import solve_exp_pooled, solve_exp_topk, solve_on_candidates
+from .solve import solve_probs
 
 # Rows narrower than this go through the general solver: a partial sort saves
 # nothing there and the general path is the one the fast paths are checked against.

@@ -1,0 +1,249 @@
+/* Row scans and the solvers of the families with f = 0 below 0 (sparsemax,
+ * entmax15, entmax α): block maxima, candidates, Newton from a lower bound,
+ * closed forms.  Included by kernels_impl.h once per floating type.
+ */
+
+/* max of the finite entries, how many are finite, and whether NaN/+inf occur. */
+static T FN(row_scan)(const T *z, int64_t n, int64_t *count, int *bad)
+{
+    T m = -INFINITY;
+    int64_t c = 0;
+    int b = 0;
+#pragma omp simd reduction(max : m) reduction(+ : c) reduction(| : b)
+    for (int64_t i = 0; i < n; i++) {
+        T v = z[i];
+        m = v > m ? v : m;
+        c += v > -INFINITY;
+        b |= (v != v) | (v == INFINITY);
+    }
+    *count = c;
+    *bad = b;
+    return m;
+}
+
+static void FN(fill_conventions)(const T *z, T *p, int64_t n, int bad)
+{
+    for (int64_t i = 0; i < n; i++)
+        p[i] = bad ? (T)NAN : (z[i] > -INFINITY ? (T)1 : (T)0);
+}
+
+/* Keep the entries of (val, idx)[0..c) with val > lam, in order; returns how many. */
+static int64_t FN(compact)(T *val, int64_t *idx, int64_t c, T lam)
+{
+    int64_t c2 = 0;
+    for (int64_t j = 0; j < c; j++) {
+        T v = val[j];
+        int64_t ix = idx[j];
+        val[c2] = v;
+        idx[c2] = ix;
+        c2 += v > lam;
+    }
+    return c2;
+}
+
+/* ---------------------------------------------------------------------------
+ * Families with f(u) = 0 for u ≤ 0 (sparsemax, entmax15, entmax α ≤ 2).
+ * g(λ) = Σ f(v − λ) is convex and decreasing, so Newton started at a lower
+ * bound (g ≥ k there) climbs to λ without overshooting, and entries at or
+ * below the current λ can be dropped for good: each round touches only the
+ * surviving candidates (val, idx)[0..c), all > lam on entry.
+ *   sparsemax: the Newton step is the closed form on the current support
+ *              (Michelot); exact as soon as the support stops shrinking.
+ *   entmax15:  the closed form (a quadratic) on the current support is tried
+ *              first and accepted when no candidate falls below it (exact);
+ *              otherwise a Newton step.
+ *   entmax α:  Newton on h = g^{1/q} − k^{1/q}, q = 1/(α−1) ≥ 1 (convex, nearly
+ *              linear), until the step is below a few ulps.
+ * On return (val, idx)[0..*nval) holds every candidate with v > λ (and
+ * possibly a few at λ, where f = 0).  Returns λ.
+ */
+static T FN(solve_candidates)(int fam, T lam, T k, T alpha, T *val, int64_t *idx, int64_t c,
+                              int64_t *nval, int64_t *iters)
+{
+    T am1 = alpha - 1, q = 1 / am1;
+    int64_t it = 0;
+    for (; it < 2 * c + 100; it++) {
+        if (fam == 1) {
+            T s = 0;
+#pragma omp simd reduction(+ : s)
+            for (int64_t j = 0; j < c; j++) s += val[j];
+            T next = (s - k) / (T)c;
+            int64_t c2 = FN(compact)(val, idx, c, next);
+            if (c2 == 0) break; /* rounding guard: keep the last λ */
+            lam = next;
+            if (c2 == c) break;
+            c = c2;
+        } else if (fam == 2) {
+            T D = 0, G = 0; /* Σw, Σw², w = v − λ > 0 on the candidates */
+#pragma omp simd reduction(+ : D, G)
+            for (int64_t j = 0; j < c; j++) {
+                T w = val[j] - lam;
+                D += w;
+                G += w * w;
+            }
+            T r = G - 4 * k; /* 4 (g(λ) − k) ≥ 0 */
+            if (!(r > 0)) break;
+            T disc = D * D - (T)c * r;
+            if (disc >= 0) {
+                T dc = r / (D + SQRT(disc)); /* smaller root of Σ(w − δ)² = 4k */
+                int64_t above = 0;
+#pragma omp simd reduction(+ : above)
+                for (int64_t j = 0; j < c; j++) above += val[j] - lam > dc;
+                if (above == c) {
+                    lam += dc;
+                    break;
+                }
+            }
+            T next = lam + r / (2 * D);
+            if (!(next > lam)) break;
+            c = FN(compact)(val, idx, c, next);
+            lam = next;
+        } else {
+            T G = 0, S = 0; /* Σw^q, Σw^{q−1}, w = (α−1)(v − λ) > 0 */
+            /* Whole vectors only: a scalar pow in the loop's remainder costs
+             * as much as a vector one, so pad with entries at λ (w = 0,
+             * masked; pow gets 1 there, as its vector variants take a slow
+             * path for 0).  val/idx have PAD spare slots. */
+            int64_t cp = (c + PAD - 1) / PAD * PAD;
+            for (int64_t j = c; j < cp; j++) val[j] = lam;
+#pragma omp simd reduction(+ : G, S)
+            for (int64_t j = 0; j < cp; j++) {
+                T w = am1 * (val[j] - lam);
+                T wq1 = POW(w > 0 ? w : 1, q - 1);
+                G += w > 0 ? wq1 * w : 0;
+                S += w > 0 ? wq1 : 0;
+            }
+            if (!(G > k)) break;
+            T step = q * (POW(G, 1 / q) - POW(k, 1 / q)) * POW(G, 1 - 1 / q) / S;
+            T next = lam + step;
+            if (!(next > lam)) break;
+            c = FN(compact)(val, idx, c, next);
+            lam = next;
+            if (step <= 4 * EPS * (1 + fabs((double)lam))) break;
+        }
+    }
+    *nval = c;
+    if (iters) *iters += it + 1;
+    return lam;
+}
+
+/* Row scan with block maxima: bm[b] = max of z[b·B, (b+1)·B) (−inf if none is finite). */
+#define BLK 32
+static T FN(row_scan_blocks)(const T *z, int64_t n, T *bm, int64_t *count, int *bad)
+{
+    T m = -INFINITY;
+    int64_t c = 0;
+    int b = 0;
+    for (int64_t i0 = 0, blk = 0; i0 < n; i0 += BLK, blk++) {
+        int64_t end = i0 + BLK < n ? i0 + BLK : n;
+        T bmax = -INFINITY;
+#pragma omp simd reduction(max : bmax) reduction(+ : c) reduction(| : b)
+        for (int64_t i = i0; i < end; i++) {
+            T v = z[i];
+            bmax = v > bmax ? v : bmax;
+            c += v > -INFINITY;
+            b |= (v != v) | (v == INFINITY);
+        }
+        bm[blk] = bmax;
+        m = bmax > m ? bmax : m;
+    }
+    *count = c;
+    *bad = b;
+    return m;
+}
+
+/* λ − max(z) for a zero-below family, without sorting the row:
+ * 1. the block maxima are entries of the row, and a subset's λ is a lower
+ *    bound of the row's λ (fewer terms in g), so solving on them (from the
+ *    family's bound: the top entry alone reaches k) gives a tight lower bound;
+ * 2. only blocks whose maximum is above that bound can hold candidates: they
+ *    are compacted into (val, idx) and solved exactly from the bound. */
+static T FN(solve_zero_below)(int fam, const T *z, const T *bm, T m, int64_t n, T k, T alpha,
+                              T *val, int64_t *idx, int64_t *nval, int64_t *iters)
+{
+    T am1 = alpha - 1;
+    T lam = fam == 1 ? -k : fam == 2 ? -2 * SQRT(k) : -POW(k, am1) / am1;
+    int64_t nb = (n + BLK - 1) / BLK, c = 0, c2;
+    if (nb > 1) {
+        for (int64_t b = 0; b < nb; b++) {
+            T v = bm[b] - m;
+            val[c] = v;
+            idx[c] = b;
+            c += v > lam;
+        }
+        T sub = FN(solve_candidates)(fam, lam, k, alpha, val, idx, c, &c2, iters);
+        /* keep a few ulps below the subset's λ: it is exact only up to rounding */
+        sub -= 16 * EPS * (1 + fabs((double)sub));
+        lam = sub > lam ? sub : lam;
+        c = 0;
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        if (!(bm[b] - m > lam)) continue;
+        int64_t i0 = b * BLK, end = i0 + BLK < n ? i0 + BLK : n;
+        for (int64_t i = i0; i < end; i++) {
+            T v = z[i] - m;
+            val[c] = v;
+            idx[c] = i;
+            c += v > lam;
+        }
+    }
+    return FN(solve_candidates)(fam, lam, k, alpha, val, idx, c, nval, iters);
+}
+
+/* entmax with α near 1 (q = 1/(α−1) > 8): λ ≈ −q is known only to eps·q, and
+ * p = (a(v − λ))^q turns that absolute error of w ≈ 1 into q·eps relative
+ * error of p (1e-3 in float32 at α = 1.0001).  Re-solve in μ = λ + q, where
+ * w = 1 + x with x = a(v − μ) small: p = e^{q·log1p(x)} is exact to a few
+ * ulps and tends to softmax as α → 1.  g(μ) is convex and decreasing, so
+ * Newton started a little left of the root (g ≥ 1) climbs to it in one or
+ * two steps from the λ solution.  Only these rows pay the extra passes
+ * (scalar log1p: libmvec's vector log1p is not in every glibc).
+ * Overwrites val[j] with p_j for the candidates. */
+static void FN(entmax_near_softmax)(T lam, T am1, T *val, int64_t c)
+{
+    T q = 1 / am1;
+    T mu = lam + q;
+    mu -= 8 * EPS * (fabs((double)lam) + 1);
+    for (int it = 0; it < 8; it++) {
+        T G = 0, S = 0;
+        for (int64_t j = 0; j < c; j++) {
+            T x = am1 * (val[j] - mu);
+            if (x > -1) {
+                T l = (T)log1p((double)x);
+                G += EXP(q * l);
+                S += EXP((q - 1) * l);
+            }
+        }
+        if (!(S > 0)) break;
+        T step = (G - 1) / S;
+        mu += step;
+        if (fabs((double)step) <= 2 * EPS * (fabs((double)mu) + 1)) break;
+    }
+    for (int64_t j = 0; j < c; j++) {
+        T x = am1 * (val[j] - mu);
+        val[j] = x > -1 ? EXP(q * (T)log1p((double)x)) : 0;
+    }
+}
+
+/* f(v − λ) on the candidates, written into a zeroed row. */
+static void FN(write_zero_below)(int fam, T *p, int64_t n, T lam, T alpha, T *val,
+                                 const int64_t *idx, int64_t c)
+{
+    T am1 = alpha - 1, q = 1 / am1;
+    memset(p, 0, (size_t)n * sizeof(T));
+    if (fam == 3 && q > 8) {
+        FN(entmax_near_softmax)(lam, am1, val, c);
+        for (int64_t j = 0; j < c; j++) p[idx[j]] = val[j];
+        return;
+    }
+    int64_t cp = (c + PAD - 1) / PAD * PAD; /* whole vectors, as in solve_candidates */
+    for (int64_t j = c; j < cp; j++) val[j] = lam;
+#pragma omp simd
+    for (int64_t j = 0; j < cp; j++) {
+        T u = val[j] - lam;
+        u = u > 0 ? u : 0;
+        /* pow's vector variants take a slow scalar path for 0: feed them 1 there */
+        val[j] = fam == 1 ? u : fam == 2 ? (T)0.25 * u * u : (u > 0 ? POW(am1 * (u > 0 ? u : 1), q) : 0);
+    }
+    for (int64_t j = 0; j < c; j++) p[idx[j]] = val[j];
+}
