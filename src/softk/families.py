@@ -12,18 +12,8 @@ tensor(0.)
 'entmax'
 """
 
-from .threshold.families import (
-    ENTMAX15,
-    EXP,
-    KERNEL_IDS,
-    LAPLACE,
-    SIGMOID,
-    SOFTMAX,
-    SPARSE,
-    SPARSEMAX,
-    THRESHOLD_METHODS,
-    Family,
-)
+from .threshold.families import ENTMAX15, EXP, KERNEL_IDS, LAPLACE, SIGMOID, SOFTMAX, SPARSE, SPARSEMAX  # noqa: F401
+from .threshold.families import THRESHOLD_METHODS, Family  # noqa: F401
 from .threshold.families import entmax_family as entmax
 
 __all__ = ["Family", "SOFTMAX", "SPARSEMAX", "ENTMAX15", "EXP", "SIGMOID", "LAPLACE", "SPARSE", "THRESHOLD_METHODS", "KERNEL_IDS", "entmax"]

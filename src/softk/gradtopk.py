@@ -279,14 +279,10 @@ gradtopk_hvp_op.register_vmap(
 )
 
 
-class GradTopKFunction(torch.autograd.Function):
-    """p = ∇ log e_k(exp(x/τ)) along the last dimension; backward H g / τ."""
+class _SavesInput(torch.autograd.Function):
+    """An op of (x, k, τ) on rows whose derivatives read x (GradTopK, log e_k)."""
 
     generate_vmap_rule = True
-
-    @staticmethod
-    def forward(x: Tensor, k: int, tau: float) -> Tensor:
-        return gradtopk_op(x, k, tau)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -294,6 +290,14 @@ class GradTopKFunction(torch.autograd.Function):
         ctx.save_for_backward(x)
         ctx.save_for_forward(x)
         ctx.k, ctx.tau = k, tau
+
+
+class GradTopKFunction(_SavesInput):
+    """p = ∇ log e_k(exp(x/τ)) along the last dimension; backward H g / τ."""
+
+    @staticmethod
+    def forward(x: Tensor, k: int, tau: float) -> Tensor:
+        return gradtopk_op(x, k, tau)
 
     @staticmethod
     def backward(ctx, g: Tensor):
@@ -345,22 +349,13 @@ def _apply_gradtopk(x: Tensor, k: int, tau: float) -> Tensor:
     return fn.apply(x, k, tau)
 
 
-class LogEkFunction(torch.autograd.Function):
+class LogEkFunction(_SavesInput):
     """τ·log e_k(exp(x/τ)) along the last dimension (keepdim); gradient p
     (computed through GradTopK, so the Hessian of the value is p's Jacobian)."""
-
-    generate_vmap_rule = True
 
     @staticmethod
     def forward(x: Tensor, k: int, tau: float) -> Tensor:
         return log_ek_op(x, k, tau)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        x, k, tau = inputs
-        ctx.save_for_backward(x)
-        ctx.save_for_forward(x)
-        ctx.k, ctx.tau = k, tau
 
     @staticmethod
     def backward(ctx, g: Tensor):

@@ -42,7 +42,7 @@ from torch import nn
 
 from .. import entmax15, soft_topk, softmax, sparsemax
 from ..nn import Entmax
-from .common import Progress, batches, fmt, load_mnist5k, mean_std, pyplot, save_figure, seeded
+from .common import Progress, fmt, load_mnist5k, mean_std, pyplot, save_figure, seeded, train_and_eval
 
 MAPS = ("softmax", "sparsemax", "entmax15", "entmax_learned", "soft_topk_sparse")
 TOPK_K = 4
@@ -96,17 +96,7 @@ def run_attention(seeds=(0, 1, 2, 3, 4), epochs=20, n_train_per_class=400, n_tes
         for name in maps:
             gen = seeded(seed)
             model = AttentionClassifier(name)
-            opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-            for _ in range(epochs):
-                model.train()
-                for idx in batches(len(ytr), 64, gen):
-                    opt.zero_grad()
-                    nn.functional.cross_entropy(model(Xtr[idx])[0], ytr[idx]).backward()
-                    opt.step()
-                bar.step(note=f"{name} seed {seed}")
-            model.eval()
-            with torch.no_grad():
-                logits, a = model(Xte)
+            logits, a = train_and_eval(model, Xtr, ytr, Xte, epochs, 3e-3, gen, bar, f"{name} seed {seed}")
             run = {"map": name, "seed": seed, "acc": float((logits.argmax(-1) == yte).float().mean()),
                    "zero_fraction": float((a == 0).float().mean()),
                    "support": float((a > 0).float().sum(-1).mean())}

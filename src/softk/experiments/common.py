@@ -157,3 +157,20 @@ def seeded(seed: int) -> torch.Generator:
     g = torch.Generator()
     g.manual_seed(seed)
     return g
+
+
+def train_and_eval(model, Xtr, ytr, Xte, epochs: int, lr: float, gen, bar, note: str):
+    """Adam on cross-entropy of ``model(x)[0]`` in batches of 64 for ``epochs``
+    (one progress step per epoch), then the model's outputs on ``Xte`` without
+    grad: returns ``model(Xte)`` (logits first)."""
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    for _ in range(epochs):
+        model.train()
+        for idx in batches(len(ytr), 64, gen):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(Xtr[idx])[0], ytr[idx]).backward()
+            opt.step()
+        bar.step(note=note)
+    model.eval()
+    with torch.no_grad():
+        return model(Xte)

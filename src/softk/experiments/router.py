@@ -45,7 +45,7 @@ import torch
 from torch import nn
 
 from .. import hard_topk, soft_topk, softmax, sparsemax, topk_softmax
-from .common import Progress, batches, fmt, load_mnist5k, mean_std, pyplot, save_figure, seeded
+from .common import Progress, fmt, load_mnist5k, mean_std, pyplot, save_figure, seeded, train_and_eval
 
 ROUTERS = ("softmax_hardtopk", "topk_softmax", "sparsemax", "soft_topk_exp", "soft_topk_sparse")
 N_EXPERTS, K = 8, 2
@@ -109,17 +109,7 @@ def run_router(seeds=(0, 1, 2, 3, 4), epochs=20, n_train_per_class=400, n_test_p
         for name in routers:
             gen = seeded(seed)
             model = MoEClassifier(name)
-            opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-            for _ in range(epochs):
-                model.train()
-                for idx in batches(len(ytr), 64, gen):
-                    opt.zero_grad()
-                    nn.functional.cross_entropy(model(Xtr[idx])[0], ytr[idx]).backward()
-                    opt.step()
-                bar.step(note=f"{name} seed {seed}")
-            model.eval()
-            with torch.no_grad():
-                logits, g = model(Xte)
+            logits, g = train_and_eval(model, Xtr, ytr, Xte, epochs, 1e-3, gen, bar, f"{name} seed {seed}")
             runs.append({"router": name, "seed": seed, "acc": float((logits.argmax(-1) == yte).float().mean()),
                          **load_stats(g)})
     bar.close()

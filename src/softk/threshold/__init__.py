@@ -6,18 +6,8 @@ and ``op`` the one autograd contract that every backend runs under
 (:mod:`softk.dispatch` picks the backend).
 """
 
-from .families import (
-    ENTMAX15,
-    EXP,
-    LAPLACE,
-    SIGMOID,
-    SOFTMAX,
-    SPARSE,
-    SPARSEMAX,
-    THRESHOLD_METHODS,
-    Family,
-    entmax_family,
-)
+from .families import ENTMAX15, EXP, LAPLACE, SIGMOID, SOFTMAX, SPARSE, SPARSEMAX, THRESHOLD_METHODS  # noqa: F401
+from .families import Family, entmax_family  # noqa: F401
 from .solve import solve_lambda
 from .op import threshold_map
 
