@@ -143,7 +143,18 @@ def entmax(x: Tensor, alpha=1.5, dim: int = -1, tau: float = 1.0) -> Tensor:
 
     α = 1 is softmax, α = 1.5 is :func:`entmax15`, α = 2 is :func:`sparsemax`
     (those three use their exact closed forms).  Other α: λ by safeguarded
-    Newton to the working dtype's precision.
+    Newton, and p from the anchor form of :mod:`softk.threshold.entmax_anchor`
+    (differences of entries, logs and softplus), so p is at the working
+    precision for every α: α → 1⁺ tends continuously to softmax, and a large α
+    keeps its small support entries.  There is no ceiling on α: a huge α
+    (1e10, 1e300) gives the argmax limit (uniform on ties); α = inf itself is
+    refused (use ``softk.hard_topk(x, 1)``).
+
+    α < 1 is refused.  The maths does define a map for 0 < α < 1 (the Tsallis
+    entropy is still concave): p_i = [(1−α)(λ − z_i)]^{−1/(1−α)} with λ > max z,
+    dense and with polynomial tails, never sparse.  It is not offered here:
+    it is neither sparse like entmax nor softmax, and nothing in the seeds or
+    the entmax package (which also requires α > 1) asks for it.
 
     Args:
         x: scores, any shape.

@@ -25,16 +25,17 @@ from torch import Tensor
 
 from .families import entmax_family
 from .rows import compute_dtype, row_status
-from .torch_path import vjp_from_slope
+from .torch_path import vjp_from_log_slope
 from .entmax_anchor import entmax_probs, needs_anchor
 from .fast_paths import solve_on_candidates
 from .solve import solve_probs
 
 
-def _entmax_d(p: Tensor, a: Tensor) -> Tensor:
-    # f'(u) through p: p^{2-α} on the support (p for α = 1).
+def _entmax_log_d(p: Tensor, a: Tensor) -> Tensor:
+    # log f'(u) through p: (2 − α) log p on the support, −inf off it.  Kept in
+    # log space: p^(2−α) overflows for small p at large α.
     logp = torch.log(torch.where(p > 0, p, 1.0))
-    return torch.where(p > 0, torch.exp((2 - a) * logp), 0.0)
+    return torch.where(p > 0, (2 - a) * logp, float("-inf"))
 
 
 def entmax_rows(x: Tensor, alpha: Tensor, tau: float) -> Tensor:
@@ -92,13 +93,13 @@ def _vmap(info, in_dims, x, alpha, tau):
 entmax_alpha_op.register_vmap(_vmap)
 
 
-def _dp_dalpha(p: Tensor, a: Tensor, d: Tensor) -> Tensor:
-    """∂p/∂α (module docstring), from the output p, α and d = f′ through p."""
+def _dp_dalpha(p: Tensor, a: Tensor, logd: Tensor) -> Tensor:
+    """∂p/∂α (module docstring), from the output p, α and log d (d = f′ through p)."""
     logp = torch.log(torch.where(p > 0, p, 1.0))
     plogp = p * logp
     am1 = torch.where(a == 1, 1.0, a - 1)
-    sd = d.sum(-1, keepdim=True)
-    skew = d / torch.where(sd > 0, sd, 1.0)
+    lse = torch.logsumexp(logd, -1, keepdim=True)
+    skew = torch.where(torch.isfinite(lse), torch.exp(logd - torch.where(torch.isfinite(lse), lse, 0.0)), 0.0)
     general = (p - skew) / am1**2 - (plogp - skew * plogp.sum(-1, keepdim=True)) / am1
     limit = 0.5 * p * ((plogp * logp).sum(-1, keepdim=True) - logp**2)
     return torch.where(a == 1, limit, general)
@@ -125,11 +126,11 @@ class EntmaxAlphaFunction(torch.autograd.Function):
         out, alpha = ctx.saved_tensors
         ct = compute_dtype(out.dtype)
         p, a, g = out.to(ct), alpha.to(ct), g.to(ct)
-        d = _entmax_d(p, a)
-        gx = vjp_from_slope(d, g, ctx.tau).to(out.dtype)
+        logd = _entmax_log_d(p, a)
+        gx = vjp_from_log_slope(logd, g, ctx.tau).to(out.dtype)
         ga = None
         if ctx.needs_input_grad[1]:
-            ga = (g * _dp_dalpha(p, a, d)).sum(-1, keepdim=True).to(alpha.dtype)
+            ga = (g * _dp_dalpha(p, a, logd)).sum(-1, keepdim=True).to(alpha.dtype)
         return gx, ga, None
 
 
@@ -139,10 +140,10 @@ class EntmaxAlphaFunctionJvp(EntmaxAlphaFunction):
         out, alpha = ctx.saved_tensors
         ct = compute_dtype(out.dtype)
         p, a = out.to(ct), alpha.to(ct)
-        d = _entmax_d(p, a)
-        t = vjp_from_slope(d, vx.to(ct), ctx.tau) if vx is not None else torch.zeros_like(p)
+        logd = _entmax_log_d(p, a)
+        t = vjp_from_log_slope(logd, vx.to(ct), ctx.tau) if vx is not None else torch.zeros_like(p)
         if va is not None:
-            t = t + va.to(ct) * _dp_dalpha(p, a, d)
+            t = t + va.to(ct) * _dp_dalpha(p, a, logd)
         return t.to(out.dtype)
 
 

@@ -100,6 +100,34 @@ def vjp_from_slope(d: Tensor, g: Tensor, tau: float) -> Tensor:
     return out if tau == 1.0 else out / tau
 
 
+def vjp_from_log_slope(logd: Tensor, g: Tensor, tau) -> Tensor:
+    """The same vjp from log d (−inf off the support), for slopes that span
+    more than the dtype's range (α-entmax at large α: d = p^(2−α) is 1e58 at
+    p = 0.06, α = 50, where g − Σ(d⊙g)/Σd cancels to nothing).
+
+    With w = d/Σd and m the entry of largest d,
+    g_i − ḡ = (g_i − g_m) − Σ_j w_j (g_j − g_m) has no cancellation, and the
+    dominant entry's d_m (g_m − ḡ) = Σ_j (d_m d_j/Σd)(g_m − g_j) is summed
+    in log space.  Exact where d overflows only because the Jacobian itself
+    does (several entries near the support's edge)."""
+    lse = torch.logsumexp(logd, -1, keepdim=True)
+    ok = torch.isfinite(lse)
+    lse = torch.where(ok, lse, 0.0)
+    m = logd.argmax(-1, keepdim=True)
+    gm = g.gather(-1, m)
+    w = torch.exp(logd - lse)
+    r = (g - gm) - (w * (g - gm)).sum(-1, keepdim=True)
+    out = torch.where(logd > float("-inf"), torch.exp(logd) * r, 0.0)
+    others = torch.arange(logd.shape[-1], device=logd.device) != m  # j = m adds 0 (and inf·0 in float32)
+    dm = torch.where(others, torch.exp(logd.gather(-1, m) + logd - lse) * (gm - g), 0.0).sum(-1, keepdim=True)
+    out = torch.where(ok, out.scatter(-1, m, dm), 0.0)
+    return out if isinstance(tau, float) and tau == 1.0 else out / tau
+
+
 def vjp(family: Family, p: Tensor, g: Tensor, tau: float) -> Tensor:
     """The backward of every threshold map (differentiable in p and g)."""
+    if family.name == "entmax" and bool(torch.any(torch.as_tensor(family.alpha) > 2)):
+        logp = torch.log(torch.where(p > 0, p, 1.0))
+        a = family.alpha.to(p.dtype) if isinstance(family.alpha, Tensor) else family.alpha
+        return vjp_from_log_slope(torch.where(p > 0, (2 - a) * logp, float("-inf")), g, tau)
     return vjp_from_slope(slope(family, p), g, tau)
