@@ -95,3 +95,12 @@ def test_check_json_reports_measured_findings():
     assert table["weighted"]["limit_hard_topk"] is False
     r = softk("check")
     assert r.returncode == 0 and "limit_hard_topk" in r.stdout and "iterative" in r.stdout
+
+
+def test_compare_json_is_strict_with_masked_input():
+    r = softk("compare", "--json", "--", "1", "2", "-inf", "3")
+    assert r.returncode == 0, r.stderr
+    assert "Infinity" not in r.stdout and "NaN" not in r.stdout
+    out = json.loads(r.stdout, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
+    assert out["input"][2] == "-inf"
+    assert out["rows"]["softmax"]["values"][2] == 0.0

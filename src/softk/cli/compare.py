@@ -35,7 +35,8 @@ def register(sub):
     p.add_argument("--alpha", type=float, default=1.3, help="α >= 1 of the extra entmax row (default 1.3)")
     p.add_argument("--input", metavar="PATH|-",
                    help="read one row of scores from a .npy file, a csv or whitespace text file, or - for stdin")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--json", action="store_true",
+                   help="print strict JSON instead of a table (non-finite numbers as the strings \"inf\", \"-inf\", \"nan\")")
     p.set_defaults(run=run)
 
 
@@ -207,5 +208,17 @@ def format_table(result: dict) -> str:
 def run(args) -> int:
     values = read_values(args)
     result = compute(values, args.k, args.tau, args.alpha)
-    print(json.dumps(result, indent=2) if args.json else format_table(result))
+    print(json.dumps(_strict(result), indent=2, allow_nan=False) if args.json else format_table(result))
     return 0
+
+
+def _strict(obj):
+    """JSON has no inf/NaN (json.dumps would write Infinity/NaN, which strict
+    parsers reject): non-finite floats become the strings "inf", "-inf", "nan"."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "nan" if obj != obj else ("inf" if obj > 0 else "-inf")
+    if isinstance(obj, dict):
+        return {k: _strict(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_strict(v) for v in obj]
+    return obj
