@@ -19,24 +19,14 @@ from softk.losses.chunking import auto_chunk_size
 from softk.nn import FusedLinearLoss
 
 from . import oracle_losses as OL
+from .dist_cases import single_loss
 
 D = torch.float64
 
 
-def _unfused(loss, logits, t, *, alpha=None, k=1, method="exp", tau=1.0, ignore_index=-100, reduction="mean"):
-    if loss == "cross_entropy":
-        return L.cross_entropy(logits, t, ignore_index=ignore_index, reduction=reduction, tau=tau)
-    if loss == "softmax":
-        return L.softmax_loss(logits, t, ignore_index, reduction, tau)
-    if loss == "sparsemax":
-        return L.sparsemax_loss(logits, t, ignore_index, reduction, tau)
-    if loss == "entmax15":
-        return L.entmax15_loss(logits, t, ignore_index, reduction, tau)
-    if loss == "entmax":
-        return L.entmax_loss(logits, t, alpha, ignore_index, reduction, tau)
-    if loss == "soft_topk":
-        return L.soft_topk_loss(logits, t, k, method, tau, reduction)
-    return L.topk_softmax_cross_entropy(logits, t, k, ignore_index, reduction, tau)
+def _unfused(loss, logits, t, *, method="exp", **kwargs):
+    """The public loss on the whole logits (the same reference the distributed tests use)."""
+    return single_loss(loss, logits, t, method=method, **kwargs)
 
 
 CASES = [

@@ -18,7 +18,8 @@ import torch
 from torch import Tensor
 
 from ._validate import check_alpha, check_dim, check_input, check_tau
-from .threshold import ENTMAX15, SOFTMAX, SPARSEMAX, entmax_family
+from .threshold import ENTMAX15, SOFTMAX, SPARSEMAX
+from .threshold.families import entmax_by_alpha
 from .threshold.entmax_alpha import entmax_alpha
 from .threshold.op import threshold_map
 from .threshold.rows import compute_dtype
@@ -181,10 +182,4 @@ def entmax(x: Tensor, alpha=1.5, dim: int = -1, tau: float = 1.0) -> Tensor:
             x, tau = x / tau.to(x.dtype), 1.0
         out = entmax_alpha(x.movedim(dim, -1), alpha, tau)
         return out.movedim(-1, dim)
-    if alpha == 1.0:
-        return softmax(x, dim, tau)
-    if alpha == 1.5:
-        return threshold_map(x, ENTMAX15, 1, dim, tau)
-    if alpha == 2.0:
-        return threshold_map(x, SPARSEMAX, 1, dim, tau)
-    return threshold_map(x, entmax_family(alpha), 1, dim, tau)
+    return threshold_map(x, entmax_by_alpha(alpha), 1, dim, tau)

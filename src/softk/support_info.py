@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from ._validate import check_alpha, check_choice, check_dim, check_input, check_k, check_tau
-from .threshold.families import ENTMAX15, SOFTMAX, SPARSEMAX, THRESHOLD_METHODS, entmax_family
+from .threshold.families import THRESHOLD_METHODS, by_name
 from .threshold.op import threshold_map
 from .threshold.rows import compute_dtype, row_status, scaled_rows
 from .threshold.solve import lambda_reference, solve_relative
@@ -26,13 +26,6 @@ class Support(NamedTuple):
 
     lam: Tensor
     size: Tensor
-
-
-def _family(method: str, alpha):
-    if method == "entmax":
-        a = check_alpha(alpha if alpha is not None else 1.5, None, -1)
-        return {1.0: SOFTMAX, 1.5: ENTMAX15, 2.0: SPARSEMAX}.get(a) or entmax_family(a)
-    return {"softmax": SOFTMAX, "sparsemax": SPARSEMAX, "entmax15": ENTMAX15, **THRESHOLD_METHODS}[method]
 
 
 @torch.no_grad()
@@ -66,7 +59,7 @@ def support(x: Tensor, method: str = "sparsemax", k: int = 1, dim: int = -1, tau
     check_input(x)
     dim = check_dim(x, dim)
     check_choice(method, MAPS, "method")
-    family = _family(method, alpha)
+    family = by_name(method, check_alpha(alpha if alpha is not None else 1.5, None, -1))
     k = check_k(k, x.shape[dim])
     if not family.capped and k != 1:
         raise ValueError(f"method {method!r} maps onto the simplex (k = 1 only), got k={k}")

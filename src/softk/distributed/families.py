@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import numbers
 import zlib
 
-from ..threshold.families import ENTMAX15, SOFTMAX, SPARSE, SPARSEMAX, Family, entmax_family
+from .._validate import check_alpha
+from ..threshold.families import ENTMAX15, SOFTMAX, SPARSE, SPARSEMAX, Family, entmax_by_alpha
 
 MAPS = ("softmax", "sparsemax", "entmax15", "entmax", "sparse", "exp")
 LOSSES = ("cross_entropy", "softmax", "sparsemax", "entmax15", "entmax", "soft_topk", "topk_softmax_ce")
@@ -18,27 +18,14 @@ _REFUSED = (
 )
 
 
-def _alpha_family(alpha) -> Family:
-    if alpha is None or isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
-        raise ValueError(f"alpha must be a float >= 1 for entmax, got {alpha!r}")
-    a = float(alpha)
-    if not (a >= 1 and a != float("inf")):
-        raise ValueError(f"alpha must be a finite float >= 1 (1 is softmax, 2 sparsemax), got {a}")
-    return {1.0: SOFTMAX, 1.5: ENTMAX15, 2.0: SPARSEMAX}.get(a) or entmax_family(a)
-
-
-def check_k_int(k) -> int:
-    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
-        raise ValueError(f"k must be an int >= 1, got {k!r}")
-    return int(k)
-
-
 def map_family(name, k, alpha) -> Family:
     """The family of ``vocab_parallel_map(map=name)``."""
     if name not in MAPS:
         raise ValueError(f"map must be one of {list(MAPS)}, got {name!r}")
     if name == "entmax":
-        fam = _alpha_family(alpha)
+        if alpha is None:
+            raise ValueError("alpha must be a float >= 1 for entmax, got None")
+        fam = entmax_by_alpha(check_alpha(alpha, None, -1))
     elif alpha is not None:
         raise ValueError(f"alpha applies to map='entmax' only, got alpha={alpha!r} with map={name!r}")
     else:

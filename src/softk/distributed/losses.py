@@ -22,11 +22,11 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .._validate import check_input, check_tau
+from .._validate import check_input, check_k, check_tau
 from ..losses import targets as tg
 from ..threshold.rows import compute_dtype
 from .checks import exchange, resolve_group
-from .families import check_k_int, loss_family, what_code
+from .families import loss_family, what_code
 from .threshold import NEG_INF, distributed_forward
 
 
@@ -49,7 +49,7 @@ def _local_checks(x, target, loss, k, tau, alpha, method, reduction, ignore_inde
     check_input(x, "local_logits")
     if x.shape[-1] < 1:
         raise ValueError("local_logits must hold at least one class on its last dimension")
-    k = check_k_int(k)
+    k = check_k(k)
     tau = check_tau(tau)
     reduction = tg.check_reduction(reduction)
     ignore_index = tg.check_ignore_index(ignore_index)

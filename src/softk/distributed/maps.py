@@ -6,10 +6,10 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .._validate import check_input, check_tau
+from .._validate import check_input, check_k, check_tau
 from ..threshold.rows import compute_dtype
 from .checks import exchange, resolve_group
-from .families import check_k_int, map_family, what_code
+from .families import map_family, what_code
 from .threshold import distributed_forward
 
 
@@ -80,7 +80,7 @@ def vocab_parallel_map(local_logits: Tensor, map: str = "sparsemax", *, k: int =
     err, family = None, None
     try:
         check_input(local_logits, "local_logits")
-        k = check_k_int(k)
+        k = check_k(k)
         tau = check_tau(tau)
         family = map_family(map, k, alpha)
         if local_logits.shape[-1] < 1:

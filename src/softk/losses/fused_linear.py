@@ -35,7 +35,7 @@ import numbers
 import torch
 from torch import Tensor
 
-from .._validate import check_choice, check_input
+from .._validate import check_alpha, check_choice, check_input
 from ..threshold.families import THRESHOLD_METHODS
 from .chunking import LOSSES, auto_chunk_size, chunk_loss_fn, chunked_pass
 from .targets import check_ignore_index, check_reduction, check_target_tensor
@@ -100,8 +100,9 @@ def _check_linear(input, weight, bias):
 def _check_loss_options(loss, alpha, k, method):
     check_choice(loss, LOSSES, "loss")
     if loss == "entmax":
-        if alpha is None or isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
-            raise ValueError(f"loss='entmax' needs alpha, a float >= 1, got {alpha!r}")
+        if alpha is None:
+            raise ValueError("loss='entmax' needs alpha, a float >= 1, got None")
+        check_alpha(alpha, None, -1)
     elif alpha is not None:
         raise ValueError(f"alpha applies to loss='entmax' only, got alpha={alpha!r} with loss={loss!r}")
     if loss not in ("soft_topk", "topk_softmax_ce") and k != 1:

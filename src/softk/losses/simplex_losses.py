@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from ..threshold.families import ENTMAX15, SOFTMAX, SPARSEMAX, entmax_family
+from ..threshold.families import ENTMAX15, SOFTMAX, SPARSEMAX, entmax_by_alpha, entmax_family
 from .._validate import check_alpha
 from .fenchel_young import fenchel_young_loss
 
@@ -114,8 +114,7 @@ def entmax_loss(
         alpha = check_alpha(alpha, input, cdim)
         return fenchel_young_loss(input, target, entmax_family(alpha),
                                   1, ignore_index, reduction, tau)
-    alpha = check_alpha(alpha, None, -1)
-    family = {1.0: SOFTMAX, 1.5: ENTMAX15, 2.0: SPARSEMAX}.get(alpha) or entmax_family(alpha)
+    family = entmax_by_alpha(check_alpha(alpha, None, -1))
     return fenchel_young_loss(input, target, family, 1, ignore_index, reduction, tau)
 
 

@@ -358,3 +358,17 @@ def entmax_family(alpha) -> Family:
 
 THRESHOLD_METHODS = {"exp": EXP, "sigmoid": SIGMOID, "laplace": LAPLACE, "sparse": SPARSE}
 
+
+
+def entmax_by_alpha(alpha: float) -> Family:
+    """α-entmax's family for a float α >= 1 (already checked): the exact
+    closed-form families at α = 1 (softmax), 1.5 and 2 (sparsemax)."""
+    return {1.0: SOFTMAX, 1.5: ENTMAX15, 2.0: SPARSEMAX}.get(float(alpha)) or entmax_family(alpha)
+
+
+def by_name(name: str, alpha: float = 1.5) -> Family:
+    """The family called ``name``: "softmax", "sparsemax", "entmax15",
+    "entmax" (with ``alpha``) or a soft top-k threshold method."""
+    if name == "entmax":
+        return entmax_by_alpha(alpha)
+    return {"softmax": SOFTMAX, "sparsemax": SPARSEMAX, "entmax15": ENTMAX15, **THRESHOLD_METHODS}[name]

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from .. import dispatch
-from .families import SOFTMAX, THRESHOLD_METHODS, ENTMAX15, SPARSEMAX, Family, entmax_family
+from .families import Family, by_name, entmax_family
 from .rows import empty_like_result
 from .torch_path import vjp
 
@@ -41,10 +41,7 @@ from .torch_path import vjp
 def family_by_key(name: str, alpha: float) -> Family:
     """The family called ``name`` (entmax: with this α).  Custom ops take
     plain values, so a family crosses them as (name, α)."""
-    named = {"softmax": SOFTMAX, "sparsemax": SPARSEMAX, "entmax15": ENTMAX15, **THRESHOLD_METHODS}
-    if name == "entmax":
-        return entmax_family(alpha)
-    return named[name]
+    return entmax_family(alpha) if name == "entmax" else by_name(name)
 
 
 def family_key(family: Family):
