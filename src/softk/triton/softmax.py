@@ -36,6 +36,12 @@ def _pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
+def _new(like: Tensor, shape=None) -> Tensor:
+    # every output is allocated here (tests fill it with NaN first, so that
+    # an element the kernel fails to write cannot pass)
+    return torch.empty(like.shape if shape is None else shape, dtype=like.dtype, device=like.device)
+
+
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -66,26 +72,26 @@ def _launch_fwd(rows: Tensor, out: Tensor, g: Tensor | None, tau: float, mode: i
 def softmax_rows(rows: Tensor, tau: float = 1.0, *, log: bool = False, block: int | None = None) -> Tensor:
     """softmax (or log_softmax with ``log``) of each row of contiguous (r, n)
     ``rows`` at temperature ``tau``, in ``rows.dtype``."""
-    return _launch_fwd(rows, torch.empty_like(rows), None, tau, OUT_LOGP if log else OUT_P, block)
+    return _launch_fwd(rows, _new(rows), None, tau, OUT_LOGP if log else OUT_P, block)
 
 
 def logsumexp_rows(rows: Tensor, tau: float = 1.0, *, block: int | None = None) -> Tensor:
     """τ·logsumexp(x/τ) of each row of contiguous (r, n) ``rows``: shape (r,)."""
-    out = torch.empty(rows.shape[0], dtype=rows.dtype, device=rows.device)
+    out = _new(rows, rows.shape[:1])
     return _launch_fwd(rows, out, None, tau, OUT_LSE, block)
 
 
 def logsumexp_backward_rows(rows: Tensor, g: Tensor, tau: float = 1.0, *, block: int | None = None) -> Tensor:
     """g[i]·softmax(x_i/τ): the gradient of :func:`logsumexp_rows` (τ cancels),
     recomputed from x (one fused pass where the row fits on chip)."""
-    return _launch_fwd(rows, torch.empty_like(rows), g.contiguous(), tau, OUT_GP, block)
+    return _launch_fwd(rows, _new(rows), g.contiguous(), tau, OUT_GP, block)
 
 
 def softmax_backward_rows(y: Tensor, g: Tensor, tau: float = 1.0, *, log: bool = False,
                           block: int | None = None) -> Tensor:
     """dx for contiguous (r, n) saved outputs ``y`` (p, or log p with ``log``)
     and incoming gradients ``g`` (same shape and dtype)."""
-    dx = torch.empty_like(y)
+    dx = _new(y)
     r, n = y.shape
     if r:
         single, blk, nrows, warps = config(n, r, block)
