@@ -175,7 +175,10 @@ def softmax(x: Tensor, dim: int = -1, tau: float = 1.0) -> Tensor:
 
     Returns:
         A tensor shaped like ``x`` in ``x.dtype``.  A row whose entries are all
-        ``-inf`` gives zeros (``torch.softmax`` gives NaN).
+        ``-inf`` gives zeros (``torch.softmax`` gives NaN).  On the "triton"
+        backend the forward is one dedicated kernel
+        (:mod:`softk.triton.softmax`: several narrow rows per program, each
+        row read once up to 16,384 entries).
 
     Example (the seeds' example):
 
@@ -190,7 +193,9 @@ def softmax(x: Tensor, dim: int = -1, tau: float = 1.0) -> Tensor:
 def log_softmax(x: Tensor, dim: int = -1, tau: float = 1.0) -> Tensor:
     r"""``log(softmax(x, dim, tau))`` computed stably: :math:`z_i - \operatorname{logsumexp}(z)`.
 
-    A fully masked row gives ``-inf`` everywhere with a zero gradient.
+    A fully masked row gives ``-inf`` everywhere with a zero gradient.  Where
+    the backend is "triton" (CUDA tensors under "auto") one Triton kernel
+    reads each row once (twice above 16,384 entries) and writes log p.
 
     >>> import torch, softk
     >>> softk.log_softmax(torch.tensor([0.0, 0.0]))
@@ -207,7 +212,8 @@ def logsumexp(x: Tensor, dim: int = -1, tau: float = 1.0, keepdim: bool = False)
     r"""The smooth maximum :math:`\tau \log \sum_i e^{x_i/\tau}`.
 
     Tends to ``max(x)`` as τ → 0 and its gradient is ``softmax(x, dim, tau)``.
-    A fully masked row gives ``-inf`` with a zero gradient.
+    A fully masked row gives ``-inf`` with a zero gradient.  Where the backend
+    is "triton" one Triton kernel computes it (and its gradient g·p).
 
     >>> import torch, softk
     >>> round(softk.logsumexp(torch.tensor([1.0, 2.0, 3.0, 4.0])).item(), 4)

@@ -62,14 +62,16 @@ def _shift(m):
 
 
 @triton.jit
-def _store_out(Y, G, rows, base, cols, n, rmask, u, e, S, empty, bad, OUT: tl.constexpr):
+def _store_out(Y, G, rows, base, cols, n, rmask, u, e, S, bad, OUT: tl.constexpr):
     """Write p = e/S (OUT 0), log p = u − log S (1) or g·p (3) for one block,
-    u = (x − shift)/τ and e = e^u, with the row's status applied."""
+    u = (x − shift)/τ and e = e^u, NaN on broken rows.  A fully masked row
+    needs no case of its own: u = −inf, e = 0 and S = 0 (taken as 1) give
+    p = 0 and log p = −inf."""
     Ss = tl.where(S > 0, S, 1.0)
     if OUT == 1:
-        y = tl.where(empty, float("-inf"), u - tl.log(Ss))
+        y = u - tl.log(Ss)
     else:
-        y = tl.where(empty, 0.0, e / Ss)
+        y = e / Ss
         if OUT == 3:
             y = y * tl.load(G + rows, mask=rmask, other=0.0).to(tl.float32)
     y = tl.where(bad > 0, float("nan"), y)
@@ -104,20 +106,19 @@ def softmax_fwd_kernel(X, Y, G, R, n, inv_tau, tau,
             M = Mn
         sh = _shift(M)
         S = tl.sum(acc, 1, keep_dims=True)
-    empty = M == float("-inf")
     if OUT == 2:
-        lse = tl.where(empty, float("-inf"), sh + tau * tl.log(tl.where(S > 0, S, 1.0)))
+        lse = tl.where(M == float("-inf"), float("-inf"), sh + tau * tl.log(tl.where(S > 0, S, 1.0)))
         lse = tl.where(bad > 0, float("nan"), lse)
         tl.store(Y + rows, lse.to(Y.dtype.element_ty), mask=rmask)
     elif SINGLE:
         # written from the registers: no second read, no second exp
-        _store_out(Y, G, rows, base, cols, n, rmask, u, e, S, empty, bad, OUT)
+        _store_out(Y, G, rows, base, cols, n, rmask, u, e, S, bad, OUT)
     else:
         # pass 2: re-read x and write
         for start in range(0, n, BLOCK):
             x = _load(X, base, start + cols, n, rmask, float("-inf"))
             u = (x - sh) * inv_tau
-            _store_out(Y, G, rows, base, start + cols, n, rmask, u, tl.exp(u), S, empty, bad, OUT)
+            _store_out(Y, G, rows, base, start + cols, n, rmask, u, tl.exp(u), S, bad, OUT)
 
 
 @triton.jit
