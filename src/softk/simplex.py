@@ -49,9 +49,8 @@ def _log_normaliser(x: Tensor, dim: int, tau):
 # Where dispatch picks "triton" (a CUDA tensor, or the interpreter), the two
 # run the kernels of softk.triton.softmax through custom ops (fake kernels, so
 # torch.compile(fullgraph=True) sees one opaque node per direction; vmap
-# rules: the ops act on the last dimension, so a batch dimension leads).  The
-# backward is the kernel when no graph is being built, and differentiable
-# tensor code when one is (create_graph=True), so double backward is exact.
+# rules: the ops act on the last dimension, so a batch dimension leads),
+# called by the autograd functions below.
 def _rows(x: Tensor) -> Tensor:
     return x.contiguous().view(-1, x.shape[-1])
 
@@ -117,34 +116,76 @@ def _log_softmax_vjp(y: Tensor, g: Tensor, tau: float) -> Tensor:
     return torch.where(empty, 0.0, dx).to(y.dtype)
 
 
-def _log_softmax_setup(ctx, inputs, output):
-    ctx.tau = inputs[1]
-    ctx.save_for_backward(output)
+def _softmax_rows(x: Tensor, tau: float) -> Tensor:
+    # p = softmax(x/τ) on rows, through the threshold contract (differentiable)
+    return threshold_map(x, SOFTMAX, 1, -1, tau)
 
 
-def _log_softmax_backward(ctx, g):
-    (y,) = ctx.saved_tensors
-    if torch.is_grad_enabled():
-        return _log_softmax_vjp(y, g, ctx.tau), None
-    return _log_softmax_bwd_op(y, g, ctx.tau), None
+# The autograd functions (as in softk.threshold.op): the kernels' backward
+# when no graph is being built, tensor code when one is (exact double
+# backward); forward mode through jvp (J v = (v − Σ p v)/τ for log p, Σ p v
+# for the smooth max); vmap rules generated from the custom ops' rules.
+class _LogSoftmax(torch.autograd.Function):
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x, tau):
+        return _log_softmax_op(x, tau)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.tau = inputs[1]
+        ctx.save_for_backward(output)
+        ctx.save_for_forward(output)
+
+    @staticmethod
+    def backward(ctx, g):
+        (y,) = ctx.saved_tensors
+        if torch.is_grad_enabled():
+            return _log_softmax_vjp(y, g, ctx.tau), None
+        return _log_softmax_bwd_op(y, g, ctx.tau), None
 
 
-def _logsumexp_setup(ctx, inputs, output):
-    ctx.tau = inputs[1]
-    ctx.save_for_backward(inputs[0])
+class _LogSoftmaxJvp(_LogSoftmax):
+    # Dynamo does not trace a Function with a custom jvp: compiled calls use the parent
+    @staticmethod
+    def jvp(ctx, v, _):
+        (y,) = ctx.saved_tensors
+        y32, v32 = y.float(), v.float()
+        empty = (y32 == float("-inf")).all(-1, keepdim=True)
+        t = (v32 - (y32.exp() * v32).sum(-1, keepdim=True)) / ctx.tau
+        return torch.where(empty, 0.0, t).to(y.dtype)
 
 
-def _logsumexp_backward(ctx, g):
-    (x,) = ctx.saved_tensors
-    if torch.is_grad_enabled():
-        # d(τ lse(x/τ))/dx = softmax(x/τ): differentiable through the
-        # threshold contract, whose own backward is then tensor code
-        return (g.unsqueeze(-1) * threshold_map(x, SOFTMAX, 1, -1, ctx.tau)).to(x.dtype), None
-    return _logsumexp_bwd_op(x, g, ctx.tau), None
+class _LogSumExp(torch.autograd.Function):
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x, tau):
+        return _logsumexp_op(x, tau)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.tau = inputs[1]
+        ctx.save_for_backward(inputs[0])
+        ctx.save_for_forward(inputs[0])
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        if torch.is_grad_enabled():
+            # d(τ lse(x/τ))/dx = softmax(x/τ), whose own backward is then tensor code
+            return (g.unsqueeze(-1) * _softmax_rows(x, ctx.tau)).to(x.dtype), None
+        return _logsumexp_bwd_op(x, g, ctx.tau), None
 
 
-_log_softmax_op.register_autograd(_log_softmax_backward, setup_context=_log_softmax_setup)
-_logsumexp_op.register_autograd(_logsumexp_backward, setup_context=_logsumexp_setup)
+class _LogSumExpJvp(_LogSumExp):
+    @staticmethod
+    def jvp(ctx, v, _):
+        (x,) = ctx.saved_tensors
+        return (_softmax_rows(x, ctx.tau).float() * v.float()).sum(-1).to(x.dtype)
+
+
 _log_softmax_op.register_vmap(lambda info, dims, x, tau: (_log_softmax_op(_front(x, dims[0], info.batch_size), tau), 0))
 _logsumexp_op.register_vmap(lambda info, dims, x, tau: (_logsumexp_op(_front(x, dims[0], info.batch_size), tau), 0))
 _log_softmax_bwd_op.register_vmap(
@@ -203,7 +244,8 @@ def log_softmax(x: Tensor, dim: int = -1, tau: float = 1.0) -> Tensor:
     """
     dim, tau = _prepare(x, dim, tau)
     if _on_triton(x, tau):
-        return _log_softmax_op(x.movedim(dim, -1), tau).movedim(-1, dim)
+        fn = _LogSoftmax if torch.compiler.is_compiling() else _LogSoftmaxJvp
+        return fn.apply(x.movedim(dim, -1), tau).movedim(-1, dim)
     s, _, lse, empty = _log_normaliser(x, dim, tau)
     return torch.where(empty, float("-inf"), s - lse).to(x.dtype)
 
@@ -221,7 +263,8 @@ def logsumexp(x: Tensor, dim: int = -1, tau: float = 1.0, keepdim: bool = False)
     """
     dim, tau = _prepare(x, dim, tau)
     if _on_triton(x, tau):
-        out = _logsumexp_op(x.movedim(dim, -1), tau)
+        fn = _LogSumExp if torch.compiler.is_compiling() else _LogSumExpJvp
+        out = fn.apply(x.movedim(dim, -1), tau)
         return out.unsqueeze(dim) if keepdim else out
     _, m, lse, empty = _log_normaliser(x, dim, tau)
     out = torch.where(empty, float("-inf"), m + lse * tau)

@@ -244,7 +244,7 @@ def test_public_autograd_and_double_backward(rng):
     # through the custom ops: the kernels in the backward (no graph), and the
     # tensor code under create_graph, whose second derivatives match the
     # Hessians from the definitions: −Σg (diag p − p pᵀ)/τ² for Σ g·log p,
-    # and (diag p − p pᵀ)/τ for τ·lse(x/τ)
+    # and (diag p − p pᵀ)/τ for τ·lse(x/τ); and jvp
     n, tau = 6, 0.7
     xn = (rng.normal(size=n) * 2).astype(np.float32).astype(np.float64)
     gn = rng.normal(size=n).astype(np.float32).astype(np.float64)
@@ -260,12 +260,25 @@ def test_public_autograd_and_double_backward(rng):
         (h1,) = torch.autograd.grad(e1, x, v)
         (e2,) = torch.autograd.grad(softk.logsumexp(x, tau=tau), x, create_graph=True)
         (h2,) = torch.autograd.grad(e2, x, v)
+        _, t1 = torch.func.jvp(lambda t: softk.log_softmax(t, tau=tau), (x.detach(),), (v,))
+        _, t2 = torch.func.jvp(lambda t: softk.logsumexp(t, tau=tau), (x.detach(),), (v,))
     want1 = (gn - p * gn.sum()) / tau
     np.testing.assert_allclose(d1.double().numpy(), want1, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(e1.detach().double().numpy(), want1, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(d2.double().numpy(), p, rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(h1.double().numpy(), -gn.sum() * hp @ vn / tau**2, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(h2.double().numpy(), hp @ vn / tau, rtol=1e-5, atol=1e-6)
+    # forward mode: J v with J = (I − 1 pᵀ)/τ for log p, pᵀ for the smooth max
+    np.testing.assert_allclose(t1.double().numpy(), (vn - p @ vn) / tau, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(t2.double().numpy(), p @ vn, rtol=1e-5, atol=1e-6)
+    # a masked entry passes v/τ, a fully masked row nothing
+    xm = torch.tensor([[0.0, 1.0, -np.inf], [-np.inf] * 3])
+    vm = torch.tensor([[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]])
+    with softk.use_backend("triton"):
+        _, tm = torch.func.jvp(lambda t: softk.log_softmax(t, tau=tau), (xm,), (vm,))
+    pm = ref_rows(np.array([0.0, 1.0, -np.inf]), tau)[0][0]
+    want = np.stack([(np.array([1.0, 2.0, 3.0]) - pm @ [1.0, 2.0, 3.0]) / tau, np.zeros(3)])
+    np.testing.assert_allclose(tm.double().numpy(), want, rtol=1e-5, atol=1e-6)
 
 
 def test_compile_and_vmap_run_the_kernels(rng, monkeypatch):
