@@ -95,6 +95,11 @@ class TritonBackend:
         from .triton.function import forward_rows
 
         rows = x.contiguous().view(-1, x.shape[-1])
+        if family.kernel == 0 and k == 1:
+            # softmax: the dedicated kernel (online max + sum, several rows per program)
+            from .triton.softmax import softmax_rows
+
+            return softmax_rows(rows, tau).view(x.shape)
         return forward_rows(rows, family.kernel, k, tau, family.alpha_value).view(x.shape)
 
     @staticmethod
