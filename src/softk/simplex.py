@@ -17,13 +17,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import dispatch
 from ._validate import check_alpha, check_dim, check_input, check_tau
 from .threshold import ENTMAX15, SOFTMAX, SPARSEMAX
 from .threshold.families import entmax_by_alpha
 from .threshold.entmax_alpha import entmax_alpha
 from .threshold.op import threshold_map
 from .threshold.rows import compute_dtype
+from .simplex_triton import log_softmax_rows, logsumexp_rows, on_triton
 
 
 def _prepare(x, dim, tau):
@@ -40,166 +40,12 @@ def _log_normaliser(x: Tensor, dim: int, tau):
     z = x.to(compute_dtype(x.dtype))
     m = z.detach().amax(dim, keepdim=True)
     empty = m == float("-inf")
+    # a row holding NaN or +inf is NaN (the row convention), its gradient too:
+    # NaN is added, so the gradient flows into the NaN it meets
+    broken = torch.where((m != m) | (m == float("inf")), float("nan"), 0.0)
     m = torch.where(torch.isfinite(m), m, 0.0)
-    s = torch.where(empty, 0.0, (z - m) / tau)
+    s = torch.where(empty, 0.0, (z - m) / tau + broken)
     return s, m, torch.logsumexp(s, dim, keepdim=True), empty
-
-
-# ------------------------------------------ log_softmax / logsumexp on Triton
-# Where dispatch picks "triton" (a CUDA tensor, or the interpreter), the two
-# run the kernels of softk.triton.softmax through custom ops (fake kernels, so
-# torch.compile(fullgraph=True) sees one opaque node per direction; vmap
-# rules: the ops act on the last dimension, so a batch dimension leads),
-# called by the autograd functions below.
-def _rows(x: Tensor) -> Tensor:
-    return x.contiguous().view(-1, x.shape[-1])
-
-
-def _front(t: Tensor, bdim, batch: int):
-    return t.expand(batch, *t.shape) if bdim is None else t.movedim(bdim, 0)
-
-
-@torch.library.custom_op("softk::log_softmax_rows", mutates_args=())
-def _log_softmax_op(x: Tensor, tau: float) -> Tensor:
-    from .triton.softmax import softmax_rows
-
-    return softmax_rows(_rows(x), tau, log=True).view(x.shape)
-
-
-@torch.library.custom_op("softk::log_softmax_rows_backward", mutates_args=())
-def _log_softmax_bwd_op(y: Tensor, g: Tensor, tau: float) -> Tensor:
-    from .triton.softmax import softmax_backward_rows
-
-    return softmax_backward_rows(_rows(y), _rows(g.to(y.dtype)), tau, log=True).view(y.shape)
-
-
-@torch.library.custom_op("softk::logsumexp_rows", mutates_args=())
-def _logsumexp_op(x: Tensor, tau: float) -> Tensor:
-    from .triton.softmax import logsumexp_rows
-
-    return logsumexp_rows(_rows(x), tau).view(x.shape[:-1])
-
-
-@torch.library.custom_op("softk::logsumexp_rows_backward", mutates_args=())
-def _logsumexp_bwd_op(x: Tensor, g: Tensor, tau: float) -> Tensor:
-    from .triton.softmax import logsumexp_backward_rows
-
-    return logsumexp_backward_rows(_rows(x), g.to(x.dtype).reshape(-1), tau).view(x.shape)
-
-
-@_log_softmax_op.register_fake
-def _(x, tau):
-    return torch.empty_like(x)
-
-
-@_log_softmax_bwd_op.register_fake
-def _(y, g, tau):
-    return torch.empty_like(y)
-
-
-@_logsumexp_op.register_fake
-def _(x, tau):
-    return x.new_empty(x.shape[:-1])
-
-
-@_logsumexp_bwd_op.register_fake
-def _(x, g, tau):
-    return torch.empty_like(x)
-
-
-def _log_softmax_vjp(y: Tensor, g: Tensor, tau: float) -> Tensor:
-    """(g − p Σg)/τ with p = e^y, 0 on fully masked rows: the kernel's
-    formula as differentiable tensor code (double backward)."""
-    y32, g32 = y.float(), g.float()
-    empty = (y32 == float("-inf")).all(-1, keepdim=True)
-    dx = (g32 - y32.exp() * g32.sum(-1, keepdim=True)) / tau
-    return torch.where(empty, 0.0, dx).to(y.dtype)
-
-
-def _softmax_rows(x: Tensor, tau: float) -> Tensor:
-    # p = softmax(x/τ) on rows, through the threshold contract (differentiable)
-    return threshold_map(x, SOFTMAX, 1, -1, tau)
-
-
-# The autograd functions (as in softk.threshold.op): the kernels' backward
-# when no graph is being built, tensor code when one is (exact double
-# backward); forward mode through jvp (J v = (v − Σ p v)/τ for log p, Σ p v
-# for the smooth max); vmap rules generated from the custom ops' rules.
-class _LogSoftmax(torch.autograd.Function):
-    generate_vmap_rule = True
-
-    @staticmethod
-    def forward(x, tau):
-        return _log_softmax_op(x, tau)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        ctx.tau = inputs[1]
-        ctx.save_for_backward(output)
-        ctx.save_for_forward(output)
-
-    @staticmethod
-    def backward(ctx, g):
-        (y,) = ctx.saved_tensors
-        if torch.is_grad_enabled():
-            return _log_softmax_vjp(y, g, ctx.tau), None
-        return _log_softmax_bwd_op(y, g, ctx.tau), None
-
-
-class _LogSoftmaxJvp(_LogSoftmax):
-    # Dynamo does not trace a Function with a custom jvp: compiled calls use the parent
-    @staticmethod
-    def jvp(ctx, v, _):
-        (y,) = ctx.saved_tensors
-        y32, v32 = y.float(), v.float()
-        empty = (y32 == float("-inf")).all(-1, keepdim=True)
-        t = (v32 - (y32.exp() * v32).sum(-1, keepdim=True)) / ctx.tau
-        return torch.where(empty, 0.0, t).to(y.dtype)
-
-
-class _LogSumExp(torch.autograd.Function):
-    generate_vmap_rule = True
-
-    @staticmethod
-    def forward(x, tau):
-        return _logsumexp_op(x, tau)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        ctx.tau = inputs[1]
-        ctx.save_for_backward(inputs[0])
-        ctx.save_for_forward(inputs[0])
-
-    @staticmethod
-    def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        if torch.is_grad_enabled():
-            # d(τ lse(x/τ))/dx = softmax(x/τ), whose own backward is then tensor code
-            return (g.unsqueeze(-1) * _softmax_rows(x, ctx.tau)).to(x.dtype), None
-        return _logsumexp_bwd_op(x, g, ctx.tau), None
-
-
-class _LogSumExpJvp(_LogSumExp):
-    @staticmethod
-    def jvp(ctx, v, _):
-        (x,) = ctx.saved_tensors
-        return (_softmax_rows(x, ctx.tau).float() * v.float()).sum(-1).to(x.dtype)
-
-
-_log_softmax_op.register_vmap(lambda info, dims, x, tau: (_log_softmax_op(_front(x, dims[0], info.batch_size), tau), 0))
-_logsumexp_op.register_vmap(lambda info, dims, x, tau: (_logsumexp_op(_front(x, dims[0], info.batch_size), tau), 0))
-_log_softmax_bwd_op.register_vmap(
-    lambda info, dims, y, g, tau: (
-        _log_softmax_bwd_op(_front(y, dims[0], info.batch_size), _front(g, dims[1], info.batch_size), tau), 0))
-_logsumexp_bwd_op.register_vmap(
-    lambda info, dims, x, g, tau: (
-        _logsumexp_bwd_op(_front(x, dims[0], info.batch_size), _front(g, dims[1], info.batch_size), tau), 0))
-
-
-def _on_triton(x: Tensor, tau) -> bool:
-    """The kernels run this call: dispatch picks "triton" and τ is a number
-    (a τ that requires grad takes the tensor code, which differentiates it)."""
-    return not isinstance(tau, Tensor) and x.numel() > 0 and dispatch.resolve(x, SOFTMAX) == "triton"
 
 
 def softmax(x: Tensor, dim: int = -1, tau: float = 1.0) -> Tensor:
@@ -243,9 +89,8 @@ def log_softmax(x: Tensor, dim: int = -1, tau: float = 1.0) -> Tensor:
     tensor([-0.6931, -0.6931])
     """
     dim, tau = _prepare(x, dim, tau)
-    if _on_triton(x, tau):
-        fn = _LogSoftmax if torch.compiler.is_compiling() else _LogSoftmaxJvp
-        return fn.apply(x.movedim(dim, -1), tau).movedim(-1, dim)
+    if on_triton(x, tau):
+        return log_softmax_rows(x.movedim(dim, -1), tau).movedim(-1, dim)
     s, _, lse, empty = _log_normaliser(x, dim, tau)
     return torch.where(empty, float("-inf"), s - lse).to(x.dtype)
 
@@ -262,9 +107,8 @@ def logsumexp(x: Tensor, dim: int = -1, tau: float = 1.0, keepdim: bool = False)
     4.4402
     """
     dim, tau = _prepare(x, dim, tau)
-    if _on_triton(x, tau):
-        fn = _LogSumExp if torch.compiler.is_compiling() else _LogSumExpJvp
-        out = fn.apply(x.movedim(dim, -1), tau)
+    if on_triton(x, tau):
+        out = logsumexp_rows(x.movedim(dim, -1), tau)
         return out.unsqueeze(dim) if keepdim else out
     _, m, lse, empty = _log_normaliser(x, dim, tau)
     out = torch.where(empty, float("-inf"), m + lse * tau)
