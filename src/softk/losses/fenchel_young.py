@@ -203,6 +203,12 @@ def fenchel_young_loss(
             )
         y = tg.distribution_target(input, target, k.squeeze(-1) if row_k else k, family.capped).movedim(cdim, -1)
         index, keep = None, None
+    if x.numel() and dispatch.resolve(x, family) == "triton":
+        from ..triton.loss_op import fused_fenchel_young, fused_serves
+
+        t = y if index is None else torch.where(keep, index, -1)
+        if fused_serves(x, t, family, k):
+            return fused_fenchel_young(x, t, family, k, tau, reduction)
     if x.numel() == 0:
         loss = x.to(compute_dtype(x.dtype)).sum(-1) * 0
     else:
