@@ -15,6 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import softk
 from softk.losses.fenchel_young import fenchel_young_loss
 from softk.threshold.families import KERNEL_IDS, by_name, entmax_family
+from softk.triton import loss_op  # noqa: F401  (registers softk::fenchel_young_fused)
 from .. import oracle, oracle_losses
 
 # label -> (family, oracle name, α)
@@ -157,3 +158,164 @@ def test_rows_match_oracle_and_the_unfused_route(rng, label, kind):
         u_loss, u_grad = _run(x, target, label, k, tau, weights=w, backend="torch")
         _assert_close(loss, u_loss.double().numpy(), dtype, atol=2e-5)
         _assert_close(grad, u_grad.double().numpy(), dtype, atol=4e-6, roundings=3)
+
+
+@pytest.mark.parametrize("kind", ["index", "dense"])
+@pytest.mark.parametrize("label", ["softmax", "entmax1.3", "laplace"])
+def test_reductions_and_ignore_index_match_oracle(rng, label, kind):
+    # finite rows only (the means are finite), τ = 0.3; ignore_index is a
+    # valid class (2), so rows whose class is 2 are the ignored ones
+    xn, target, y, keep, k = _case(rng, label, kind, torch.float32)
+    sel = [0, 1, 5, 6, 8, IGNORED]
+    xn, y = xn[sel], y[sel]
+    x = torch.tensor(xn, dtype=torch.float32)
+    if kind == "index":
+        t = target.numpy()[sel]
+        t[1], t[3], t[5] = 1, 2, 2  # row 1 on a finite class; rows 3 and 5 ignored
+        target, keep = torch.tensor(t), t != 2
+        y = np.eye(N)[t]
+    else:
+        target, keep = target[sel], np.ones(len(sel), bool)
+    rows, grads = _oracle_rows(label, xn, y, keep, k, 0.3)
+    for reduction, scale in (("mean", 1 / keep.sum()), ("sum", 1.0)):
+        xt = x.clone().requires_grad_()
+        with softk.use_backend("triton"):
+            loss = fenchel_young_loss(xt, target, FAMS[label][0], k, ignore_index=2 if kind == "index" else -100,
+                                      reduction=reduction, tau=0.3)
+        loss.backward()
+        assert loss.dim() == 0
+        np.testing.assert_allclose(loss.item(), rows.sum() * scale, rtol=4e-6)
+        np.testing.assert_allclose(xt.grad.double().numpy(), grads * scale, rtol=0, atol=4e-6)
+
+
+def test_half_mean_gradient_is_rounded_once_and_all_ignored_mean_is_nan(rng):
+    # the mean's 1/#kept is folded into the kernel's gradient: with the
+    # usual incoming gradient 1 the half gradient is rounded once
+    xn = _rows(rng, torch.float16)[[0, 5, 6, 8]]
+    t = torch.tensor([3, 0, 7, 1])
+    x = torch.tensor(xn, dtype=torch.float16, requires_grad=True)
+    with softk.use_backend("triton"):
+        loss = fenchel_young_loss(x, t, FAMS["sparsemax"][0], tau=0.5)
+    loss.backward()
+    _, ref = _oracle_rows("sparsemax", xn, np.eye(N)[t.numpy()], np.ones(4, bool), 1, 0.5)
+    _assert_close(x.grad, ref / 4, torch.float16, atol=0.0)
+    # every row ignored: the mean is 0/0 = NaN, as torch's; the gradient 0
+    x.grad = None
+    with softk.use_backend("triton"):
+        loss = fenchel_young_loss(x, torch.full((4,), -100), FAMS["softmax"][0])
+    loss.backward()
+    assert torch.isnan(loss) and (x.grad == 0).all()
+
+
+@pytest.mark.parametrize("label", LABELS)
+def test_looped_variant_matches_oracle(rng, label):
+    """Rows wider than one block (the kernel's loop over blocks of 16),
+    launched directly; the kind of target takes turns over the families."""
+    from softk.triton.loss import fenchel_young_fused_rows
+
+    kind = ("index", "dense")[LABELS.index(label) % 2]
+    fam = FAMS[label][0]
+    xn = _rows(rng, torch.float32, n=40)
+    k = 2 if kind == "dense" and fam.capped else 1
+    if kind == "index":
+        t = _index_target(rng, n=40)
+        keep = t != -100
+        y, target = np.eye(40)[np.where(keep, t, 0)], torch.tensor(np.where(keep, t, -1))
+    else:
+        keep = np.ones(R, bool)
+        y = _dense_target(rng, xn, k)
+        target = torch.tensor(y, dtype=torch.float32)
+    sel = [0, 1, 2, 4, 7]  # plain, masked, fully masked, NaN, 1e4 away (fewer rows: interpreter time)
+    xn, y, keep, target = xn[sel], y[sel], keep[sel], target[sel]
+    loss, grad = fenchel_young_fused_rows(torch.tensor(xn, dtype=torch.float32), target, torch.ones(1),
+                                          KERNEL_IDS[fam.name], k, 0.5, fam.alpha_value, onchip=False, block=16)
+    ref_loss, ref_grad = _oracle_rows(label, xn, y, keep, k, 0.5)
+    _assert_close(loss, ref_loss, torch.float32, atol=2e-5)
+    _assert_close(grad, ref_grad, torch.float32, atol=4e-6)
+
+
+class _Ops(TorchDispatchMode):
+    """Records (op, dtype, numel) of every tensor made outside the fused op."""
+
+    def __init__(self):
+        super().__init__()
+        self.made, self.inside = [], 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        fused = func is torch.ops.softk.fenchel_young_fused.default
+        self.inside += fused
+        try:
+            out = func(*args, **(kwargs or {}))
+        finally:
+            self.inside -= fused
+        if not self.inside:
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor):
+                    self.made.append((str(func), t.dtype, t.numel()))
+        return out
+
+
+def test_fused_kernel_runs_and_keeps_half_inputs_half(rng, monkeypatch):
+    """The public losses reach the fused kernel (and not the map's), and no
+    tensor of the input's size is made in float32 for a bf16 input, forward
+    or backward: the saved gradient is bf16."""
+    import softk.triton.loss as launcher
+    from softk import dispatch
+
+    calls = []
+    run = launcher.fenchel_young_fused_rows
+
+    def spy(x, target, scale, fam, *a, **kw):
+        calls.append((fam, x.dtype, kw["want_grad"]))
+        return run(x, target, scale, fam, *a, **kw)
+
+    monkeypatch.setattr(launcher, "fenchel_young_fused_rows", spy)
+    monkeypatch.setattr(dispatch.TritonBackend, "forward", None)  # the unfused route would fail
+    xn = _rows(rng, torch.bfloat16, n=24)[[0, 1, 5, 6]]
+    x = torch.tensor(xn, dtype=torch.bfloat16, requires_grad=True)
+    t = torch.tensor([3, 2, 0, -100])
+    with softk.use_backend("triton"), _Ops() as ops:
+        loss = (softk.losses.sparsemax_loss(x, t, tau=0.5) + softk.losses.entmax_loss(x, t, alpha=1.7)
+                + fenchel_young_loss(x, t, FAMS["sigmoid"][0]))
+        saved = [t for node in _fused_nodes(loss.grad_fn) for t in node.saved_tensors]
+        loss.backward()
+    assert calls == [(1, torch.bfloat16, True), (3, torch.bfloat16, True), (5, torch.bfloat16, True)]
+    assert [s.dtype for s in saved if s.dim() == 2] == [torch.bfloat16] * 6  # x and the gradient, 3 times
+    big = [m for m in ops.made if m[2] >= x.numel()]
+    assert big and all(dtype == torch.bfloat16 for _, dtype, _ in big), big
+    # and x's size is allocated only by the kernel (its gradient) and the
+    # backward's product (the gradient handed on), once per loss, and by
+    # autograd's sum of the three
+    allocs = sorted(op for op, _, _ in big if not op.startswith(("aten.permute", "aten.view", "aten.detach")))
+    assert allocs == ["aten.add.Tensor"] * 2 + ["aten.mul.Tensor"] * 3 + ["softk.fenchel_young_fused.default"] * 3, allocs
+    ref = sum(_oracle_rows(lab, xn, np.eye(24)[np.where(t.numpy() >= 0, t.numpy(), 0)], t.numpy() >= 0, 1, tau)[1] / 3
+              for lab, tau in (("sparsemax", 0.5), ("sigmoid", 1.0)))
+    ref = ref + _oracle_rows_alpha(xn, t.numpy(), 1.7) / 3
+    _assert_close(x.grad, ref, torch.bfloat16, atol=1e-5, roundings=3)
+    # a dense bf16 target: read in bf16 too (the target's validation, in
+    # softk.losses.targets, sums its rows in float64: not counted here)
+    y = torch.tensor(oracle.softmax(np.where(np.isneginf(xn), -np.inf, rng.normal(size=xn.shape)))).to(torch.bfloat16)
+    x.grad = None
+    with softk.use_backend("triton"), _Ops() as ops:
+        softk.losses.entmax15_loss(x, y).backward()
+    assert calls[-1] == (2, torch.bfloat16, True)
+    assert not [m for m in ops.made if m[2] >= x.numel() and m[1] == torch.float32]
+    # without a gradient to make, none is written
+    with torch.no_grad(), softk.use_backend("triton"):
+        softk.losses.sparsemax_loss(x, t)
+    assert calls[-1] == (1, torch.bfloat16, False)
+
+
+def _fused_nodes(fn, seen=None):
+    seen = set() if seen is None else seen
+    if fn is None or fn in seen:
+        return []
+    seen.add(fn)
+    own = [fn] if "FusedFenchelYoung" in type(fn).__name__ else []
+    return own + [m for nxt, _ in fn.next_functions for m in _fused_nodes(nxt, seen)]
+
+
+def _oracle_rows_alpha(xn, t, alpha):
+    keep = t >= 0
+    y = np.eye(xn.shape[1])[np.where(keep, t, 0)]
+    return np.where(keep[:, None], oracle.entmax(xn, alpha) - y, 0.0)

@@ -94,6 +94,7 @@ class _FusedFenchelYoung(torch.autograd.Function):
     def setup_context(ctx, inputs, output):
         x, target, family, k, tau, reduction, _ = inputs
         ctx.mark_non_differentiable(output[1], output[2])
+        ctx.set_materialize_grads(False)  # no zero buffer for the gradient output's (absent) gradient
         ctx.save_for_backward(x, target, output[1], output[2])
         ctx.save_for_forward(output[1])
         ctx.family, ctx.k, ctx.tau, ctx.reduction = family, k, tau, reduction
@@ -101,6 +102,8 @@ class _FusedFenchelYoung(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g, *_):
         x, target, grad, scale = ctx.saved_tensors
+        if g is None:
+            return None, None, None, None, None, None, None
         if torch.is_grad_enabled():
             # A graph is being built: the gradient as differentiable tensor
             # code, so that its derivative is the map's Jacobian.
