@@ -449,3 +449,34 @@ def test_fused_kernel_compiles_for_a_gpu():
     if r.stdout.startswith("SKIP"):
         pytest.skip("no Triton GPU toolchain here: " + r.stdout.strip())
     assert r.stdout.strip().endswith("OK")
+
+
+def test_shapes_one_d_size_one_and_classes_on_dim_1(rng):
+    """A 1-D input (one row, a 0-d target), rows of one class, and (N, C, d)
+    input whose class dimension is not last (rows are gathered first)."""
+    fam = FAMS["entmax15"][0]
+    with softk.use_backend("triton"):
+        xn = rng.normal(size=7).astype(np.float32).astype(np.float64)
+        x = torch.tensor(xn, dtype=torch.float32, requires_grad=True)
+        loss = fenchel_young_loss(x, torch.tensor(3), fam, tau=0.5)
+        loss.backward()
+        rows, grad = _oracle_rows("entmax15", xn[None], np.eye(7)[[3]], np.ones(1, bool), 1, 0.5)
+        np.testing.assert_allclose(loss.item(), rows[0], rtol=4e-6)
+        np.testing.assert_allclose(x.grad.double().numpy(), grad[0], rtol=0, atol=4e-6)
+
+        x1 = torch.tensor([[2.0], [-1.0]], requires_grad=True)  # one class: p = 1, L = 0
+        loss = fenchel_young_loss(x1, torch.tensor([0, 0]), fam, reduction="none")
+        loss.sum().backward()
+        assert (loss == 0).all() and (x1.grad == 0).all()
+
+        xn = rng.normal(size=(2, 5, 3)).astype(np.float32).astype(np.float64)
+        t = np.array([[0, 4, 2], [1, 1, 3]])
+        x3 = torch.tensor(xn, dtype=torch.float32, requires_grad=True)
+        loss = fenchel_young_loss(x3, torch.tensor(t), fam, reduction="none")
+        (loss * torch.arange(6.0).view(2, 3)).sum().backward()
+    rows, grad = _oracle_rows("entmax15", np.moveaxis(xn, 1, -1).reshape(6, 5), np.eye(5)[t.reshape(-1)],
+                              np.ones(6, bool), 1, 1.0)
+    assert loss.shape == (2, 3)
+    np.testing.assert_allclose(loss.detach().double().numpy().reshape(-1), rows, rtol=4e-6, atol=1e-6)
+    expect = np.moveaxis((grad * np.arange(6.0)[:, None]).reshape(2, 3, 5), -1, 1)
+    np.testing.assert_allclose(x3.grad.double().numpy(), expect, rtol=0, atol=2e-5)
