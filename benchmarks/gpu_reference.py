@@ -84,12 +84,17 @@ def solve(x: torch.Tensor, family: str, iters: int = 200):
     return p, lam, z
 
 
-def vjp(family: str, p: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    """dx for upstream gradient ``g`` at output ``p`` (float64), through f′ written with p."""
+def derivative(family: str, p: torch.Tensor) -> torch.Tensor:
+    """f′(z − λ) written through p (float64), 0 where p = 0."""
     _, d_of_p, _, _ = FAMILIES[family]
     p = p.to(torch.float64)
+    return torch.where(p > 0, d_of_p(p.clamp(min=0.0)), torch.zeros_like(p))
+
+
+def vjp(family: str, p: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """dx for upstream gradient ``g`` at output ``p`` (float64), through f′ written with p."""
+    d = derivative(family, p)
     g = g.to(torch.float64)
-    d = torch.where(p > 0, d_of_p(p.clamp(min=0.0)), torch.zeros_like(p))
     s = d.sum(-1, keepdim=True)
     ghat = torch.where(s > 0, (d * g).sum(-1, keepdim=True) / torch.where(s > 0, s, torch.ones_like(s)), torch.zeros_like(s))
     return d * (g - ghat)
