@@ -21,6 +21,7 @@ case, so a run cut short keeps what it measured.  Exit 2 without CUDA.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import os
 import subprocess
@@ -32,7 +33,7 @@ if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
 from gpu_cases import MODES, build_cases  # noqa: E402
-from gpu_isolate import run_items, worker_loop  # noqa: E402
+from gpu_isolate import run_items, run_parallel, worker_loop  # noqa: E402
 from gpu_peers import IMPLS, impls_for, load  # noqa: E402
 from gpu_report import attach_ratios, make_row, markdown, status_counts, write_json  # noqa: E402
 
@@ -100,9 +101,26 @@ def run_cases(cases, impl_names, meta, timer, mem_probe, device="cuda", deadline
 
 
 def _timers(args):
-    from gpu_timing import cuda_peak, cuda_timer
+    """(timer, mem_probe): do_bench and CUDA peak memory; wall clock and no memory for a ``--device cpu`` dry run."""
+    from gpu_timing import cpu_peak, cpu_timer, cuda_peak, cuda_timer
 
+    if args.device == "cpu":
+        return (lambda call, grads, est: cpu_timer(call, grads, args.min_reps)), cpu_peak
     return (lambda call, grads, est: cuda_timer(call, grads, est, args.min_reps, args.rep_ms)), cuda_peak
+
+
+def selected_cases(args, everything: bool = False):
+    """The cases of this run (``everything``: all of them, for a worker's look-up by key), rows capped by ``--max-rows``."""
+    cases = build_cases() if everything else build_cases(args.quick, args.only)
+    if args.max_rows:
+        cases = [dataclasses.replace(c, rows=min(c.rows, args.max_rows)) for c in cases]
+    return cases
+
+
+def _child_argv(args, *extra):
+    """This script in a child process, with the options that shape its cases and clocks."""
+    argv = [sys.executable, os.path.abspath(__file__), "--device", args.device, "--min-reps", str(args.min_reps), "--rep-ms", str(args.rep_ms)]
+    return argv + (["--max-rows", str(args.max_rows)] if args.max_rows else []) + list(extra)
 
 
 def _peer_phase(cases, peers, meta, args, deadline, flush):
@@ -118,9 +136,8 @@ def _peer_phase(cases, peers, meta, args, deadline, flush):
             rows += [make_row(c, name, m, meta, status=detail, impl_version=version) for c in mine for m in MODES]
             continue
         budget = max(0.0, (deadline - time.monotonic()) / (len(peers) - i))
-        argv = [sys.executable, os.path.abspath(__file__), "--impls", name, "--min-reps", str(args.min_reps), "--rep-ms", str(args.rep_ms)]
         print(f"[{name}] {len(mine)} cases in a child process, {budget:.0f} s", flush=True)
-        got = run_items(argv, [c.key for c in mine], budget)
+        got = run_items(_child_argv(args, "--impls", name), [c.key for c in mine], budget)
         for c in mine:
             payload = got.get(c.key, {})
             done = {r["mode"]: r for r in payload.get("rows", [])}
@@ -130,16 +147,35 @@ def _peer_phase(cases, peers, meta, args, deadline, flush):
     return rows
 
 
+def _warm_phase(cases, wanted, args) -> None:
+    """Compile every Triton kernel the run needs in ``--warm-jobs`` processes at once (the on-disk cache keeps them)."""
+    items = [f"{c.key}|{n}" for c in cases for n in impls_for(c.group, c.op) if n in wanted and n != "entmax" and load(n)[0] is not None]
+    t0 = time.monotonic()
+    got = run_parallel(_child_argv(args, "--warm"), items, args.warm_jobs, args.warm_timeout_s)
+    ok = sum("status" not in v for v in got.values())
+    print(f"warm-up: {ok} of {len(items)} (case, impl) compiled in {args.warm_jobs} processes, {time.monotonic() - t0:.0f} s", flush=True)
+
+
 def _worker(args) -> int:
-    """Child-process mode: time ``--impls`` on the case keys listed in ``--worker-items``."""
+    """Child-process mode: time ``--impls`` on the case keys listed in ``--worker-items`` (or only compile, ``--warm``)."""
     _import_softk()
-    cases = {c.key: c for c in build_cases()}
-    meta = meta_info()
+    cases = {c.key: c for c in selected_cases(args, everything=True)}
+    if args.warm:
+        from gpu_timing import warm
+
+        def compile_only(item):
+            key, name = item.split("|")
+            warm(cases[key], load(name)[0][cases[key].op], args.device)
+            return {"compiled": item}
+
+        worker_loop(args.worker_items, args.worker_out, compile_only)
+        return 0
+    meta = meta_info(args.device)
     timer, mem = _timers(args)
     names = args.impls.split(",")
     from gpu_timing import Inputs, time_impl
 
-    inputs = Inputs("cuda")
+    inputs = Inputs(args.device)
 
     def handle(key):
         case, rows, lost = cases[key], [], False
@@ -169,6 +205,12 @@ def parse_args(argv=None):
     ap.add_argument("--min-reps", type=int, default=20, help="timed runs per measurement, at least (default 20)")
     ap.add_argument("--rep-ms", type=float, default=60.0, help="do_bench's timed window in ms when that gives more runs (default 60)")
     ap.add_argument("--impls", default=",".join(IMPLS), help="comma-separated implementations to run (default: all)")
+    ap.add_argument("--warm-jobs", type=int, default=min(12, os.cpu_count() or 1),
+                    help="processes that compile the Triton kernels before timing (0: none; default min(12, CPUs))")
+    ap.add_argument("--warm-timeout-s", type=float, default=180.0, help="time allowed for that warm-up (default 180)")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: a dry run of the whole flow (wall-clock times, use with --max-rows)")
+    ap.add_argument("--max-rows", type=int, help="cap every case's rows (a dry run; the reported shapes change with it)")
+    ap.add_argument("--warm", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--worker-items", help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", help=argparse.SUPPRESS)
     return ap.parse_args(argv)
@@ -177,7 +219,7 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     _import_softk()
-    cases = build_cases(args.quick, args.only)
+    cases = selected_cases(args)
     wanted = args.impls.split(",")
     if args.list:
         for c in cases:
@@ -185,13 +227,13 @@ def main(argv=None) -> int:
         return 0
     import torch
 
-    if not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu.py: no CUDA device here (torch.cuda.is_available() is False); this benchmark needs a GPU", file=sys.stderr)
         return 2
     if args.worker_items:
         return _worker(args)
     start = time.monotonic()
-    meta = meta_info()
+    meta = meta_info(args.device)
     print(f"{meta['device']}, torch {meta['torch']}, triton {meta['triton']}, {len(cases)} cases", flush=True)
 
     def flush(extra):
@@ -203,10 +245,12 @@ def main(argv=None) -> int:
                 f.write(markdown(rows))
         return rows
 
+    if args.warm_jobs > 0:
+        _warm_phase(cases, wanted, args)
     timer, mem = _timers(args)
     local = [n for n in wanted if n in IMPLS and not IMPLS[n].isolate]
     # torch and softk get 60% of the budget, so that the peers are reached in a run cut short.
-    rows = run_cases(cases, local, meta, timer, mem, deadline=start + 0.6 * args.budget_s, progress=lambda s: print(s, flush=True))
+    rows = run_cases(cases, local, meta, timer, mem, device=args.device, deadline=start + 0.6 * args.budget_s, progress=lambda s: print(s, flush=True))
     flush(rows)
     peers = [n for n in wanted if n in IMPLS and IMPLS[n].isolate]
     rows += _peer_phase(cases, peers, meta, args, start + args.budget_s, lambda more: flush(rows + more))

@@ -27,10 +27,12 @@ eps32 = 2^-23; R = max(1, max |finite x|); n the width):
   kink of f′ (the support boundary; saturation for exp/sparse) is counted as
   "ambiguous", not failed: the gradient is not defined there.
 
-Peers (entmax, AdaSplash, Liger) and softk itself also run four checks each,
-in child processes (a device-side assert kills the CUDA context): a fully
-masked row, a bf16 row with a 1e4 entry, a 262,144-wide row, and a bf16
-backward.  Exit status: 0 when every softk case passes, 1 otherwise, 2
+Peers (entmax, AdaSplash, Liger) and softk itself also run four checks each
+(a fully masked row, a bf16 row with a 1e4 entry, a 262,144-wide row, a bf16
+backward) in child processes, one per (impl, op), all at once: a
+device-side assert kills the CUDA context of its process.  Before the grid,
+``--warm-jobs`` processes compile softk's kernels into Triton's on-disk cache
+(one variant per family, dtype and block size: a few hundred compiles).  Exit status: 0 when every softk case passes, 1 otherwise, 2
 without CUDA.
 """
 
@@ -49,7 +51,7 @@ if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
 import gpu_reference as ref  # noqa: E402
-from gpu_isolate import run_items, short_error, worker_loop  # noqa: E402
+from gpu_isolate import run_items, run_parallel, short_error, worker_loop  # noqa: E402
 from gpu_peers import IMPLS, load  # noqa: E402
 
 FAMILY_NAMES = list(ref.FAMILIES)
@@ -192,31 +194,47 @@ def peer_check(impl: str, op: str, check: str, device: str = "cuda", registry=No
     return res
 
 
+def warm_one(item: str, device: str = "cuda") -> dict:
+    """Compile softk's kernels for ``family|width|dtype``: forward and backward on two rows."""
+    import torch
+
+    family, width, dtype = item.split("|")
+    x = torch.randn(2, int(width), device=device).to(getattr(torch, dtype)).requires_grad_(True)
+    softk_fn(family)(x).backward(torch.ones_like(x))
+    return {"compiled": item}
+
+
 def _worker(args) -> int:
+    if args.warm:
+        worker_loop(args.worker_items, args.worker_out, lambda item: warm_one(item, args.device))
+        return 0
+
     def handle(item):
         impl, op, check = item.split("|")
-        out = peer_check(impl, op, check)
+        out = peer_check(impl, op, check, args.device)
         return {"result": out, "context_lost": "CUDA error" in out.get("why", "") or "device-side" in out.get("why", "")}
 
     worker_loop(args.worker_items, args.worker_out, handle)
     return 0
 
 
-def run_peers(timeout_s: float) -> list[dict]:
-    """Every peer check, one child process per impl (restarted after a crash)."""
-    results = []
-    for impl, ops in PEER_OPS.items():
-        items = [f"{impl}|{op}|{c[0]}" for op in ops for c in PEER_CHECKS]
-        fns, detail, version = load(impl)
+def run_peers(timeout_s: float, device: str = "cuda") -> list[dict]:
+    """Every peer check: one child process per (impl, op), all at once, each restarted after a crash."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(impl, op):
+        items = [f"{impl}|{op}|{c[0]}" for c in PEER_CHECKS]
+        fns, detail, _ = load(impl)
         if fns is None:
-            results += [{"impl": impl, "op": it.split("|")[1], "check": it.split("|")[2], "verdict": "skip", "why": detail} for it in items]
-            continue
-        got = run_items([sys.executable, os.path.abspath(__file__), "--impls", impl], items, timeout_s)
-        for it in items:
-            payload = got[it]
-            r = payload.get("result") or {"impl": impl, "op": it.split("|")[1], "check": it.split("|")[2], "verdict": "fail", "why": payload.get("status")}
-            results.append(r)
-            print(f"  {impl:9s} {r['op']:12s} {r['check']:13s} {r['verdict']:9s} {r.get('why', '')}", flush=True)
+            return [{"impl": impl, "op": op, "check": it.split("|")[2], "verdict": "skip", "why": detail} for it in items]
+        got = run_items([sys.executable, os.path.abspath(__file__), "--device", device, "--impls", impl], items, timeout_s)
+        return [got[it].get("result") or {"impl": impl, "op": op, "check": it.split("|")[2], "verdict": "fail", "why": got[it].get("status")} for it in items]
+
+    pairs = [(impl, op) for impl, ops in PEER_OPS.items() for op in ops]
+    with ThreadPoolExecutor(max_workers=len(pairs)) as pool:
+        results = [r for rs in pool.map(lambda pair: one(*pair), pairs) for r in rs]
+    for r in results:
+        print(f"  {r['impl']:9s} {r['op']:12s} {r['check']:13s} {r['verdict']:9s} {r.get('why', '')}", flush=True)
     return results
 
 
@@ -250,7 +268,11 @@ def parse_args(argv=None):
     ap.add_argument("--families", default=",".join(FAMILY_NAMES), help="comma-separated families (default: all 8)")
     ap.add_argument("--json", metavar="PATH", help="write every case, the peer checks and the summary as JSON")
     ap.add_argument("--no-peers", action="store_true", help="skip the peers' failure checks")
-    ap.add_argument("--peer-timeout-s", type=float, default=120.0, help="time for each peer's child processes (default 120)")
+    ap.add_argument("--peer-timeout-s", type=float, default=150.0, help="time for each (peer, op)'s child processes, all run at once (default 150)")
+    ap.add_argument("--warm-jobs", type=int, default=min(12, os.cpu_count() or 1),
+                    help="processes that compile softk's kernels before the grid (0: none; default min(12, CPUs))")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: a dry run of the flow on softk's CPU path (with --quick)")
+    ap.add_argument("--warm", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--impls", help=argparse.SUPPRESS)
     ap.add_argument("--worker-items", help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", help=argparse.SUPPRESS)
@@ -265,7 +287,7 @@ def main(argv=None) -> int:
         sys.path.insert(0, os.path.join(os.path.dirname(HERE), "src"))
     import torch
 
-    if not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu_correctness.py: no CUDA device here (torch.cuda.is_available() is False); this check needs a GPU", file=sys.stderr)
         return 2
     if args.worker_items:
@@ -273,12 +295,16 @@ def main(argv=None) -> int:
     t0 = time.monotonic()
     widths = QUICK_WIDTHS if args.quick else WIDTHS
     families = args.families.split(",")
+    if args.warm_jobs > 0:
+        items = [f"{f}|{w}|{d}" for d in DTYPES for f in families for w in widths]
+        got = run_parallel([sys.executable, os.path.abspath(__file__), "--device", args.device, "--warm"], items, args.warm_jobs, 240.0)
+        print(f"warm-up: {sum('status' not in v for v in got.values())} of {len(items)} compiled ({time.monotonic() - t0:.0f} s)", flush=True)
     cases = []
     for dtype in DTYPES:
         for family in families:
             for width in widths:
                 for kind in KINDS:
-                    r = run_case(family, kind, width, dtype)
+                    r = run_case(family, kind, width, dtype, args.device)
                     cases.append(r)
                     if r["verdict"] != "pass":
                         print(f"{r['verdict'].upper():9s} {family} {kind} w={width} {dtype}: {r.get('why')} "
@@ -286,9 +312,9 @@ def main(argv=None) -> int:
             print(f"{dtype} {family}: done ({time.monotonic() - t0:.0f} s)", flush=True)
     summary = summarize(cases)
     print(f"softk: {summary['pass']} of {summary['total']} passed, {summary['ambiguous']} ambiguous (at a kink), {summary['fail']} failed", flush=True)
-    peers = [] if args.no_peers else run_peers(args.peer_timeout_s)
+    peers = [] if args.no_peers else run_peers(args.peer_timeout_s, args.device)
     if args.json:
-        meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": datetime.date.today().isoformat()}
+        meta = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu (dry run)", "torch": torch.__version__, "date": datetime.date.today().isoformat()}
         try:
             import triton
 

@@ -125,3 +125,33 @@ def worker_loop(items_path: str, out_path: str, handle: Callable[[str], dict]) -
             emit({"done": item, "payload": payload})
             if payload.get("context_lost"):
                 sys.exit(CONTEXT_LOST_EXIT)
+
+
+def run_parallel(argv: list[str], items: list[str], procs: int, timeout_s: float, env: dict | None = None) -> dict[str, dict]:
+    """Split ``items`` round-robin over ``procs`` workers running at once; no restarts.
+
+    For warming Triton's on-disk kernel cache before anything is timed: the
+    compiles of many kernel variants run on many CPU cores, and the timed
+    process then loads them from the cache.  Returns ``{item: payload}`` for
+    the items that finished.
+    """
+    results: dict[str, dict] = {}
+    chunks = [c for c in (items[i::max(1, procs)] for i in range(max(1, procs))) if c]
+    with tempfile.TemporaryDirectory(prefix="softk_parallel_") as tmp:
+        running = []
+        for i, chunk in enumerate(chunks):
+            items_path, out_path = os.path.join(tmp, f"items{i}.json"), os.path.join(tmp, f"out{i}.jsonl")
+            with open(items_path, "w") as f:
+                json.dump(chunk, f)
+            cmd = argv + ["--worker-items", items_path, "--worker-out", out_path]
+            running.append((subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env), out_path))
+        deadline = time.monotonic() + timeout_s
+        for proc, _ in running:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for _, out_path in running:
+            _read_progress(out_path, results)
+    return results

@@ -79,6 +79,26 @@ def cuda_timer(call, grads, est_ms: float, min_reps: int = 20, rep_ms: float = 6
     return tuple(do_bench(call, warmup=warmup, rep=rep, grad_to_none=grads, quantiles=[0.2, 0.5, 0.8]))
 
 
+def cpu_timer(call, grads, reps: int = 20):
+    """(p20, p50, p80) in ms of ``reps`` wall-clock runs: for a CPU dry run of the flow, not for reporting."""
+    times = []
+    for _ in range(max(1, reps)):
+        for t in grads or ():
+            t.grad = None
+        t0 = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - t0) * 1e3)
+    q = torch.quantile(torch.tensor(times, dtype=torch.float64), torch.tensor([0.2, 0.5, 0.8], dtype=torch.float64))
+    return tuple(float(v) for v in q)
+
+
+def cpu_peak(call, grads):
+    """(None, wall ms): no memory figure on the CPU."""
+    t0 = time.perf_counter()
+    call()
+    return None, (time.perf_counter() - t0) * 1e3
+
+
 def cuda_peak(call, grads):
     """(peak extra MiB, wall ms of that one call); the wall time sizes do_bench's repetitions."""
     for t in grads or ():
@@ -94,6 +114,19 @@ def cuda_peak(call, grads):
     for t in grads or ():
         t.grad = None
     return peak, wall
+
+
+def warm(case: Case, fn, device: str) -> None:
+    """Run ``fn`` once per mode on two rows of the case's width: compiles every kernel it needs."""
+    small = Case(case.group, case.op, 2, case.cols, case.dtype)
+    inputs = Inputs(device)
+    x, target = inputs.get(small)
+    from gpu_cases import MODES
+
+    for mode in MODES:
+        call, _ = closure(fn, small, x, target, mode)
+        call()
+    _sync(device)
 
 
 def _sync(device: str):

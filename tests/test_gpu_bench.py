@@ -356,3 +356,36 @@ def test_list_needs_no_gpu():
     assert r.returncode == 0
     lines = r.stdout.strip().splitlines()
     assert len(lines) == 20 and lines[0] == "router/softmax/2097152x16/bfloat16 torch"
+
+
+def test_parallel_warm_workers_run_every_item(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER.format(bench=BENCH))
+    got = gpu_isolate.run_parallel([sys.executable, str(script)], ["a", "b", "c", "crash", "d"], procs=2, timeout_s=120)
+    assert {k: v["value"] for k, v in got.items()} == {"a": "A", "b": "B", "c": "C", "d": "D"}
+    assert "crash" not in got  # a warm-up that died is only missing, never fatal
+    assert len({v["pid"] for v in got.values()}) == 2
+
+
+def test_warm_helpers_run_on_the_cpu():
+    from gpu_timing import warm
+
+    warm(Case("loss", "sparsemax_loss", 8192, 64, "float32"), gpu_peers.load("softk")[0]["sparsemax_loss"], "cpu")
+    warm(Case("wide", "entmax15", 8192, 64, "bfloat16"), gpu_peers.load("softk")[0]["entmax15"], "cpu")
+    assert gpu_correctness.warm_one("exp|70|float32", device="cpu") == {"compiled": "exp|70|float32"}
+
+
+def test_dry_run_of_the_whole_flow_on_the_cpu(tmp_path):
+    """main() end to end with small rows: warm-up, torch/softk in process, the entmax package in a child."""
+    out = tmp_path / "dry.json"
+    r = _run("gpu.py", "--device", "cpu", "--max-rows", "2", "--quick", "--only", "loss/sparsemax_loss", "--min-reps", "2",
+             "--warm-jobs", "1", "--impls", "torch,softk,entmax", "--json", str(out), "--markdown", str(tmp_path / "dry.md"))  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(out.read_text())
+    got = {(x["op"], x["impl"], x["mode"]): x for x in rows}
+    assert set(got) == {(op, impl, m) for op, impl in [("cross_entropy", "torch"), ("cross_entropy", "softk"), ("sparsemax_loss", "softk"),
+                                                      ("sparsemax_loss", "entmax")] for m in ("fwd", "fwd+bwd")}  # fmt: skip
+    assert all(x["shape"] == "2x32768" and x["ratio"] is not None for x in rows if x["status"] == "ok")
+    assert got[("sparsemax_loss", "softk", "fwd+bwd")]["status"] == "ok"
+    assert got[("sparsemax_loss", "entmax", "fwd")]["status"] in ("ok",) or got[("sparsemax_loss", "entmax", "fwd")]["status"].startswith("not installed")
+    assert "| 2x32768 bfloat16 | sparsemax_loss |" in (tmp_path / "dry.md").read_text()
