@@ -14,8 +14,13 @@ is also given as a multiple of the baseline (torch.softmax, or
 F.cross_entropy for losses) timed at the same shape in the same run.  torch
 and softk run in this process; peers (entmax, AdaSplash, Liger) run in a
 child process each (``gpu_isolate``) and are reported "not installed" when
-they are missing.  ``--json`` and ``--markdown`` are rewritten after every
-case, so a run cut short keeps what it measured.  Exit 2 without CUDA.
+they are missing.  First, ``--warm-jobs`` processes compile every Triton
+kernel the run needs into Triton's on-disk cache, so that no compile (and no
+autotuning compile of a peer) runs serially inside the timed process.
+``--budget-s`` bounds the whole run (cases not reached say "skipped: time
+budget"); ``--json`` and ``--markdown`` are rewritten after every timed
+(case, impl), so a run that is killed keeps what it measured.  Exit 2
+without CUDA.
 """
 
 from __future__ import annotations
@@ -71,8 +76,11 @@ def _softk_version() -> str | None:
         return None
 
 
-def run_cases(cases, impl_names, meta, timer, mem_probe, device="cuda", deadline=None, registry=None, progress=print):
-    """Rows of ``impl_names`` over ``cases`` in this process (both modes each); stops at ``deadline``."""
+def run_cases(cases, impl_names, meta, timer, mem_probe, device="cuda", deadline=None, registry=None, progress=print, flush=None):
+    """Rows of ``impl_names`` over ``cases`` in this process (both modes each); stops at ``deadline``.
+
+    ``flush(rows)`` is called with the rows so far after each timed impl (the files survive a kill).
+    """
     from gpu_timing import Inputs, time_impl
 
     registry = IMPLS if registry is None else registry
@@ -97,6 +105,8 @@ def run_cases(cases, impl_names, meta, timer, mem_probe, device="cuda", deadline
             if was_lost:
                 lost = f"{name} on {case.key}"
             progress(" ".join(f"{r['mode']}={r['p50']:.3f}ms" if r["p50"] else f"{r['mode']}:{r['status']}" for r in new) + f"  {name} {case.key}")
+            if flush is not None:
+                flush(rows)
     return rows
 
 
@@ -249,8 +259,9 @@ def main(argv=None) -> int:
         _warm_phase(cases, wanted, args)
     timer, mem = _timers(args)
     local = [n for n in wanted if n in IMPLS and not IMPLS[n].isolate]
-    # torch and softk get 60% of the budget, so that the peers are reached in a run cut short.
-    rows = run_cases(cases, local, meta, timer, mem, device=args.device, deadline=start + 0.6 * args.budget_s, progress=lambda s: print(s, flush=True))
+    # torch and softk get 60% of what the warm-up left, so that the peers are reached in a run cut short.
+    local_deadline = time.monotonic() + 0.6 * max(0.0, start + args.budget_s - time.monotonic())
+    rows = run_cases(cases, local, meta, timer, mem, device=args.device, deadline=local_deadline, progress=lambda s: print(s, flush=True), flush=flush)
     flush(rows)
     peers = [n for n in wanted if n in IMPLS and IMPLS[n].isolate]
     rows += _peer_phase(cases, peers, meta, args, start + args.budget_s, lambda more: flush(rows + more))
