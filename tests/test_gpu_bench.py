@@ -389,3 +389,17 @@ def test_dry_run_of_the_whole_flow_on_the_cpu(tmp_path):
     assert got[("sparsemax_loss", "softk", "fwd+bwd")]["status"] == "ok"
     assert got[("sparsemax_loss", "entmax", "fwd")]["status"] in ("ok",) or got[("sparsemax_loss", "entmax", "fwd")]["status"].startswith("not installed")
     assert "| 2x32768 bfloat16 | sparsemax_loss |" in (tmp_path / "dry.md").read_text()
+
+
+def test_dry_run_of_the_correctness_flow_on_the_cpu(tmp_path):
+    out = tmp_path / "c.json"
+    common = ["--device", "cpu", "--quick", "--families", "sparsemax", "--no-peers", "--json", str(out)]
+    r = _run("gpu_correctness.py", *common, "--warm-jobs", "1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    data = json.loads(out.read_text())
+    assert data["summary"]["total"] == data["summary"]["pass"] == 2 * 3 * 5
+    assert {(c["width"], c["dtype"], c["kind"]) for c in data["cases"]} == {
+        (w, d, k) for w in gpu_correctness.QUICK_WIDTHS for d in gpu_correctness.DTYPES for k in gpu_correctness.KINDS
+    }
+    r = _run("gpu_correctness.py", *common, "--warm-jobs", "0", "--budget-s", "0")
+    assert r.returncode == 1 and json.loads(out.read_text())["summary"]["skipped"] == 30
