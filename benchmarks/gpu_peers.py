@@ -15,8 +15,9 @@ would do the same.  Import names were read from the released wheels
 (adasplash 0.2.2: ``adasplash.triton_sparsemax``, ``triton_entmax15``,
 ``triton_entmax(x, alpha)``; liger-kernel 0.8.5:
 ``liger_kernel.transformers.functional.liger_sparsemax`` and
-``liger_cross_entropy``); older or newer layouts are tried in turn and the
-name found is reported.
+``liger_cross_entropy``); where a release lacks that name, the other
+layouts listed in the builders are tried in turn, and an op none of them
+provides is reported "not available".
 """
 
 from __future__ import annotations
