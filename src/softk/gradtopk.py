@@ -79,6 +79,8 @@ def route(rows: int, n: int, k: int, device: torch.device) -> str:
     n steps of rows·k entries are then overhead-bound), and 1.2-3.7x elsewhere.
     """
     if ROUTE != "auto":
+        if ROUTE not in ROUTES:
+            raise ValueError(f"softk.gradtopk.ROUTE must be 'auto', 'scan' or 'tree', got {ROUTE!r}")
         return ROUTE
     if device.type != "cpu" or k >= 32 or rows * k <= 64:
         return "tree"
