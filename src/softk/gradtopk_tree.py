@@ -54,6 +54,7 @@ def _windows(b: Tensor, off: int, count: int, width: int, fill: float) -> Tensor
 
 
 def _product_block(a: Tensor, b: Tensor, off: int, width: int, da: Tensor | None, db: Tensor | None):
+    """:func:`_product` on one block."""
     count = a.shape[-1]
     terms = _windows(b, off, count, width, NEG_INF) + a.flip(-1)[..., None, :]
     top = terms.amax(-1, keepdim=True)
@@ -70,10 +71,12 @@ def _product_block(a: Tensor, b: Tensor, off: int, width: int, da: Tensor | None
     return c, (share * dterms).sum(-1)
 
 
-# Terms materialised at once by a product on the CPU: the five passes over
-# them then run in cache (one 34 MB block took 2x as long per term).  On a GPU
-# a level is one block: few large ops are what it is good at.
-_CPU_BLOCK = 1 << 15
+# Terms materialised at once by a product on the CPU, so that the five passes
+# over them run in cache: unblocked, the largest levels at 8x4096, k = 256
+# (8.4M terms) took 18 ns per term against 8 ns for levels that fit; of blocks
+# of 2^13, 2^15 and 2^17 terms, 2^17 was fastest (one thread, 2026-11-23).  On
+# a GPU a level is one block: few large ops are what it is good at.
+_CPU_BLOCK = 1 << 17
 
 
 def _product(a: Tensor, b: Tensor, off: int, width: int, da: Tensor | None = None, db: Tensor | None = None):
