@@ -6,6 +6,7 @@ Run:
   python benchmarks/gradtopk_scale.py [--n 4096] [--k 256] [--batch 8] [--threads 1] [--repeats 3]
   python benchmarks/gradtopk_scale.py --compare   # scan, tree, auto and "exp" at 8x4096 k=256 and 256x1024 k=32
   python benchmarks/gradtopk_scale.py --sweep     # scan vs tree across shapes and k (the CPU crossover)
+  python benchmarks/gradtopk_scale.py --ops       # ATen ops per forward + backward by route (a GPU launch-count proxy)
 Prints the best wall time of `repeats` runs (after one warm-up), Σp − k and
 whether everything is finite.
 """
@@ -59,6 +60,34 @@ def report(batch, n, k, route, args, exp_total=None):
     return fwd + bwd
 
 
+# Ops that only make views or allocate: no kernel launch on a GPU.
+_NO_KERNEL = {
+    "aten::" + name
+    for name in "view unflatten select slice unfold as_strided expand squeeze unsqueeze t transpose detach "
+    "lift_fresh alias reshape movedim permute unbind empty empty_like empty_strided resolve_conj resolve_neg "
+    "_unsafe_view".split()
+}
+
+
+def count_ops(batch: int, n: int, k: int, route: str) -> int:
+    """ATen ops (composite ones counted with their parts) in one forward +
+    backward, with the tree's products unblocked as on a GPU."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from softk import gradtopk_tree
+
+    gen = torch.Generator().manual_seed(0)
+    x = (torch.randn(batch, n, generator=gen) * 3).requires_grad_()
+    saved = gradtopk.ROUTE, gradtopk_tree._CPU_BLOCK
+    gradtopk.ROUTE, gradtopk_tree._CPU_BLOCK = route, 1 << 62
+    try:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            softk.soft_topk(x, k, method="grad").backward(torch.ones(batch, n))
+    finally:
+        gradtopk.ROUTE, gradtopk_tree._CPU_BLOCK = saved
+    return sum(e.count for e in prof.key_averages() if e.key.startswith("aten::") and e.key not in _NO_KERNEL)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=4096)
@@ -69,8 +98,14 @@ def main() -> None:
     ap.add_argument("--route", choices=["auto", "scan", "tree"], default="auto")
     ap.add_argument("--compare", action="store_true", help="scan, tree, auto and exp at the two issue shapes")
     ap.add_argument("--sweep", action="store_true", help="scan vs tree over shapes and k")
+    ap.add_argument("--ops", action="store_true", help="ATen ops per forward + backward at the two issue shapes")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.ops:
+        for batch, n, k in COMPARE_SHAPES:
+            for route in ("scan", "tree"):
+                print(f"{route} {batch}x{n} k={k}: {count_ops(batch, n, k, route)} ATen ops per forward + backward")
+        return
     if args.sweep:
         for batch, n in SWEEP:
             for k in SWEEP_K:

@@ -253,8 +253,11 @@ def test_route_choice(monkeypatch):
     assert gradtopk.route(8, 4096, 256, cuda) == "tree"
     assert gradtopk.route(256, 1024, 8, cuda) == "tree"
     assert gradtopk.route(8, 4096, 256, cpu) == "tree"  # k >= 32
-    assert gradtopk.route(8, 4096, 2, cpu) == "tree"  # rows·k small: the scan is overhead-bound
+    assert gradtopk.route(8, 4096, 2, cpu) == "tree"  # few rows: the scan is overhead-bound
+    assert gradtopk.route(16, 100, 31, cpu) == "tree"
+    assert gradtopk.route(17, 100, 31, cpu) == "scan"
     assert gradtopk.route(256, 1024, 8, cpu) == "scan"
+    assert gradtopk.route(256, 1024, 32, cpu) == "tree"
     monkeypatch.setattr(gradtopk, "ROUTE", "scan")
     assert gradtopk.route(8, 4096, 256, cuda) == "scan"
     monkeypatch.setattr(gradtopk, "ROUTE", "sideways")

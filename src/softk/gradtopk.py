@@ -23,10 +23,11 @@ by one of two routes that compute the same quantities (float64 throughout):
   the tree's outside pass; 2·log2(n) levels of a few large ops each.
 
 :func:`route` picks one: the tree on a GPU and, on the CPU, where it was
-measured faster (k ≥ 32, or few rows × k, where the scan's n steps are
-overhead-bound); ``ROUTE`` forces one.  Both were measured within 1e-11 of
-the mpmath oracle in p and 3e-11 in H g up to n = 257, k = 256
-(tests/test_gradtopk_tree.py; the tree was the closer of the two).
+measured faster (k ≥ 32, or at most 16 rows, where the scan's n steps are
+overhead-bound); ``ROUTE`` forces one.  Both were measured within 7e-12
+(relative) of the mpmath oracle in p and 2e-11 (absolute) in H g up to
+n = 257, k = 256, the tree the closer of the two; tests/test_gradtopk_tree.py
+holds them to 1e-10 and 3e-11.
 
 Scale.  Rows are shifted by their (k+1)-th largest entry r and entries more
 than T ≈ 130 + log(2nk) above it (in z units) are lowered to T: they are in S
@@ -75,16 +76,19 @@ ROUTES = {"scan": solve_scan, "tree": solve_tree}
 def route(rows: int, n: int, k: int, device: torch.device) -> str:
     """The route for a chunk of ``rows`` rows of length n.
 
-    The tree on a GPU (O(log n) launches instead of O(n)).  On the CPU
-    (benchmarks/gradtopk_scale.py --sweep, one thread, 2026-11-23) the tree
-    took 0.3-0.6x the scan's time wherever k >= 32 or rows·k <= 64 (the scan's
-    n steps of rows·k entries are then overhead-bound), and 1.2-3.7x elsewhere.
+    The tree on a GPU (O(log n) launches instead of O(n)).  On the CPU the
+    tree where k >= 32 or rows <= 16, the scan elsewhere: measured with
+    ``benchmarks/gradtopk_scale.py --sweep`` (one thread, float32 forward +
+    backward, 2026-11-23), tree/scan was 0.31-0.72 at k >= 32 (0.93 and 1.10
+    at 512x64 and 64x1024, k = 32), 0.31-0.51 at 8 rows for every k (the
+    scan's n steps are overhead-bound there) and 1.24-2.74 at 64 or more rows
+    with k <= 16.
     """
     if ROUTE != "auto":
         if ROUTE not in ROUTES:
             raise ValueError(f"softk.gradtopk.ROUTE must be 'auto', 'scan' or 'tree', got {ROUTE!r}")
         return ROUTE
-    if device.type != "cpu" or k >= 32 or rows * k <= 64:
+    if device.type != "cpu" or k >= 32 or rows <= 16:
         return "tree"
     return "scan"
 
