@@ -1,6 +1,8 @@
 """GradTopK (soft_topk(method="grad")): exactness against mpmath and subset
 enumeration, stability where the seed's recursion breaks, the explicit HVP
-backward against finite differences."""
+backward against finite differences.  Every test runs once per route (the
+sequential scan and the tree, forced through softk.gradtopk.ROUTE); the routes'
+own tests are in tests/test_gradtopk_tree.py."""
 
 import math
 
@@ -13,6 +15,16 @@ from hypothesis import strategies as st
 import softk
 
 from . import oracle_topk as ref
+
+
+@pytest.fixture(autouse=True, scope="module", params=["scan", "tree"])
+def route(request):
+    # module scope: the hypothesis test below may not take a function-scoped fixture
+    from softk import gradtopk
+
+    saved, gradtopk.ROUTE = gradtopk.ROUTE, request.param
+    yield request.param
+    gradtopk.ROUTE = saved
 
 
 def _grad(x, k, tau=1.0, dim=-1):

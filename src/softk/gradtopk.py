@@ -13,36 +13,42 @@ k = 1 is softmax, τ → 0 gives the hard top-k (Su Jianlin 2024, "GradTopK").
 Stability.  The textbook routes subtract: Newton's identities alternate signs,
 and the leave-one-out recursion e_j(w_{-i}) = e_j(w) − w_i e_{j−1}(w_{-i})
 cancels catastrophically (in log space: log(a − b) with a ≈ b, NaN once
-rounding gives b > a).  Here everything is a *sum of non-negative terms*:
+rounding gives b > a).  Here everything is a *sum of non-negative terms*,
+by one of two routes that compute the same quantities (float64 throughout):
 
-* prefix tables  A[i, j] = log e_j(w_1..w_i)  by
-  A[i, j] = logaddexp(A[i−1, j], z_i + A[i−1, j−1]), truncated at j ≤ k;
-* suffix tables  B[i, j] = log e_j(w_{i+1}..w_n)  by the same recurrence run
-  backwards;
-* marginals (forward–backward):
-  log p_i = z_i + logsumexp_a(A[i−1, a] + B[i, k−1−a]) − A[n, k].
+* the scan (:mod:`softk.gradtopk_scan`): prefix and suffix tables of
+  log e_j over the row, n sequential steps of small ops;
+* the tree (:mod:`softk.gradtopk_tree`): log e_j of the row as a balanced
+  tree of truncated log-space polynomial products, and log e_{k−1}(w_{−i}) by
+  the tree's outside pass; 2·log2(n) levels of a few large ops each.
+
+:func:`route` picks one: the tree on a GPU and, on the CPU, where it was
+measured faster (k ≥ 32, or at most 16 rows, where the scan's n steps are
+overhead-bound); ``ROUTE`` forces one.  Both were measured within 7e-12
+(relative) of the mpmath oracle in p and 2e-11 (absolute) in H g up to
+n = 257, k = 256, the tree the closer of the two; tests/test_gradtopk_tree.py
+holds them to 1e-10 and 3e-11.
 
 Scale.  Rows are shifted by their (k+1)-th largest entry r and entries more
 than T ≈ 130 + log(2nk) above it (in z units) are lowered to T: they are in S
-with probability 1 − O(e^−130), so no marginal moves (see ``_clamp_margin``),
-and the tables hold numbers of size ~T whatever the offset, outlier or τ
-([1e16, 0, 1], k = 2 gives [1, .2689, .7311] in float64; x/τ is never formed).
+with probability 1 − O(e^−130), so no marginal moves by more than 2nk·e^−130
+(see ``_clamp_margin``), and the routes see numbers of size ~T whatever the
+offset, outlier or τ ([1e16, 0, 1], k = 2 gives [1, .2689, .7311] in
+float64; x/τ is never formed).
 
 The backward of p = ∇ log e_k is the Hessian–vector product H g, which is
-the directional derivative of p along g.  It is computed explicitly by pushing
-forward-mode tangents through the same two recurrences (their weights
-exp(A[i−1, j] − A[i, j]) are read off the stored tables), so there is no
-double backward through logaddexp (NaN at −inf entries, and slow).
+the directional derivative of p along g.  Both routes compute it explicitly
+by pushing forward-mode tangents through their own sums (softmax shares of
+the terms), so there is no double backward through logsumexp (NaN at −inf
+entries, and slow).
 
-Work and memory are O(nk) per row, all rows at once; the only Python loop
-runs over the n positions.  Memory is a few float64 tables of (n+1)·R·(k+1)
-entries for R rows (forward 2, backward 4 plus the (n, R, k) pair terms: about
-0.5 GB at n = 4096, k = 256, R = 8; peak RSS grew by 0.53 GB); larger
-batches are run in chunks of rows so that a table stays within 256 MiB
-(about 1 GiB at the peak of the backward).  Measured (benchmarks/gradtopk_scale.py):
-n = 4096, k = 256, batch 8, float32 forward + backward ≈ 2.7 s on 2 busy CPU
-cores.  Everything is accumulated in float64 and the result is cast back
-to the input dtype: the same recurrence run in float32 at n = 200, k = 40,
+Work is O(nk) per row, all rows at once.  Memory: the scan keeps a few
+float64 tables of (n+1)·R·(k+1) entries for R rows (about 0.5 GB at n = 4096,
+k = 256, R = 8 in the backward); the tree keeps O(n log k) per row plus one
+level's products (on the CPU in cache-sized blocks).  Larger batches are run in
+chunks of rows so that a table stays within 256 MiB.  Times: see
+benchmarks/gradtopk_scale.py and BENCHMARKS.md.  The result is cast back to
+the input dtype: the scan's recurrence run in float32 at n = 200, k = 40,
 x ~ N(0, 50²) was measured 4.9e-4 off per entry and 9.7e-3 off in Σp (float64:
 5.8e-13 per entry).
 """
@@ -54,115 +60,54 @@ import math
 import torch
 from torch import Tensor
 
+from .gradtopk_scan import solve_scan
+from .gradtopk_tree import solve_tree
 from .threshold.rows import row_status
 
-NEG_INF = float("-inf")
 _WORK = torch.float64
 
 
-def _table(zt: Tensor, k: int) -> Tensor:
-    """Log elementary symmetric polynomials of prefixes.
+# Which route computes the tables: "auto" (see :func:`route`), "scan" or "tree".
+ROUTE = "auto"
 
-    zt is (n, R).  Returns T of shape (n + 1, R, k + 1) with
-    T[i, :, j] = log e_j(w_1..w_i), j = 0..k (truncated at k: higher degrees
-    never feed e_k).
+ROUTES = {"scan": solve_scan, "tree": solve_tree}
+
+
+def route(rows: int, n: int, k: int, device: torch.device) -> str:
+    """The route for a chunk of ``rows`` rows of length n.
+
+    The tree on a GPU (O(log n) launches instead of O(n)).  On the CPU the
+    tree where k >= 32 or rows <= 16, the scan elsewhere: measured with
+    ``benchmarks/gradtopk_scale.py --sweep`` (one thread, float32 forward +
+    backward, 2026-11-23), tree/scan was 0.31-0.72 at k >= 32 (0.93 and 1.10
+    at 512x64 and 64x1024, k = 32), 0.31-0.51 at 8 rows for every k (the
+    scan's n steps are overhead-bound there) and 1.24-2.74 at 64 or more rows
+    with k <= 16.
     """
-    n, r = zt.shape
-    t = torch.full((n + 1, r, k + 1), NEG_INF, dtype=zt.dtype, device=zt.device)
-    t[:, :, 0] = 0.0
-    rows, zs = t.unbind(0), zt.unbind(0)
-    for i in range(n):
-        # e_j(.., w) = e_j(..) + w e_{j-1}(..): two non-negative terms.
-        torch.logaddexp(rows[i][:, 1:], zs[i][:, None] + rows[i][:, :-1], out=rows[i + 1][:, 1:])
-    return t
+    if ROUTE != "auto":
+        if ROUTE not in ROUTES:
+            raise ValueError(f"softk.gradtopk.ROUTE must be 'auto', 'scan' or 'tree', got {ROUTE!r}")
+        return ROUTE
+    if device.type != "cpu" or k >= 32 or rows <= 16:
+        return "tree"
+    return "scan"
 
 
-# Positions whose recurrence weights are materialised at once in _tangent: big
-# enough to vectorise, small enough to stay in cache.
-_BLOCK = 128
-
-
-def _tangent(t: Tensor, zt: Tensor, gt: Tensor) -> Tensor:
-    """Forward-mode tangent dT of a table from :func:`_table` along gt (n, R).
-
-    T[i+1, j] = log(e^{T[i, j]} + e^{z_i + T[i, j−1]}), so
-    dT[i+1, j] = (1 − β) dT[i, j] + β (g_i + dT[i, j−1]) with
-    β = exp(z_i + T[i, j−1] − T[i+1, j]) ∈ [0, 1] the second term's share.
-    Where e_j = 0 (T = −inf) β is NaN; it is set to 0 and dT stays 0 there.
-    """
-    n = zt.shape[0]
-    dt = torch.zeros_like(t)
-    drows = dt.unbind(0)
-    for b0 in range(0, n, _BLOCK):
-        b1 = min(n, b0 + _BLOCK)
-        beta = zt[b0:b1, :, None] + t[b0:b1, :, :-1]
-        beta.sub_(t[b0 + 1 : b1 + 1, :, 1:]).exp_().nan_to_num_(nan=0.0)
-        alpha = (1 - beta).unbind(0)
-        bg = (beta * gt[b0:b1, :, None]).unbind(0)
-        beta = beta.unbind(0)
-        for s in range(b1 - b0):
-            src, out = drows[b0 + s], drows[b0 + s + 1][:, 1:]
-            torch.addcmul(bg[s], alpha[s], src[:, 1:], out=out)
-            out.addcmul_(beta[s], src[:, :-1])
-    return dt
-
-
-def _log_pairs(t: Tensor, r: int, k: int) -> Tensor:
-    """P[i, :, a] = A[i, a] + B[i+1, k−1−a] (a = 0..k−1, i = 0..n−1): the
-    log-terms of e_{k−1}(w_{−i}) split between the items before and after i.
-
-    ``t`` stacks the prefix table A (rows :r) and the prefix table of the
-    reversed sequence (rows r:), so B[i] (suffix after i) is that table's row n − i.
-    """
-    n = t.shape[0] - 1
-    return t[:-1, :r, :k] + t[:n, r:, :k].flip(0, -1)
-
-
-def _solve(z: Tensor, k: int, g: Tensor | None = None):
-    """For finite-or-(−inf) rows z (R, n) with more than k finite entries:
-    (log e_k (R,), p (R, n), H g (R, n) or None), all in float64."""
-    # log e_k(w) shifts by k·c when z shifts by c and p does not: work with
-    # z − max z so the tables hold numbers of moderate size.
-    top = z.amax(-1, keepdim=True)
-    r = z.shape[0]
-    zt = (z - top).t()  # (n, R): one position per step
-    # Prefix and suffix tables in one pass: the suffix table is the prefix
-    # table of the reversed sequence, run as R extra rows.
-    zz = torch.cat([zt, zt.flip(0)], dim=1).contiguous()
-    t = _table(zz, k)
-    log_ek = t[-1, :r, k]
-    pairs = _log_pairs(t, r, k)
-    # c_i = log e_{k−1}(w_{−i}) is finite: a row here has > k finite entries.
-    c = torch.logsumexp(pairs, -1)  # (n, R)
-    # 0 < p < 1 exactly; the exponent's rounding (~1e-13 at |z| ~ 100) can
-    # put a saturated p a few ulps above 1, which would break log(1 − p).
-    p = torch.exp(zt + c - log_ek).clamp(max=1.0).t()
-    if g is None:
-        return log_ek + k * top.squeeze(-1), p, None
-    gt = g.t()
-    dt = _tangent(t, zz, torch.cat([gt, gt.flip(0)], dim=1))
-    share = pairs.sub_(c[:, :, None]).exp_()  # softmax weights of the log-terms
-    dc = (share * _log_pairs(dt, r, k)).sum(-1)  # tangent of c
-    mean = (p * g).sum(-1, keepdim=True)  # tangent of log e_k is <p, g>
-    hg = p * (g + dc.t() - mean)
-    return log_ek + k * top.squeeze(-1), p, hg
-
-
-# Rows per call of _solve are capped so one table holds at most this many
-# float64 entries (256 MiB; the backward holds about four such tables): the
-# O(R·n·k) tables would otherwise grow with the batch without bound.
+# Rows per call of a route are capped so one table holds at most this many
+# float64 entries (256 MiB; the scan's backward holds about four such tables,
+# the tree's products far less): the O(R·n·k) tables would otherwise grow with
+# the batch without bound.
 _TABLE_BUDGET = 1 << 25
 
 
 def _solve_rows(z: Tensor, k: int, g: Tensor | None = None):
-    """:func:`_solve` over row chunks that keep each table within the budget."""
+    """The chosen route over row chunks that keep each table within the budget."""
     n = z.shape[-1]
     step = max(1, _TABLE_BUDGET // (2 * (n + 1) * (k + 1)))  # 2: prefix + suffix rows
+    solve = ROUTES[route(min(step, z.shape[0]), n, k, z.device)]
     if z.shape[0] <= step:
-        return _solve(z, k, g)
-    parts = [
-        _solve(z[i : i + step], k, None if g is None else g[i : i + step]) for i in range(0, z.shape[0], step)
-    ]
+        return solve(z, k, g)
+    parts = [solve(z[i : i + step], k, None if g is None else g[i : i + step]) for i in range(0, z.shape[0], step)]
     log_ek = torch.cat([q[0] for q in parts])
     p = torch.cat([q[1] for q in parts])
     hg = None if g is None else torch.cat([q[2] for q in parts])
