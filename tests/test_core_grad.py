@@ -179,6 +179,7 @@ NAN_ROW_MAPS = {
     "entmax3": lambda x: softk.entmax(x, 3.0),
     **{m: (lambda m: lambda x: softk.soft_topk(x, 2, method=m))(m) for m in ("exp", "sigmoid", "laplace", "sparse")},
     "topk_sum": lambda x: softk.topk_sum(x, 2),
+    "grad": lambda x: softk.soft_topk(x, 2, method="grad"),
 }
 
 

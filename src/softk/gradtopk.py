@@ -199,7 +199,9 @@ def gradtopk_op(x: Tensor, k: int, tau: float) -> Tensor:
 
 @torch.library.custom_op("softk::gradtopk_hvp", mutates_args=())
 def gradtopk_hvp_op(x: Tensor, g: Tensor, k: int, tau: float) -> Tensor:
-    return gradtopk_hvp(x, k, tau, g).to(x.dtype)
+    # a row with a NaN/+inf score: NaN gradient, as every threshold map's
+    broken = (torch.isnan(x) | (x == float("inf"))).any(-1, keepdim=True)
+    return torch.where(broken, float("nan"), gradtopk_hvp(x, k, tau, g)).to(x.dtype)
 
 
 @gradtopk_op.register_fake
