@@ -84,15 +84,25 @@ def _config(n: int, onchip: bool | None, block: int | None, rows: int | None = N
     return onchip, blk, warps, rows
 
 
+def _out(out: Tensor | None, like: Tensor) -> Tensor:
+    if out is None:
+        return torch.empty_like(like)
+    if out.shape != like.shape or out.dtype != like.dtype or out.device != like.device or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous {tuple(like.shape)} {like.dtype} tensor on {like.device}, "
+                         f"got {tuple(out.shape)} {out.dtype} on {out.device}")
+    return out
+
+
 def forward_rows(rows: Tensor, fam: int, k: float, tau: float, alpha: float = 1.5, *,
                  onchip: bool | None = None, block: int | None = None, return_passes: bool = False,
-                 rows_per_program: int | None = None):
-    """p for contiguous ``rows`` (r, n).  ``onchip``/``block``/``rows_per_program``
-    override the automatic choice (tests use them to run both variants on
-    small rows, and one or many rows per program); with ``return_passes``
-    also the number of λ-search passes per row (int32, r): the kernel's total
-    is that + 2 (the first and the writing pass)."""
-    out = torch.empty_like(rows)
+                 rows_per_program: int | None = None, out: Tensor | None = None):
+    """p for contiguous ``rows`` (r, n), written into ``out`` when given.
+    ``onchip``/``block``/``rows_per_program`` override the automatic choice
+    (tests use them to run both variants on small rows, and one or many rows
+    per program); with ``return_passes`` also the number of λ-search passes
+    per row (int32, r): the kernel's total is that + 2 (the first and the
+    writing pass)."""
+    out = _out(out, rows)
     r, n = rows.shape
     its = torch.zeros(r if return_passes else 1, dtype=torch.int32, device=rows.device)
     if r:
@@ -108,9 +118,10 @@ def forward_rows(rows: Tensor, fam: int, k: float, tau: float, alpha: float = 1.
 
 def backward_rows(p: Tensor, g: Tensor, fam: int, tau: float, alpha: float = 1.5, *,
                   onchip: bool | None = None, block: int | None = None,
-                  rows_per_program: int | None = None) -> Tensor:
-    """∂L/∂x for contiguous (r, n) ``p`` (the saved output) and ``g``."""
-    dx = torch.empty_like(p)
+                  rows_per_program: int | None = None, out: Tensor | None = None) -> Tensor:
+    """∂L/∂x for contiguous (r, n) ``p`` (the saved output) and ``g``,
+    written into ``out`` when given."""
+    dx = _out(out, p)
     r, n = p.shape
     if r:
         oc, blk, warps, rpp = _config(n, onchip, block, rows_per_program)
