@@ -169,3 +169,27 @@ def test_potential_keeps_nan_rows_nan_and_ignores_masks():
         phi = potential(x, fam, 1, -1, 1.0)
         assert torch.isnan(phi[0]) and torch.isfinite(phi[1:]).all()
         torch.testing.assert_close(phi[2], potential(x[2:, 1:], fam, 1, -1, 1.0)[0], rtol=0, atol=1e-14)
+
+
+NAN_ROW_MAPS = {
+    "softmax": softk.softmax,
+    "sparsemax": softk.sparsemax,
+    "entmax15": softk.entmax15,
+    "entmax1.3": lambda x: softk.entmax(x, 1.3),
+    "entmax3": lambda x: softk.entmax(x, 3.0),
+    **{m: (lambda m: lambda x: softk.soft_topk(x, 2, method=m))(m) for m in ("exp", "sigmoid", "laplace", "sparse")},
+    "topk_sum": lambda x: softk.topk_sum(x, 2),
+}
+
+
+@pytest.mark.parametrize("name", list(NAN_ROW_MAPS))
+def test_nan_or_inf_row_has_nan_gradient_and_no_other_row_does(name):
+    # torch.softmax's convention, on every family and backend: a NaN/+inf
+    # score makes its row's output and gradient NaN (it used to be 0 for
+    # some families on the PyTorch path, NaN on the native one).
+    x = torch.tensor([[0.0, float("nan"), 1.0], [0.0, 1.0, 2.0], [0.0, float("inf"), 1.0]],
+                     dtype=torch.float64, requires_grad=True)
+    out = NAN_ROW_MAPS[name](x)
+    (g,) = torch.autograd.grad(out.sum() if out.dim() == 1 else out[:, 0].sum(), x)
+    assert torch.isnan(g[0]).all() and torch.isnan(g[2]).all()
+    assert torch.isfinite(g[1]).all()

@@ -317,3 +317,21 @@ def test_normalised_multi_hot_is_accepted(rng):
     out = losses.sparsemax_loss(x, y / y.sum(dim=1, keepdim=True), reduction="none")
     ref = oracle_losses.fy_loss("sparsemax", x.double().numpy(), (y / y.sum(1, keepdim=True)).double().numpy())
     np.testing.assert_allclose(out.double().numpy(), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("loss", [losses.softmax_loss, losses.sparsemax_loss, losses.cross_entropy])
+def test_float32_normalised_target_cast_to_float64_is_accepted(loss):
+    # The usual way a float64 model gets its labels: normalised in float32,
+    # then cast.  Its rows are off by float32 rounding (here up to ~1e-7),
+    # far more than float64's sqrt(eps) = 1.5e-8, yet they are distributions.
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 1000, dtype=torch.float64, generator=g)
+    y32 = torch.rand(4, 1000, generator=g)
+    y = (y32 / y32.sum(1, keepdim=True)).double()
+    assert float((y.sum(1) - 1).abs().max()) > 1.5e-8  # the case is the one described
+    value = loss(x, y, reduction="none")
+    yn = y / y.sum(1, keepdim=True)  # the same target renormalised in float64
+    torch.testing.assert_close(value, loss(x, yn, reduction="none"), rtol=1e-5, atol=1e-6)
+    # a target that is really off (0.1 %) is still refused
+    with pytest.raises(ValueError, match="row sums"):
+        loss(x, y * 1.001)

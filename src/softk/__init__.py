@@ -9,6 +9,7 @@ from .topk import soft_topk
 from .hard import hard_topk, topk_softmax
 from .topk_smooth_sum import topk_sum
 from .support_info import Support, support
+from .routing import Route, route
 from .seed_properties import properties, property_violations
 from . import families, losses, nn
 
@@ -26,6 +27,8 @@ __all__ = [
     "topk_softmax",
     "topk_sum",
     "support",
+    "route",
+    "Route",
     "Support",
     "properties",
     "property_violations",

@@ -201,8 +201,7 @@ def vocab_parallel_loss(
         fwd = distributed_forward(family, z, k, group, rank, world, **extra)
         if dense:
             ysum = fwd.sum_extra[:, 1]
-            eps = torch.finfo(target.dtype).eps
-            tol = k * max(eps**0.5, 2 * agreed.vocab * eps)
+            tol = tg.sum_tolerance(k, agreed.vocab, target.dtype)
             if bool(((ysum - k).abs() > tol).any()):
                 raise ValueError(
                     f"target row sums over the whole vocabulary lie in [{float(ysum.min()):.6g}, {float(ysum.max()):.6g}]; "

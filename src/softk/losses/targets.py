@@ -193,15 +193,25 @@ def distribution_target(
     cdim = class_dim(input)
     n = input.shape[cdim]
     sums = target.double().sum(cdim)
-    # Allow rounding only: a row normalised in the target's own dtype is off by
-    # at most ~n/2 ulps, and a map's own output (λ solved to a few ulps, e.g. by
-    # Newton) by far less than sqrt(eps).  A multi-hot row that was not
-    # normalised is off by at least 1.
-    eps = torch.finfo(target.dtype).eps
-    tol = k * max(eps**0.5, 2 * n * eps)
+    tol = sum_tolerance(k, n, target.dtype)
     require((sums - k).abs() <= tol,
             lambda: _sum_message(sums, k if isinstance(k, (int, float)) else "k per row", n, cdim, name, capped))
     return target
+
+
+def sum_tolerance(k, n: int, dtype: torch.dtype):
+    """How far a target row's sum may be from k: rounding only.
+
+    A row normalised in its own dtype is off by at most ~n/2 ulps, and a map's
+    own output (λ solved to a few ulps, e.g. by Newton) by far less than
+    sqrt(eps).  The floor is float32's rounding, n ulps of it: a target
+    normalised in float32 and then cast to float64 (the usual way a float64
+    model gets its labels) is off by float32 rounding, not float64's.  A
+    multi-hot row that was not normalised is off by at least 1, and one
+    normalised over the wrong dimension by far more than n·2⁻²³ for any n
+    below millions."""
+    eps = torch.finfo(dtype).eps
+    return k * max(eps**0.5, 2 * n * eps, n * torch.finfo(torch.float32).eps)
 
 
 def _sum_message(sums: Tensor, k, n: int, cdim: int, name: str, capped: bool) -> str:

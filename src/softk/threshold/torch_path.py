@@ -87,7 +87,9 @@ def slope(family: Family, p: Tensor) -> Tensor:
     family has f′ = 0), evaluated so that its own derivative is finite there
     too (√p at 0 would give an infinite slope and a NaN second derivative)."""
     pos = p > 0
-    return torch.where(pos, family.d_from_p(torch.where(pos, p, 0.5)), 0.0)
+    # NaN (a row with a NaN or +inf score) passes through, so that row's
+    # gradient is NaN, as torch.softmax's and the native kernels' are.
+    return torch.where(pos, family.d_from_p(torch.where(pos, p, 0.5)), torch.where(p != p, p, 0.0))
 
 
 def vjp_from_slope(d: Tensor, g: Tensor, tau: float) -> Tensor:
@@ -111,6 +113,7 @@ def vjp_from_log_slope(logd: Tensor, g: Tensor, tau) -> Tensor:
     does (several entries near the support's edge)."""
     lse = torch.logsumexp(logd, -1, keepdim=True)
     ok = torch.isfinite(lse)
+    nan_row = lse != lse
     lse = torch.where(ok, lse, 0.0)
     m = logd.argmax(-1, keepdim=True)
     gm = g.gather(-1, m)
@@ -119,7 +122,7 @@ def vjp_from_log_slope(logd: Tensor, g: Tensor, tau) -> Tensor:
     out = torch.where(logd > float("-inf"), torch.exp(logd) * r, 0.0)
     others = torch.arange(logd.shape[-1], device=logd.device) != m  # j = m adds 0 (and inf·0 in float32)
     dm = torch.where(others, torch.exp(logd.gather(-1, m) + logd - lse) * (gm - g), 0.0).sum(-1, keepdim=True)
-    out = torch.where(ok, out.scatter(-1, m, dm), 0.0)
+    out = torch.where(ok, out.scatter(-1, m, dm), torch.where(nan_row, float("nan"), 0.0))  # NaN rows stay NaN
     return out if isinstance(tau, float) and tau == 1.0 else out / tau
 
 
@@ -128,5 +131,6 @@ def vjp(family: Family, p: Tensor, g: Tensor, tau: float) -> Tensor:
     if family.name == "entmax" and bool(torch.any(torch.as_tensor(family.alpha) > 2)):
         logp = torch.log(torch.where(p > 0, p, 1.0))
         a = family.alpha.to(p.dtype) if isinstance(family.alpha, Tensor) else family.alpha
-        return vjp_from_log_slope(torch.where(p > 0, (2 - a) * logp, float("-inf")), g, tau)
+        logd = torch.where(p > 0, (2 - a) * logp, torch.where(p != p, p, float("-inf")))
+        return vjp_from_log_slope(logd, g, tau)
     return vjp_from_slope(slope(family, p), g, tau)
