@@ -129,6 +129,9 @@ def test_rows_do_not_depend_on_their_neighbours(rng, name, fam, alpha):
                 assert torch.equal(a, b), (n, rpp)
         if fam != "softmax":
             assert (runs[1][1][[0, 5, 6, 7]] > 0).all()  # searched rows did search
+        # NaN/+inf rows (3, 4): p and dx NaN, torch.softmax's convention, and only there
+        dx = runs[1][2].view(dtype)
+        assert torch.isnan(dx[[3, 4]]).all() and not torch.isnan(dx[[0, 1, 2, 5, 6, 7, 8, 9, 10]]).any()
 
 
 @pytest.mark.parametrize("name, fam, alpha", FAMS, ids=IDS)

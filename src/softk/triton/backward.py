@@ -1,8 +1,9 @@
 """The backward kernel, from the saved p: dx = d (g − Σdg/Σd)/τ with
 d = f′(u) read off p (``_d_from_p``), ``ROWS`` rows per program (as in the
 forward kernel: [ROWS, BLOCK] tiles, per-row sums as [ROWS, 1] columns, rows
-past ``R`` masked off).  On-chip rows are read once; wider rows twice (the
-two sums, then dx), in blocks of ``BLOCK``.
+past ``R`` masked off); a row holding a NaN p gets a NaN dx.  On-chip rows
+are read once; wider rows twice (the two sums, then dx), in blocks of
+``BLOCK``.
 """
 
 import triton
@@ -16,7 +17,10 @@ def _load_d_g(P, G, base, rmask, cols, n, alpha, FAM: tl.constexpr):
     mask = rmask & (cols < n)
     p = tl.load(P + base + cols, mask=mask, other=0.0).to(tl.float32)
     g = tl.load(G + base + cols, mask=mask, other=0.0).to(tl.float32)
-    return _d_from_p(p, FAM, alpha), g
+    # a NaN p (a NaN/+inf row) gives NaN d, so the row's sums and its whole
+    # dx are NaN, torch.softmax's convention (_d_from_p alone maps it to 0
+    # for the families whose d is a comparison)
+    return tl.where(p != p, p, _d_from_p(p, FAM, alpha)), g
 
 
 @triton.jit
