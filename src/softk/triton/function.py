@@ -20,9 +20,11 @@ of its own (width 16: 128 rows; 256: 8; 1024: 2; ≥ 2048: 1, and the looped
 variant always 1).  The warps give each thread 4 entries of the tile (16
 warps for a 2048 tile; 8 at BLOCK 1024, where 16 warps made ptxas stop at 64
 registers and spill).  Compiled for sm_90a with triton 3.9's ptxas, that
-keeps every family at 128 registers or fewer; the few spills are 8–32 bytes
-(sparsemax and entmax α at width 16, entmax α at 32 and 512); 8 entries per
-thread took 140–255 registers and sigmoid spilled 1–2 KB.  These choices
+keeps every family at 128 registers or fewer (the backward at 40); the few
+spills are 8–40 bytes of spill stores + loads (sparsemax and entmax α at
+width 16, entmax α at 32 and 512, entmax α > 2 at 1024); 8 entries per
+thread took 140–255 registers and sigmoid spilled 1–2 KB.  One row per
+program took 20–65 registers at these widths.  These choices
 are UNTUNED: no GPU was available when they were made, so TILE, ROWS_MAX and
 the warps are only what compiles without spilling, not what runs fastest.
 None of this has been timed on a GPU yet.
