@@ -95,6 +95,11 @@ class TritonBackend:
         from .triton.function import forward_rows
 
         rows = x.contiguous().view(-1, x.shape[-1])
+        if family.kernel == 0 and k == 1:
+            # softmax: the dedicated kernel (online max + sum, several rows per program)
+            from .triton.softmax import softmax_rows
+
+            return softmax_rows(rows, tau).view(x.shape)
         return forward_rows(rows, family.kernel, k, tau, family.alpha_value).view(x.shape)
 
     @staticmethod
@@ -102,9 +107,12 @@ class TritonBackend:
         from .triton.function import backward_rows
 
         n = p.shape[-1]
-        rows = backward_rows(p.contiguous().view(-1, n), g.to(p.dtype).contiguous().view(-1, n),
-                             family.kernel, tau, family.alpha_value)
-        return rows.view(p.shape)
+        p_rows, g_rows = p.contiguous().view(-1, n), g.to(p.dtype).contiguous().view(-1, n)
+        if family.kernel == 0:  # softmax (k = 1 always): the dedicated kernel's backward
+            from .triton.softmax import softmax_backward_rows
+
+            return softmax_backward_rows(p_rows, g_rows, tau).view(p.shape)
+        return backward_rows(p_rows, g_rows, family.kernel, tau, family.alpha_value).view(p.shape)
 
 
 BACKENDS = {b.name: b for b in (TorchBackend, NativeBackend, TritonBackend)}

@@ -23,6 +23,7 @@ from .threshold.families import entmax_by_alpha
 from .threshold.entmax_alpha import entmax_alpha
 from .threshold.op import threshold_map
 from .threshold.rows import compute_dtype
+from .simplex_triton import log_softmax_rows, logsumexp_rows, on_triton
 
 
 def _prepare(x, dim, tau):
@@ -39,8 +40,11 @@ def _log_normaliser(x: Tensor, dim: int, tau):
     z = x.to(compute_dtype(x.dtype))
     m = z.detach().amax(dim, keepdim=True)
     empty = m == float("-inf")
+    # a row holding NaN or +inf is NaN (the row convention), its gradient too:
+    # NaN is added, so the gradient flows into the NaN it meets
+    broken = torch.where((m != m) | (m == float("inf")), float("nan"), 0.0)
     m = torch.where(torch.isfinite(m), m, 0.0)
-    s = torch.where(empty, 0.0, (z - m) / tau)
+    s = torch.where(empty, 0.0, (z - m) / tau + broken)
     return s, m, torch.logsumexp(s, dim, keepdim=True), empty
 
 
@@ -58,7 +62,10 @@ def softmax(x: Tensor, dim: int = -1, tau: float = 1.0) -> Tensor:
 
     Returns:
         A tensor shaped like ``x`` in ``x.dtype``.  A row whose entries are all
-        ``-inf`` gives zeros (``torch.softmax`` gives NaN).
+        ``-inf`` gives zeros (``torch.softmax`` gives NaN).  On the "triton"
+        backend the forward is one dedicated kernel
+        (:mod:`softk.triton.softmax`: several narrow rows per program, each
+        row read once up to 16,384 entries).
 
     Example (the seeds' example):
 
@@ -73,13 +80,17 @@ def softmax(x: Tensor, dim: int = -1, tau: float = 1.0) -> Tensor:
 def log_softmax(x: Tensor, dim: int = -1, tau: float = 1.0) -> Tensor:
     r"""``log(softmax(x, dim, tau))`` computed stably: :math:`z_i - \operatorname{logsumexp}(z)`.
 
-    A fully masked row gives ``-inf`` everywhere with a zero gradient.
+    A fully masked row gives ``-inf`` everywhere with a zero gradient.  Where
+    the backend is "triton" (CUDA tensors under "auto") one Triton kernel
+    reads each row once (twice above 16,384 entries) and writes log p.
 
     >>> import torch, softk
     >>> softk.log_softmax(torch.tensor([0.0, 0.0]))
     tensor([-0.6931, -0.6931])
     """
     dim, tau = _prepare(x, dim, tau)
+    if on_triton(x, tau):
+        return log_softmax_rows(x.movedim(dim, -1), tau).movedim(-1, dim)
     s, _, lse, empty = _log_normaliser(x, dim, tau)
     return torch.where(empty, float("-inf"), s - lse).to(x.dtype)
 
@@ -88,13 +99,17 @@ def logsumexp(x: Tensor, dim: int = -1, tau: float = 1.0, keepdim: bool = False)
     r"""The smooth maximum :math:`\tau \log \sum_i e^{x_i/\tau}`.
 
     Tends to ``max(x)`` as τ → 0 and its gradient is ``softmax(x, dim, tau)``.
-    A fully masked row gives ``-inf`` with a zero gradient.
+    A fully masked row gives ``-inf`` with a zero gradient.  Where the backend
+    is "triton" one Triton kernel computes it (and its gradient g·p).
 
     >>> import torch, softk
     >>> round(softk.logsumexp(torch.tensor([1.0, 2.0, 3.0, 4.0])).item(), 4)
     4.4402
     """
     dim, tau = _prepare(x, dim, tau)
+    if on_triton(x, tau):
+        out = logsumexp_rows(x.movedim(dim, -1), tau)
+        return out.unsqueeze(dim) if keepdim else out
     _, m, lse, empty = _log_normaliser(x, dim, tau)
     out = torch.where(empty, float("-inf"), m + lse * tau)
     if not keepdim:

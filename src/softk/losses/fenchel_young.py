@@ -19,6 +19,16 @@ envelope theorem).  So the gradient is p − y with no second solve, and its
 derivative, the Hessian, is the map's Jacobian (double backward, ``hessian``).
 For a class-index target y = e_t the loss is Φ(z) − z_t + ψ(1) (ψ(0) = 0 for
 every family), so no one-hot tensor is built.
+
+On the "triton" backend (CUDA, or the interpreter) a family with a kernel
+(a float α) and an int k take the fused route instead
+(:mod:`softk.triton.loss_op`): one kernel per row finds λ and writes the
+loss and the gradient of the reduced loss in the input's dtype, which the
+backward only scales (double backward recomputes through the map's
+contract, so it stays exact).  Per-row tensor α or k, and inputs wrapped by
+``torch.func`` transforms (vmap, grad, jvp), stay on the route below.  One
+difference: an ignored row (``ignore_index``) holding NaN scores gets a zero
+gradient there, NaN here.
 """
 
 from __future__ import annotations
@@ -203,6 +213,12 @@ def fenchel_young_loss(
             )
         y = tg.distribution_target(input, target, k.squeeze(-1) if row_k else k, family.capped).movedim(cdim, -1)
         index, keep = None, None
+    if x.numel() and dispatch.resolve(x, family) == "triton":
+        from ..triton.loss_op import fused_fenchel_young, fused_serves
+
+        t = y if index is None else torch.where(keep, index, -1)
+        if fused_serves(x, t, family, k):
+            return fused_fenchel_young(x, t, family, k, tau, reduction)
     if x.numel() == 0:
         loss = x.to(compute_dtype(x.dtype)).sum(-1) * 0
     else:

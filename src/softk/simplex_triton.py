@@ -1,0 +1,186 @@
+"""log_softmax and logsumexp on the Triton kernels of :mod:`softk.triton.softmax`.
+
+Where dispatch picks "triton" (a CUDA tensor, or the interpreter), the two
+run through custom ops (fake kernels, so torch.compile(fullgraph=True) sees
+one opaque node per direction; vmap rules: the ops act on the last
+dimension, so a batch dimension leads), called by the autograd functions
+below.  :mod:`softk.simplex` calls :func:`on_triton`, :func:`log_softmax_rows`
+and :func:`logsumexp_rows`; everywhere else it keeps its tensor code.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from . import dispatch
+from .threshold import SOFTMAX
+from .threshold.op import threshold_map
+
+# Where dispatch picks "triton" (a CUDA tensor, or the interpreter), the two
+# run the kernels of softk.triton.softmax through custom ops (fake kernels, so
+# torch.compile(fullgraph=True) sees one opaque node per direction; vmap
+# rules: the ops act on the last dimension, so a batch dimension leads),
+# called by the autograd functions below.
+def _rows(x: Tensor) -> Tensor:
+    return x.contiguous().view(-1, x.shape[-1])
+
+
+def _front(t: Tensor, bdim, batch: int):
+    return t.expand(batch, *t.shape) if bdim is None else t.movedim(bdim, 0)
+
+
+@torch.library.custom_op("softk::log_softmax_rows", mutates_args=())
+def _log_softmax_op(x: Tensor, tau: float) -> Tensor:
+    from .triton.softmax import softmax_rows
+
+    return softmax_rows(_rows(x), tau, log=True).view(x.shape)
+
+
+@torch.library.custom_op("softk::log_softmax_rows_backward", mutates_args=())
+def _log_softmax_bwd_op(y: Tensor, g: Tensor, tau: float) -> Tensor:
+    from .triton.softmax import softmax_backward_rows
+
+    return softmax_backward_rows(_rows(y), _rows(g.to(y.dtype)), tau, log=True).view(y.shape)
+
+
+@torch.library.custom_op("softk::logsumexp_rows", mutates_args=())
+def _logsumexp_op(x: Tensor, tau: float) -> Tensor:
+    from .triton.softmax import logsumexp_rows
+
+    return logsumexp_rows(_rows(x), tau).view(x.shape[:-1])
+
+
+@torch.library.custom_op("softk::logsumexp_rows_backward", mutates_args=())
+def _logsumexp_bwd_op(x: Tensor, g: Tensor, tau: float) -> Tensor:
+    from .triton.softmax import logsumexp_backward_rows
+
+    return logsumexp_backward_rows(_rows(x), g.to(x.dtype).reshape(-1), tau).view(x.shape)
+
+
+@_log_softmax_op.register_fake
+def _(x, tau):
+    return torch.empty_like(x)
+
+
+@_log_softmax_bwd_op.register_fake
+def _(y, g, tau):
+    return torch.empty_like(y)
+
+
+@_logsumexp_op.register_fake
+def _(x, tau):
+    return x.new_empty(x.shape[:-1])
+
+
+@_logsumexp_bwd_op.register_fake
+def _(x, g, tau):
+    return torch.empty_like(x)
+
+
+def _log_softmax_vjp(y: Tensor, g: Tensor, tau: float) -> Tensor:
+    """(g − p Σg)/τ with p = e^y, 0 on fully masked rows: the kernel's
+    formula as differentiable tensor code (double backward)."""
+    y32, g32 = y.float(), g.float()
+    empty = (y32 == float("-inf")).all(-1, keepdim=True)
+    dx = (g32 - y32.exp() * g32.sum(-1, keepdim=True)) / tau
+    return torch.where(empty, 0.0, dx).to(y.dtype)
+
+
+def _softmax_rows(x: Tensor, tau: float) -> Tensor:
+    # p = softmax(x/τ) on rows, through the threshold contract (differentiable)
+    return threshold_map(x, SOFTMAX, 1, -1, tau)
+
+
+# The autograd functions (as in softk.threshold.op): the kernels' backward
+# when no graph is being built, tensor code when one is (exact double
+# backward); forward mode through jvp (J v = (v − Σ p v)/τ for log p, Σ p v
+# for the smooth max); vmap rules generated from the custom ops' rules.
+class _LogSoftmax(torch.autograd.Function):
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x, tau):
+        return _log_softmax_op(x, tau)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.tau = inputs[1]
+        ctx.save_for_backward(output)
+        ctx.save_for_forward(output)
+
+    @staticmethod
+    def backward(ctx, g):
+        (y,) = ctx.saved_tensors
+        if torch.is_grad_enabled():
+            return _log_softmax_vjp(y, g, ctx.tau), None
+        return _log_softmax_bwd_op(y, g, ctx.tau), None
+
+
+class _LogSoftmaxJvp(_LogSoftmax):
+    # Dynamo does not trace a Function with a custom jvp: compiled calls use the parent
+    @staticmethod
+    def jvp(ctx, v, _):
+        (y,) = ctx.saved_tensors
+        y32, v32 = y.float(), v.float()
+        empty = (y32 == float("-inf")).all(-1, keepdim=True)
+        t = (v32 - (y32.exp() * v32).sum(-1, keepdim=True)) / ctx.tau
+        return torch.where(empty, 0.0, t).to(y.dtype)
+
+
+class _LogSumExp(torch.autograd.Function):
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x, tau):
+        return _logsumexp_op(x, tau)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.tau = inputs[1]
+        ctx.save_for_backward(inputs[0])
+        ctx.save_for_forward(inputs[0])
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        if torch.is_grad_enabled():
+            # d(τ lse(x/τ))/dx = softmax(x/τ), whose own backward is then tensor code
+            return (g.unsqueeze(-1) * _softmax_rows(x, ctx.tau)).to(x.dtype), None
+        return _logsumexp_bwd_op(x, g, ctx.tau), None
+
+
+class _LogSumExpJvp(_LogSumExp):
+    @staticmethod
+    def jvp(ctx, v, _):
+        (x,) = ctx.saved_tensors
+        return (_softmax_rows(x, ctx.tau).float() * v.float()).sum(-1).to(x.dtype)
+
+
+_log_softmax_op.register_vmap(lambda info, dims, x, tau: (_log_softmax_op(_front(x, dims[0], info.batch_size), tau), 0))
+_logsumexp_op.register_vmap(lambda info, dims, x, tau: (_logsumexp_op(_front(x, dims[0], info.batch_size), tau), 0))
+_log_softmax_bwd_op.register_vmap(
+    lambda info, dims, y, g, tau: (
+        _log_softmax_bwd_op(_front(y, dims[0], info.batch_size), _front(g, dims[1], info.batch_size), tau), 0))
+_logsumexp_bwd_op.register_vmap(
+    lambda info, dims, x, g, tau: (
+        _logsumexp_bwd_op(_front(x, dims[0], info.batch_size), _front(g, dims[1], info.batch_size), tau), 0))
+
+
+def on_triton(x: Tensor, tau) -> bool:
+    """The kernels run this call: dispatch picks "triton" and τ is a number
+    (a τ that requires grad takes the tensor code, which differentiates it)."""
+    return not isinstance(tau, Tensor) and x.numel() > 0 and dispatch.resolve(x, SOFTMAX) == "triton"
+
+
+def log_softmax_rows(x: Tensor, tau: float) -> Tensor:
+    """log softmax(x/τ) on the last dimension, through the kernels."""
+    fn = _LogSoftmax if torch.compiler.is_compiling() else _LogSoftmaxJvp
+    return fn.apply(x, tau)
+
+
+def logsumexp_rows(x: Tensor, tau: float) -> Tensor:
+    """τ logsumexp(x/τ) over the last dimension (reduced), through the kernels."""
+    fn = _LogSumExp if torch.compiler.is_compiling() else _LogSumExpJvp
+    return fn.apply(x, tau)
+

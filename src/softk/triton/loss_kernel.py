@@ -1,0 +1,178 @@
+r"""The fused Fenchel–Young loss kernel: per row, λ, the loss value and the
+gradient (p − y)/τ, one program per row.
+
+The first pass and the λ search are the forward kernel's own
+(:func:`.passes._row_stats`, :func:`.search._find_lambda`); the last pass,
+instead of writing p, writes the gradient and sums the value.  With
+u = z − λ (λ = c + t, so u = (z − c) − t keeps its precision far from the
+origin) and Σy = Σp = k,
+
+.. math:: L = \Phi(z) + \Omega(y) - \langle z, y\rangle
+            = \sum_i F(u_i) - \langle u, y\rangle + \sum_i \psi(y_i),
+
+since Φ(z) = Σ_i F(z_i − λ) + kλ and ⟨z, y⟩ = ⟨u, y⟩ + kλ (the kλ cancel).
+F(u) = u f(u) − ψ(f(u)) is the Fenchel equality at p = f(u), an identity in
+u, so L is also Σ [u_i p_i − ψ(p_i)] − ⟨u, y⟩ + Ω(y); F is written below per
+family without logarithms where it can be (softmax: F = p).  A class-index
+target y = e_t reads ⟨u, y⟩ = u_t and Ω(y) = ψ(1) (ψ(0) = 0 for every family).
+Rows filled by the row conventions (at most k finite entries: p = 1 on them)
+take λ as their finite maximum and the same formula with F(u_i) replaced by
+u_i − ψ(1) on the finite entries.
+
+Row conventions, as on the unfused route: a target weighting a masked
+(−inf) class gives +inf (−u_t = +inf), a fully masked row too; a row holding
+NaN or +inf gives NaN and a NaN gradient; exact L ≥ 0, so rounding below 0 is
+clamped.  An ignored row (class index −1 here; the caller maps
+``ignore_index`` to it) skips the search and writes loss 0 and gradient 0.
+
+Memory, beyond the input and the target: the gradient, one buffer shaped
+like the input in the input's dtype (``SCALE`` is folded into it: 1/#kept
+rows for the mean), and the per-row loss in float32 (one float per row).
+Nothing else shaped like the input is made: the row is read in its own dtype
+and every sum is float32 in registers.  The backward then only scales the
+saved gradient by the incoming one (one more buffer of the input's shape,
+the gradient autograd hands on).  ``torch.nn.functional.cross_entropy``
+keeps the same: its log-softmax output (input's shape and dtype) for the
+backward, which makes a new gradient buffer.
+"""
+
+import triton
+import triton.language as tl
+
+from .family_math import _f
+from .passes import _load_z, _row_stats
+from .search import _find_lambda
+
+
+@triton.jit
+def _log1p_small(e):
+    # log(1 + e) for 0 ≤ e ≤ 1, accurate for tiny e (Goldberg's trick: the
+    # rounding of 1 + e cancels in log(w)·e/(w − 1)), with no log1p intrinsic.
+    w = 1.0 + e
+    return tl.where(w == 1.0, e, tl.log(w) * (e / tl.where(w == 1.0, 1.0, w - 1.0)))
+
+
+@triton.jit
+def _xlogx(v):
+    return tl.where(v > 0, v * tl.log(tl.where(v > 0, v, 1.0)), 0.0)
+
+
+@triton.jit
+def _F(u, p, FAM: tl.constexpr, alpha):
+    """F(u) = ∫f, F(−∞) = 0, given p = f(u) (the same formulas as ``Family.F``)."""
+    w = tl.maximum(u, 0.0)
+    if FAM == 0:
+        r = p
+    elif FAM == 1:
+        r = 0.5 * w * w
+    elif FAM == 2:
+        r = p * w / 3.0  # (u/2)² u/3 = u³/12
+    elif FAM == 3:
+        r = p * tl.maximum((alpha - 1.0) * u, 0.0) / alpha
+    elif FAM == 4:
+        r = tl.where(u <= 0, p, 1.0 + u)
+    elif FAM == 5:
+        r = w + _log1p_small(tl.exp(-tl.abs(u)))  # softplus
+    elif FAM == 6:
+        h = 0.5 * tl.exp(-tl.abs(u))
+        r = tl.where(u >= 0, u + h, h)
+    else:
+        r = tl.where(u >= 1, u - 0.5, 0.5 * w * w)
+    return r
+
+
+@triton.jit
+def _psi(y, FAM: tl.constexpr, alpha):
+    """ψ(y), the conjugate of F (the same formulas as ``Family.psi``); ψ(0) = 0."""
+    if FAM == 0 or FAM == 4:
+        r = _xlogx(y) - y
+    elif FAM == 1 or FAM == 7:
+        r = 0.5 * y * y
+    elif FAM == 2:
+        r = y * tl.sqrt(y) / 0.75
+    elif FAM == 3:
+        r = tl.where(y > 0, tl.exp(alpha * tl.log(tl.where(y > 0, y, 1.0))), 0.0) / (alpha * (alpha - 1.0))
+    elif FAM == 5:
+        r = _xlogx(y) + _xlogx(1.0 - y)
+    else:
+        r = tl.where(y < 0.5, 0.5 * _xlogx(2.0 * y) - y, 0.5 * _xlogx(2.0 * (1.0 - y)) - (1.0 - y))
+    return r
+
+
+@triton.jit
+def _loss_block(T, G, base, offs, n, z, c, t, psi1, alpha, scale, active, broken, keep, tgt,
+                FAM: tl.constexpr, DENSE: tl.constexpr, WANT_GRAD: tl.constexpr):
+    """One block of the last pass: the block's terms of L (per lane), and
+    the gradient scale·(p − y)/τ stored (``scale`` includes 1/τ)."""
+    fin = z > float("-inf")
+    u = (z - c) - t
+    p = tl.where(fin, _f(u, FAM, alpha), 0.0)
+    term = tl.where(active, tl.where(fin, _F(u, p, FAM, alpha), 0.0), tl.where(fin, u - psi1, 0.0))
+    p = tl.where(active, p, tl.where(broken, float("nan"), fin.to(tl.float32)))
+    if DENSE:
+        y = tl.load(T + base + offs, mask=offs < n, other=0.0).to(tl.float32)
+        term -= tl.where(y != 0, u * y, 0.0) - _psi(y, FAM, alpha)
+    else:
+        y = (offs == tgt).to(tl.float32)
+        term -= tl.where(offs == tgt, u, 0.0)
+    if WANT_GRAD:
+        gr = tl.where(keep, (p - y) * scale, 0.0)
+        tl.store(G + base + offs, gr.to(G.dtype.element_ty), mask=offs < n)
+    return term
+
+
+@triton.jit
+def fenchel_young_fwd_kernel(X, T, G, LOSS, SCALE, n, k, inv_tau, alpha,
+                             FAM: tl.constexpr, BLOCK: tl.constexpr, ONCHIP: tl.constexpr,
+                             BIG: tl.constexpr, PROBE: tl.constexpr, NEWTON_CAP: tl.constexpr,
+                             MAXIT: tl.constexpr, DENSE: tl.constexpr, WANT_GRAD: tl.constexpr):
+    """Per row: LOSS[row] = L (float32) and, with WANT_GRAD, G = SCALE·(p − y)/τ
+    in G's dtype.  T is the dense target (rows, n) when DENSE, else the class
+    index per row (int64, −1 for an ignored row)."""
+    row = tl.program_id(0).to(tl.int64)
+    base = row * n
+    xr = X + base
+    if DENSE:
+        tgt = tl.full((), -1, tl.int64)
+        keep = tl.full((), 1, tl.int1)
+    else:
+        tgt = tl.load(T + row).to(tl.int64)
+        keep = tgt >= 0
+
+    # ---- pass 1 and the λ search, as in the forward kernel
+    zrow, zmax, zmin, m, broken, lseS = _row_stats(xr, n, inv_tau, FAM, BLOCK, ONCHIP)
+    active = (m > k) & (~broken)
+    # λ of a filled row: its finite maximum (0 when there is none)
+    zref = tl.where((m > 0) & (~broken), zmax, 0.0)
+    search = active & keep  # an ignored row is not searched
+    m = tl.where(search, m, k + 1.0)
+    zmax = tl.where(search, zmax, 0.0)
+    zmin = tl.where(search, zmin, 0.0)
+    if FAM == 0:
+        c = zmax
+        t = tl.log(tl.where(search, lseS, 1.0)) - tl.log(k)
+    else:
+        c, t, it = _find_lambda(xr, zrow, n, inv_tau, zmax, zmin, m, lseS, search, k, alpha,
+                                FAM, BLOCK, ONCHIP, BIG, PROBE, NEWTON_CAP, MAXIT)
+    c = tl.where(active, c, zref)
+    t = tl.where(active, t, 0.0)
+
+    # ---- last pass: the gradient and the terms of L
+    psi1 = _psi(tl.full((), 1.0, tl.float32), FAM, alpha)
+    scale = tl.load(SCALE) * inv_tau
+    if ONCHIP:
+        acc = _loss_block(T, G, base, tl.arange(0, BLOCK), n, zrow, c, t, psi1, alpha, scale,
+                          active, broken, keep, tgt, FAM, DENSE, WANT_GRAD)
+    else:
+        acc = tl.zeros([BLOCK], tl.float32)
+        for start in range(0, n, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            acc += _loss_block(T, G, base, offs, n, _load_z(xr, offs, n, inv_tau), c, t, psi1, alpha, scale,
+                               active, broken, keep, tgt, FAM, DENSE, WANT_GRAD)
+    loss = tl.sum(acc, 0)
+    if not DENSE:
+        loss += psi1
+    # exact L ≥ 0: only rounding goes below (NaN stays NaN)
+    loss = tl.where(loss < 0, 0.0, loss)
+    loss = tl.where(broken, float("nan"), loss)
+    tl.store(LOSS + row, tl.where(keep, loss, 0.0))
