@@ -163,6 +163,32 @@ def test_backward_many_rows_per_program_matches_oracle_jacobian(rng, name, fam, 
     np.testing.assert_array_equal(dx[4], np.zeros(n))
 
 
+@pytest.mark.parametrize("name, fam, alpha", [FAMS[i] for i in (0, 1, 4, 5, 6)], ids=[IDS[i] for i in (0, 1, 4, 5, 6)])
+def test_fused_loss_rows_do_not_depend_on_their_neighbours(rng, name, fam, alpha):
+    # the fused Fenchel–Young loss kernel on the same tiles: each row's loss
+    # and gradient bit for bit those of one row per program, with class
+    # indices (−1: an ignored row) or a dense target, next to masked, NaN
+    # and +inf rows (the values themselves: tests/triton/test_triton_fused_loss.py)
+    from softk.triton.loss import fenchel_young_fused_rows
+
+    n = (5, 64)[IDS.index(name) % 2]
+    k = 2 if fam in TOPK else 1
+    x = torch.tensor(_mixed_rows(rng, 11, n), dtype=torch.float32)
+    if IDS.index(name) % 2:
+        y = rng.random((11, n))
+        target = torch.tensor(y / y.sum(1, keepdims=True) * k, dtype=torch.float32)
+    else:
+        target = torch.tensor([-1] + rng.integers(0, n, size=10).tolist())  # row 0 ignored
+    runs = [fenchel_young_fused_rows(x, target, torch.full((1,), 0.25), FAMILY_IDS[fam], k, 0.7, alpha,
+                                     rows_per_program=rpp) for rpp in (1, 4, None)]
+    for loss, grad in runs[1:]:
+        assert torch.equal(_bits(loss), _bits(runs[0][0])) and torch.equal(_bits(grad), _bits(runs[0][1]))
+    # NaN/+inf rows give NaN, and no other row does (a target on a masked
+    # class gives +inf: the value tests check those)
+    nan = torch.isnan(runs[0][0])
+    assert nan[[3, 4]].all() and not nan[[0, 1, 2, 5, 6, 7, 8, 9, 10]].any()
+
+
 def test_launcher_rows_per_program():
     # narrow on-chip rows share a program: a tile of about TILE entries
     for n, rows in ((1, 128), (16, 128), (64, 32), (100, 16), (256, 8), (1024, 2), (2048, 1), (tf.ONCHIP_MAX, 1)):
