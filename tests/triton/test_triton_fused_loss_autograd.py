@@ -198,29 +198,30 @@ except Exception as e:
     print("SKIP", type(e).__name__, e)
     sys.exit(0)
 
-# every family (α > 2 as well) on chip and looped, at the launcher's settings;
-# the input dtypes and the kind of target take turns
+# every family (α > 2 as well) on chip, looped and 32 rows per program (width
+# 64), at the launcher's settings; the input dtypes and the kind of target take turns
 dtypes = ("*fp32", "*bf16", "*fp16")
-variants = [_config(ONCHIP_MAX, None, None), _config(ONCHIP_MAX + 1, None, None)]
+variants = [_config(ONCHIP_MAX, None, None), _config(ONCHIP_MAX + 1, None, None), _config(64, None, None)]
+assert [v[3] for v in variants] == [1, 1, 32]
 built = 0
 for fam in range(8):
-    for i, (onchip, blk, warps) in enumerate(variants):
+    for i, (onchip, blk, warps, rows) in enumerate(variants):
         for big in ((False, True) if fam == 3 else (False,)):
             ty = dtypes[(fam + i + big) % 3]
             dense = (fam + i) % 2 == 1
             sig = {"X": ty, "T": ty if dense else "*i64", "G": ty, "LOSS": "*fp32", "SCALE": "*fp32",
-                   "n": "i32", "k": "fp32", "inv_tau": "fp32", "alpha": "fp32"}
-            build(fenchel_young_fwd_kernel, sig, dict(FAM=fam, BLOCK=blk, ONCHIP=onchip, BIG=big, PROBE=fam >= 4 or big,
+                   "R": "i32", "n": "i32", "k": "fp32", "inv_tau": "fp32", "alpha": "fp32"}
+            build(fenchel_young_fwd_kernel, sig, dict(FAM=fam, ROWS=rows, BLOCK=blk, ONCHIP=onchip, BIG=big, PROBE=fam >= 4 or big,
                   NEWTON_CAP=NEWTON_CAP, MAXIT=MAXIT, DENSE=dense, WANT_GRAD=fam != 7 or i == 0), warps)
             built += 1
-assert built == 18, built
+assert built == 27, built
 print("OK")
 """
 
 
 def test_fused_kernel_compiles_for_a_gpu():
     # The interpreter accepts code the compiler rejects: compile every family
-    # on chip and looped for sm_90 (ptxas included), TRITON_INTERPRET unset.
+    # on chip, looped and several rows per program for sm_90 (ptxas included), TRITON_INTERPRET unset.
     import os
     import subprocess
     import sys

@@ -290,25 +290,27 @@ except Exception as e:
     print("SKIP", type(e).__name__, e)
     sys.exit(0)
 
-# every family (α > 2 as well) in both variants, at the launcher's settings for
-# the widest on-chip row and for a looped one; the dtypes take turns
+# every family (α > 2 as well) in three variants, at the launcher's settings
+# for the widest on-chip row, a looped one and 64-wide rows (32 rows per
+# program); the dtypes take turns
 dtypes = ("*fp32", "*bf16", "*fp16")
-variants = [_config(ONCHIP_MAX, None, None), _config(ONCHIP_MAX + 1, None, None)]
-assert [v[0] for v in variants] == [True, False] and variants[1][1] == LOOP_BLOCK
-fwd = {"X": "", "Y": "", "ITS": "*i32", "n": "i32", "k": "fp32", "inv_tau": "fp32", "alpha": "fp32"}
-bwd = {"P": "", "G": "", "DX": "", "n": "i32", "inv_tau": "fp32", "alpha": "fp32"}
+variants = [_config(ONCHIP_MAX, None, None), _config(ONCHIP_MAX + 1, None, None), _config(64, None, None)]
+assert [v[0] for v in variants] == [True, False, True] and variants[1][1] == LOOP_BLOCK
+assert [v[3] for v in variants] == [1, 1, 32]
+fwd = {"X": "", "Y": "", "ITS": "*i32", "R": "i32", "n": "i32", "k": "fp32", "inv_tau": "fp32", "alpha": "fp32"}
+bwd = {"P": "", "G": "", "DX": "", "R": "i32", "n": "i32", "inv_tau": "fp32", "alpha": "fp32"}
 built = 0
 for fam in range(8):
-    for i, (onchip, blk, warps) in enumerate(variants):
+    for i, (onchip, blk, warps, rows) in enumerate(variants):
         for big in ((False, True) if fam == 3 else (False,)):
             ty = dtypes[(fam + i + big) % 3]
-            build(threshold_fwd_kernel, dict(fwd, X=ty, Y=ty), dict(FAM=fam, BLOCK=blk, ONCHIP=onchip, BIG=big,
-                  PROBE=fam >= 4 or big, NEWTON_CAP=NEWTON_CAP, MAXIT=MAXIT, WRITE_ITS=i == 0), warps)
+            build(threshold_fwd_kernel, dict(fwd, X=ty, Y=ty), dict(FAM=fam, ROWS=rows, BLOCK=blk, ONCHIP=onchip, BIG=big,
+                  PROBE=fam >= 4 or big, NEWTON_CAP=NEWTON_CAP, MAXIT=MAXIT, WRITE_ITS=i != 1), warps)
             built += 1
         ty = dtypes[(fam + i + 1) % 3]
-        build(threshold_bwd_kernel, dict(bwd, P=ty, G=ty, DX=ty), dict(FAM=fam, BLOCK=blk, ONCHIP=onchip), warps)
+        build(threshold_bwd_kernel, dict(bwd, P=ty, G=ty, DX=ty), dict(FAM=fam, ROWS=rows, BLOCK=blk, ONCHIP=onchip), warps)
         built += 1
-assert built == 34, built
+assert built == 51, built
 print("OK")
 """
 
@@ -316,9 +318,10 @@ print("OK")
 def test_kernels_compile_for_a_gpu():
     # The interpreter accepts code that the compiler rejects (a non-constexpr
     # global, a type that changes across a loop, a helper's tuple): compile
-    # every family in both variants for sm_90 without a GPU (ptxas included),
-    # in a process where TRITON_INTERPRET is unset.  About 15–20 s with an
-    # empty Triton cache on the shared 2-core machine; seconds once cached.
+    # every family in three variants (on chip, looped, many rows per
+    # program) for sm_90 without a GPU (ptxas included), in a process where
+    # TRITON_INTERPRET is unset.  About 25–35 s with an empty Triton cache on
+    # the shared 2-core machine; seconds once cached.
     import os
     import subprocess
     import sys

@@ -61,16 +61,18 @@ def _d_from_p(p, FAM: tl.constexpr, alpha):
 
 
 # ------------------------------------------- per-family sums over the row
-# The sums at λ = c + t are kept per lane ([BLOCK] vectors) and reduced once
-# per pass (_red).  Sums of exponentials carry a running max per row (a
-# scalar, raised block by block; the lane sums are rescaled when it moves), so
-# each block costs one max reduction per such sum and no per-entry rescaling.
+# The sums at λ = c + t are kept per lane ([ROWS, BLOCK] blocks: ROWS rows of
+# BLOCK lanes) and reduced along the row once per pass (_red), to [ROWS, 1]
+# columns, one value per row.  Sums of exponentials carry a running max per
+# row (a [ROWS, 1] column, raised block by block; the lane sums are rescaled
+# when it moves), so each block costs one max reduction per such sum and no
+# per-entry rescaling.  Nothing here mixes rows: every reduction is along axis 1.
 # _fin turns the row's sums into (r = g − k, d = proposed step, s1, s2 =
 # counts that identify the piece of g, x = family extra).
 @triton.jit
-def _init(FAM: tl.constexpr, BLOCK: tl.constexpr):
-    v = tl.zeros([BLOCK], tl.float32)
-    ninf = tl.full((), float("-inf"), tl.float32)
+def _init(FAM: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    v = tl.zeros([ROWS, BLOCK], tl.float32)
+    ninf = tl.full([ROWS, 1], float("-inf"), tl.float32)
     if FAM == 4:
         acc = (v, ninf, v)
     elif FAM == 5 or FAM == 6:
@@ -107,14 +109,14 @@ def _acc(z, c, t, alpha, acc, FAM: tl.constexpr):
     elif FAM == 4:
         sat = fin & (u >= 0)
         low = fin & (u < 0)
-        M, a, Ms = _rescale(acc[1], tl.max(tl.where(low, u, float("-inf")), 0))
+        M, a, Ms = _rescale(acc[1], tl.max(tl.where(low, u, float("-inf")), 1, keep_dims=True))
         acc = (acc[0] + sat.to(tl.float32), M, acc[2] * a + tl.where(low, tl.exp(u - Ms), 0.0))
     elif FAM == 5 or FAM == 6:
         up = fin & (u >= 0)
         low = fin & (u < 0)
         y = -tl.abs(u)
-        Ma, aa, Mas = _rescale(acc[1], tl.max(tl.where(low, y, float("-inf")), 0))
-        Mb, ab, Mbs = _rescale(acc[4], tl.max(tl.where(up, y, float("-inf")), 0))
+        Ma, aa, Mas = _rescale(acc[1], tl.max(tl.where(low, y, float("-inf")), 1, keep_dims=True))
+        Mb, ab, Mbs = _rescale(acc[4], tl.max(tl.where(up, y, float("-inf")), 1, keep_dims=True))
         Mside = tl.where(low, Mas, Mbs)
         ee = tl.where(fin, tl.exp(y - Mside), 0.0)  # e^{−|u|} / e^{M(side)}
         if FAM == 5:
@@ -135,13 +137,19 @@ def _acc(z, c, t, alpha, acc, FAM: tl.constexpr):
 
 
 @triton.jit
+def _rsum(v):
+    # a row's sum over its lanes, kept as a [ROWS, 1] column
+    return tl.sum(v, 1, keep_dims=True)
+
+
+@triton.jit
 def _red(acc, FAM: tl.constexpr):
     if FAM == 4:
-        r = (tl.sum(acc[0], 0), acc[1], tl.sum(acc[2], 0))
+        r = (_rsum(acc[0]), acc[1], _rsum(acc[2]))
     elif FAM == 5 or FAM == 6:
-        r = (tl.sum(acc[0], 0), acc[1], tl.sum(acc[2], 0), tl.sum(acc[3], 0), acc[4], tl.sum(acc[5], 0), tl.sum(acc[6], 0))
+        r = (_rsum(acc[0]), acc[1], _rsum(acc[2]), _rsum(acc[3]), acc[4], _rsum(acc[5]), _rsum(acc[6]))
     else:
-        r = (tl.sum(acc[0], 0), tl.sum(acc[1], 0), tl.sum(acc[2], 0))
+        r = (_rsum(acc[0]), _rsum(acc[1]), _rsum(acc[2]))
     return r
 
 
@@ -185,8 +193,8 @@ def _fin(acc, k, q, FAM: tl.constexpr):
     # s1, s2: the counts that identify the piece of g (support, saturated,
     # linear); x: entmax15's closed-form candidate step, entmax α's h
     s1 = acc[0]
-    s2 = 0.0
-    x = 0.0
+    s2 = tl.zeros_like(acc[0])  # [ROWS, 1]: loop-carried through the search
+    x = tl.zeros_like(acc[0])
     if FAM == 1:
         r = acc[1] - k
         d = r / s1
@@ -206,7 +214,7 @@ def _fin(acc, k, q, FAM: tl.constexpr):
         lg = tl.log(g)
         x = tl.exp(lg / q) - tl.exp(tl.log(k) / q)  # h, for false position (α > 2)
         d = q * x * tl.exp(lg - lg / q) / acc[1]
-        s1 = 0.0
+        s1 = tl.zeros_like(acc[0])
     elif FAM == 4:
         ns = acc[0]
         M = acc[1]

@@ -1,10 +1,19 @@
 r"""The kernels: forward p = f(z − λ), Σp = k, and backward from the saved p.
 
-One program per row.  Rows of up to ``ONCHIP_MAX`` (8192, function.py) entries are loaded once
-into registers (``ONCHIP``: the block is the next power of two ≥ n) and every
-pass below runs on that copy; wider rows are read in blocks of ``BLOCK`` in a
-loop, so any width works (no 65,536 limit).  Arithmetic is float32 whatever
-the input dtype.
+A program holds ``ROWS`` rows as a [ROWS, BLOCK] tile (function.py picks
+ROWS = 2048 // BLOCK, at most 128, for narrow rows: a 64-wide row shares its
+program with 31 others; 1 for rows of 2048 or more).  Every per-row quantity
+below (max, counts, λ, the bracket, the pass count) is a [ROWS, 1] column,
+every reduction runs along the row, and the λ search loops while any row of
+the program still searches, the others keeping their λ: a row's result and
+pass count are those it would get in a program of its own (bit for bit in
+the interpreter; on a GPU the order of a row's float sums follows the
+compiled layout, so another ROWS may round them differently).  Rows of up to
+``ONCHIP_MAX`` (8192, function.py) entries are loaded once into registers
+(``ONCHIP``: the block is the next power of two ≥ n) and every pass below
+runs on that copy; wider rows are read in blocks of ``BLOCK`` in a loop, one
+row per program, so any width works (no 65,536 limit).  Arithmetic is
+float32 whatever the input dtype.
 
 λ is kept as a pair of floats (c, t), λ = c + t, re-centred after every step
 (an exact two-sum), and every entry is evaluated as u = (z − c) − t.  c sits
@@ -15,7 +24,8 @@ max z, and "a few ulps" means 4 float32 eps of |λ − max z| (+ 1 for the
 capped families, whose f has unit width).
 
 Forward, in passes over the row ("pass" = one read of the row, or one sweep
-over the register copy):
+over the register copy; a program's pass covers all of its rows, and the
+count below is each row's own):
 
 1. one pass: max, min, finite count, a NaN/+inf flag, and (softmax, exp) the
    row's logsumexp with an online max;
@@ -75,7 +85,7 @@ the arithmetic of a plain pass, not twice the memory traffic.
 
 Backward: Σ d·g and Σ d, then d (g − Σdg/Σd)/τ, with d = f'(u) read off the
 saved p (the same formulas as ``Family.d_from_p``); one read of p and g for
-on-chip rows, two otherwise.
+on-chip rows, two otherwise; the same ROWS rows per program as the forward.
 
 Family ids: 0 softmax, 1 sparsemax, 2 entmax15, 3 entmax α, 4 exp (soft top-k),
 5 sigmoid, 6 laplace, 7 sparse (capped simplex).

@@ -1,5 +1,8 @@
 r"""The fused Fenchel–Young loss kernel: per row, λ, the loss value and the
-gradient (p − y)/τ, one program per row.
+gradient (p − y)/τ, ``ROWS`` rows per program (as in the forward kernel:
+[ROWS, BLOCK] tiles, every per-row value a [ROWS, 1] column, rows past ``R``
+masked off; the launcher's ROWS and warps are the forward's, see
+:func:`.function._config`).
 
 The first pass and the λ search are the forward kernel's own
 (:func:`.passes._row_stats`, :func:`.search._find_lambda`); the last pass,
@@ -100,47 +103,49 @@ def _psi(y, FAM: tl.constexpr, alpha):
 
 
 @triton.jit
-def _loss_block(T, G, base, offs, n, z, c, t, psi1, alpha, scale, active, broken, keep, tgt,
+def _loss_block(T, G, base, rmask, cols, n, z, c, t, psi1, alpha, scale, active, broken, keep, tgt,
                 FAM: tl.constexpr, DENSE: tl.constexpr, WANT_GRAD: tl.constexpr):
     """One block of the last pass: the block's terms of L (per lane), and
     the gradient scale·(p − y)/τ stored (``scale`` includes 1/τ)."""
+    mask = rmask & (cols < n)
     fin = z > float("-inf")
     u = (z - c) - t
     p = tl.where(fin, _f(u, FAM, alpha), 0.0)
     term = tl.where(active, tl.where(fin, _F(u, p, FAM, alpha), 0.0), tl.where(fin, u - psi1, 0.0))
     p = tl.where(active, p, tl.where(broken, float("nan"), fin.to(tl.float32)))
     if DENSE:
-        y = tl.load(T + base + offs, mask=offs < n, other=0.0).to(tl.float32)
+        y = tl.load(T + base + cols, mask=mask, other=0.0).to(tl.float32)
         term -= tl.where(y != 0, u * y, 0.0) - _psi(y, FAM, alpha)
     else:
-        y = (offs == tgt).to(tl.float32)
-        term -= tl.where(offs == tgt, u, 0.0)
+        y = (cols == tgt).to(tl.float32)
+        term -= tl.where(cols == tgt, u, 0.0)
     if WANT_GRAD:
         gr = tl.where(keep, (p - y) * scale, 0.0)
-        tl.store(G + base + offs, gr.to(G.dtype.element_ty), mask=offs < n)
+        tl.store(G + base + cols, gr.to(G.dtype.element_ty), mask=mask)
     return term
 
 
 @triton.jit
-def fenchel_young_fwd_kernel(X, T, G, LOSS, SCALE, n, k, inv_tau, alpha,
-                             FAM: tl.constexpr, BLOCK: tl.constexpr, ONCHIP: tl.constexpr,
+def fenchel_young_fwd_kernel(X, T, G, LOSS, SCALE, R, n, k, inv_tau, alpha,
+                             FAM: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, ONCHIP: tl.constexpr,
                              BIG: tl.constexpr, PROBE: tl.constexpr, NEWTON_CAP: tl.constexpr,
                              MAXIT: tl.constexpr, DENSE: tl.constexpr, WANT_GRAD: tl.constexpr):
     """Per row: LOSS[row] = L (float32) and, with WANT_GRAD, G = SCALE·(p − y)/τ
-    in G's dtype.  T is the dense target (rows, n) when DENSE, else the class
+    in G's dtype.  T is the dense target (R, n) when DENSE, else the class
     index per row (int64, −1 for an ignored row)."""
-    row = tl.program_id(0).to(tl.int64)
-    base = row * n
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]  # [ROWS, 1]
+    rmask = rows < R
+    base = rows * n
     xr = X + base
     if DENSE:
-        tgt = tl.full((), -1, tl.int64)
-        keep = tl.full((), 1, tl.int1)
+        tgt = tl.full([ROWS, 1], -1, tl.int64)
+        keep = tl.full([ROWS, 1], 1, tl.int1)
     else:
-        tgt = tl.load(T + row).to(tl.int64)
+        tgt = tl.load(T + rows, mask=rmask, other=-1).to(tl.int64)
         keep = tgt >= 0
 
     # ---- pass 1 and the λ search, as in the forward kernel
-    zrow, zmax, zmin, m, broken, lseS = _row_stats(xr, n, inv_tau, FAM, BLOCK, ONCHIP)
+    zrow, zmax, zmin, m, broken, lseS = _row_stats(xr, rmask, n, inv_tau, FAM, ROWS, BLOCK, ONCHIP)
     active = (m > k) & (~broken)
     # λ of a filled row: its finite maximum (0 when there is none)
     zref = tl.where((m > 0) & (~broken), zmax, 0.0)
@@ -152,8 +157,8 @@ def fenchel_young_fwd_kernel(X, T, G, LOSS, SCALE, n, k, inv_tau, alpha,
         c = zmax
         t = tl.log(tl.where(search, lseS, 1.0)) - tl.log(k)
     else:
-        c, t, it = _find_lambda(xr, zrow, n, inv_tau, zmax, zmin, m, lseS, search, k, alpha,
-                                FAM, BLOCK, ONCHIP, BIG, PROBE, NEWTON_CAP, MAXIT)
+        c, t, it = _find_lambda(xr, rmask, zrow, n, inv_tau, zmax, zmin, m, lseS, search, k, alpha,
+                                FAM, ROWS, BLOCK, ONCHIP, BIG, PROBE, NEWTON_CAP, MAXIT)
     c = tl.where(active, c, zref)
     t = tl.where(active, t, 0.0)
 
@@ -161,18 +166,18 @@ def fenchel_young_fwd_kernel(X, T, G, LOSS, SCALE, n, k, inv_tau, alpha,
     psi1 = _psi(tl.full((), 1.0, tl.float32), FAM, alpha)
     scale = tl.load(SCALE) * inv_tau
     if ONCHIP:
-        acc = _loss_block(T, G, base, tl.arange(0, BLOCK), n, zrow, c, t, psi1, alpha, scale,
+        acc = _loss_block(T, G, base, rmask, tl.arange(0, BLOCK)[None, :], n, zrow, c, t, psi1, alpha, scale,
                           active, broken, keep, tgt, FAM, DENSE, WANT_GRAD)
     else:
-        acc = tl.zeros([BLOCK], tl.float32)
+        acc = tl.zeros([ROWS, BLOCK], tl.float32)
         for start in range(0, n, BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            acc += _loss_block(T, G, base, offs, n, _load_z(xr, offs, n, inv_tau), c, t, psi1, alpha, scale,
-                               active, broken, keep, tgt, FAM, DENSE, WANT_GRAD)
-    loss = tl.sum(acc, 0)
+            cols = start + tl.arange(0, BLOCK)[None, :]
+            acc += _loss_block(T, G, base, rmask, cols, n, _load_z(xr, rmask, cols, n, inv_tau), c, t, psi1, alpha,
+                               scale, active, broken, keep, tgt, FAM, DENSE, WANT_GRAD)
+    loss = tl.sum(acc, 1, keep_dims=True)
     if not DENSE:
         loss += psi1
     # exact L ≥ 0: only rounding goes below (NaN stays NaN)
     loss = tl.where(loss < 0, 0.0, loss)
     loss = tl.where(broken, float("nan"), loss)
-    tl.store(LOSS + row, tl.where(keep, loss, 0.0))
+    tl.store(LOSS + rows, tl.where(keep, loss, 0.0), mask=rmask)

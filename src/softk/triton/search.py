@@ -7,6 +7,13 @@ exact two-sum; the bracket [lo, hi] (g(lo) ≥ k ≥ g(hi)), the midpoint and th
 probe are kept relative to max z.  A pass returns, at λ and at the probe, the
 tuple (r, d, s1, s2, x) of ``_fin``: r = g − k, d the proposed Newton step,
 s1/s2 the counts that identify the piece of g, x a family extra.
+
+A program searches ``ROWS`` rows at once: every quantity here (λ, the
+bracket, the probe, the Newton state, the pass count ``it`` and ``done``) is
+a [ROWS, 1] column, one entry per row, and every step is elementwise, so a
+row's λ and pass count do not depend on the rows next to it.  The loop runs
+while some row still searches; a row that has stopped (or reached ``MAXIT``)
+keeps its λ and its count while the others go on.
 """
 
 import triton
@@ -27,8 +34,9 @@ def _two_sum(a, b):
 
 
 @triton.jit
-def _start(zmax, zmin, m, lseS, active, k, alpha, q, FAM: tl.constexpr):
-    """The first bracket [lo, hi] and the first iterate x0, relative to max z."""
+def _start(zmax, zmin, m, lseS, active, k, alpha, q, FAM: tl.constexpr, ROWS: tl.constexpr):
+    """The first bracket [lo, hi] and the first iterate x0, relative to max z
+    ([ROWS, 1] columns: lo and hi are loop-carried, so of fixed shape)."""
     spread = zmin - zmax
     if FAM == 1:
         lo = -k
@@ -59,7 +67,7 @@ def _start(zmax, zmin, m, lseS, active, k, alpha, q, FAM: tl.constexpr):
         lo = spread - 1.0
         hi = tl.full((), 0.0, tl.float32)
         x0 = 0.5 * (lo + hi)
-    return lo, hi, x0
+    return tl.broadcast_to(lo, [ROWS, 1]), tl.broadcast_to(hi, [ROWS, 1]), x0
 
 
 @triton.jit
@@ -186,31 +194,38 @@ def _next_probe(nc, nt, lo, hi, mid, go, zmax, FAM: tl.constexpr):
 
 
 @triton.jit
-def _find_lambda(xr, zrow, n, inv_tau, zmax, zmin, m, lseS, active, k, alpha,
-                 FAM: tl.constexpr, BLOCK: tl.constexpr, ONCHIP: tl.constexpr, BIG: tl.constexpr,
-                 PROBE: tl.constexpr, NEWTON_CAP: tl.constexpr, MAXIT: tl.constexpr):
-    """λ = c + t for every family but softmax, and the number of passes."""
-    it = tl.full((), 0, tl.int32)
+def _find_lambda(xr, rmask, zrow, n, inv_tau, zmax, zmin, m, lseS, active, k, alpha,
+                 FAM: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, ONCHIP: tl.constexpr,
+                 BIG: tl.constexpr, PROBE: tl.constexpr, NEWTON_CAP: tl.constexpr, MAXIT: tl.constexpr):
+    """λ = c + t for every family but softmax, and the number of passes, per
+    row ([ROWS, 1] columns)."""
+    zero = tl.zeros([ROWS, 1], tl.float32)
+    izero = tl.zeros([ROWS, 1], tl.int32)
+    it = izero
     q = 1.0 / (alpha - 1.0)
-    lo, hi, x0 = _start(zmax, zmin, m, lseS, active, k, alpha, q, FAM)
+    lo, hi, x0 = _start(zmax, zmin, m, lseS, active, k, alpha, q, FAM, ROWS)
     c, t = _two_sum(zmax, x0)
     # X0 for exp is the Newton iterate from "nothing saturated"
-    newt = tl.full((), 1 if FAM == 4 else 0, tl.int32)
-    ps1 = tl.full((), 0.0, tl.float32)
-    ps2 = tl.full((), 0.0, tl.float32)
+    newt = izero + (1 if FAM == 4 else 0)
+    ps1 = zero
+    ps2 = zero
     # probe; α > 2 evaluates both ends of the bracket first (false position needs them)
     qc, qt = _two_sum(zmax, hi)
-    qv = tl.full((), 1 if BIG else 0, tl.int32)
-    hlo = tl.full((), 1.0, tl.float32)  # α > 2: h = g^(α−1) − k^(α−1) at lo and hi
-    hhi = tl.full((), -1.0, tl.float32)
-    side = tl.full((), 0, tl.int32)
+    qv = izero + (1 if BIG else 0)
+    hlo = zero + 1.0  # α > 2: h = g^(α−1) − k^(α−1) at lo and hi
+    hhi = zero - 1.0
+    side = izero
     cc = c
     ct = t
-    pcnt = tl.full((), -1.0, tl.float32)  # entmax15: support size the candidate came from
+    pcnt = zero - 1.0  # entmax15: support size the candidate came from
     done = tl.where(active, 0, 1)
-    while (it < MAXIT) & (done == 0):
-        X, Q, cntC = _search_pass(xr, zrow, n, inv_tau, c, t, qc, qt, cc, ct, k, alpha, q, FAM, BLOCK, ONCHIP, PROBE)
-        it += 1
+    # rows still searching; the loop runs while there is one
+    run = (done == 0) & (it < MAXIT)
+    more = tl.max(tl.max(run.to(tl.int32), 1), 0)
+    while more > 0:
+        X, Q, cntC = _search_pass(xr, rmask, zrow, n, inv_tau, c, t, qc, qt, cc, ct, k, alpha, q,
+                                  FAM, ROWS, BLOCK, ONCHIP, PROBE)
+        it += run.to(tl.int32)  # rows that have stopped keep their count
         lamX = (c - zmax) + t  # relative to max z, like lo and hi
         # a few ulps of the data's scale around λ: of λ − max z, and of
         # the unit width of f for the capped families
@@ -227,7 +242,8 @@ def _find_lambda(xr, zrow, n, inv_tau, zmax, zmin, m, lseS, active, k, alpha,
         # Newton while allowed and inside the bracket, else bisection
         go = bok & (it < NEWTON_CAP)
         stop, fc, ft = _converged(stop, fc, ft, X, pxc, pxt, bok, bc, bt, mc, mt, lo, hi, mid, tol, go, BIG)
-        # ---- next point
+        # ---- next point (the state of stopped rows moves on too, unread:
+        # only their λ and count are kept, below)
         if FAM == 2:
             cc, ct = _two_sum(c, t + X[4])
             pcnt = tl.where((tl.abs(X[4]) < float("inf")), X[2], -1.0)
@@ -238,7 +254,9 @@ def _find_lambda(xr, zrow, n, inv_tau, zmax, zmin, m, lseS, active, k, alpha,
         newt = tl.where(go, 1, 0)
         ps1 = bs1
         ps2 = bs2
-        c = tl.where(stop, fc, nc)
-        t = tl.where(stop, ft, nt)
-        done = tl.where(stop, 1, 0)
+        c = tl.where(run, tl.where(stop, fc, nc), c)
+        t = tl.where(run, tl.where(stop, ft, nt), t)
+        done = tl.where(run & stop, 1, done)
+        run = (done == 0) & (it < MAXIT)
+        more = tl.max(tl.max(run.to(tl.int32), 1), 0)
     return c, t, it
