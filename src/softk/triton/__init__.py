@@ -1,4 +1,4 @@
-"""Triton kernels for the threshold maps (one program per row, any width).
+"""Triton kernels for the threshold maps (several narrow rows per program, any width).
 
 Importing this package needs ``triton``; :func:`softk._backend` only selects it
 when triton imports and can run (a CUDA tensor, or ``TRITON_INTERPRET=1`` set

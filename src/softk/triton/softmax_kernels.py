@@ -1,6 +1,6 @@
 r"""Dedicated Triton kernels for softmax, log_softmax and logsumexp.
 
-The generic threshold kernel (:mod:`.kernels`) runs one program per row and
+The generic threshold kernel (:mod:`.kernels`) runs a λ search and
 a separate statistics pass; softmax needs neither: λ = logsumexp is found
 with an *online* max and rescaled sum (Milakov & Gimelshein, 2018).
 
