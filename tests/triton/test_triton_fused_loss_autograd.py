@@ -7,6 +7,8 @@ compile of the kernel for sm_90 (ptxas)."""
 import numpy as np
 import pytest
 import torch
+
+from . import gpu_build
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import softk
@@ -174,29 +176,8 @@ def test_compiled_loss_runs_the_fused_kernel(rng, monkeypatch):
 
 
 _COMPILE = r"""
-import sys, warnings
-warnings.simplefilter("ignore")
-import importlib, pathlib, tempfile
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 from softk.triton.function import MAXIT, NEWTON_CAP, ONCHIP_MAX, _config
 from softk.triton.loss_kernel import fenchel_young_fwd_kernel
-
-def build(fn, sig, cs, warps):
-    sig = dict(sig, **{c: "constexpr" for c in cs})
-    triton.compile(ASTSource(fn=fn, signature=sig, constexprs=cs), target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
-
-# a trivial kernel first: where even it fails there is no toolchain (ptxas) here
-tmp = tempfile.mkdtemp()
-pathlib.Path(tmp, "probe_copy_fl.py").write_text(
-    "import triton\nimport triton.language as tl\n\n@triton.jit\ndef copy(X, Y):\n    tl.store(Y, tl.load(X))\n")
-sys.path.insert(0, tmp)
-try:
-    build(importlib.import_module("probe_copy_fl").copy, {"X": "*fp32", "Y": "*fp32"}, {}, 1)
-except Exception as e:
-    print("SKIP", type(e).__name__, e)
-    sys.exit(0)
 
 # every family (α > 2 as well) on chip, looped and 32 rows per program (width
 # 64), at the launcher's settings; the input dtypes and the kind of target take turns
@@ -222,13 +203,4 @@ print("OK")
 def test_fused_kernel_compiles_for_a_gpu():
     # The interpreter accepts code the compiler rejects: compile every family
     # on chip, looped and several rows per program for sm_90 (ptxas included), TRITON_INTERPRET unset.
-    import os
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _COMPILE], env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    if r.stdout.startswith("SKIP"):
-        pytest.skip("no Triton GPU toolchain here: " + r.stdout.strip())
-    assert r.stdout.strip().endswith("OK")
+    gpu_build.compile_for_gpu(_COMPILE, timeout=600)

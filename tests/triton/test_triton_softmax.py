@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 import torch
 
+from . import gpu_build
+
 import softk
 from softk.triton import softmax as ts
 
@@ -313,28 +315,8 @@ def test_compile_and_vmap_run_the_kernels(rng, monkeypatch):
 
 # ------------------------------------------------------- a build for a GPU
 _COMPILE = r"""
-import sys, warnings
-warnings.simplefilter("ignore")
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 from softk.triton.softmax import SINGLE_MAX, config
 from softk.triton.softmax_kernels import softmax_bwd_kernel, softmax_fwd_kernel
-
-def build(fn, sig, cs, warps):
-    sig = dict(sig, **{c: "constexpr" for c in cs})
-    triton.compile(ASTSource(fn=fn, signature=sig, constexprs=cs), target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
-
-import importlib, pathlib, tempfile
-tmp = tempfile.mkdtemp()
-pathlib.Path(tmp, "probe_copy.py").write_text(
-    "import triton\nimport triton.language as tl\n\n@triton.jit\ndef copy(X, Y):\n    tl.store(Y, tl.load(X))\n")
-sys.path.insert(0, tmp)
-try:
-    build(importlib.import_module("probe_copy").copy, {"X": "*fp32", "Y": "*fp32"}, {}, 1)
-except Exception as e:
-    print("SKIP", type(e).__name__, e)
-    sys.exit(0)
 
 # every OUT mode and both backward kernels at the launcher's settings for a
 # 1-wide and a 64-wide row (many rows per program), the widest single-read
@@ -364,13 +346,4 @@ def test_kernels_compile_for_a_gpu():
     # as in test_triton_search: the interpreter accepts code the compiler
     # rejects, so build every variant for sm_90 (ptxas included) in a
     # process where TRITON_INTERPRET is unset
-    import os
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _COMPILE], env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    if r.stdout.startswith("SKIP"):
-        pytest.skip("no Triton GPU toolchain here: " + r.stdout.strip())
-    assert r.stdout.strip().endswith("OK")
+    gpu_build.compile_for_gpu(_COMPILE, timeout=300)
