@@ -27,7 +27,7 @@ solver, in chunks of at most max(BLOCK·R, S) scores.  Pass 2 recomputes
 each block of scores and accumulates f(s − m − lam)·V.
 
 A row with no key taking part gets m = −inf, lam = 0 and output 0; a row
-with one key gets p = 1 on it.
+with one key gets p = 1 on it; a row with a NaN or +inf score is NaN.
 """
 
 from __future__ import annotations
@@ -108,8 +108,10 @@ def _threshold(blk: Blocks, fam: int, a, block: int, cap: int):
     lam = torch.full(shape, NEG_INF, dtype=blk.ct, device=dev)  # relative to m; −inf: no key yet
     cand = torch.empty(*shape[:3], 0, dtype=blk.ct, device=dev)  # raw scores above m + lam
     dense = torch.zeros(shape, dtype=torch.bool, device=dev)
+    broken = torch.zeros(shape, dtype=torch.bool, device=dev)  # a NaN or +inf score: the row is NaN
     for j0, j1 in blk.spans(block):
         s = blk.scores(j0, j1)
+        broken = broken | (torch.isnan(s) | (s == float("inf"))).any(-1, keepdim=True)
         m_new = torch.maximum(m, s.amax(-1, keepdim=True))
         base = torch.where(m_new > NEG_INF, m_new, 0.0)
         lower = torch.where(lam > NEG_INF, lam + (torch.where(m > NEG_INF, m, 0.0) - base), NEG_INF)
@@ -126,7 +128,7 @@ def _threshold(blk: Blocks, fam: int, a, block: int, cap: int):
     if bool(dense.any()):
         lam = _solve_dense(blk, fam, a, dense, m, lam)
     lam = torch.where(m > NEG_INF, lam, 0.0)
-    return m, lam
+    return m, torch.where(broken, float("nan"), lam)
 
 
 def _solve_dense(blk: Blocks, fam: int, a, dense: Tensor, m: Tensor, lam: Tensor) -> Tensor:
@@ -148,7 +150,7 @@ def _solve_dense(blk: Blocks, fam: int, a, dense: Tensor, m: Tensor, lam: Tensor
 
 def probs(fam: int, a, s: Tensor, m: Tensor, lam: Tensor) -> Tensor:
     """p = f(s − m − lam) on a block of scores (0 where s = −inf)."""
-    u = torch.where(s > NEG_INF, (s - torch.where(m > NEG_INF, m, 0.0)) - lam, NEG_INF)
+    u = torch.where(s == NEG_INF, NEG_INF, (s - torch.where(m > NEG_INF, m, 0.0)) - lam)  # NaN stays NaN
     return torch.exp(u) if fam == SOFTMAX_ID else family(fam, a).f(u)
 
 

@@ -25,14 +25,15 @@ import torch
 from torch import Tensor
 
 from .blocks import NEG_INF, Blocks
-from .blockwise import BLOCK, probs
+from . import blockwise
+from .blockwise import probs
 from .maps import SOFTMAX_ID, family
 
 
 def _slope(fam: int, a, s: Tensor, m: Tensor, lam: Tensor, p: Tensor) -> Tensor:
     if fam == SOFTMAX_ID:
         return p
-    u = torch.where(s > NEG_INF, (s - torch.where(m > NEG_INF, m, 0.0)) - lam, NEG_INF)
+    u = torch.where(s == NEG_INF, NEG_INF, (s - torch.where(m > NEG_INF, m, 0.0)) - lam)  # NaN stays NaN
     return family(fam, a).df(u)
 
 
@@ -44,7 +45,7 @@ def attention_backward(q, k, v, out, dout, m, lam, *, scale: float, causal: bool
                        need_dalpha: bool, block: int | None = None):
     """(dq, dk, dv, dalpha (H,) or None), each in its input's dtype (dalpha in the compute dtype)."""
     blk = Blocks(q, k, v, mask, scale, causal)
-    block = block or BLOCK
+    block = block or blockwise.BLOCK
     ct = blk.ct
     a = blk.per_row(alpha) if alpha is not None and fam == 3 else None
     m, lam = blk.rows(m.to(ct)).unsqueeze(-1), blk.rows(lam.to(ct)).unsqueeze(-1)

@@ -151,10 +151,11 @@ def _library_backward(ctx, dout, _dm, _dlam):
     return _grads(ctx.saved_tensors, ctx.args, dout, ctx.needs_input_grad, attention_backward_op)
 
 
-@functools.lru_cache(maxsize=None)
 def _register() -> bool:
     """Define the custom ops (once, on the first call that needs them)."""
     global attention_op, attention_backward_op
+    if attention_op is not None:
+        return True
 
     def forward(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], alpha: Optional[Tensor], scale: float,
                 causal: bool, fam: int, route_name: str) -> tuple[Tensor, Tensor, Tensor]:
