@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import softk
-from softk.attention import blockwise, checks, op, scaled_dot_product_attention as sdpa
+from softk.attention import blocks, blockwise, checks, op, scaled_dot_product_attention as sdpa
 
 from . import oracle_attention as ora
 
@@ -38,12 +38,15 @@ def run(route, q, k, v, **kw):
 
 @pytest.fixture(params=["reference", "blockwise", "blockwise_small"])
 def route(request, monkeypatch):
-    """The CPU routes; "blockwise_small" runs blocks of 16 keys and keeps at most 3
-    candidates per row, so that several blocks, the candidate merge and the
-    whole-row fallback for wide supports all run at these sizes."""
+    """The CPU routes; "blockwise_small" runs chunks of 5 queries, blocks of 16
+    keys and keeps at most 3 candidates per row, so that several chunks and
+    blocks, the candidate merge and the whole-row fallback for wide supports
+    all run at these sizes."""
     if request.param == "blockwise_small":
         monkeypatch.setattr(blockwise, "BLOCK", 16)
         monkeypatch.setattr(blockwise, "CAP", 3)
+        monkeypatch.setattr(blocks, "ROWS", 1)
+        monkeypatch.setattr(blocks, "MIN_QUERIES", 5)
     return request.param.split("_")[0]
 
 

@@ -22,19 +22,36 @@ from ..threshold.rows import compute_dtype
 NEG_INF = float("-inf")
 
 
-class Blocks:
-    """The scores of one call, a block of keys (or a set of rows) at a time."""
+ROWS = 2048  # query rows (batch × heads × queries) per chunk
+MIN_QUERIES = 64  # queries per chunk at least (many heads: fewer, longer loops)
 
-    def __init__(self, q: Tensor, k: Tensor, v: Tensor, mask, scale: float, causal: bool):
+
+def query_chunks(q: Tensor):
+    """(i0, i1) spans of queries: the route runs on one chunk of queries at a
+    time, so that its temporaries (a few per score of a block, the solver's
+    sort among them) hold at most ~ROWS·(BLOCK + CAP) entries, whatever L."""
+    B, H, L = q.shape[:3]
+    step = max(MIN_QUERIES, ROWS // max(B * H, 1))
+    return [(i, min(i + step, L)) for i in range(0, L, step)]
+
+
+class Blocks:
+    """The scores of a chunk of queries (``q`` is queries i0..i0+L−1, ``mask``
+    sliced alike), a block of keys (or a set of rows) at a time; ``k`` and
+    ``v`` already in the compute dtype."""
+
+    def __init__(self, q: Tensor, k: Tensor, v: Tensor, mask, scale: float, causal: bool, i0: int = 0):
         B, H, L, E = q.shape
-        self.hkv, self.S = k.shape[1], k.shape[2]
+        self.hkv = k.shape[1]
+        # with causal, keys past the chunk's last query are hidden from all of its rows
+        self.S = min(k.shape[2], i0 + L) if causal else k.shape[2]
         self.G, self.L, self.R = H // self.hkv, L, (H // self.hkv) * L
         self.ct = compute_dtype(q.dtype)
         self.scale, self.causal, self.mask = scale, causal, mask
         # scale·q, rows grouped by key/value head (a view when q is contiguous in float32/64)
         self.q = (q.to(self.ct) * scale).reshape(B, self.hkv, self.R, E)
-        self.k, self.v = k.to(self.ct), v.to(self.ct)
-        self.qpos = (torch.arange(self.R, device=q.device) % L).unsqueeze(-1)  # query index of each row
+        self.k, self.v = k, v
+        self.qpos = (torch.arange(self.R, device=q.device) % L + i0).unsqueeze(-1)  # query index of each row
 
     def rows(self, t: Tensor) -> Tensor:
         """A (B, H, L, ...) tensor as (B, H_kv, R, ...)."""
@@ -66,10 +83,10 @@ class Blocks:
 
     def row_scores(self, b: int, h: int, rows: Tensor) -> Tensor:
         """(n, S): rows ``rows`` of batch b, key/value head h against every key."""
-        s = self.q[b, h, rows] @ self.k[b, h].transpose(-1, -2)
+        s = self.q[b, h, rows] @ self.k[b, h, :self.S].transpose(-1, -2)
         i = self.qpos[rows, 0]
         if self.mask is not None:
-            m = self.mask[b, h * self.G + torch.div(rows, self.L, rounding_mode="floor"), i]
+            m = self.mask[b, h * self.G + torch.div(rows, self.L, rounding_mode="floor"), rows % self.L, :self.S]
             s = torch.where(m, s, NEG_INF) if m.dtype == torch.bool else s + m.to(self.ct)
         if self.causal:
             s = s.masked_fill(torch.arange(self.S, device=s.device) > i.unsqueeze(-1), NEG_INF)

@@ -5,7 +5,8 @@ Same interface as the Triton launcher (:mod:`softk.triton.attention`):
 (out, m, lam) with m the row maximum of the scores and lam the threshold
 relative to it, so that p_j = f(s_j − m − lam).  It never holds more than
 a block of scores per row at once (``BLOCK`` keys, plus up to ``CAP``
-candidates), whatever L and S.
+candidates), for a chunk of queries at a time
+(:func:`softk.attention.blocks.query_chunks`), whatever L and S.
 
 **softmax** (id 0): one pass, the online logsumexp: the running maximum m,
 Σ e^{s−m} and Σ e^{s−m} v rescaled whenever m grows; lam = log Σ e^{s−m}.
@@ -36,7 +37,8 @@ import torch
 from torch import Tensor
 
 from ..threshold.solve import solve_lambda
-from .blocks import NEG_INF, Blocks
+from ..threshold.rows import compute_dtype
+from .blocks import NEG_INF, Blocks, query_chunks
 from .maps import SOFTMAX_ID, family, unit_offset
 
 BLOCK = 256  # keys per block of scores
@@ -46,15 +48,25 @@ CAP = 256  # candidates kept per row before the row is solved on whole score row
 def attention_forward(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: bool, mask, fam: int, alpha,
                       block: int | None = None, cap: int | None = None):
     """(out (B, H, L, Ev) in q's dtype, m (B, H, L), lam (B, H, L)) in the compute dtype."""
-    blk = Blocks(q, k, v, mask, scale, causal)
-    block = block or BLOCK
+    ct = compute_dtype(q.dtype)
+    kc, vc = k.to(ct), v.to(ct)
+    parts = []
+    for i0, i1 in query_chunks(q):
+        blk = Blocks(q[:, :, i0:i1], kc, vc, None if mask is None else mask[:, :, i0:i1], scale, causal, i0)
+        parts.append(_chunk(blk, fam, alpha, block or BLOCK, cap or CAP))
+    out, m, lam = (torch.cat(t, 2) for t in zip(*parts))
+    return out.to(q.dtype), m, lam
+
+
+def _chunk(blk: Blocks, fam: int, alpha, block: int, cap: int):
+    """(out, m, lam) of one chunk of queries, (B, H, Lc, ...)."""
     if fam == SOFTMAX_ID:
         out, m, lam = _softmax(blk, block)
     else:
         a = blk.per_row(alpha) if alpha is not None and fam == 3 else None
-        m, lam = _threshold(blk, fam, a, block, cap or CAP)
+        m, lam = _threshold(blk, fam, a, block, cap)
         out = _output(blk, fam, a, m, lam, block)
-    return blk.heads(out).to(q.dtype), blk.heads(m.squeeze(-1)), blk.heads(lam.squeeze(-1))
+    return blk.heads(out), blk.heads(m.squeeze(-1)), blk.heads(lam.squeeze(-1))
 
 
 def _softmax(blk: Blocks, block: int):
@@ -77,12 +89,12 @@ def _softmax(blk: Blocks, block: int):
 
 
 def _compact(vals: Tensor, keep: Tensor) -> Tensor:
-    """The kept entries of each row moved to the front, −inf padded, width max(#kept)."""
-    count = keep.sum(-1, keepdim=True)
-    width = int(count.max()) if count.numel() else 0
-    slot = torch.where(keep, keep.cumsum(-1) - 1, width)
-    out = torch.full((*vals.shape[:-1], width + 1), NEG_INF, dtype=vals.dtype, device=vals.device)
-    return out.scatter_(-1, slot, torch.where(keep, vals, NEG_INF))[..., :width]
+    """The kept entries of each row (in any order), −inf padded, width max(#kept)."""
+    kept = torch.where(keep, vals, NEG_INF)
+    width = int(keep.sum(-1).max()) if keep.numel() else 0
+    if width == vals.shape[-1]:
+        return kept
+    return torch.topk(kept, width, dim=-1, sorted=False).values  # the kept entries are each row's largest
 
 
 def _solve(fam: int, a, z: Tensor, lower) -> Tensor:

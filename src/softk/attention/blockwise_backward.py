@@ -24,7 +24,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .blocks import NEG_INF, Blocks
+from ..threshold.rows import compute_dtype
+from .blocks import NEG_INF, Blocks, query_chunks
 from . import blockwise
 from .blockwise import probs
 from .maps import SOFTMAX_ID, family
@@ -44,8 +45,22 @@ def _xlogx(p: Tensor) -> Tensor:
 def attention_backward(q, k, v, out, dout, m, lam, *, scale: float, causal: bool, mask, fam: int, alpha,
                        need_dalpha: bool, block: int | None = None):
     """(dq, dk, dv, dalpha (H,) or None), each in its input's dtype (dalpha in the compute dtype)."""
-    blk = Blocks(q, k, v, mask, scale, causal)
-    block = block or blockwise.BLOCK
+    ct = compute_dtype(q.dtype)
+    kc, vc = k.to(ct), v.to(ct)
+    dk, dv = torch.zeros_like(kc), torch.zeros_like(vc)
+    dqs, dalpha = [], None
+    for i0, i1 in query_chunks(q):
+        sl = slice(i0, i1)
+        blk = Blocks(q[:, :, sl], kc, vc, None if mask is None else mask[:, :, sl], scale, causal, i0)
+        dq, da = _chunk(blk, out[:, :, sl], dout[:, :, sl], m[:, :, sl], lam[:, :, sl], dk, dv, fam, alpha,
+                        need_dalpha, block or blockwise.BLOCK)
+        dqs.append(dq)
+        dalpha = da if dalpha is None else dalpha + da
+    return torch.cat(dqs, 2).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dalpha
+
+
+def _chunk(blk: Blocks, out, dout, m, lam, dk, dv, fam, alpha, need_dalpha, block):
+    """dq of one chunk of queries; adds its share to dk and dv (in place); dα (or None)."""
     ct = blk.ct
     a = blk.per_row(alpha) if alpha is not None and fam == 3 else None
     m, lam = blk.rows(m.to(ct)).unsqueeze(-1), blk.rows(lam.to(ct)).unsqueeze(-1)
@@ -74,7 +89,6 @@ def attention_backward(q, k, v, out, dout, m, lam, *, scale: float, causal: bool
         c = torch.where(some, (do * sdv).sum(-1, keepdim=True) / torch.where(some, sd, 1.0), 0.0)
 
     dq = torch.zeros_like(blk.q)
-    dk, dv = torch.zeros_like(blk.k), torch.zeros_like(blk.v)
     pdp = torch.zeros_like(m) if need_dalpha else None
     for j0, j1 in spans:  # pass B
         s = blk.scores(j0, j1)
@@ -82,8 +96,8 @@ def attention_backward(q, k, v, out, dout, m, lam, *, scale: float, causal: bool
         dp = do @ blk.v[:, :, j0:j1].transpose(-1, -2)
         ds = _slope(fam, a, s, m, lam, p) * (dp - c)
         dq = dq + ds @ blk.k[:, :, j0:j1]
-        dk[:, :, j0:j1] = ds.transpose(-1, -2) @ blk.q  # blk.q is scale·q
-        dv[:, :, j0:j1] = p.transpose(-1, -2) @ do
+        dk[:, :, j0:j1] += ds.transpose(-1, -2) @ blk.q  # blk.q is scale·q
+        dv[:, :, j0:j1] += p.transpose(-1, -2) @ do
         if need_dalpha:
             pdp = pdp + (p * dp).sum(-1, keepdim=True)
 
@@ -91,7 +105,5 @@ def attention_backward(q, k, v, out, dout, m, lam, *, scale: float, causal: bool
     if need_dalpha:
         am1 = a - 1
         row = (pdp - c) / am1**2 - ((do * plv).sum(-1, keepdim=True) - c * h_ent) / am1
-        B = row.shape[0]
-        dalpha = row.reshape(B, blk.hkv, blk.G, blk.L).sum((0, 3)).reshape(-1)
-    dq = blk.heads(dq * scale)
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dalpha
+        dalpha = row.reshape(row.shape[0], blk.hkv, blk.G, blk.L).sum((0, 3)).reshape(-1)
+    return blk.heads(dq * blk.scale), dalpha
