@@ -135,7 +135,7 @@ def _fake_forward(q, k, v, mask, alpha, scale, causal, fam, route_name):
 
 
 def _fake_backward(q, k, v, out, dout, m, lam, mask, alpha, scale, causal, fam, route_name, need_dalpha):
-    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
             q.new_empty(q.shape[1], dtype=compute_dtype(q.dtype)))
 
 
@@ -160,7 +160,7 @@ def _register() -> bool:
     def forward(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], alpha: Optional[Tensor], scale: float,
                 causal: bool, fam: int, route_name: str) -> tuple[Tensor, Tensor, Tensor]:
         out, m, lam = _forward(q, k, v, mask, alpha, scale, causal, fam, route_name)
-        return out, m.contiguous(), lam.contiguous()
+        return out.contiguous(), m.contiguous(), lam.contiguous()  # the fake kernel's layout
 
     def backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tensor, m: Tensor, lam: Tensor,
                  mask: Optional[Tensor], alpha: Optional[Tensor], scale: float, causal: bool, fam: int,
@@ -169,7 +169,7 @@ def _register() -> bool:
                                    need_dalpha)
         if da is None:
             da = q.new_zeros(q.shape[1], dtype=compute_dtype(q.dtype))
-        return dq, dk, dv, da
+        return dq.contiguous(), dk.contiguous(), dv.contiguous(), da.to(compute_dtype(q.dtype))
 
     attention_op = torch.library.custom_op("softk::attention", forward, mutates_args=())
     attention_op.register_fake(_fake_forward)
