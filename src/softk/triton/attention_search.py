@@ -54,9 +54,10 @@ def _max_pass(q, Kb, skn, skd, rows, L, S, E, scale, Mb, smm, smn, nkb, lo0, FL,
     n = tl.zeros([BM, 1], tl.float32)
     for j in range(0, nkb):
         s = _qk_tile(q, Kb, skn, skd, j * BN, rows, L, S, E, scale, Mb, smm, smn, MASK_KIND, CAUSAL, BN, EP)
-        m = tl.maximum(m, tl.max(s, 1, keep_dims=True))
+        sr = tl.max(s, 1, keep_dims=True)
+        m = tl.maximum(m, sr)
         n += tl.sum((s > float("-inf")).to(tl.float32), 1, keep_dims=True)
-        live = _any((s > float("-inf")) & ((s - tl.where(m > float("-inf"), m, 0.0)) > lo0))
+        live = _any((sr > float("-inf")) & ((sr - tl.where(m > float("-inf"), m, 0.0)) > lo0))
         tl.store(FL + j, tl.where(live, 3, 0).to(tl.int8))
     return m, n
 
@@ -67,10 +68,13 @@ def _search_pass(q, Kb, skn, skd, rows, L, S, E, scale, Mb, smm, smn, nkb, FL, b
                  FAM: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, SKIP: tl.constexpr,
                  BM: tl.constexpr, BN: tl.constexpr, EP: tl.constexpr):
     """One pass at λ = ``lam`` (relative to m) over the live blocks: the
-    row sums reduced (``_red``), the count of entries above ``cand``
-    (entmax15) and the number of blocks recomputed; rewrites their flags."""
-    acc = _init(FAM, BM, BN)
-    cnt = tl.zeros([BM, BN], tl.float32)
+    row sums of ``_acc``, the count of entries above ``cand`` (entmax15)
+    and the number of blocks recomputed; rewrites their flags."""
+    # the row sums of _acc, reduced per block: [BM, 1] columns (lane
+    # accumulators of a whole tile would hold 3–4 tiles of registers)
+    zero = tl.zeros([BM, 1], tl.float32)
+    tot = (zero, zero, zero)
+    cnt = zero
     visited = tl.full((), 0, tl.int32)
     for j in range(0, nkb):
         flag = tl.load(FL + j).to(tl.int32)
@@ -79,13 +83,15 @@ def _search_pass(q, Kb, skn, skd, rows, L, S, E, scale, Mb, smm, smn, nkb, FL, b
             live = flag >= 0  # every block (the flags are 0 … 3)
         if live:
             z = _qk_tile(q, Kb, skn, skd, j * BN, rows, L, S, E, scale, Mb, smm, smn, MASK_KIND, CAUSAL, BN, EP) - m
-            acc = _acc(z, lam, 0.0, alpha, acc, FAM)
+            t = _red(_acc(z, lam, 0.0, alpha, _init(FAM, BM, BN), FAM), FAM)
+            tot = (tot[0] + t[0], tot[1] + t[1], tot[2] + t[2])  # plain sums for families 1–3
             if FAM == 2:
-                cnt += ((z > float("-inf")) & (z > cand)).to(tl.float32)
-            nb = tl.where(_any(z > lo), 1, 0) + tl.where(_any(z > lam), 2, 0)
+                cnt += tl.sum(((z > float("-inf")) & (z > cand)).to(tl.float32), 1, keep_dims=True)
+            zr = tl.max(z, 1, keep_dims=True)
+            nb = tl.where(_any(zr > lo), 1, 0) + tl.where(_any(zr > lam), 2, 0)
             tl.store(FL + j, nb.to(tl.int8))
             visited += 1
-    return _red(acc, FAM), tl.sum(cnt, 1, keep_dims=True), visited
+    return tot, cnt, visited
 
 
 @triton.jit
