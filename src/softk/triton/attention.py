@@ -9,13 +9,19 @@ Maths.  Scores s = scale·q·kᵀ + mask (the mask: a boolean keep-mask, True =
 takes part, or an additive float mask; ``causal``: key j takes part for
 query i iff j ≤ i, torch's top-left alignment), and per query row
 
-.. math:: p_j = f(s_j - m - \lambda), \qquad \textstyle\sum_j p_j = 1,
+.. math:: p_j = f(z_j - \lambda), \quad z_j = s_j - \max_i s_i, \qquad \textstyle\sum_j p_j = 1,
 
-with m the row max and f the family's map (``fam``): 0 softmax (f = exp,
-λ = log Σ e^{s − m}), 1 sparsemax ([u]_+), 2 entmax15 ([u/2]_+²), 3 entmax
+with f the family's map (``fam``): 0 softmax (f = exp,
+λ = log Σ e^{z}), 1 sparsemax ([u]_+), 2 entmax15 ([u/2]_+²), 3 entmax
 with a per-head α ([(α−1)u]_+^{1/(α−1)}); out = Σ_j p_j v_j.
 
-The backward recomputes p from q, k, m and λ.  With d = f′(s − m − λ)
+The kernels shift before they scale (issue 20): without a float mask and
+with scale > 0, the saved row reference m is the max of the raw q·k and
+z = (q·k − m)·scale, so a far-from-origin offset in q·k cancels exactly
+before the scale multiplies it; with a float mask (or scale ≤ 0) m is the
+row max of s and z = s − m (:mod:`.attention_tiles`).
+
+The backward recomputes p from q, k, m and λ.  With d = f′(z − λ)
 (d = p for softmax, 1 on the support for sparsemax, √p for entmax15,
 p^{2−α} for entmax α) the Jacobian of a row is diag(d) − d dᵀ/Σd, so with
 dP_j = dO·v_j, δ = Σ_j d_j dP_j / Σd and dS_j = d_j (dP_j − δ):
@@ -90,13 +96,16 @@ def _check(q: Tensor, k: Tensor, v: Tensor, mask, fam: int, alpha) -> None:
         raise ValueError(f"alpha must be a float32 tensor of shape ({H},) for fam 3")
 
 
-def _mask_args(mask, like: Tensor):
+def _mask_args(mask, like: Tensor, scale: float):
     """(tensor, MASK_KIND, 4 strides): 0 none, 1 boolean keep-mask (read as
-    bytes), 2 additive float mask."""
+    bytes), 2 additive float mask; 3 and 4 are 0 and 1 for scale ≤ 0, where
+    the kernels cannot shift by the raw max q·k before scaling (see
+    :mod:`.attention_tiles`)."""
+    late = 0 if scale > 0 else 3
     if mask is None:
-        return like, 0, (0, 0, 0, 0)
+        return like, late, (0, 0, 0, 0)
     if mask.dtype == torch.bool:
-        return mask.view(torch.uint8), 1, mask.stride()
+        return mask.view(torch.uint8), 1 + late, mask.stride()
     return mask, 2, mask.stride()
 
 
@@ -107,8 +116,8 @@ def _alpha_arg(alpha, fam: int, like: Tensor) -> Tensor:
 def attention_forward(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: bool, mask, fam: int, alpha,
                       block_m: int | None = None, block_n: int | None = None, skip: bool = True,
                       stats: dict | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """(out (B, H, L, Ev) in q's dtype, m (B, H, L) float32, λ (B, H, L)
-    float32) for q (B, H, L, E), k (B, Hkv, S, E), v (B, Hkv, S, Ev); see
+    """(out (B, H, L, Ev) in q's dtype, m (B, H, L) float32 (the row
+    reference: see the module docstring), λ (B, H, L) float32) for q (B, H, L, E), k (B, Hkv, S, E), v (B, Hkv, S, Ev); see
     the module docstring.  ``block_m``/``block_n`` override the tile
     (powers of two ≥ 16), ``skip=False`` recomputes every block in every
     pass (for tests), and a ``stats`` dict receives the per-program counts
@@ -128,7 +137,7 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: 
     nqb, nkb = -(-L // BM), max(1, -(-S // BN))
     tiles = torch.empty(B * H * nqb * nkb if fam else 1, dtype=torch.int8, device=q.device)
     st = torch.zeros((B * H * nqb * 4) if stats is not None else 1, dtype=torch.int32, device=q.device)
-    mk, kind, ms = _mask_args(mask, q)
+    mk, kind, ms = _mask_args(mask, q, scale)
     attn_fwd_kernel[(nqb, B * H)](
         q, k, v, mk, _alpha_arg(alpha, fam, q), out, m, lam, tiles, st,
         *q.stride(), *k.stride(), *v.stride(), *ms,
@@ -173,10 +182,10 @@ def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tenso
     nqb, nkb = -(-L // BM), -(-S // BN)
     m, lam = m.contiguous().float(), lam.contiguous().float()
     dout = dout.to(q.dtype)
-    delta = torch.empty((B, H, L), dtype=torch.float32, device=q.device)
-    darow = torch.empty((B, H, L) if need_dalpha else 1, dtype=torch.float32, device=q.device)
+    delta = _empty((B, H, L), torch.float32, q.device)
+    darow = _empty((B, H, L) if need_dalpha else (1,), torch.float32, q.device)
     tiles = torch.empty(B * H * nqb * nkb if fam else 1, dtype=torch.int8, device=q.device)
-    mk, kind, ms = _mask_args(mask, q)
+    mk, kind, ms = _mask_args(mask, q, scale)
     al = _alpha_arg(alpha, fam, q)
     warps = _warps(max(E, Ev))
     common = dict(FAM=fam, MASK_KIND=kind, CAUSAL=bool(causal), BM=BM, BN=BN, EP=_pad(E), EVP=_pad(Ev),

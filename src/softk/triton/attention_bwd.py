@@ -1,5 +1,5 @@
 r"""The fused attention backward kernels: p recomputed from q, k, m and λ
-(p = f(s − m − λ)), d = f′ read off p (:func:`.family_math._d_from_p`), and
+(p = f(z − λ), z = s − m formed by :func:`.attention_tiles._shift`), d = f′ read off p (:func:`.family_math._d_from_p`), and
 dS_j = d_j (dP_j − δ) with dP_j = dO·v_j, δ = Σ_j d_j dP_j / Σ_j d_j (the
 Jacobian diag(d) − d dᵀ/Σd of each row; softmax: d = p, δ = dO·out).  The
 maths and the learned-α term are in :mod:`.attention`.
@@ -23,7 +23,7 @@ Two kernels, sharing the tile size (BM queries × BN keys):
 import triton
 import triton.language as tl
 
-from .attention_tiles import _any, _key_blocks, _load_2d, _qk_tile, _scores
+from .attention_tiles import _any, _dot, _key_blocks, _load_2d, _qk_tile, _scores, _shift
 from .family_math import _d_from_p, _f
 
 
@@ -78,7 +78,8 @@ def attn_bwd_dq_kernel(Q, K, V, MASK, ALPHA, OUT, DO, M, LAM, DQ, DELTA, DAROW, 
         hs = tl.zeros([BM, 1], tl.float32)
         gs = tl.zeros([BM, 1], tl.float32)
         for j in range(0, nkb):
-            z = _qk_tile(q, Kb, skn, skd, j * BN, rows, L, S, E, scale, Mb, smm, smn, MASK_KIND, CAUSAL, BN, EP) - m
+            t = _qk_tile(q, Kb, skn, skd, j * BN, rows, L, S, E, scale, Mb, smm, smn, MASK_KIND, CAUSAL, BN, EP)
+            z = _shift(t, m, scale, MASK_KIND)
             p, d = _p_d(z, lam, alpha, FAM)
             live = _any(p > 0)
             if not SKIP:
@@ -86,7 +87,7 @@ def attn_bwd_dq_kernel(Q, K, V, MASK, ALPHA, OUT, DO, M, LAM, DQ, DELTA, DAROW, 
             tl.store(FL + j, tl.where(live, 1, 0).to(tl.int8))
             if live:
                 v = _load_2d(Vb, j * BN + tl.arange(0, BN)[:, None], svn, svd, S, EV, EVP)
-                dp = tl.dot(do, tl.trans(v), input_precision="ieee")
+                dp = _dot(do, tl.trans(v))
                 sd += tl.sum(d, 1, keep_dims=True)
                 sdp += tl.sum(d * dp, 1, keep_dims=True)
                 if NEED_DALPHA:
@@ -107,13 +108,14 @@ def attn_bwd_dq_kernel(Q, K, V, MASK, ALPHA, OUT, DO, M, LAM, DQ, DELTA, DAROW, 
         if live:
             kidx = j * BN + tl.arange(0, BN)[:, None]
             k = _load_2d(Kb, kidx, skn, skd, S, E, EP)
-            z = _scores(tl.dot(q, tl.trans(k), input_precision="ieee"), rows, j * BN + tl.arange(0, BN)[None, :],
-                        L, S, scale, Mb, smm, smn, MASK_KIND, CAUSAL) - m
+            t = _scores(_dot(q, tl.trans(k)), rows, j * BN + tl.arange(0, BN)[None, :],
+                        L, S, scale, Mb, smm, smn, MASK_KIND, CAUSAL)
+            z = _shift(t, m, scale, MASK_KIND)
             p, d = _p_d(z, lam, alpha, FAM)
             v = _load_2d(Vb, kidx, svn, svd, S, EV, EVP)
-            dp = tl.dot(do, tl.trans(v), input_precision="ieee")
+            dp = _dot(do, tl.trans(v))
             ds = d * (dp - delta)
-            dq += tl.dot(ds.to(k.dtype), k, input_precision="ieee")
+            dq += _dot(ds.to(k.dtype), k)
     c = tl.arange(0, EP)[None, :]
     tl.store(DQ + (ob + rows) * E + c, (dq * scale).to(DQ.dtype.element_ty), mask=(rows < L) & (c < E))
 
@@ -159,13 +161,13 @@ def attn_bwd_dkdv_kernel(Q, K, V, MASK, ALPHA, DO, M, LAM, DELTA, DK, DV, TILES,
                 m = tl.load(M + ob + rows, mask=rows < L, other=0.0)
                 lam = tl.load(LAM + ob + rows, mask=rows < L, other=float("inf"))
                 delta = tl.load(DELTA + ob + rows, mask=rows < L, other=0.0)
-                zt = _scores(tl.dot(k, tl.trans(q), input_precision="ieee"), rows, kidx, L, S, scale, Mb, smm, smn,
-                             MASK_KIND, CAUSAL) - m  # [BN, BM]
+                tt = _scores(_dot(k, tl.trans(q)), rows, kidx, L, S, scale, Mb, smm, smn, MASK_KIND, CAUSAL)
+                zt = _shift(tt, m, scale, MASK_KIND)  # [BN, BM]
                 pt, dt = _p_d(zt, lam, alpha, FAM)
-                dv += tl.dot(pt.to(do.dtype), do, input_precision="ieee")
-                dpt = tl.dot(v, tl.trans(do), input_precision="ieee")
+                dv += _dot(pt.to(do.dtype), do)
+                dpt = _dot(v, tl.trans(do))
                 dst = dt * (dpt - delta)
-                dk += tl.dot(dst.to(q.dtype), q, input_precision="ieee")
+                dk += _dot(dst.to(q.dtype), q)
     base = bhk.to(tl.int64) * S + kidx
     ce = tl.arange(0, EP)[None, :]
     cv = tl.arange(0, EVP)[None, :]

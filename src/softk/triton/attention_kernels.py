@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from .attention_search import _max_pass, _search
-from .attention_tiles import _any, _key_blocks, _load_2d, _qk_tile
+from .attention_tiles import _any, _dot, _key_blocks, _load_2d, _qk_tile, _shift
 from .family_math import _f
 
 
@@ -32,7 +32,8 @@ from .family_math import _f
 def _softmax_pass(q, Kb, skn, skd, Vb, svn, svd, rows, L, S, E, EV, scale, Mb, smm, smn, nkb,
                   MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                   EP: tl.constexpr, EVP: tl.constexpr):
-    """(Σ e^{s − m} v, m, Σ e^{s − m}) per row, in one pass (online max)."""
+    """(Σ e^z v, m, Σ e^z) per row, z = s − max s formed from m by ``_shift``,
+    in one pass (online max)."""
     m = tl.full([BM, 1], float("-inf"), tl.float32)
     l = tl.zeros([BM, 1], tl.float32)
     acc = tl.zeros([BM, EVP], tl.float32)
@@ -40,11 +41,11 @@ def _softmax_pass(q, Kb, skn, skd, Vb, svn, svd, rows, L, S, E, EV, scale, Mb, s
         s = _qk_tile(q, Kb, skn, skd, j * BN, rows, L, S, E, scale, Mb, smm, smn, MASK_KIND, CAUSAL, BN, EP)
         mn = tl.maximum(m, tl.max(s, 1, keep_dims=True))
         ms = tl.where(mn > float("-inf"), mn, 0.0)
-        a = tl.exp(m - ms)  # 0 while the row has seen no key (m = −inf)
-        p = tl.exp(s - ms)
+        a = tl.exp(_shift(m, ms, scale, MASK_KIND))  # 0 while the row has seen no key (m = −inf)
+        p = tl.exp(_shift(s, ms, scale, MASK_KIND))
         l = l * a + tl.sum(p, 1, keep_dims=True)
         v = _load_2d(Vb, j * BN + tl.arange(0, BN)[:, None], svn, svd, S, EV, EVP)
-        acc = acc * a + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        acc = acc * a + _dot(p.to(v.dtype), v)
         m = mn
     return acc, m, l
 
@@ -62,14 +63,15 @@ def _pv_pass(q, Kb, skn, skd, Vb, svn, svd, rows, L, S, E, EV, scale, Mb, smm, s
         if not SKIP:
             live = flag >= 0
         if live:
-            z = _qk_tile(q, Kb, skn, skd, j * BN, rows, L, S, E, scale, Mb, smm, smn, MASK_KIND, CAUSAL, BN, EP) - m
+            t = _qk_tile(q, Kb, skn, skd, j * BN, rows, L, S, E, scale, Mb, smm, smn, MASK_KIND, CAUSAL, BN, EP)
+            z = _shift(t, m, scale, MASK_KIND)
             p = tl.where(z > float("-inf"), _f(z - lam, FAM, alpha), 0.0)
             nz = _any(p > 0)
             if not SKIP:
                 nz = flag >= 0
             if nz:
                 v = _load_2d(Vb, j * BN + tl.arange(0, BN)[:, None], svn, svd, S, EV, EVP)
-                acc += tl.dot(p.to(v.dtype), v, input_precision="ieee")
+                acc += _dot(p.to(v.dtype), v)
                 used += 1
     return acc, used
 

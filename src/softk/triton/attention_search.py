@@ -38,7 +38,7 @@ support, is not recomputed, and stays dead (lo only grows).
 import triton
 import triton.language as tl
 
-from .attention_tiles import _any, _qk_tile
+from .attention_tiles import _any, _qk_tile, _shift
 from .family_math import _acc, _fin, _init, _red
 
 EPS = tl.constexpr(1.1920928955078125e-07)  # float32 machine epsilon
@@ -48,7 +48,8 @@ EPS = tl.constexpr(1.1920928955078125e-07)  # float32 machine epsilon
 def _max_pass(q, Kb, skn, skd, rows, L, S, E, scale, Mb, smm, smn, nkb, lo0, FL,
               MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
               EP: tl.constexpr):
-    """Pass 1: the row max m and the count n of keys taking part ([BM, 1]
+    """Pass 1: the row reference m (the max of the raw q·k, or of s: see
+    :mod:`.attention_tiles`) and the count n of keys taking part ([BM, 1]
     each); sets every block's flag (see the module docstring)."""
     m = tl.full([BM, 1], float("-inf"), tl.float32)
     n = tl.zeros([BM, 1], tl.float32)
@@ -57,7 +58,7 @@ def _max_pass(q, Kb, skn, skd, rows, L, S, E, scale, Mb, smm, smn, nkb, lo0, FL,
         sr = tl.max(s, 1, keep_dims=True)
         m = tl.maximum(m, sr)
         n += tl.sum((s > float("-inf")).to(tl.float32), 1, keep_dims=True)
-        live = _any((sr > float("-inf")) & ((sr - tl.where(m > float("-inf"), m, 0.0)) > lo0))
+        live = _any((sr > float("-inf")) & (_shift(sr, tl.where(m > float("-inf"), m, 0.0), scale, MASK_KIND) > lo0))
         tl.store(FL + j, tl.where(live, 3, 0).to(tl.int8))
     return m, n
 
@@ -82,7 +83,8 @@ def _search_pass(q, Kb, skn, skd, rows, L, S, E, scale, Mb, smm, smn, nkb, FL, b
         if not SKIP:
             live = flag >= 0  # every block (the flags are 0 … 3)
         if live:
-            z = _qk_tile(q, Kb, skn, skd, j * BN, rows, L, S, E, scale, Mb, smm, smn, MASK_KIND, CAUSAL, BN, EP) - m
+            t = _qk_tile(q, Kb, skn, skd, j * BN, rows, L, S, E, scale, Mb, smm, smn, MASK_KIND, CAUSAL, BN, EP)
+            z = _shift(t, m, scale, MASK_KIND)
             t = _red(_acc(z, lam, 0.0, alpha, _init(FAM, BM, BN), FAM), FAM)
             tot = (tot[0] + t[0], tot[1] + t[1], tot[2] + t[2])  # plain sums for families 1–3
             if FAM == 2:
