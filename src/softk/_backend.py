@@ -19,6 +19,7 @@ computes in float32, so float64 inputs use "torch" under it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import os
 import threading
@@ -32,8 +33,10 @@ def _constant_under_compile(fn):
     return fn
 
 
+@functools.lru_cache(maxsize=None)
 def triton_importable() -> bool:
-    """True when the ``triton`` package is installed (not imported here)."""
+    """True when the ``triton`` package is installed (not imported here;
+    looked up once per process)."""
     return importlib.util.find_spec("triton") is not None
 
 
@@ -42,16 +45,34 @@ def triton_interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+_native_ok = None
+
+
 @_constant_under_compile
 def native_available() -> bool:
-    """True when the compiled CPU kernels load (compiling them on first use)."""
-    from .native import build
+    """True when the compiled CPU kernels load (compiling them on first use).
 
-    return build.enabled() and build.library() is not None
+    Read once per process (``SOFTK_NATIVE`` included): the answer cannot
+    change once the library has loaded or failed to."""
+    global _native_ok
+    if _native_ok is None:
+        from .native import build
+
+        _native_ok = build.enabled() and build.library() is not None
+    return _native_ok
 
 
 _AVAILABLE = {"auto": lambda: True, "torch": lambda: True, "native": native_available, "triton": triton_importable}
 _state = threading.local()
+
+if os.name == "posix" and isinstance(getattr(os.environ, "_data", None), dict):
+    def _env_backend():
+        # os.environ's own table (bytes keys): os.environ.get encodes the key on every call
+        value = os.environ._data.get(b"SOFTK_BACKEND")
+        return None if value is None else os.fsdecode(value)
+else:  # pragma: no cover
+    def _env_backend():
+        return os.environ.get("SOFTK_BACKEND")
 
 
 def _check(name: str, source: str) -> str:
@@ -76,7 +97,8 @@ def backend() -> str:
     """
     name = getattr(_state, "name", None)
     if name is None:
-        return _check(os.environ.get("SOFTK_BACKEND", "auto"), "SOFTK_BACKEND")
+        name = _env_backend()  # read on every call: a test or a launcher may set it at run time
+        return "auto" if name is None or name == "auto" else _check(name, "SOFTK_BACKEND")
     return name
 
 
@@ -105,17 +127,16 @@ def resolve(x, native_ok=native_available) -> str:
     Under ``torch.compile`` the setting is read once, when the graph is
     captured (``torch.compiler.assume_constant_result``)."""
     name = backend()
-    runnable = x.is_cuda or triton_interpreted()
     if name == "auto":
         if x.is_cuda:
             return "triton" if triton_importable() else "torch"
-        return "native" if x.device.type == "cpu" and native_ok() else "torch"
-    if name == "native" and x.device.type != "cpu":
+        return "native" if x.is_cpu and native_ok() else "torch"
+    if name == "native" and not x.is_cpu:
         raise ValueError(
             f"backend 'native' runs CPU tensors, got a tensor on {x.device}; "
             "use softk.use_backend('auto') or move x to the CPU"
         )
-    if name == "triton" and not runnable:
+    if name == "triton" and not (x.is_cuda or triton_interpreted()):
         raise ValueError(
             f"backend 'triton' runs CUDA tensors (or CPU tensors under TRITON_INTERPRET=1), "
             f"got a tensor on {x.device}; use softk.use_backend('torch') or move x to a GPU"

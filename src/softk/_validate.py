@@ -31,16 +31,18 @@ def check_input(x, name: str = "x") -> None:
 def check_dim(x, dim, name: str = "dim") -> int:
     """Return ``dim`` as a non-negative index into ``x.shape`` (x None: only
     the type is checked, for modules, which learn the rank at call time)."""
-    if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(dim).__name__}")
+    if type(dim) is not int:  # the common case skips the ABC checks below
+        if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
+            raise TypeError(f"{name} must be an int, got {type(dim).__name__}")
+        dim = int(dim)
     if x is None:
-        return int(dim)
+        return dim
     nd = x.dim()
     if not -nd <= dim < nd:
         raise ValueError(
             f"{name}={dim} is out of range for a {nd}-D input (expected {-nd}..{nd - 1})"
         )
-    return int(dim) % nd
+    return dim % nd
 
 
 def check_tau(tau, name: str = "tau", allow_grad: bool = False):
@@ -50,6 +52,8 @@ def check_tau(tau, name: str = "tau", allow_grad: bool = False):
     as a 0-d tensor (after the same value check), so that the caller forms
     x/τ with autograd and τ gets its gradient; elsewhere such a τ is refused,
     never silently detached."""
+    if type(tau) is float and 0.0 < tau < math.inf:  # the common case
+        return tau
     if isinstance(tau, torch.Tensor) and tau.requires_grad:
         if not allow_grad:
             raise ValueError(
@@ -65,6 +69,8 @@ def check_tau(tau, name: str = "tau", allow_grad: bool = False):
 
 def check_positive(tau, name: str) -> float:
     """A finite number > 0 (a Python number or a one-element tensor)."""
+    if type(tau) is float and 0.0 < tau < math.inf:  # the common case
+        return tau
     if isinstance(tau, torch.Tensor):
         if tau.numel() != 1:
             raise TypeError(f"{name} must be a number, got a tensor of shape {tuple(tau.shape)}")

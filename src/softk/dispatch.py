@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import _backend
+from . import _backend, native
 from .threshold.families import Family
 from .threshold.rows import compute_dtype, scaled_rows
 from .threshold import torch_path
@@ -36,6 +36,8 @@ from .threshold import torch_path
 def _in_compute_dtype(vjp, family: Family, p: Tensor, g: Tensor, tau: float) -> Tensor:
     """Run a backward in the compute dtype (half inputs: float32), return p's dtype."""
     ct = compute_dtype(p.dtype)
+    if p.dtype == ct:
+        return vjp(family, p, g if g.dtype == ct else g.to(ct), tau)
     return vjp(family, p.to(ct), g.to(ct), tau).to(p.dtype)
 
 
@@ -64,21 +66,18 @@ class NativeBackend:
 
     @staticmethod
     def serves(family: Family, x: Tensor) -> bool:
-        return family.native and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
+        return family.native and x.is_cpu and (x.dtype == torch.float32 or x.dtype == torch.float64)
 
     @staticmethod
     def forward(family: Family, x: Tensor, k: int, tau: float) -> Tensor:
-        from . import native
-
         # The kernels find λ relative to the row themselves; x/τ is formed
-        # after the shift (τ ≠ 1), as on every path.
-        return native.forward(family, scaled_rows(x, tau, family, k, shift=tau != 1.0), k).to(x.dtype)
+        # after the shift (τ ≠ 1), as on every path.  serves() took only
+        # float32/float64, which the kernels compute in.
+        return native.forward(family, x if tau == 1.0 else scaled_rows(x, tau, family, k), k)
 
     @staticmethod
     def backward(family: Family, p: Tensor, g: Tensor, tau: float) -> Tensor:
-        from . import native
-
-        return _in_compute_dtype(native.backward, family, p, g, tau)
+        return native.backward(family, p, g, tau)  # p is float32/float64, as serves() took
 
 
 class TritonBackend:

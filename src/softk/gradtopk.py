@@ -60,6 +60,7 @@ import math
 import torch
 from torch import Tensor
 
+from . import _lean
 from .gradtopk_scan import solve_scan
 from .gradtopk_tree import solve_tree
 from .threshold.rows import row_status
@@ -188,42 +189,56 @@ _SECOND_ORDER = (
 )
 
 
-def _front(info, t: Tensor, bdim):
-    return t.expand(info.batch_size, *t.shape) if bdim is None else t.movedim(bdim, 0)
-
-
-@torch.library.custom_op("softk::gradtopk", mutates_args=())
-def gradtopk_op(x: Tensor, k: int, tau: float) -> Tensor:
+def _gradtopk_kernel(x: Tensor, k: int, tau: float) -> Tensor:
     return gradtopk_forward(x, k, tau).to(x.dtype)
 
 
-@torch.library.custom_op("softk::gradtopk_hvp", mutates_args=())
-def gradtopk_hvp_op(x: Tensor, g: Tensor, k: int, tau: float) -> Tensor:
+def _hvp_kernel(x: Tensor, g: Tensor, k: int, tau: float) -> Tensor:
     # a row with a NaN/+inf score: NaN gradient, as every threshold map's
     broken = (torch.isnan(x) | (x == float("inf"))).any(-1, keepdim=True)
     return torch.where(broken, float("nan"), gradtopk_hvp(x, k, tau, g)).to(x.dtype)
-
-
-@gradtopk_op.register_fake
-def _(x, k, tau):
-    return torch.empty_like(x)
-
-
-@gradtopk_hvp_op.register_fake
-def _(x, g, k, tau):
-    return torch.empty_like(x)
 
 
 def _no_second_order(ctx, grad):
     raise NotImplementedError(_SECOND_ORDER)
 
 
-# Differentiating the Hessian–vector product (a second derivative of p) fails loudly.
-gradtopk_hvp_op.register_autograd(_no_second_order)
-gradtopk_op.register_vmap(lambda info, d, x, k, tau: (gradtopk_op(_front(info, x, d[0]), k, tau), 0))
-gradtopk_hvp_op.register_vmap(
-    lambda info, d, x, g, k, tau: (gradtopk_hvp_op(_front(info, x, d[0]), _front(info, g, d[1]), k, tau), 0)
-)
+def _log_ek_kernel(x: Tensor, k: int, tau: float) -> Tensor:
+    return log_ek_rows(x, k, tau)[0].to(x.dtype)
+
+
+gradtopk_op = gradtopk_hvp_op = log_ek_op = None  # softk::gradtopk, gradtopk_hvp, log_ek: see _library()
+
+
+@_lean.library
+def _library():
+    global gradtopk_op, gradtopk_hvp_op, log_ek_op
+    gradtopk_op = _lean.custom_op("softk::gradtopk", _gradtopk_kernel)
+    gradtopk_hvp_op = _lean.custom_op("softk::gradtopk_hvp", _hvp_kernel)
+    # Differentiating the Hessian–vector product (a second derivative of p) fails loudly.
+    gradtopk_hvp_op.register_autograd(_no_second_order)
+    log_ek_op = _lean.custom_op("softk::log_ek", _log_ek_kernel, fake=lambda x, k, tau: x.new_empty(x.shape[:-1] + (1,)))
+
+
+class _Hvp(torch.autograd.Function):
+    """H g / τ (the backward of GradTopK), with no derivative of its own."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x: Tensor, g: Tensor, k: int, tau: float) -> Tensor:
+        return gradtopk_hvp_op(x, g, k, tau)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise NotImplementedError(_SECOND_ORDER)
+
+
+_HVP = _lean.Routes(_Hvp, _hvp_kernel, lambda x, g, *_: (x, g), register=_library)
 
 
 class _SavesInput(torch.autograd.Function):
@@ -249,14 +264,18 @@ class GradTopKFunction(_SavesInput):
     @staticmethod
     def backward(ctx, g: Tensor):
         (x,) = ctx.saved_tensors
-        return gradtopk_hvp_op(x, g, ctx.k, ctx.tau), None, None
+        return _HVP.apply(x, g, ctx.k, ctx.tau), None, None
 
 
 class _GradTopKJvp(GradTopKFunction):
     @staticmethod
     def jvp(ctx, v, *_):
         (x,) = ctx.saved_tensors
-        return gradtopk_hvp_op(x, v, ctx.k, ctx.tau)
+        return _HVP.apply(x, v, ctx.k, ctx.tau)
+
+
+_GRADTOPK = _lean.Routes(_GradTopKJvp, _gradtopk_kernel, lambda x, *_: (x,), compiled=GradTopKFunction,
+                         register=_library)
 
 
 def log_ek_rows(x: Tensor, k: int, tau: float) -> tuple[Tensor, Tensor]:
@@ -278,24 +297,6 @@ def log_ek_rows(x: Tensor, k: int, tau: float) -> tuple[Tensor, Tensor]:
     return value, torch.where(active, p.reshape(filled.shape), filled)
 
 
-@torch.library.custom_op("softk::log_ek", mutates_args=())
-def log_ek_op(x: Tensor, k: int, tau: float) -> Tensor:
-    return log_ek_rows(x, k, tau)[0].to(x.dtype)
-
-
-@log_ek_op.register_fake
-def _(x, k, tau):
-    return x.new_empty(x.shape[:-1] + (1,))
-
-
-log_ek_op.register_vmap(lambda info, d, x, k, tau: (log_ek_op(_front(info, x, d[0]), k, tau), 0))
-
-
-def _apply_gradtopk(x: Tensor, k: int, tau: float) -> Tensor:
-    fn = GradTopKFunction if torch.compiler.is_compiling() else _GradTopKJvp
-    return fn.apply(x, k, tau)
-
-
 class LogEkFunction(_SavesInput):
     """τ·log e_k(exp(x/τ)) along the last dimension (keepdim); gradient p
     (computed through GradTopK, so the Hessian of the value is p's Jacobian)."""
@@ -307,25 +308,27 @@ class LogEkFunction(_SavesInput):
     @staticmethod
     def backward(ctx, g: Tensor):
         (x,) = ctx.saved_tensors
-        return g * _apply_gradtopk(x, ctx.k, ctx.tau), None, None
+        return g * _GRADTOPK.apply(x, ctx.k, ctx.tau), None, None
 
 
 class _LogEkJvp(LogEkFunction):
     @staticmethod
     def jvp(ctx, v, *_):
         (x,) = ctx.saved_tensors
-        return (_apply_gradtopk(x, ctx.k, ctx.tau) * v).sum(-1, keepdim=True)
+        return (_GRADTOPK.apply(x, ctx.k, ctx.tau) * v).sum(-1, keepdim=True)
+
+
+_LOG_EK = _lean.Routes(_LogEkJvp, _log_ek_kernel, lambda x, *_: (x,), compiled=LogEkFunction, register=_library)
 
 
 def gradtopk(x: Tensor, k: int, dim: int, tau: float) -> Tensor:
     """Launcher for ``soft_topk(method="grad")`` (arguments already validated)."""
     if x.numel() == 0:
         return x * 0
-    return _apply_gradtopk(x.movedim(dim, -1), k, tau).movedim(-1, dim)
+    return _GRADTOPK.apply(x.movedim(dim, -1), k, tau).movedim(-1, dim)
 
 
 def log_ek(x: Tensor, k: int, dim: int, tau: float, keepdim: bool = False) -> Tensor:
     """τ·log e_k(exp(x/τ)) along ``dim`` (arguments already validated)."""
-    fn = LogEkFunction if torch.compiler.is_compiling() else _LogEkJvp
-    out = fn.apply(x.movedim(dim, -1), k, tau).movedim(-1, dim)
+    out = _LOG_EK.apply(x.movedim(dim, -1), k, tau).movedim(-1, dim)
     return out if keepdim else out.squeeze(dim)

@@ -1,10 +1,10 @@
 """log_softmax and logsumexp on the Triton kernels of :mod:`softk.triton.softmax`.
 
 Where dispatch picks "triton" (a CUDA tensor, or the interpreter), the two
-run through custom ops (fake kernels, so torch.compile(fullgraph=True) sees
-one opaque node per direction; vmap rules: the ops act on the last
-dimension, so a batch dimension leads), called by the autograd functions
-below.  :mod:`softk.simplex` calls :func:`on_triton`, :func:`log_softmax_rows`
+run the kernels under the autograd functions below: directly in plain eager
+mode, and through custom ops (fake kernels, so torch.compile(fullgraph=True)
+sees one opaque node per direction; vmap rules: the ops act on the last
+dimension, so a batch dimension leads) otherwise (:mod:`softk._lean`).  :mod:`softk.simplex` calls :func:`on_triton`, :func:`log_softmax_rows`
 and :func:`logsumexp_rows`; everywhere else it keeps its tensor code.
 """
 
@@ -13,69 +13,50 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import dispatch
+from . import _lean, dispatch
 from .threshold import SOFTMAX
 from .threshold.op import threshold_map
 
-# Where dispatch picks "triton" (a CUDA tensor, or the interpreter), the two
-# run the kernels of softk.triton.softmax through custom ops (fake kernels, so
-# torch.compile(fullgraph=True) sees one opaque node per direction; vmap
-# rules: the ops act on the last dimension, so a batch dimension leads),
-# called by the autograd functions below.
+
 def _rows(x: Tensor) -> Tensor:
     return x.contiguous().view(-1, x.shape[-1])
 
 
-def _front(t: Tensor, bdim, batch: int):
-    return t.expand(batch, *t.shape) if bdim is None else t.movedim(bdim, 0)
-
-
-@torch.library.custom_op("softk::log_softmax_rows", mutates_args=())
-def _log_softmax_op(x: Tensor, tau: float) -> Tensor:
+def _log_softmax_kernel(x: Tensor, tau: float) -> Tensor:
     from .triton.softmax import softmax_rows
 
     return softmax_rows(_rows(x), tau, log=True).view(x.shape)
 
 
-@torch.library.custom_op("softk::log_softmax_rows_backward", mutates_args=())
-def _log_softmax_bwd_op(y: Tensor, g: Tensor, tau: float) -> Tensor:
+def _log_softmax_bwd_kernel(y: Tensor, g: Tensor, tau: float) -> Tensor:
     from .triton.softmax import softmax_backward_rows
 
     return softmax_backward_rows(_rows(y), _rows(g.to(y.dtype)), tau, log=True).view(y.shape)
 
 
-@torch.library.custom_op("softk::logsumexp_rows", mutates_args=())
-def _logsumexp_op(x: Tensor, tau: float) -> Tensor:
+def _logsumexp_kernel(x: Tensor, tau: float) -> Tensor:
     from .triton.softmax import logsumexp_rows
 
     return logsumexp_rows(_rows(x), tau).view(x.shape[:-1])
 
 
-@torch.library.custom_op("softk::logsumexp_rows_backward", mutates_args=())
-def _logsumexp_bwd_op(x: Tensor, g: Tensor, tau: float) -> Tensor:
+def _logsumexp_bwd_kernel(x: Tensor, g: Tensor, tau: float) -> Tensor:
     from .triton.softmax import logsumexp_backward_rows
 
     return logsumexp_backward_rows(_rows(x), g.to(x.dtype).reshape(-1), tau).view(x.shape)
 
 
-@_log_softmax_op.register_fake
-def _(x, tau):
-    return torch.empty_like(x)
+_log_softmax_op = _log_softmax_bwd_op = _logsumexp_op = _logsumexp_bwd_op = None  # see _library()
 
 
-@_log_softmax_bwd_op.register_fake
-def _(y, g, tau):
-    return torch.empty_like(y)
-
-
-@_logsumexp_op.register_fake
-def _(x, tau):
-    return x.new_empty(x.shape[:-1])
-
-
-@_logsumexp_bwd_op.register_fake
-def _(x, g, tau):
-    return torch.empty_like(x)
+@_lean.library
+def _library():
+    global _log_softmax_op, _log_softmax_bwd_op, _logsumexp_op, _logsumexp_bwd_op
+    _log_softmax_op = _lean.custom_op("softk::log_softmax_rows", _log_softmax_kernel)
+    _log_softmax_bwd_op = _lean.custom_op("softk::log_softmax_rows_backward", _log_softmax_bwd_kernel)
+    _logsumexp_op = _lean.custom_op("softk::logsumexp_rows", _logsumexp_kernel,
+                                    fake=lambda x, tau: x.new_empty(x.shape[:-1]))
+    _logsumexp_bwd_op = _lean.custom_op("softk::logsumexp_rows_backward", _logsumexp_bwd_kernel)
 
 
 def _log_softmax_vjp(y: Tensor, g: Tensor, tau: float) -> Tensor:
@@ -114,6 +95,8 @@ class _LogSoftmax(torch.autograd.Function):
         (y,) = ctx.saved_tensors
         if torch.is_grad_enabled():
             return _log_softmax_vjp(y, g, ctx.tau), None
+        if _lean.eager(y, g):
+            return _log_softmax_bwd_kernel(y, g, ctx.tau), None
         return _log_softmax_bwd_op(y, g, ctx.tau), None
 
 
@@ -147,6 +130,8 @@ class _LogSumExp(torch.autograd.Function):
         if torch.is_grad_enabled():
             # d(τ lse(x/τ))/dx = softmax(x/τ), whose own backward is then tensor code
             return (g.unsqueeze(-1) * _softmax_rows(x, ctx.tau)).to(x.dtype), None
+        if _lean.eager(x, g):
+            return _logsumexp_bwd_kernel(x, g, ctx.tau), None
         return _logsumexp_bwd_op(x, g, ctx.tau), None
 
 
@@ -157,30 +142,23 @@ class _LogSumExpJvp(_LogSumExp):
         return (_softmax_rows(x, ctx.tau).float() * v.float()).sum(-1).to(x.dtype)
 
 
-_log_softmax_op.register_vmap(lambda info, dims, x, tau: (_log_softmax_op(_front(x, dims[0], info.batch_size), tau), 0))
-_logsumexp_op.register_vmap(lambda info, dims, x, tau: (_logsumexp_op(_front(x, dims[0], info.batch_size), tau), 0))
-_log_softmax_bwd_op.register_vmap(
-    lambda info, dims, y, g, tau: (
-        _log_softmax_bwd_op(_front(y, dims[0], info.batch_size), _front(g, dims[1], info.batch_size), tau), 0))
-_logsumexp_bwd_op.register_vmap(
-    lambda info, dims, x, g, tau: (
-        _logsumexp_bwd_op(_front(x, dims[0], info.batch_size), _front(g, dims[1], info.batch_size), tau), 0))
-
-
 def on_triton(x: Tensor, tau) -> bool:
     """The kernels run this call: dispatch picks "triton" and τ is a number
     (a τ that requires grad takes the tensor code, which differentiates it)."""
     return not isinstance(tau, Tensor) and x.numel() > 0 and dispatch.resolve(x, SOFTMAX) == "triton"
 
 
+_LOG_SOFTMAX = _lean.Routes(_LogSoftmaxJvp, _log_softmax_kernel, lambda x, _: (x,), compiled=_LogSoftmax,
+                            register=_library)
+_LOGSUMEXP = _lean.Routes(_LogSumExpJvp, _logsumexp_kernel, lambda x, _: (x,), compiled=_LogSumExp, register=_library)
+
+
 def log_softmax_rows(x: Tensor, tau: float) -> Tensor:
     """log softmax(x/τ) on the last dimension, through the kernels."""
-    fn = _LogSoftmax if torch.compiler.is_compiling() else _LogSoftmaxJvp
-    return fn.apply(x, tau)
+    return _LOG_SOFTMAX.apply(x, tau)
 
 
 def logsumexp_rows(x: Tensor, tau: float) -> Tensor:
     """τ logsumexp(x/τ) over the last dimension (reduced), through the kernels."""
-    fn = _LogSumExp if torch.compiler.is_compiling() else _LogSumExpJvp
-    return fn.apply(x, tau)
+    return _LOGSUMEXP.apply(x, tau)
 

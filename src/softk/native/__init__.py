@@ -42,21 +42,26 @@ def family_id(family):
     return family.kernel if family.native else None
 
 
-def _threads(rows: int, n: int) -> int:
-    return 1 if rows * n < _PARALLEL_MIN else max(1, min(torch.get_num_threads(), rows))
-
-
 def _empty(like: Tensor) -> Tensor:
     # Outputs are written by the kernels in full; tests swap this for a NaN fill.
     return torch.empty_like(like)
 
 
-def _suffix(t: Tensor) -> str:
-    if t.dtype == torch.float32:
-        return "f32"
-    if t.dtype == torch.float64:
-        return "f64"
-    raise TypeError(f"native kernels take float32/float64, got {t.dtype}")
+_SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
+_FUNCTIONS: dict = {}
+
+
+def _function(direction: str, dtype: torch.dtype):
+    """The ctypes entry point for ``direction`` ("forward"/"backward") and
+    ``dtype``, looked up once (a per-call getattr on the CDLL costs more
+    than a small row's kernel)."""
+    fn = _FUNCTIONS.get((direction, dtype))
+    if fn is None:
+        suffix = _SUFFIX.get(dtype)
+        if suffix is None:
+            raise TypeError(f"native kernels take float32/float64, got {dtype}")
+        fn = _FUNCTIONS[direction, dtype] = getattr(build.library(), f"softk_{direction}_threads_{suffix}")
+    return fn
 
 
 def forward(family, z: Tensor, k: int, return_iters: bool = False):
@@ -64,30 +69,38 @@ def forward(family, z: Tensor, k: int, return_iters: bool = False):
 
     With ``return_iters`` also the largest number of solver rounds any row
     took (each round is one pass over that row's surviving candidates)."""
-    rows_t = z.contiguous().view(-1, z.shape[-1])
-    out = _empty(rows_t)
-    rows, n = rows_t.shape
-    fn = getattr(build.library(), f"softk_forward_threads_{_suffix(z)}")
-    it = ctypes.c_int64(0)
+    if not z.is_contiguous():
+        z = z.contiguous()
+    out = _empty(z)
+    n = z.shape[-1]
+    size = z.numel()
+    rows = size // n if n else 0
+    it = ctypes.c_int64(0) if return_iters else None
     if rows:
-        rc = fn(family_id(family), rows_t.data_ptr(), out.data_ptr(), rows, n, float(k), family.alpha_value,
-                ctypes.byref(it), _threads(rows, n))
+        threads = 1 if size < _PARALLEL_MIN else max(1, min(torch.get_num_threads(), rows))
+        rc = _function("forward", z.dtype)(family_id(family), z.data_ptr(), out.data_ptr(), rows, n, float(k),
+                                           family.alpha_value, None if it is None else ctypes.byref(it), threads)
         if rc != 0:
             raise MemoryError(f"softk native kernel: no scratch memory for rows of {n} entries")
-    p = out.view(z.shape)
-    return (p, it.value) if return_iters else p
+    return (out, 0 if it is None else it.value) if return_iters else out
 
 
 def backward(family, p: Tensor, g: Tensor, tau: float) -> Tensor:
     """d ⊙ (g − Σ(d⊙g)/Σd) / τ along the last dimension, d = f′ read off ``p``."""
-    prow = p.contiguous().view(-1, p.shape[-1])
-    grow = g.to(p.dtype).contiguous().view(-1, p.shape[-1])
-    dx = _empty(prow)
-    rows, n = prow.shape
-    fn = getattr(build.library(), f"softk_backward_threads_{_suffix(p)}")
+    if not p.is_contiguous():
+        p = p.contiguous()
+    if g.dtype != p.dtype:
+        g = g.to(p.dtype)
+    if not g.is_contiguous():
+        g = g.contiguous()
+    dx = _empty(p)
+    n = p.shape[-1]
+    size = p.numel()
+    rows = size // n if n else 0
     if rows:
-        rc = fn(family_id(family), prow.data_ptr(), grow.data_ptr(), dx.data_ptr(), rows, n, 1.0 / tau,
-                family.alpha_value, _threads(rows, n))
+        threads = 1 if size < _PARALLEL_MIN else max(1, min(torch.get_num_threads(), rows))
+        rc = _function("backward", p.dtype)(family_id(family), p.data_ptr(), g.data_ptr(), dx.data_ptr(), rows, n,
+                                            1.0 / tau, family.alpha_value, threads)
         if rc != 0:
             raise MemoryError(f"softk native kernel: no scratch memory for rows of {n} entries")
-    return dx.view(p.shape)
+    return dx

@@ -59,28 +59,37 @@ class Family:
     support_size: Optional[Callable[[Tensor, Tensor, int], Tensor]] = None
     alpha: object = None  # entmax's α (the Triton kernels take it as a number)
 
-    # Which kernels serve the family: one table, read by softk.dispatch.
+    # Which kernels serve the family: one table, read by softk.dispatch.  The
+    # answers are computed once, in __post_init__ (every call asks them, and
+    # functools.cached_property takes a lock that torch.compile cannot trace).
+    def __post_init__(self):
+        if self.name == "entmax" and isinstance(self.alpha, Tensor):
+            kernel = None  # per-row α: PyTorch path
+        else:
+            kernel = KERNEL_IDS.get(self.name)
+        native = kernel is not None and kernel in NATIVE_IDS and (
+            kernel != KERNEL_IDS["entmax"] or 1.0 < float(self.alpha) <= 2.0)
+        # a tensor α is read when asked (a value check of a batch, say), never here
+        alpha_value = 1.5 if self.alpha is None else None if isinstance(self.alpha, Tensor) else float(self.alpha)
+        object.__setattr__(self, "_kernels", (kernel, native, alpha_value))
+
     @property
     def kernel(self) -> Optional[int]:
         """The id of this family in the compiled CPU and Triton kernels (None: PyTorch path only)."""
-        if self.name == "entmax" and isinstance(self.alpha, Tensor):
-            return None  # per-row α: PyTorch path
-        return KERNEL_IDS.get(self.name)
+        return self._kernels[0]
 
     @property
     def native(self) -> bool:
         """True when the compiled CPU kernels serve this family: the first five
         ids, and entmax only for 1 < α ≤ 2 (for α > 2, g is not convex and the
         C solver's Newton-from-below is not safe)."""
-        fid = self.kernel
-        if fid is None or fid not in NATIVE_IDS:
-            return False
-        return fid != KERNEL_IDS["entmax"] or 1.0 < float(self.alpha) <= 2.0
+        return self._kernels[1]
 
     @property
     def alpha_value(self) -> float:
         """α as a float for the kernels (1.5 where the family has none)."""
-        return float(self.alpha) if self.alpha is not None else 1.5
+        value = self._kernels[2]
+        return float(self.alpha) if value is None else value
 
 
 # Kernel ids shared by kernels_impl.h (native) and softk/triton/kernels.py.

@@ -6,11 +6,17 @@ travels with the call, so the backward runs where the forward ran.
 
 What PyTorch expects of a library op, and how it is met:
 
+* eager calls cost what a torch op costs: a plain tensor in plain eager mode
+  (:func:`softk._lean.eager`) runs the backend's kernel directly, under an
+  old-style autograd.Function only when autograd can see the result, and
+  never enters torch.library (whose per-call layers cost more than a small
+  map, and whose first call imports torch._dynamo and triton);
 * ``torch.compile(fullgraph=True)``: the kernels are the custom ops
   ``softk::threshold`` and ``softk::threshold_backward``
-  (``torch.library.custom_op``) with fake kernels, so Dynamo and Inductor see
-  one opaque node per direction, never the ctypes call or the Triton launch
-  (Inductor therefore never re-types a Triton kernel's scalars).
+  (``torch.library.custom_op``, registered on the first call that needs
+  them) with fake kernels, so Dynamo and Inductor see one opaque node per
+  direction, never the ctypes call or the Triton launch (Inductor therefore
+  never re-types a Triton kernel's scalars).
 * reverse mode: the backward is d ⊙ (g − Σ(d⊙g)/Σd)/τ from the saved output
   (the backend's kernel when no graph is being built);
 * double backward: when a graph is being built (``create_graph=True``) the
@@ -26,74 +32,43 @@ What PyTorch expects of a library op, and how it is met:
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from torch import Tensor
 
-from .. import dispatch
-from .families import Family, by_name, entmax_family
+from .. import _lean, dispatch
+from .families import Family
+from .family_keys import family_by_key, family_key
+from .op_rowk import apply_rows_k
 from .rows import empty_like_result
 from .torch_path import vjp
 
 
-@functools.lru_cache(maxsize=None)
-def family_by_key(name: str, alpha: float) -> Family:
-    """The family called ``name`` (entmax: with this α).  Custom ops take
-    plain values, so a family crosses them as (name, α)."""
-    return entmax_family(alpha) if name == "entmax" else by_name(name)
-
-
-def family_key(family: Family):
-    return family.name, family.alpha_value
-
-
 # ------------------------------------------------------------- the custom ops
-@torch.library.custom_op("softk::threshold", mutates_args=())
-def threshold_op(x: Tensor, name: str, alpha: float, k: int, tau: float, backend: str) -> Tensor:
+def _threshold(x: Tensor, name: str, alpha: float, k: int, tau: float, backend: str) -> Tensor:
     """p along the last dimension of ``x`` on ``backend`` (arguments validated)."""
     return dispatch.get(backend).forward(family_by_key(name, alpha), x, k, tau)
 
 
-@threshold_op.register_fake
-def _(x, name, alpha, k, tau, backend):
-    return torch.empty_like(x)
-
-
-@torch.library.custom_op("softk::threshold_backward", mutates_args=())
-def threshold_backward_op(p: Tensor, g: Tensor, name: str, alpha: float, tau: float, backend: str) -> Tensor:
+def _threshold_backward(p: Tensor, g: Tensor, name: str, alpha: float, tau: float, backend: str) -> Tensor:
     """∂L/∂x from the saved output ``p`` and the incoming gradient ``g``."""
-    return dispatch.get(backend).backward(family_by_key(name, alpha), p, g.to(p.dtype), tau)
+    return dispatch.get(backend).backward(family_by_key(name, alpha), p, g, tau)
 
 
-@threshold_backward_op.register_fake
-def _(p, g, name, alpha, tau, backend):
-    return torch.empty_like(p)
+threshold_op = threshold_backward_op = None  # softk::threshold(_backward), defined by _library()
 
 
-def _front(t: Tensor, bdim):
-    return t if bdim is None else t.movedim(bdim, 0)
-
-
-def _fwd_vmap(info, in_dims, x, name, alpha, k, tau, backend):
-    # The map acts on the last logical dimension: any batch dim can lead.
-    return threshold_op(_front(x, in_dims[0]), name, alpha, k, tau, backend), 0
-
-
-def _bwd_vmap(info, in_dims, p, g, name, alpha, tau, backend):
-    p, g = _front(p, in_dims[0]), _front(g, in_dims[1])
-    if in_dims[0] is None:
-        p = p.expand(info.batch_size, *p.shape)
-    if in_dims[1] is None:
-        g = g.expand(info.batch_size, *g.shape)
-    return threshold_backward_op(p, g, name, alpha, tau, backend), 0
-
-
-threshold_op.register_vmap(_fwd_vmap)
-threshold_backward_op.register_vmap(_bwd_vmap)
+@_lean.library
+def _library():
+    global threshold_op, threshold_backward_op
+    threshold_op = _lean.custom_op("softk::threshold", _threshold)
+    threshold_backward_op = _lean.custom_op("softk::threshold_backward", _threshold_backward)
 
 
 # -------------------------------------------------------- the autograd contract
+def _kernel(x, family, k, tau, backend):
+    return dispatch.get(backend).forward(family, x, k, tau)
+
+
 class _Threshold(torch.autograd.Function):
     generate_vmap_rule = True
 
@@ -115,6 +90,8 @@ class _Threshold(torch.autograd.Function):
         if torch.is_grad_enabled():
             # A graph is being built: differentiable tensor code (double backward).
             dx = vjp(ctx.family, p, g.to(p.dtype), ctx.tau)
+        elif _lean.eager(p, g):
+            dx = dispatch.get(ctx.backend).backward(ctx.family, p, g, ctx.tau)
         else:
             name, alpha = family_key(ctx.family)
             dx = threshold_backward_op(p, g, name, alpha, ctx.tau, ctx.backend)
@@ -130,15 +107,15 @@ class _ThresholdJvp(_Threshold):
         return vjp(ctx.family, p, v.to(p.dtype), ctx.tau)
 
 
+_ROUTES = _lean.Routes(_ThresholdJvp, _kernel, lambda x, *_: (x,), compiled=_Threshold, register=_library)
+
+
 def apply_rows(x: Tensor, family: Family, k, tau: float, backend: str) -> Tensor:
     """The contract on rows (dim last), backend already resolved; ``k`` an
     int, or a tensor shaped x.shape[:-1] + (1,) (see :mod:`.op_rowk`)."""
     if isinstance(k, Tensor):
-        from .op_rowk import apply_rows_k
-
         return apply_rows_k(x, k, family, tau)
-    fn = _Threshold if torch.compiler.is_compiling() else _ThresholdJvp
-    return fn.apply(x, family, k, tau, backend)
+    return _ROUTES.apply(x, family, k, tau, backend)
 
 
 def threshold_map(x: Tensor, family: Family, k, dim: int, tau) -> Tensor:
@@ -154,4 +131,6 @@ def threshold_map(x: Tensor, family: Family, k, dim: int, tau) -> Tensor:
     if isinstance(tau, Tensor):
         x, tau = x / tau.to(x.dtype), 1.0
     backend = dispatch.resolve(x, family)
+    if dim == x.dim() - 1:
+        return apply_rows(x, family, k, tau, backend)
     return apply_rows(x.movedim(dim, -1), family, k, tau, backend).movedim(-1, dim)

@@ -18,34 +18,30 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .. import dispatch
-from .op import family_by_key, family_key
+from .. import _lean, dispatch
+from .family_keys import family_by_key, family_key
 from .rows import compute_dtype, scaled_rows
 from .torch_path import forward as torch_forward
 from .torch_path import slope, vjp
 
 
-@torch.library.custom_op("softk::threshold_rowk", mutates_args=())
-def threshold_rowk_op(x: Tensor, k: Tensor, name: str, alpha: float, tau: float) -> Tensor:
-    """p along the last dimension of ``x`` with Σp = k (k shaped x.shape[:-1] + (1,))."""
-    family = family_by_key(name, alpha)
+def _kernel(x: Tensor, k: Tensor, family, tau: float) -> Tensor:
     kc = k.to(compute_dtype(x.dtype))
     return torch_forward(family, scaled_rows(x, tau, family, kc), kc).to(x.dtype)
 
 
-@threshold_rowk_op.register_fake
-def _(x, k, name, alpha, tau):
-    return torch.empty_like(x)
+def _rowk(x: Tensor, k: Tensor, name: str, alpha: float, tau: float) -> Tensor:
+    """p along the last dimension of ``x`` with Σp = k (k shaped x.shape[:-1] + (1,))."""
+    return _kernel(x, k, family_by_key(name, alpha), tau)
 
 
-def _rowk_vmap(info, in_dims, x, k, name, alpha, tau):
-    def front(t, bdim):
-        return t.expand(info.batch_size, *t.shape) if bdim is None else t.movedim(bdim, 0)
-
-    return threshold_rowk_op(front(x, in_dims[0]), front(k, in_dims[1]), name, alpha, tau), 0
+threshold_rowk_op = None  # softk::threshold_rowk, defined by _library()
 
 
-threshold_rowk_op.register_vmap(_rowk_vmap)
+@_lean.library
+def _library():
+    global threshold_rowk_op
+    threshold_rowk_op = _lean.custom_op("softk::threshold_rowk", _rowk)
 
 
 def _dp_dk(family, p: Tensor) -> Tensor:
@@ -90,9 +86,11 @@ class _ThresholdRowKJvp(_ThresholdRowK):
         return out
 
 
+_ROUTES = _lean.Routes(_ThresholdRowKJvp, _kernel, lambda x, k, *_: (x, k), compiled=_ThresholdRowK,
+                       register=_library)
+
+
 def apply_rows_k(x: Tensor, k: Tensor, family, tau: float) -> Tensor:
     """The contract on rows (dim last) with k shaped x.shape[:-1] + (1,)."""
     dispatch.resolve(x, family)  # the configured backend must be able to run x at all
-    k = k.to(compute_dtype(x.dtype))
-    fn = _ThresholdRowK if torch.compiler.is_compiling() else _ThresholdRowKJvp
-    return fn.apply(x, k, family, tau)
+    return _ROUTES.apply(x, k.to(compute_dtype(x.dtype)), family, tau)
