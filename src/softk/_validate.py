@@ -62,7 +62,11 @@ def check_tau(tau, name: str = "tau", allow_grad: bool = False):
             )
         if tau.numel() != 1 or not tau.is_floating_point():
             raise TypeError(f"{name} must be a number or a one-element floating tensor, got shape {tuple(tau.shape)}")
-        check_positive(tau.detach(), name)
+        t = tau.detach()
+        if t.is_cpu:
+            check_positive(t, name)
+        else:  # no host sync: a device-side assertion (see require)
+            require((t > 0) & torch.isfinite(t), f"{name} must be a finite number > 0")
         return tau.reshape(())
     return check_positive(tau, name)
 
@@ -194,9 +198,19 @@ def require(ok: torch.Tensor, message) -> None:
     torch.compile a value is not known while the graph is captured, so the
     check becomes an assertion inside the graph (``torch._assert_async``,
     which raises when it runs) instead of a graph break; under torch.func
-    transforms the check reads the unwrapped batch."""
+    transforms the check reads the unwrapped batch.
+
+    On a device other than the CPU (CUDA) reading the answer would wait for
+    the device, so the check is a device-side assertion there too
+    (``torch._assert_async``): a bad value stops the program when the
+    device gets to it, without the detailed message; run the same call on
+    CPU tensors to read it.  That is the documented convention for every
+    value check of softk."""
     if torch.compiler.is_compiling():
         torch._assert_async(ok.all(), "softk: invalid input values (run eagerly for the full message)")
+        return
+    if not ok.is_cpu:
+        torch._assert_async(ok.all(), "softk: invalid input values (run on CPU tensors for the full message)")
         return
     if not bool(unwrapped(ok).all()):
         raise ValueError(message() if callable(message) else message)

@@ -22,7 +22,7 @@ from .threshold import ENTMAX15, SOFTMAX, SPARSEMAX
 from .threshold.families import entmax_by_alpha
 from .threshold.entmax_alpha import entmax_alpha
 from .threshold.op import threshold_map
-from .threshold.rows import compute_dtype
+from .threshold.rows import compute_dtype, empty_like_result
 from .simplex_triton import log_softmax_rows, logsumexp_rows, on_triton
 
 
@@ -89,6 +89,8 @@ def log_softmax(x: Tensor, dim: int = -1, tau: float = 1.0) -> Tensor:
     tensor([-0.6931, -0.6931])
     """
     dim, tau = _prepare(x, dim, tau)
+    if x.numel() == 0:
+        return empty_like_result(x)
     if on_triton(x, tau):
         return log_softmax_rows(x.movedim(dim, -1), tau).movedim(-1, dim)
     s, _, lse, empty = _log_normaliser(x, dim, tau)
@@ -107,6 +109,8 @@ def logsumexp(x: Tensor, dim: int = -1, tau: float = 1.0, keepdim: bool = False)
     4.4402
     """
     dim, tau = _prepare(x, dim, tau)
+    if x.numel() == 0:  # the log of an empty sum is -inf; an empty batch stays empty
+        return torch.logsumexp(x, dim, keepdim=keepdim)
     if on_triton(x, tau):
         out = logsumexp_rows(x.movedim(dim, -1), tau)
         return out.unsqueeze(dim) if keepdim else out
