@@ -94,6 +94,25 @@ def test_empty_tensors():
     assert softk.sparsemax(torch.randn(3, 0)).shape == (3, 0)
 
 
+@pytest.mark.parametrize("shape,dim", [((3, 0), 1), ((0, 4), 0), ((0, 4), 1), ((0,), 0), ((2, 0, 3), 1)])
+def test_log_softmax_and_logsumexp_of_empty_dims(shape, dim):
+    """Found by fuzzing: an empty dim raised amax's IndexError.  The log of an
+    empty sum is -inf (as torch.logsumexp), an empty batch stays empty, and
+    the gradient is defined (empty)."""
+    x = torch.randn(shape, requires_grad=True)
+    y = softk.log_softmax(x, dim=dim)
+    assert y.shape == x.shape
+    lse = softk.logsumexp(x, dim=dim)
+    reduced = list(shape)
+    del reduced[dim]
+    assert lse.shape == tuple(reduced)
+    if shape[dim] == 0:
+        assert lse.numel() == int(np.prod(reduced)) and bool((lse == float("-inf")).all())
+    assert softk.logsumexp(x, dim=dim, keepdim=True).shape == tuple(1 if i == dim else n for i, n in enumerate(shape))
+    (y.sum() + lse.sum()).backward()
+    assert x.grad.shape == x.shape
+
+
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-6), (torch.float16, 2e-3), (torch.bfloat16, 1.6e-2)])
 def test_dtypes_against_oracle(dtype, tol):
     xn = np.random.default_rng(2).normal(size=(4, 50)) * 3
