@@ -65,9 +65,15 @@ def _value_and_grad(fn, x, g):
     return y.detach(), dx
 
 
+# log_softmax and logsumexp take torch's fused ops on the eager CPU route and
+# plain tensor code elsewhere: the same maths, not the same rounding.
+ROUNDED = {"log_softmax", "logsumexp"}
+
+
 @pytest.mark.parametrize("name", sorted(MAPS))
-def test_both_routes_agree_bitwise(name):
-    """The lean route and the library route run the same kernels."""
+def test_both_routes_agree(name):
+    """The lean route and the library route run the same kernels (bit for
+    bit; log_softmax/logsumexp to a few ulps)."""
     fn = MAPS[name]
     g = torch.Generator().manual_seed(1)
     x = torch.randn(5, 7, dtype=torch.float64, generator=g) * 3
@@ -79,8 +85,12 @@ def test_both_routes_agree_bitwise(name):
     gy = torch.randn(fn(x2).shape, dtype=x2.dtype, generator=g)
     with _Passthrough():
         y_lib, dx_lib = _value_and_grad(fn, x2, gy)
-    assert torch.equal(y_lean, y_lib)
-    assert torch.equal(dx_lean, dx_lib)
+    if name in ROUNDED:
+        torch.testing.assert_close(y_lean, y_lib, rtol=4e-16, atol=4e-16)
+        torch.testing.assert_close(dx_lean, dx_lib, rtol=4e-16, atol=4e-16)
+    else:
+        assert torch.equal(y_lean, y_lib)
+        assert torch.equal(dx_lean, dx_lib)
 
 
 def test_a_dispatch_mode_sees_the_library_op():
