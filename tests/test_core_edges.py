@@ -94,7 +94,36 @@ def test_empty_tensors():
     assert softk.sparsemax(torch.randn(3, 0)).shape == (3, 0)
 
 
-@pytest.mark.parametrize("shape,dim", [((3, 0), 1), ((0, 4), 0), ((0, 4), 1), ((0,), 0), ((2, 0, 3), 1)])
+EMPTY = [((3, 0), 1), ((0, 4), 0), ((0, 4), 1), ((0,), 0), ((2, 0, 3), 1), ((2, 0, 3), 2)]
+
+
+@pytest.mark.parametrize("shape,dim", EMPTY)
+def test_every_map_on_empty_dims(shape, dim):
+    """An empty batch gives an empty result; an empty reduced dim gives the
+    empty result for the k = 1 maps and softk's ValueError naming k for the
+    top-k maps (k >= 1 entries cannot be chosen from none); never a raw torch
+    error from inside a kernel."""
+    maps = {**_all_maps(k=1), "grad": lambda x, dim: softk.soft_topk(x, 1, dim, method="grad"),
+            "hard_topk": lambda x, dim: softk.hard_topk(x, 1, dim), "topk_softmax": lambda x, dim: softk.topk_softmax(x, 1, dim),
+            "topk_sum": lambda x, dim: softk.topk_sum(x, 1, dim), "entmax_tensor_alpha":
+            lambda x, dim: softk.entmax(x, torch.tensor(1.3), dim)}
+    x = torch.randn(shape, requires_grad=True)
+    for name, fn in maps.items():
+        if shape[dim] == 0 and name not in ("softmax", "sparsemax", "entmax15", "entmax1.3", "entmax_tensor_alpha"):
+            with pytest.raises(ValueError, match="k must be in"):
+                fn(x, dim)
+            continue
+        y = fn(x, dim)
+        assert y.numel() == 0, name
+        if name == "hard_topk":  # a 0/1 mask: no gradient, on any input
+            assert not y.requires_grad
+            continue
+        y.sum().backward()
+        assert x.grad.shape == x.shape, name
+        x.grad = None
+
+
+@pytest.mark.parametrize("shape,dim", EMPTY)
 def test_log_softmax_and_logsumexp_of_empty_dims(shape, dim):
     """Found by fuzzing: an empty dim raised amax's IndexError.  The log of an
     empty sum is -inf (as torch.logsumexp), an empty batch stays empty, and
