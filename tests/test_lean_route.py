@@ -114,6 +114,18 @@ def test_forward_mode_ad_on_the_lean_route():
     assert t.abs().sum() > 0
 
 
+def test_jit_trace_records_the_op():
+    """torch.jit.trace takes the library route: the traced function computes
+    the map on new inputs (a kernel called directly would be a constant)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the tracer's notes on Python ints
+        traced = torch.jit.trace(lambda x: softk.sparsemax(x * 2.0), torch.randn(2, 5, dtype=torch.float64))
+    x = torch.tensor([[0.1, 1.0, 1.5, -2.0, 0.0]], dtype=torch.float64).expand(2, 5)
+    np.testing.assert_allclose(traced(x).numpy(), np_sparsemax(2.0 * x.numpy()), rtol=0, atol=1e-15)
+
+
 def test_no_grad_call_makes_no_graph():
     x = torch.randn(2, 5, requires_grad=True)
     with torch.no_grad():

@@ -27,15 +27,18 @@ _functorch_active = torch._C._are_functorch_transforms_active
 _dispatch_stack = torch._C._len_torch_dispatch_stack
 _function_mode = torch._C._is_torch_function_mode_enabled
 _compiling = torch.compiler.is_compiling
+_tracing = torch._C._get_tracing_state  # torch.jit.trace (and the ONNX exporter built on it)
 
 
 def eager(*tensors) -> bool:
     """True when a call on ``tensors`` may run the lean route: not while
-    compiling (Dynamo, export), under no ``torch.func`` transform, with no
-    dispatch or function mode active, and every tensor a plain
+    compiling (Dynamo, export) or tracing (``torch.jit.trace``: a kernel
+    called through ctypes would be recorded as a constant), under no
+    ``torch.func`` transform, with no dispatch or function mode active, and
+    every tensor a plain
     ``torch.Tensor`` or ``Parameter`` (a subclass, e.g. a FakeTensor or a
     DTensor, takes the library route)."""
-    if _compiling() or _functorch_active() or _dispatch_stack() or _function_mode():
+    if _compiling() or _functorch_active() or _dispatch_stack() or _function_mode() or _tracing():
         return False
     for t in tensors:
         if t is not None and type(t) not in _PLAIN:
