@@ -7,6 +7,7 @@ torch.func transforms, compile) takes the library route; and both routes give
 the same numbers, bit for bit, since the same kernels serve them.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -183,3 +184,34 @@ def test_value_checks_on_the_cpu_still_raise():
         softk.entmax(torch.randn(2, 3), torch.tensor([[0.5], [2.0]]))
     with pytest.raises(ValueError, match="tau must be a finite number > 0"):
         softk.sparsemax(torch.randn(2, 3), tau=torch.tensor(-1.0, requires_grad=True))
+
+
+_MODE_BACKWARD = r"""
+import torch, softk
+from torch.utils._python_dispatch import TorchDispatchMode
+
+class Ops(TorchDispatchMode):
+    seen = []
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+x = torch.tensor([[0.5, 1.2, -0.3, 1.0]], dtype=torch.float64, requires_grad=True)
+p = softk.sparsemax(x)
+with Ops() as mode:
+    (dx,) = torch.autograd.grad(p, x, torch.tensor([[1.0, 2.0, 3.0, 4.0]], dtype=torch.float64))
+import json; print(any("softk.threshold_backward" in op for op in mode.seen), json.dumps(dx.tolist()))
+"""
+
+
+def test_backward_under_a_mode_after_an_eager_forward(each_cpu_backend):
+    """A forward on the lean route, then (in a fresh process, so that no op
+    is registered yet) a backward inside a dispatch mode: the backward takes
+    the library op, registered on demand.  On the support {1, 3} the
+    gradient is g − mean(g on S) there, 0 elsewhere."""
+    env = {**os.environ, "SOFTK_BACKEND": each_cpu_backend}
+    done = subprocess.run([sys.executable, "-c", _MODE_BACKWARD], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    seen, dx = done.stdout.split(" ", 1)
+    assert seen == "True"
+    assert json.loads(dx) == [[0.0, -1.0, 0.0, 1.0]]

@@ -35,9 +35,8 @@ def eager(*tensors) -> bool:
     compiling (Dynamo, export) or tracing (``torch.jit.trace``: a kernel
     called through ctypes would be recorded as a constant), under no
     ``torch.func`` transform, with no dispatch or function mode active, and
-    every tensor a plain
-    ``torch.Tensor`` or ``Parameter`` (a subclass, e.g. a FakeTensor or a
-    DTensor, takes the library route)."""
+    every tensor a plain ``torch.Tensor`` or ``Parameter`` (a subclass, e.g.
+    a FakeTensor or a DTensor, takes the library route)."""
     if _compiling() or _functorch_active() or _dispatch_stack() or _function_mode() or _tracing():
         return False
     for t in tensors:

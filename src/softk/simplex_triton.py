@@ -97,6 +97,7 @@ class _LogSoftmax(torch.autograd.Function):
             return _log_softmax_vjp(y, g, ctx.tau), None
         if _lean.eager(y, g):
             return _log_softmax_bwd_kernel(y, g, ctx.tau), None
+        _library()
         return _log_softmax_bwd_op(y, g, ctx.tau), None
 
 
@@ -132,6 +133,7 @@ class _LogSumExp(torch.autograd.Function):
             return (g.unsqueeze(-1) * _softmax_rows(x, ctx.tau)).to(x.dtype), None
         if _lean.eager(x, g):
             return _logsumexp_bwd_kernel(x, g, ctx.tau), None
+        _library()
         return _logsumexp_bwd_op(x, g, ctx.tau), None
 
 

@@ -93,6 +93,7 @@ class _Threshold(torch.autograd.Function):
         elif _lean.eager(p, g):
             dx = dispatch.get(ctx.backend).backward(ctx.family, p, g, ctx.tau)
         else:
+            _library()
             name, alpha = family_key(ctx.family)
             dx = threshold_backward_op(p, g, name, alpha, ctx.tau, ctx.backend)
         return dx, None, None, None, None
