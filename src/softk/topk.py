@@ -16,7 +16,7 @@ method     f(u)                                   notes
                                                   sparsemax
 =========  =====================================  =====================================
 
-and three more constructions of the seed:
+and three more constructions:
 
 =============  ===============================================================
 "grad"         GradTopK: p = ∇ log e_k(exp(x/τ)), the k-subset marginals
@@ -27,8 +27,9 @@ and three more constructions of the seed:
                τ → 0 limit is not the top-k), kept for comparison
 =============  ===============================================================
 
-``softk.properties(method)`` measures which of the seed's properties each
-method has.
+``softk.properties(method)`` measures which properties of a smooth top-k
+(Σp = k, 0 ≤ p ≤ 1, monotone, shift invariant, the hard top-k as τ → 0,
+softmax at k = 1) each method has.
 """
 
 from __future__ import annotations
@@ -93,7 +94,9 @@ def soft_topk(x: Tensor, k: int | float | Tensor, dim: int = -1, tau: float = 1.
         (so Σp = number of finite entries < k there) and a zero gradient; a
         NaN or +inf stays in its row (that row is NaN).
 
-    Reference: Su Jianlin, "Smooth approximations of Top-k" (kexue.fm, 2024).
+    Reference: Su Jianlin, "Softmax后传：寻找Top-K的光滑近似" (the sequel to softmax:
+    smooth approximations of Top-k), kexue.fm/archives/10373, 2024 — the
+    threshold construction ("ThreTopK") and GradTopK.
 
     >>> import torch, softk
     >>> softk.soft_topk(torch.tensor([1.0, 2.0, 3.0, 4.0]), k=2)
