@@ -105,6 +105,7 @@ def test_topk10_loss_is_cross_entropy(rng):
 
 # --------------------------------------------------------------- end to end
 @pytest.mark.parametrize("name,key", [("topk-softmax", "loss"), ("attention", "map"), ("router", "router")])
+@pytest.mark.slow
 def test_cli_end_to_end(name, key, tmp_path, capsys):
     extra = ["--pre-epochs", "1", "--ft-epochs", "1", "--ft-per-class", "10"] if name == "topk-softmax" else []
     fig = tmp_path / "fig.png"
