@@ -118,3 +118,19 @@ def test_site_builds_strictly(tmp_path):
                           capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "site" / "api" / "maps" / "index.html").is_file()
+
+
+TEXT = re.compile(r"^```text\n\$ softk compare\n(.*?)^```", re.MULTILINE | re.DOTALL)
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if TEXT.search(p.read_text(encoding="utf-8"))], ids=_name)
+def test_shown_compare_output_is_what_softk_compare_prints(page, capsys):
+    from softk.cli import main
+
+    assert main(["compare"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    for block in TEXT.findall(page.read_text(encoding="utf-8")):
+        shown = block.rstrip("\n").splitlines()
+        if shown[-1] == "...":  # an excerpt: its first lines
+            shown, printed = shown[:-1], printed[: len(shown) - 1]
+        assert [s.rstrip() for s in shown] == [p.rstrip() for p in printed]
