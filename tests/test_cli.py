@@ -49,6 +49,7 @@ def test_compare_json_against_oracle():
 
 
 @pytest.mark.parametrize("suffix", [".txt", ".csv", ".npy"])
+@pytest.mark.slow
 def test_compare_reads_files(tmp_path, suffix):
     path = tmp_path / f"x{suffix}"
     if suffix == ".npy":
@@ -68,6 +69,7 @@ def test_compare_reads_files(tmp_path, suffix):
 # Bad input (one `softk <cmd>: error:` line, exit 2): tests/test_cli_errors.py.
 
 
+@pytest.mark.slow
 def test_plot_writes_png_figures(tmp_path):
     r = softk("plot", "--out", str(tmp_path))
     assert r.returncode == 0, r.stderr
@@ -78,6 +80,7 @@ def test_plot_writes_png_figures(tmp_path):
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
 
 
+@pytest.mark.slow
 def test_check_json_reports_measured_findings():
     r = softk("check", "--json")
     assert r.returncode == 0, r.stderr

@@ -245,6 +245,7 @@ def softk(*args, stdin=None):
         (["compare", "--nope"], "--nope"),
     ],
 )
+@pytest.mark.slow
 def test_exit_status_in_a_shell(argv, word):
     r = softk(*argv)
     assert_one_line_error(r.returncode, r.stderr, argv[0], word)

@@ -24,6 +24,7 @@ class Tiny(torch.nn.Module):
 
 
 @pytest.mark.parametrize("compiler", ["aot_eager", "inductor"])
+@pytest.mark.slow
 def test_compiled_model_matches_eager(compiler):
     torch._dynamo.reset()
     model = Tiny()

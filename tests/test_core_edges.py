@@ -175,7 +175,7 @@ def test_bad_input_errors_name_the_parameter():
     cases = [
         (lambda: softk.soft_topk(x, 0), ValueError, "k"),
         (lambda: softk.soft_topk(x, 5), ValueError, "k"),
-        (lambda: softk.soft_topk(x, 2.0), TypeError, "k"),
+        (lambda: softk.soft_topk(x, 2.5, method="grad"), ValueError, "k"),
         (lambda: softk.soft_topk(x, True), TypeError, "k"),
         (lambda: softk.soft_topk(x, 2, method="foo"), ValueError, "method"),
         (lambda: softk.softmax(x, tau=0.0), ValueError, "tau"),

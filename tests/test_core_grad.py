@@ -23,6 +23,7 @@ def _x(shape, seed=0, scale=1.5):
 
 @pytest.mark.parametrize("dim", [0, 1, -1])
 @pytest.mark.parametrize("tau", [1.0, 0.5])
+@pytest.mark.slow
 def test_gradcheck_k1_maps(dim, tau):
     x = _x((3, 4, 5))
     fns = [

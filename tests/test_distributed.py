@@ -17,10 +17,12 @@ from .dist_harness import run
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")
 
 
+@pytest.mark.slow
 def test_two_ranks_uneven_slices(tmp_path):
     run(2, C.all_checks, tmp_path, [7, 13], [0, 1])
 
 
+@pytest.mark.slow
 def test_three_ranks_permuted_slices_errors_and_subgroup(tmp_path):
     # Rank 0 holds the last slice, rank 2 the first, rank 1 a single class;
     # then the error cases (contiguous slices) and a sub-group of ranks 0 and 2.

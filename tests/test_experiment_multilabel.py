@@ -303,6 +303,7 @@ def tiny_mulan(tmp_path, rng):
     return d
 
 
+@pytest.mark.slow
 def test_cli_end_to_end(tiny_mulan, tmp_path, capsys):
     out = tmp_path / "out"
     # Two λ values instead of the paper's ten keep this fast; the grid itself is

@@ -53,6 +53,7 @@ ALPHA = {"sparsemax": 2.0, "entmax15": 1.5, "entmax1.3": 1.3, "entmax2.6": 2.6}
 @pytest.mark.parametrize("name,fn,ref", K1_MAPS)
 @pytest.mark.parametrize("n", [64, 1000, 4099])
 @pytest.mark.parametrize("scale", [0.3, 3.0, 40.0])
+@pytest.mark.slow
 def test_sparse_families_wide_rows_match_exact(rng, name, fn, ref, n, scale):
     # Against the exact p (mpmath, see test_newton_precision.py) rather than
     # the float64 oracle: the oracle ends its bisection on either of two
@@ -141,11 +142,13 @@ def test_wide_row_gradients_match_oracle_jacobian(rng, name, fn, ref):
     assert (x.grad.numpy()[~fin] == 0).all()
 
 
+@pytest.mark.slow
 def test_soft_topk_exp_gradcheck_wide_row(rng):
     x = torch.tensor(rng.normal(size=(2, 70)), requires_grad=True)
     assert torch.autograd.gradcheck(lambda t: softk.soft_topk(t, 3), (x,))
 
 
+@pytest.mark.slow
 def test_sparse_gradcheck_wide_row(rng):
     x = torch.tensor(rng.normal(size=(2, 130)) * 3, requires_grad=True)
     assert torch.autograd.gradcheck(lambda t: softk.entmax15(t), (x,))

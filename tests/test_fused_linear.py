@@ -64,6 +64,7 @@ def _grads(out, params):
 
 @pytest.mark.parametrize("loss,kw", CASES)
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.slow
 def test_fused_equals_unfused_value_and_grads(loss, kw, reduction):
     dense_k = kw["k"] if loss == "soft_topk" else None
     x, w, b, t = _data(13, 5, 37, dense_k)
@@ -130,6 +131,7 @@ def test_against_numpy_oracle():
     np.testing.assert_allclose(out.detach().numpy(), want, rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_gradcheck_small():
     x, w, b, t = _data(5, 3, 7)
     for loss, kw in (("sparsemax", {}), ("entmax15", {}), ("cross_entropy", {})):

@@ -311,6 +311,7 @@ def test_a_tie_on_the_threshold_is_ambiguous_not_failed():
 
 
 @pytest.mark.parametrize("family", list(gpu_reference.FAMILIES))
+@pytest.mark.slow
 def test_softk_cpu_passes_a_few_cases(family):
     """The check on softk's CPU path (the GPU kernels run it on CUDA): it must be passable."""
     for kind, dtype in (("masked", "float32"), ("ties", "bfloat16"), ("outlier_1e4", "float16")):
@@ -328,6 +329,7 @@ def test_peer_check_of_a_missing_peer_is_skipped():
     assert r["verdict"] == "skip" and r["why"].startswith("not installed")
 
 
+@pytest.mark.slow
 def test_peer_check_runs_on_the_cpu_for_softk():
     for check in ("masked_fp32", "outlier_bf16", "bwd_bf16"):
         r = gpu_correctness.peer_check("softk", "sparsemax", check, device="cpu")
@@ -343,6 +345,7 @@ def _run(script, *args):
 
 
 @pytest.mark.parametrize("script", ["gpu.py", "gpu_correctness.py"])
+@pytest.mark.slow
 def test_help_works_and_no_cuda_exits_2_with_one_line(script):
     h = _run(script, "--help")
     assert h.returncode == 0 and "--json" in h.stdout
@@ -375,6 +378,7 @@ def test_warm_helpers_run_on_the_cpu():
     assert gpu_correctness.warm_one("exp|70|float32", device="cpu") == {"compiled": "exp|70|float32"}
 
 
+@pytest.mark.slow
 def test_dry_run_of_the_whole_flow_on_the_cpu(tmp_path):
     """main() end to end with small rows: warm-up, torch/softk in process, the entmax package in a child."""
     out = tmp_path / "dry.json"
@@ -391,6 +395,7 @@ def test_dry_run_of_the_whole_flow_on_the_cpu(tmp_path):
     assert "| 2x32768 bfloat16 | sparsemax_loss |" in (tmp_path / "dry.md").read_text()
 
 
+@pytest.mark.slow
 def test_dry_run_of_the_correctness_flow_on_the_cpu(tmp_path):
     out = tmp_path / "c.json"
     common = ["--device", "cpu", "--quick", "--families", "sparsemax", "--no-peers", "--json", str(out)]

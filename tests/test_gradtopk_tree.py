@@ -39,6 +39,7 @@ _GRID += [(300, [1, 2, 3, 31, 32, 33, 100, 255, 256, 257, 299, 300])]
 
 
 @pytest.mark.parametrize("n,ks", _GRID, ids=[f"n{n}" for n, _ in _GRID])
+@pytest.mark.slow
 def test_both_routes_match_mpmath_for_every_k(rng, monkeypatch, n, ks):
     x = rng.normal(size=(2, n)) * 3
     x[1, ::5] = -INF  # masked entries (row 1 has fewer finite entries: the m <= k convention too)
@@ -208,6 +209,7 @@ def test_backward_matches_mpmath(rng, monkeypatch, route, n, k, scale):
 
 @pytest.mark.parametrize("route", ROUTES)
 @pytest.mark.parametrize("n,k", [(6, 1), (6, 3), (9, 5), (40, 33)])
+@pytest.mark.slow
 def test_gradcheck_and_gradgradcheck(rng, monkeypatch, route, n, k):
     monkeypatch.setattr(gradtopk, "ROUTE", route)
     x = torch.tensor(rng.normal(size=(2, n)), requires_grad=True)

@@ -52,6 +52,7 @@ def test_constant_rows_at_an_offset(backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("method", ["sparsemax", "sparse"])
+@pytest.mark.slow
 def test_error_does_not_grow_with_the_offset(backend, method):
     """randn(16, 200) + c: float32 error vs the float64 exact map of the same
     rounded input stays at float32 rounding up to c = 1e6 (issue: 7e-2)."""

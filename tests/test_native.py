@@ -235,6 +235,7 @@ def test_disabled_or_missing_compiler_falls_back_to_torch(tmp_path):
     assert r.returncode != 0 and "name='native': that backend cannot run on this machine" in r.stderr
 
 
+@pytest.mark.slow
 def test_cache_is_built_once_per_key(tmp_path):
     code = "import torch, softk\nprint(float(softk.sparsemax(torch.tensor([0.0, 1.0, 5.0]))[2]))"
     for _ in range(2):

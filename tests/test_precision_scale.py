@@ -166,6 +166,7 @@ PARAMS = [
 
 
 @pytest.mark.parametrize("map_id, case_id, k, backend", PARAMS)
+@pytest.mark.slow
 def test_map_is_exact_for_the_rounded_input(map_id, case_id, k, backend):
     (_, call, _, dfun, capped, _, _, alpha) = next(m for m in MAPS if m[0] == map_id)
     (_, dt, row, tau) = next(c for c in CASES if c[0] == case_id)
@@ -193,6 +194,7 @@ SUM_METHODS = ("exp", "sigmoid", "laplace", "sparse")
 
 @pytest.mark.parametrize("method", SUM_METHODS)
 @pytest.mark.parametrize("case_id", [c[0] for c in CASES if "scale" not in c[0]])
+@pytest.mark.slow
 def test_topk_sum_is_exact_for_the_rounded_input(method, case_id):
     (_, dt, row, tau) = next(c for c in CASES if c[0] == case_id)
     k = 3
@@ -272,6 +274,7 @@ LOSS_FAMILIES = [("exp", 3), ("sigmoid", 3), ("laplace", 3), ("sparse", 3), ("so
 
 @pytest.mark.parametrize("name, k", LOSS_FAMILIES)
 @pytest.mark.parametrize("case_id", [c[0] for c in CASES if "scale" not in c[0]])
+@pytest.mark.slow
 def test_fenchel_young_loss_is_exact_for_the_rounded_input(name, k, case_id):
     """L = Φ(z) + Ω(y) − <z, y> is shift invariant (Σp = Σy = k): computed
     on rows shifted by an entry r, its rounding is that of the shifted terms,

@@ -62,13 +62,13 @@ def test_softmax_module():
 @pytest.mark.parametrize(
     "make,fn,error",
     [
-        (lambda: snn.SoftTopK(k=2.0), lambda: softk.soft_topk(torch.zeros(4), k=2.0), TypeError),
+        (lambda: snn.SoftTopK(k="2"), lambda: softk.soft_topk(torch.zeros(4), k="2"), TypeError),
         (lambda: snn.SoftTopK(k=0), lambda: softk.soft_topk(torch.zeros(4), k=0), ValueError),
         (lambda: snn.Sparsemax(dim="a"), lambda: softk.sparsemax(torch.zeros(4), dim="a"), TypeError),
         (lambda: snn.Entmax(alpha=float("inf")), lambda: softk.entmax(torch.zeros(4), alpha=float("inf")), ValueError),
         (lambda: snn.Entmax(alpha=0.5), lambda: softk.entmax(torch.zeros(4), alpha=0.5), ValueError),
         (lambda: snn.Entmax(alpha="x"), lambda: softk.entmax(torch.zeros(4), alpha="x"), TypeError),
-        (lambda: snn.TopKSum(k=2.5), lambda: softk.topk_sum(torch.zeros(4), k=2.5), TypeError),
+        (lambda: snn.HardTopK(k=2.5), lambda: softk.hard_topk(torch.zeros(4), k=2.5), ValueError),
         (lambda: snn.EntmaxLoss(alpha=float("nan")), lambda: softk.losses.entmax_loss(torch.zeros(1, 4), torch.tensor([0]), alpha=float("nan")), ValueError),
         (lambda: snn.Sparsemax(tau=0), lambda: softk.sparsemax(torch.zeros(4), tau=0), ValueError),
     ],

@@ -122,7 +122,8 @@ def test_vmap_and_compile():
 @pytest.mark.parametrize("call,exc,match", [
     (lambda x: softk.route(x, 0), ValueError, "k must be in"),
     (lambda x: softk.route(x, 9), ValueError, "k must be in"),
-    (lambda x: softk.route(x, 2.0), TypeError, "k must be an int"),
+    (lambda x: softk.route(x, 2.5), ValueError, "k must be a whole number"),
+    (lambda x: softk.route(x, "2"), TypeError, "k must be an int"),
     (lambda x: softk.route(x, 2, "top2"), ValueError, "method must be one of"),
     (lambda x: softk.route(x, 2, "sparsemax", alpha=1.5), ValueError, "alpha applies to method='entmax'"),
     (lambda x: softk.route(x, 2, "entmax", alpha=0.5), ValueError, "alpha"),

@@ -89,18 +89,43 @@ def check_positive(tau, name: str) -> float:
 
 def check_k(k, n=None, name: str = "k") -> int:
     """Number of selected entries: an int in [1, n] (n None: only k >= 1,
-    for modules, which learn n at call time)."""
+    for modules, which learn n at call time).  A whole float (3.0) counts as
+    its int; a fractional one is refused here, where only a count makes
+    sense (``soft_topk``'s threshold methods take it: see :func:`check_k_rows`)."""
     if isinstance(k, torch.Tensor) and k.numel() == 1 and not k.is_floating_point():
         k = k.item()
-    if isinstance(k, bool) or not isinstance(k, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(k).__name__}")
+    k = _whole(k, name)
     if n is None:
         if k < 1:
             raise ValueError(f"{name} must be an int >= 1, got {k}")
-        return int(k)
+        return k
     if not 1 <= k <= n:
         raise ValueError(f"{name} must be in [1, n] = [1, {n}] for this input, got {k}")
+    return k
+
+
+def _whole(k, name: str) -> int:
+    """An int, or a float with a whole value, as an int; anything else refused."""
+    if isinstance(k, bool) or not isinstance(k, numbers.Real):
+        raise TypeError(f"{name} must be an int, got {type(k).__name__}")
+    if isinstance(k, numbers.Integral):
+        return int(k)
+    k = float(k)
+    if not math.isfinite(k):
+        raise ValueError(f"{name} must be a finite whole number, got {k}")
+    if not k.is_integer():
+        raise ValueError(
+            f"{name} must be a whole number here (it counts entries), got {k}; a fractional k "
+            f"is taken by softk.soft_topk and softk.losses.soft_topk_loss with a threshold method "
+            f"(exp, sigmoid, laplace, sparse)"
+        )
     return int(k)
+
+
+def is_fractional(k) -> bool:
+    """True for a Python (or NumPy) real k that is not a whole number."""
+    return (isinstance(k, numbers.Real) and not isinstance(k, (bool, numbers.Integral))
+            and math.isfinite(float(k)) and not float(k).is_integer())
 
 
 def check_choice(value, choices, name: str) -> str:
@@ -113,10 +138,16 @@ def check_topk_args(x, k, dim, tau, method, methods):
     """The common prelude of the top-k functions: returns (dim, k, tau)."""
     check_input(x)
     dim = check_dim(x, dim)
+    fractional = float(k) if is_fractional(k) else None
     k = check_k_rows(k, x, dim)
     tau = check_tau(tau, allow_grad=True)
     check_choice(method, methods, "method")
     if isinstance(k, torch.Tensor) and method not in ("exp", "sigmoid", "laplace", "sparse"):
+        if fractional:
+            raise ValueError(
+                f"a fractional k ({fractional}) needs a threshold method (exp, sigmoid, laplace, "
+                f"sparse), got method={method!r}; pass a whole k"
+            )
         raise ValueError(
             f"a per-row k (a tensor) needs a threshold method (exp, sigmoid, laplace, sparse), "
             f"got method={method!r}; pass an int k"
@@ -173,11 +204,19 @@ def is_row_k(k) -> bool:
 
 
 def check_k_rows(k, x: torch.Tensor, dim: int, name: str = "k"):
-    """k as an int in [1, n] (see :func:`check_k`), or one budget per row: a
-    real or integer tensor broadcastable to x with size 1 along ``dim``, each
-    value in (0, n] (the capped families take any real k there), returned
-    like :func:`per_row` in x's compute dtype."""
+    """k as an int in [1, n] (see :func:`check_k`; a whole float counts as
+    its int), or one budget per row: a real or integer tensor broadcastable to
+    x with size 1 along ``dim``, each value in (0, n] (the capped families take
+    any real k there), returned like :func:`per_row` in x's compute dtype.  A
+    fractional Python float is the same budget for every row."""
     n = x.shape[dim]
+    if isinstance(k, float) and not math.isfinite(k):
+        raise ValueError(f"{name} must be a finite number in (0, n] = (0, {n}] for this input, got {k}")
+    if is_fractional(k):  # one budget for every row: the per-row path, broadcast
+        if not 0 < k <= n:
+            raise ValueError(f"{name} must lie in (0, n] = (0, {n}] for this input, got {float(k)}")
+        ct = torch.float64 if x.dtype == torch.float64 else torch.float32
+        return per_row(torch.tensor(float(k), dtype=ct, device=x.device), x, dim, name)
     if not is_row_k(k):
         return check_k(k, n, name)
     if k.requires_grad and not k.is_floating_point():

@@ -1,4 +1,4 @@
-r"""Measure which of the seed's properties a ``soft_topk`` method actually has.
+r"""Measure which properties of a smooth top-k a ``soft_topk`` method actually has.
 
 Nothing here is a list of known answers: each property is checked by running
 the method on a fixed, seeded set of generated inputs and comparing the
@@ -153,8 +153,9 @@ def _measure(method: str, seed: int, backend_name: str) -> tuple:
 
 
 def properties(method: str, seed: int = 0, tol: float = 1e-6, limit_tol: float = 1e-3) -> dict:
-    r"""Which of the seed's properties ``soft_topk(..., method=method)`` has,
-    measured on generated inputs.
+    r"""Which properties of a smooth top-k ``soft_topk(..., method=method)`` has
+    (sums to k, lies in [0, 1], monotone, shift invariant, tends to the hard
+    top-k, is softmax at k = 1), measured on generated inputs.
 
     Args:
         method: a ``soft_topk`` method (``softk.topk.METHODS``).

@@ -16,7 +16,7 @@ method     f(u)                                   notes
                                                   sparsemax
 =========  =====================================  =====================================
 
-and three more constructions of the seed:
+and three more constructions:
 
 =============  ===============================================================
 "grad"         GradTopK: p = ∇ log e_k(exp(x/τ)), the k-subset marginals
@@ -27,8 +27,9 @@ and three more constructions of the seed:
                τ → 0 limit is not the top-k), kept for comparison
 =============  ===============================================================
 
-``softk.properties(method)`` measures which of the seed's properties each
-method has.
+``softk.properties(method)`` measures which properties of a smooth top-k
+(Σp = k, 0 ≤ p ≤ 1, monotone, shift invariant, the hard top-k as τ → 0,
+softmax at k = 1) each method has.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ _REGISTRY.update(grad=gradtopk, iterative=su_iterative, weighted=weighted)
 METHODS = tuple(_REGISTRY)
 
 
-def soft_topk(x: Tensor, k: int, dim: int = -1, tau: float = 1.0, method: str = "exp") -> Tensor:
+def soft_topk(x: Tensor, k: int | float | Tensor, dim: int = -1, tau: float = 1.0, method: str = "exp") -> Tensor:
     r"""Smooth top-k mask: p with Σp = k along ``dim``, 0 ≤ p ≤ 1 for every
     method except "iterative" and "weighted" (whose entries can exceed 1).
 
@@ -74,11 +75,13 @@ def soft_topk(x: Tensor, k: int, dim: int = -1, tau: float = 1.0, method: str = 
 
     Args:
         x: scores, any shape, floating point (half computed in float32).
-        k: how many entries to select, an int in [1, n] with n = x.shape[dim];
-            or, for the threshold methods, one budget per row: a tensor
+        k: how many entries to select, an int in [1, n] with n = x.shape[dim]
+            (a whole float such as 3.0 counts as its int); or, for the
+            threshold methods, a budget in (0, n]: a fractional float (2.5,
+            the same for every row) or one budget per row, a tensor
             broadcastable to ``x`` with size 1 along ``dim`` whose values lie
-            in (0, n] (fractional k is allowed: Σp = k still holds; a floating
-            k that requires grad gets ∂p/∂k = d/Σd).  A per-row k runs on the
+            in (0, n] (Σp = k still holds; a floating k that requires grad
+            gets ∂p/∂k = d/Σd).  A fractional or per-row k runs on the
             PyTorch path on every device.
         dim: the dimension to select along.
         tau: temperature > 0.
@@ -91,7 +94,9 @@ def soft_topk(x: Tensor, k: int, dim: int = -1, tau: float = 1.0, method: str = 
         (so Σp = number of finite entries < k there) and a zero gradient; a
         NaN or +inf stays in its row (that row is NaN).
 
-    Reference: Su Jianlin, "Smooth approximations of Top-k" (kexue.fm, 2024).
+    Reference: Su Jianlin, "Softmax后传：寻找Top-K的光滑近似" (the sequel to softmax:
+    smooth approximations of Top-k), kexue.fm/archives/10373, 2024 — the
+    threshold construction ("ThreTopK") and GradTopK.
 
     >>> import torch, softk
     >>> softk.soft_topk(torch.tensor([1.0, 2.0, 3.0, 4.0]), k=2)
@@ -100,6 +105,8 @@ def soft_topk(x: Tensor, k: int, dim: int = -1, tau: float = 1.0, method: str = 
     tensor([0., 0., 1., 1.])
     >>> softk.soft_topk(torch.tensor([0.0, 0.0, 0.0]), k=2, method="grad")
     tensor([0.6667, 0.6667, 0.6667])
+    >>> softk.soft_topk(torch.tensor([1.0, 2.0, 3.0, 4.0]), k=2.5, method="sparse")
+    tensor([0.0000, 0.5000, 1.0000, 1.0000])
     """
     dim, k, tau = check_topk_args(x, k, dim, tau, method, METHODS)
     if isinstance(tau, Tensor):  # τ that requires grad: x/τ with autograd, the map at τ = 1

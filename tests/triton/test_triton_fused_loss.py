@@ -135,6 +135,7 @@ def _assert_close(out, ref, dtype, atol, roundings=1):
 
 @pytest.mark.parametrize("kind", ["index", "dense"])
 @pytest.mark.parametrize("label", LABELS)
+@pytest.mark.slow
 def test_rows_match_oracle_and_the_unfused_route(rng, label, kind):
     # float32 for every family, and a half dtype taking turns (both for each target kind)
     i = LABELS.index(label) + (kind == "dense")
@@ -207,6 +208,7 @@ def test_half_mean_gradient_is_rounded_once_and_all_ignored_mean_is_nan(rng):
 
 @pytest.mark.parametrize("label, kind", [("entmax15", "dense"), ("exp", "index"), ("sigmoid", "dense"),
                                          ("sparse", "index")])
+@pytest.mark.slow
 def test_looped_variant_matches_oracle(rng, label, kind):
     """Rows wider than one block (the last pass's loop over blocks of 16,
     the same per-block code as on chip), launched directly."""

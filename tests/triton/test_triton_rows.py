@@ -89,6 +89,7 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 @pytest.mark.parametrize("name, fam, alpha", FAMS, ids=IDS)
+@pytest.mark.slow
 def test_forward_many_rows_per_program_matches_oracle(rng, name, fam, alpha):
     # every width, the dtypes taking turns; 11 rows: with the launcher's ROWS
     # (8–128 here) one ragged program or two, with 4 rows per program three,
@@ -107,6 +108,7 @@ def test_forward_many_rows_per_program_matches_oracle(rng, name, fam, alpha):
 
 
 @pytest.mark.parametrize("name, fam, alpha", FAMS, ids=IDS)
+@pytest.mark.slow
 def test_rows_do_not_depend_on_their_neighbours(rng, name, fam, alpha):
     # p, dx and the pass count of every row, bit for bit, whether the row has
     # a program of its own, shares one with 3 others (a ragged last one), or
@@ -164,6 +166,7 @@ def test_backward_many_rows_per_program_matches_oracle_jacobian(rng, name, fam, 
 
 
 @pytest.mark.parametrize("name, fam, alpha", [FAMS[i] for i in (0, 1, 4, 5, 6)], ids=[IDS[i] for i in (0, 1, 4, 5, 6)])
+@pytest.mark.slow
 def test_fused_loss_rows_do_not_depend_on_their_neighbours(rng, name, fam, alpha):
     # the fused Fenchel–Young loss kernel on the same tiles: each row's loss
     # and gradient bit for bit those of one row per program, with class

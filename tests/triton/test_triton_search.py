@@ -86,6 +86,7 @@ def _rows(rng, fam):
 
 @pytest.mark.parametrize("variant", ["onchip", "loop"])
 @pytest.mark.parametrize("fam", FAMS)
+@pytest.mark.slow
 def test_matches_oracle(rng, fam, variant):
     x = _rows(rng, fam)
     if variant == "loop":  # the interpreter is slow: half the rows for the looping copy
@@ -295,6 +296,7 @@ print("OK")
 """
 
 
+@pytest.mark.slow
 def test_kernels_compile_for_a_gpu():
     # The interpreter accepts code that the compiler rejects (a non-constexpr
     # global, a type that changes across a loop, a helper's tuple): compile

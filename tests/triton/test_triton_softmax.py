@@ -117,6 +117,7 @@ VARIANTS = {"single": lambda n: None, "loop": lambda n: max(4, ts._pow2(n) // 4)
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 @pytest.mark.parametrize("n", [1, 2, 5, 16, 64, 300])
+@pytest.mark.slow
 def test_forward_matches_reference(rng, n, variant, monkeypatch):
     # a small tile: several rows per program (1–16 of the 14 rows) and, for
     # n = 64 (4 per program) and the looped n = 300 (2), several programs,
@@ -342,6 +343,7 @@ print("OK")
 """
 
 
+@pytest.mark.slow
 def test_kernels_compile_for_a_gpu():
     # as in test_triton_search: the interpreter accepts code the compiler
     # rejects, so build every variant for sm_90 (ptxas included) in a

@@ -43,8 +43,8 @@ def plain(doc: str) -> str:
 
     Roles keep their target, double backquotes become single ones:
 
-    >>> plain("Measured by :func:`~softk.seed_properties.properties` on ``x + c``.")
-    'Measured by softk.seed_properties.properties on `x + c`.'
+    >>> plain("Measured by :func:`~softk.properties` on ``x + c``.")
+    'Measured by softk.properties on `x + c`.'
     """
     return _ROLE.sub(r"\1", doc).replace("``", "`")
 
@@ -70,11 +70,22 @@ def os_message(exc: OSError) -> str:
     return f"{exc.filename}: {reason}" if exc.filename is not None else reason
 
 
+def version_line() -> str:
+    """``softk VERSION (torch VERSION)``, what ``softk --version`` prints."""
+    import torch
+
+    from .. import __version__
+
+    return f"softk {__version__} (torch {torch.__version__})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="softk",
         description="Compare, check, plot and benchmark maps from scores to the (top-k) simplex.",
     )
+    parser.add_argument("--version", action="version", version=version_line(),
+                        help="print softk's version (and torch's) and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
         importlib.import_module(f"{__name__}.{name}").register(sub)

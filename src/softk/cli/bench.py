@@ -6,8 +6,13 @@ import csv
 import json
 import os
 import sys
+import time
 
 from . import UsageError, int_at_least
+
+NOISE_NOTE = ("timings on a shared or busy machine are noisy (other processes take the cores, the "
+              "first touch of fresh buffers costs page faults): compare providers within one run, "
+              "repeat the run, and quote figures measured on a quiet machine")
 
 
 def _shape(text: str):
@@ -25,7 +30,8 @@ def register(sub):
         "bench",
         help="time softk vs torch.softmax and the entmax package",
         description="Time forward, backward and both for each op and provider, interleaved round by round "
-        "(see softk.bench); prints p20/p50/p80 ms, the ratio to torch.softmax and GB/s.",
+        "(see softk.bench); prints p20/p50/p80 ms, the ratio to torch.softmax and GB/s. Progress goes to "
+        f"stderr, one line per shape. Note: {NOISE_NOTE}.",
     )
     p.add_argument("--shapes", nargs="+", default=["64x4096", "256x1024"], metavar="ROWSxCOLS",
                    help="input sizes, e.g. 256x32000 (default: 64x4096 256x1024, under a minute)")
@@ -43,7 +49,36 @@ def register(sub):
                    help="output format (default markdown)")
     p.add_argument("--output", default="-", metavar="PATH",
                    help="file to write, created or overwritten (default -: stdout)")
+    p.add_argument("--quiet", action="store_true", help="no progress and no note on stderr")
     p.set_defaults(run=_run)
+
+
+def _timed(bench, ops, shapes, dtype, device, repeats, quiet):
+    """bench.run one shape at a time (each shape is timed on its own anyway), with a
+    line of progress per shape on stderr, so a long run shows it is alive."""
+    import torch
+
+    for shape in shapes:  # refuse a shape that cannot be held before any progress is printed
+        try:
+            torch.empty(2, *shape, dtype=dtype, device=device)
+        except (RuntimeError, MemoryError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise UsageError(f"--shapes {'x'.join(map(str, shape))}: cannot allocate the inputs on {device} "
+                             f"({first})") from None
+    say = (lambda text: None) if quiet else (lambda text: print(f"softk bench: {text}", file=sys.stderr, flush=True))
+    say(f"note: {NOISE_NOTE}")
+    providers = sum(len(bench.OPS[op]) for op in dict.fromkeys(["softmax", *ops]))
+    rows = []
+    for i, shape in enumerate(shapes, 1):
+        name = "x".join(map(str, shape))
+        say(f"[{i}/{len(shapes)}] {name}: {providers} op/provider pairs x 3 passes x {repeats + 1} rounds ...")
+        start = time.perf_counter()
+        try:
+            rows += bench.run(ops, [shape], dtype, device, repeats)
+        except bench.AllocationError as exc:
+            raise UsageError(f"--shapes {exc}") from None
+        say(f"[{i}/{len(shapes)}] {name}: done in {time.perf_counter() - start:.1f} s")
+    return rows
 
 
 def _device(text: str):
@@ -109,10 +144,7 @@ def _run(args) -> int:
     _check_output(args.output)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    try:
-        rows = bench.run(ops, shapes, getattr(torch, args.dtype), device, args.repeats)
-    except bench.AllocationError as exc:
-        raise UsageError(f"--shapes {exc}") from None
+    rows = _timed(bench, ops, shapes, getattr(torch, args.dtype), device, args.repeats, args.quiet)
     try:
         out = sys.stdout if args.output == "-" else open(args.output, "w", newline="")
     except OSError as exc:
@@ -126,7 +158,8 @@ def _run(args) -> int:
             writer.writeheader()
             writer.writerows(rows)
         else:
-            out.write(bench.markdown(rows) + "\n")
+            out.write(bench.markdown(rows) + "\n\n")
+            out.write(f"Note: {NOISE_NOTE}.\n")
     finally:
         if out is not sys.stdout:
             out.close()

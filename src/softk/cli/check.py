@@ -1,7 +1,9 @@
-"""`softk check`: the seeds' property table for every soft_topk method, measured.
+"""`softk check`: which properties of a smooth top-k each soft_topk method has, measured.
 
-Each cell is measured by :func:`softk.seed_properties.property_violations` on seeded
-generated inputs; a method failing a property is a finding, not an error, so
+The properties: sum_k (Σp = k), range (0 ≤ p ≤ 1), monotone (x_i > x_j ⇒
+p_i ≥ p_j), shift_invariant (p(x + c) = p(x)), limit_hard_topk (the k-hot
+mask as τ → 0) and k1_softmax (softmax at k = 1).  Each cell is measured by
+:func:`softk.property_violations` on seeded generated inputs; a method failing a property is a finding, not an error, so
 the exit code is 0 either way.  ``shift_invariant`` compares p(z + c) with
 p(z) for offsets up to c = ±2^-6/eps ≈ ±7e13 on rows where z + c is exact, so
 a solver that loses c·eps to cancellation is caught.  The backend in force is
@@ -16,7 +18,7 @@ from . import int_at_least, plain
 
 
 def register(sub):
-    p = sub.add_parser("check", help="measure the seeds' properties for every soft_topk method",
+    p = sub.add_parser("check", help="measure which properties of a smooth top-k each soft_topk method has",
                        description=plain(__doc__))
     p.add_argument("--json", action="store_true", help="print {METHOD: {PROPERTY: bool}} as JSON")
     p.add_argument("--seed", type=int, default=0, help="seed of the generated inputs, an integer >= 0 (default 0)")
@@ -50,7 +52,7 @@ def format_table(table: dict) -> str:
     widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
     fmt = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths))  # noqa: E731
     lines = [fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows]
-    lines.append("NO (v): the property fails; v is the worst violation measured (see softk.seed_properties).")
+    lines.append("NO (v): the property fails; v is the worst violation measured (see softk.property_violations).")
     return "\n".join(lines)
 
 

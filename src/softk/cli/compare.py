@@ -12,14 +12,14 @@ import torch
 
 from . import UsageError, finite_number, one_line
 
-DEFAULT_VALUES = [1.0, 2.0, 3.0, 4.0]  # the seeds' example
+DEFAULT_VALUES = [1.0, 2.0, 3.0, 4.0]
 DEFAULT_K = 2  # capped at n, so a single score still runs
 
 
 def register(sub):
     p = sub.add_parser(
         "compare",
-        help="every map on the same scores (default: the seeds' 1 2 3 4)",
+        help="every map on the same scores (default: 1 2 3 4)",
         description="Apply every operator to one row of scores and print a table "
         "(one row per operator, one column per entry, plus the sum and support size). "
         "Negative values go after `--`, e.g. `softk compare -- -1 0 2`. "

