@@ -118,7 +118,7 @@ def softmax(x: Tensor, dim: int = -1, tau: float = 1.0) -> Tensor:
         (:mod:`softk.triton.softmax`: several narrow rows per program, each
         row read once up to 16,384 entries).
 
-    Example (the seeds' example):
+    Example:
 
     >>> import torch, softk
     >>> softk.softmax(torch.tensor([1.0, 2.0, 3.0, 4.0]))
