@@ -59,12 +59,17 @@ def tiny(arch, dtype=D, tied=None):
     return cls(cfg).to(dtype).eval()
 
 
-def batch(b=3, t=9, seed=1):
-    """input_ids, a padding attention mask and labels with -100 on a prompt and on the padding."""
+def batch(b=3, t=9, seed=1, pad_mask=True):
+    """input_ids, a padding attention mask and labels with -100 on a prompt and on the padding.
+
+    ``pad_mask=False`` gives no mask (None): transformers < 4.53's GPT-2 cannot
+    build a float64 attention mask (torch.full overflows), a bug of its own.
+    """
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, V, (b, t), generator=g)
-    mask = torch.ones(b, t, dtype=torch.long)
-    mask[2, 6:] = 0
+    mask = torch.ones(b, t, dtype=torch.long) if pad_mask else None
+    if pad_mask:
+        mask[2, 6:] = 0
     labels = ids.clone()
     labels[0, :4] = -100
     labels[2, 6:] = -100
@@ -97,7 +102,7 @@ def test_cross_entropy_equals_float64_reference(arch, tied):
     model = tiny(arch, tied=tied)
     if tied is not None:
         assert (model.lm_head.weight is model.get_input_embeddings().weight) == tied
-    ids, mask, labels = batch()
+    ids, mask, labels = batch(pad_mask=arch != "gpt2")
     z, t = shifted_logits(model, ids, mask, labels)
     ref = F.cross_entropy(z, t, ignore_index=-100)
     want = grads(model, ref)
@@ -153,7 +158,7 @@ def test_num_items_in_batch_and_shift_labels_follow_transformers():
 
 def test_tuple_output_and_return_logits():
     model = tiny("gpt2")
-    ids, mask, labels = batch()
+    ids, mask, labels = batch(pad_mask=False)
     own = model(input_ids=ids, attention_mask=mask, labels=labels, return_dict=False)
     apply_softk(model, "cross_entropy")
     got = model(input_ids=ids, attention_mask=mask, labels=labels, return_dict=False)
@@ -415,3 +420,21 @@ def test_refuses_at_call_time_what_it_cannot_see_in_advance():
     with pytest.raises(IndexError):  # an error inside the model's forward
         model(input_ids=ids + V, labels=labels)
     assert "forward" not in model.lm_head.__dict__  # the head was restored
+
+
+# --- benchmarks/e2e_step.py runs ---------------------------------------------------------------------
+
+
+def test_e2e_benchmark_runs_at_the_tiny_size(tmp_path):
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "e2e_step.py")
+    spec = importlib.util.spec_from_file_location("e2e_step", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "e2e.json"
+    res = bench.main(["--size", "tiny", "--steps", "2", "--warmup", "0", "--memory", "none", "--json", str(out)])
+    assert json.loads(out.read_text())["variants"].keys() == {"own", "softk_ce", "sparsemax", "entmax15"}
+    check = res["initial_loss_check"]
+    assert abs(check["own"] - check["softk_ce"]) < 1e-5 * check["own"]
+    assert all(len(r["step_s"]) == 2 and np.isfinite(r["last_loss"]) for r in res["variants"].values())

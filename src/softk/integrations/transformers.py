@@ -255,7 +255,7 @@ def _patched_forward(model, args, kwargs):
     if labels is None:
         return inner(*args, **kwargs)
     where["labels"] = None
-    num_items, shift_labels = (_slot(bound.signature, bound.arguments, n).pop(n, None) for n in _LOSS_ONLY)
+    num_items, shift_labels = (_take(bound, name) for name in _LOSS_ONLY)
     head = _lm_head(model)
     with _capture_head(head, patch.return_logits) as seen:
         out = inner(*bound.args, **bound.kwargs)
@@ -273,6 +273,12 @@ def _slot(signature, arguments, name):
         if p.kind is inspect.Parameter.VAR_KEYWORD:
             return arguments.setdefault(p.name, {})
     return None
+
+
+def _take(bound, name):
+    """Remove a loss-only argument from the call and return it (None if absent or not accepted)."""
+    where = _slot(bound.signature, bound.arguments, name)
+    return None if where is None else where.pop(name, None)
 
 
 @contextlib.contextmanager
