@@ -10,18 +10,13 @@ from __future__ import annotations
 
 import copy
 import inspect
-import json
 import os
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
@@ -170,6 +165,25 @@ def test_tuple_output_and_return_logits():
     torch.testing.assert_close(out.loss, own[0].to(D), rtol=1e-6, atol=0)
 
 
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_autocast_bfloat16_follows_the_heads_dtype(arch):
+    """Under autocast the chunk logits are bfloat16, as the head's nn.Linear would make them."""
+    model = tiny(arch, dtype=torch.float32)
+    ids, _, labels = batch(pad_mask=False)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        own = model(input_ids=ids, labels=labels).loss
+    want = grads(model, own)
+    apply_softk(model, "cross_entropy")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(input_ids=ids, labels=labels).loss
+    assert loss.dtype == torch.float32  # as transformers returns it (the value is rounded to bfloat16)
+    torch.testing.assert_close(loss, own, rtol=8e-3, atol=0)
+    got = grads(model, loss)
+    for name in want:
+        cos = F.cosine_similarity(got[name].flatten(), want[name].flatten(), dim=0)
+        assert cos > 0.999, (name, cos.item())
+
+
 # --- Fenchel–Young losses ------------------------------------------------------------------------
 
 
@@ -180,7 +194,8 @@ def test_fenchel_young_loss_equals_numpy_oracle(loss, options):
     z, t = shifted_logits(model, ids, mask, labels)
     keep = (t != -100).numpy()
     name = "sparsemax" if loss == "sparsemax" else "entmax"
-    want = OL.fy_loss(name, z.detach().numpy(), OL.one_hot(t.numpy(), V, 1), alpha=options.get("alpha"), keep=keep, reduction="mean")
+    y = OL.one_hot(t.numpy(), V, 1)
+    want = OL.fy_loss(name, z.detach().numpy(), y, alpha=options.get("alpha"), keep=keep, reduction="mean")
     apply_softk(model, loss, **options)
     got = model(input_ids=ids, attention_mask=mask, labels=labels).loss
     np.testing.assert_allclose(got.item(), want, rtol=1e-9)
@@ -202,94 +217,6 @@ def test_optimiser_steps_lower_the_loss(arch, loss):
         history.append(out.loss.item())
     assert np.isfinite(history).all()
     assert history[-1] < 0.7 * history[0], history
-
-
-# --- the logits are never held -------------------------------------------------------------------
-
-
-class LargestStorage(TorchDispatchMode):
-    """The largest tensor storage any op produces while active (bytes)."""
-
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in torch.utils._pytree.tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.untyped_storage().nbytes())
-        return out
-
-
-_LLAMA_32K = dict(
-    vocab_size=32000, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
-    num_key_value_heads=2, max_position_embeddings=256, bos_token_id=0, eos_token_id=0,
-)
-
-
-def _llama_32k():
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**_LLAMA_32K))
-
-
-def test_no_tensor_as_large_as_the_logits_is_created():
-    model = _llama_32k()
-    ids = torch.randint(0, 32000, (4, 256))
-    logits_bytes = ids.numel() * 32000 * 4
-    sizes = {}
-    for name in ("own", "softk"):
-        if name == "softk":
-            apply_softk(model, "cross_entropy")
-        with LargestStorage() as seen:
-            model(input_ids=ids, labels=ids).loss.backward()
-        sizes[name] = seen.largest / logits_bytes
-    assert sizes["own"] >= 1, sizes  # the measurement sees the logits when they exist
-    assert sizes["softk"] <= 0.125, sizes  # one chunk: 128 of 1024 rows
-
-
-_PEAK_SCRIPT = textwrap.dedent(
-    """
-    import json, sys
-    import torch, transformers
-    from softk.integrations.transformers import apply_softk, remove_softk
-
-    def rss(field):
-        for line in open("/proc/self/status"):
-            if line.startswith(field):
-                return int(line.split()[1]) * 1024
-
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**json.loads(sys.argv[1])))
-    ids = torch.randint(0, 32000, (4, 256))
-    peaks = {}
-    for name in ("own", "softk", "own", "softk"):
-        apply_softk(model, "cross_entropy") if name == "softk" else remove_softk(model)
-        model.zero_grad(set_to_none=True)
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # reset the peak RSS (VmHWM) to the current RSS
-        base = rss("VmRSS")
-        model(input_ids=ids, labels=ids).loss.backward()
-        peaks[name] = max(peaks.get(name, 0), rss("VmHWM") - base)
-    print(json.dumps(peaks))
-    """
-)
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not os.access("/proc/self/clear_refs", os.W_OK), reason="needs Linux's /proc/self/clear_refs")
-def test_peak_memory_of_a_step_stays_below_the_logits():
-    """Peak RSS of one step, in a fresh process; every allocation ≥ 64 KiB is mmap'd, so RSS follows live memory."""
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-    src = os.path.join(os.path.dirname(__file__), "..", "src")
-    env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(src), env.get("PYTHONPATH", "")])
-    cmd = [sys.executable, "-c", _PEAK_SCRIPT, json.dumps(_LLAMA_32K)]
-    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-2000:]
-    peaks = json.loads(run.stdout.strip().splitlines()[-1])
-    logits_bytes = 4 * 256 * 32000 * 4
-    assert peaks["own"] >= 2 * logits_bytes, peaks  # logits, their log-softmax and gradients
-    assert peaks["softk"] < 0.8 * logits_bytes, peaks
 
 
 # --- the patch leaves everything else alone --------------------------------------------------------
@@ -386,7 +313,10 @@ def test_refuses_configs_that_transform_the_logits(make, field):
         apply_softk(model, "cross_entropy")
 
 
-_COHERE = dict(vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+_COHERE = dict(
+    vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=4,
+    num_key_value_heads=2, bos_token_id=0, eos_token_id=0, pad_token_id=0,
+)
 _GEMMA = dict(_COHERE, head_dim=4, final_logit_softcapping=30.0)
 
 
@@ -420,21 +350,3 @@ def test_refuses_at_call_time_what_it_cannot_see_in_advance():
     with pytest.raises(IndexError):  # an error inside the model's forward
         model(input_ids=ids + V, labels=labels)
     assert "forward" not in model.lm_head.__dict__  # the head was restored
-
-
-# --- benchmarks/e2e_step.py runs ---------------------------------------------------------------------
-
-
-def test_e2e_benchmark_runs_at_the_tiny_size(tmp_path):
-    import importlib.util
-
-    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "e2e_step.py")
-    spec = importlib.util.spec_from_file_location("e2e_step", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    out = tmp_path / "e2e.json"
-    res = bench.main(["--size", "tiny", "--steps", "2", "--warmup", "0", "--memory", "none", "--json", str(out)])
-    assert json.loads(out.read_text())["variants"].keys() == {"own", "softk_ce", "sparsemax", "entmax15"}
-    check = res["initial_loss_check"]
-    assert abs(check["own"] - check["softk_ce"]) < 1e-5 * check["own"]
-    assert all(len(r["step_s"]) == 2 and np.isfinite(r["last_loss"]) for r in res["variants"].values())

@@ -123,7 +123,7 @@ def apply_softk(model: nn.Module, loss: str = "sparsemax", *, return_logits: boo
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module (a transformers causal LM), got {type(model).__name__}")
-    patch = _Patch(_check_loss(loss, loss_kwargs), _check_options(loss, loss_kwargs), bool(return_logits), None)
+    patch = _Patch(_check_loss(loss), _check_options(loss, loss_kwargs), bool(return_logits), None)
     _lm_head(model)
     _check_config(model)
     if _slot(inspect.signature(model.forward), {}, "labels") is None:
@@ -168,7 +168,7 @@ def softk_loss(model: nn.Module, loss: str = "sparsemax", **kwargs):
 # --- checks made once, at apply time -----------------------------------------------------------
 
 
-def _check_loss(loss, loss_kwargs):
+def _check_loss(loss):
     if loss == "soft_topk":
         raise ValueError(
             "loss='soft_topk' needs k-hot target rows, not a language model's token labels; "
@@ -317,7 +317,8 @@ def _check_head_calls(model, head, seen, out):
     hidden, produced = seen[0]
     returned = out[0] if isinstance(out, tuple) else getattr(out, "logits", None)
     if returned is not produced:
-        found = "no logits" if returned is None else f"a {type(returned).__name__} of shape {tuple(getattr(returned, 'shape', ()))}"
+        shape = tuple(getattr(returned, "shape", ()))
+        found = "no logits" if returned is None else f"a {type(returned).__name__} of shape {shape}"
         raise ValueError(
             f"{name}.forward returned {found} instead of its LM head's output: it transforms the logits "
             "after the head (soft-capping, a scale, a bias or a vocabulary slice), which the fused loss "
@@ -376,4 +377,6 @@ def _with_loss(out, loss, logits):
         return (loss, *(() if logits is None else (logits,)), *out[1:])
     if dataclasses.is_dataclass(out):
         return dataclasses.replace(out, loss=loss, logits=logits)
-    raise TypeError(f"{type(out).__name__} is neither a transformers ModelOutput nor a tuple: apply_softk cannot set its loss")
+    raise TypeError(
+        f"{type(out).__name__} is neither a transformers ModelOutput nor a tuple: apply_softk cannot set its loss"
+    )
