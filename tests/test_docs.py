@@ -24,7 +24,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 FENCE = re.compile(r"^( *)```(python|pycon)[^\n]*\n(.*?)^\1```", re.MULTILINE | re.DOTALL)
-PUBLIC = ("softk", "softk.losses", "softk.nn", "softk.distributed")
+PUBLIC = ("softk", "softk.losses", "softk.nn", "softk.distributed", "softk.integrations.transformers")
 
 
 def blocks(page: Path):
