@@ -31,16 +31,18 @@ def check_input(x, name: str = "x") -> None:
 def check_dim(x, dim, name: str = "dim") -> int:
     """Return ``dim`` as a non-negative index into ``x.shape`` (x None: only
     the type is checked, for modules, which learn the rank at call time)."""
-    if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(dim).__name__}")
+    if type(dim) is not int:  # the common case skips the ABC checks below
+        if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
+            raise TypeError(f"{name} must be an int, got {type(dim).__name__}")
+        dim = int(dim)
     if x is None:
-        return int(dim)
+        return dim
     nd = x.dim()
     if not -nd <= dim < nd:
         raise ValueError(
             f"{name}={dim} is out of range for a {nd}-D input (expected {-nd}..{nd - 1})"
         )
-    return int(dim) % nd
+    return dim % nd
 
 
 def check_tau(tau, name: str = "tau", allow_grad: bool = False):
@@ -50,6 +52,8 @@ def check_tau(tau, name: str = "tau", allow_grad: bool = False):
     as a 0-d tensor (after the same value check), so that the caller forms
     x/τ with autograd and τ gets its gradient; elsewhere such a τ is refused,
     never silently detached."""
+    if type(tau) is float and 0.0 < tau < math.inf:  # the common case
+        return tau
     if isinstance(tau, torch.Tensor) and tau.requires_grad:
         if not allow_grad:
             raise ValueError(
@@ -58,13 +62,19 @@ def check_tau(tau, name: str = "tau", allow_grad: bool = False):
             )
         if tau.numel() != 1 or not tau.is_floating_point():
             raise TypeError(f"{name} must be a number or a one-element floating tensor, got shape {tuple(tau.shape)}")
-        check_positive(tau.detach(), name)
+        t = tau.detach()
+        if t.is_cpu:
+            check_positive(t, name)
+        else:  # no host sync: a device-side assertion (see require)
+            require((t > 0) & torch.isfinite(t), f"{name} must be a finite number > 0")
         return tau.reshape(())
     return check_positive(tau, name)
 
 
 def check_positive(tau, name: str) -> float:
     """A finite number > 0 (a Python number or a one-element tensor)."""
+    if type(tau) is float and 0.0 < tau < math.inf:  # the common case
+        return tau
     if isinstance(tau, torch.Tensor):
         if tau.numel() != 1:
             raise TypeError(f"{name} must be a number, got a tensor of shape {tuple(tau.shape)}")
@@ -188,9 +198,19 @@ def require(ok: torch.Tensor, message) -> None:
     torch.compile a value is not known while the graph is captured, so the
     check becomes an assertion inside the graph (``torch._assert_async``,
     which raises when it runs) instead of a graph break; under torch.func
-    transforms the check reads the unwrapped batch."""
+    transforms the check reads the unwrapped batch.
+
+    On a device other than the CPU (CUDA) reading the answer would wait for
+    the device, so the check is a device-side assertion there too
+    (``torch._assert_async``): a bad value stops the program when the
+    device gets to it, without the detailed message; run the same call on
+    CPU tensors to read it.  That is the documented convention for every
+    value check of softk."""
     if torch.compiler.is_compiling():
         torch._assert_async(ok.all(), "softk: invalid input values (run eagerly for the full message)")
+        return
+    if not ok.is_cpu:
+        torch._assert_async(ok.all(), "softk: invalid input values (run on CPU tensors for the full message)")
         return
     if not bool(unwrapped(ok).all()):
         raise ValueError(message() if callable(message) else message)
