@@ -1,0 +1,89 @@
+r"""Launcher of the fused Fenchel–Young loss kernel (``kernels_loss.h``) on
+contiguous (rows, n) CPU tensors in float32/float64.
+
+Per row the kernel finds λ with the forward's own solver (so p is the
+forward's to the bit), then in one pass writes the loss
+
+.. math:: L = \sum_i F(u_i) - \langle u, y\rangle + \Omega(y), \qquad u = z - \lambda,
+
+and the gradient s·(p − y) (s = 1/τ, times 1/#kept rows for the mean), in
+z's dtype.  The target is checked on the way (class indices in range, dense
+rows in the map's domain); a bad one comes back as a status for the caller
+to explain (:func:`softk.losses.fused_op`).  Rows are split between OpenMP
+threads as in the forward.
+
+>>> import torch
+>>> from softk.threshold.families import SPARSEMAX
+>>> loss, grad, kept = fenchel_young_fused_rows(torch.tensor([[0.0, 0.0]]), torch.tensor([0]), SPARSEMAX, 1)
+>>> loss, grad, kept  # ½ − ½·0 ... : L = ¼, ∇ = p − e₀ = (−½, ½)
+(tensor([0.2500]), tensor([[-0.5000,  0.5000]]), 1)
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+from torch import Tensor
+
+from . import _PARALLEL_MIN, build
+
+_FUNCTIONS: dict = {}
+BAD_INDEX, BAD_DENSE = 1, 2
+
+
+def _function(dtype: torch.dtype):
+    """The ctypes entry point for ``dtype``, looked up once."""
+    fn = _FUNCTIONS.get(dtype)
+    if fn is None:
+        suffix = {torch.float32: "f32", torch.float64: "f64"}.get(dtype)
+        if suffix is None:
+            raise TypeError(f"native kernels take float32/float64, got {dtype}")
+        fn = _FUNCTIONS[dtype] = getattr(build.library(), f"softk_fy_loss_threads_{suffix}")
+    return fn
+
+
+def _empty(shape, like: Tensor) -> Tensor:
+    # Every element is written by the kernel; tests swap this for a NaN fill.
+    return torch.empty(shape, dtype=like.dtype)
+
+
+class BadTarget(ValueError):
+    """The kernel found a target value outside the map's domain (``kind``:
+    BAD_INDEX or BAD_DENSE); the caller re-runs the Python check for the message."""
+
+    def __init__(self, kind: int):
+        super().__init__(f"softk: invalid target values (kind {kind})")
+        self.kind = kind
+
+
+def fenchel_young_fused_rows(z: Tensor, target: Tensor, family, k, *, k_rows: Tensor | None = None,
+                             inv_tau: float = 1.0, ignore_index: int = -100, mean: bool = False,
+                             want_grad: bool = True, tol: float = -1.0):
+    """(loss per row (r,), gradient (r, n) or an empty tensor, #rows kept), in z's dtype.
+
+    ``z``: contiguous (r, n) scores, float32/float64 on the CPU (already
+    shifted/scaled by τ when τ ≠ 1; ``inv_tau`` scales the gradient).
+    ``target``: int64 class indices (r,) (``ignore_index`` marks ignored
+    rows), or dense (r, n) rows in z's dtype.  ``k``: a number, or ``k_rows``
+    (r,) in z's dtype, one integral k per row.  ``mean``: fold 1/#kept rows
+    into the gradient.  ``tol`` ≥ 0: check dense rows (finite, ≥ 0, ≤ 1 for
+    capped families, |Σy − k| ≤ k·tol).  Raises :class:`BadTarget`.
+    """
+    r, n = z.shape
+    dense = target.dim() == 2
+    loss = _empty((r,), z)
+    grad = _empty((r, n), z) if want_grad else z.new_empty(0)
+    kept = ctypes.c_int64(r)
+    if r:
+        threads = 1 if r * n < _PARALLEL_MIN else max(1, min(torch.get_num_threads(), r))
+        rc = _function(z.dtype)(
+            family.kernel, z.data_ptr(), None if dense else target.data_ptr(), target.data_ptr() if dense else None,
+            None if k_rows is None else k_rows.data_ptr(), grad.data_ptr() if want_grad else None, loss.data_ptr(),
+            r, n, float(k), family.alpha_value, inv_tau, ignore_index, mean, tol, family.capped,
+            ctypes.byref(kept), threads)
+        if rc < 0:
+            raise MemoryError(f"softk native kernel: no scratch memory for rows of {n} entries")
+        if rc:
+            raise BadTarget(rc)
+    return loss, grad, kept.value
