@@ -68,17 +68,6 @@ def fused_backend(x: Tensor, family: Family, k) -> str | None:
 
 
 # ---------------------------------------------------------------- the kernels
-def _reduce(loss: Tensor, kept, reduction: str, lead, dtype) -> Tensor:
-    """softk.losses.targets.reduce on the per-row losses (``kept`` rows for the mean)."""
-    if reduction == "none":
-        out = loss.view(lead)
-    elif reduction == "sum":
-        out = loss.sum()
-    else:
-        out = loss.sum() / kept
-    return out if out.dtype == dtype else out.to(dtype)
-
-
 def _native(x, target, k_rows, family, k, tau, reduction, ignore_index, want_grad, check):
     from ..native.loss import fenchel_young_fused_rows
     from .targets import sum_tolerance
@@ -87,27 +76,33 @@ def _native(x, target, k_rows, family, k, tau, reduction, ignore_index, want_gra
     ct = compute_dtype(x.dtype)
     z = x if tau == 1.0 and x.dtype == ct else scaled_rows(x, tau, family, k if k_rows is None else k_rows,
                                                            shift=tau != 1.0)
-    z = z.reshape(-1, n)
-    dense = target.is_floating_point()
+    if z.dim() != 2:
+        z = z.reshape(-1, n)
     tol = -1.0
-    if dense:
-        t = target.reshape(-1, n)
-        if t.dtype != ct:
-            t = t.to(ct)  # checked by the caller in its own dtype
+    if target.is_floating_point():
+        if target.dim() != 2:
+            target = target.reshape(-1, n)
+        if target.dtype != ct:
+            target = target.to(ct)  # checked by the caller in its own dtype
         elif check:
             tol = sum_tolerance(1.0, n, ct)
     else:
-        t = target.reshape(-1)
-        if t.dtype != torch.int64:
-            t = t.long()
+        if target.dim() != 1:
+            target = target.reshape(-1)
+        if target.dtype != torch.int64:
+            target = target.long()
     kr = None if k_rows is None else k_rows.reshape(-1).to(ct).contiguous()
-    loss, grad, kept = fenchel_young_fused_rows(
-        z if z.is_contiguous() else z.contiguous(), t if t.is_contiguous() else t.contiguous(), family, k,
-        k_rows=kr, inv_tau=1.0 / tau, ignore_index=ignore_index, mean=reduction == "mean", want_grad=want_grad,
-        tol=tol)
-    if want_grad:
-        grad = grad.view(x.shape) if grad.dtype == x.dtype else grad.view(x.shape).to(x.dtype)
-    return _reduce(loss, kept, reduction, x.shape[:-1], x.dtype), grad
+    out, grad = fenchel_young_fused_rows(
+        z if z.is_contiguous() else z.contiguous(), target if target.is_contiguous() else target.contiguous(),
+        family, k, k_rows=kr, inv_tau=1.0 / tau, ignore_index=ignore_index, reduction=reduction,
+        want_grad=want_grad, tol=tol)
+    if reduction == "none" and x.dim() != 2:
+        out = out.view(x.shape[:-1])
+    if want_grad and grad.shape != x.shape:
+        grad = grad.view(x.shape)
+    if x.dtype != ct:  # half input: computed in float32
+        out, grad = out.to(x.dtype), grad.to(x.dtype)
+    return out, grad
 
 
 def _triton(x, target, family, k, tau, reduction, ignore_index, want_grad):
@@ -127,7 +122,12 @@ def _triton(x, target, family, k, tau, reduction, ignore_index, want_grad):
                                           family.alpha_value, want_grad=want_grad)
     if want_grad:
         grad = grad.view(x.shape)
-    return _reduce(loss, kept, reduction, x.shape[:-1], x.dtype), grad
+    # the reductions of softk.losses.targets.reduce, on the same float32 rows
+    if reduction == "none":
+        out = loss.view(x.shape[:-1])
+    else:
+        out = loss.sum() if reduction == "sum" else loss.sum() / kept
+    return out.to(x.dtype), grad
 
 
 def _kernel(x, target, k_rows, family, k, tau, reduction, ignore_index, backend, want_grad, check=True):

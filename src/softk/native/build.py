@@ -92,7 +92,7 @@ def _declare(lib) -> None:
         bwd.argtypes = [i32, ptr, ptr, ptr, i64, i64, dbl, dbl, i32]
         bwd.restype = i32
         loss = getattr(lib, f"softk_fy_loss_threads_{suffix}")
-        loss.argtypes = [i32, ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, dbl, dbl, dbl, i64, i32, dbl, i32, ptr, i32]
+        loss.argtypes = [i32, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, dbl, dbl, dbl, i64, i32, dbl, i32, i32]
         loss.restype = i32
 
 

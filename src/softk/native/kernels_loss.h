@@ -168,12 +168,14 @@ static T FN(fy_row)(int fam, const T *zr, int64_t n, T k, T alpha, int64_t tgt, 
 }
 #undef FY_PASS
 
-/* Rows [lo, hi) of one thread, with its own scratch.  Returns 0, or −1 when
- * scratch memory could not be allocated. */
+/* Rows [lo, hi) of one thread, with its own scratch: loss[r] (when loss)
+ * and their sum in double into *sum.  Returns 0, or −1 when scratch memory
+ * could not be allocated. */
 static int FN(fy_rows)(int fam, const T *z, const int64_t *tidx, const T *ty, const T *krow, T *grad, T *loss,
                        int64_t lo, int64_t hi, int64_t n, T k, T alpha, int64_t ignore_index, T s, T ycap,
-                       double tol, int *ybad)
+                       double tol, int *ybad, double *sum)
 {
+    double acc = 0;
     T *val = NULL, *bm = NULL, *prow = NULL;
     int64_t *idx = NULL;
     int fail = 0;
@@ -187,15 +189,17 @@ static int FN(fy_rows)(int fam, const T *z, const int64_t *tidx, const T *ty, co
     for (int64_t r = lo; r < hi && !fail; r++) {
         T *gr = grad ? grad + r * n : NULL;
         int64_t tgt = tidx ? tidx[r] : -1;
+        T l = 0;
         if (tidx && tgt == ignore_index) {
-            loss[r] = 0;
             if (gr) memset(gr, 0, (size_t)n * sizeof(T));
-            continue;
+        } else {
+            l = FN(fy_row)(fam, z + r * n, n, krow ? krow[r] : k, alpha, tgt, ty ? ty + r * n : NULL, gr, prow, s,
+                           ycap, tol, val, idx, bm, ybad);
         }
-        T kr = krow ? krow[r] : k;
-        loss[r] = FN(fy_row)(fam, z + r * n, n, kr, alpha, tgt, ty ? ty + r * n : NULL, gr, prow, s, ycap, tol,
-                             val, idx, bm, ybad);
+        if (loss) loss[r] = l;
+        acc += (double)l;
     }
+    *sum = acc;
     free(val);
     free(idx);
     free(bm);
@@ -206,14 +210,16 @@ static int FN(fy_rows)(int fam, const T *z, const int64_t *tidx, const T *ty, co
 /* The fused loss over rows, split between nthreads OpenMP threads.
  * z (rows, n); exactly one of tidx (rows,) class indices and ty (rows, n)
  * dense targets; krow (rows,) one k per row or NULL (then kd); grad (rows, n)
- * or NULL; loss (rows,).  The gradient is scaled by inv_tau, and by
- * 1/#rows kept when mean (#kept is returned in *kept).  tol < 0: the dense
- * target is not checked.  Returns 0; −1: no scratch memory; 1: a class index
- * outside [0, n) that is not ignore_index (nothing written); 2: a dense row
- * that is not a point of the map's domain. */
+ * or NULL; loss (rows,) per row or NULL; total (one value) or NULL: the sum
+ * of the rows' losses, divided by #rows kept when mean (summed in double,
+ * each thread's rows in order, then the threads in order).  The gradient is
+ * scaled by inv_tau, and by 1/#kept when mean.  tol < 0: dense rows are not
+ * checked.  Returns 0; −1: no scratch memory; 1: a class index outside
+ * [0, n) that is not ignore_index (nothing written); 2: a dense row that is
+ * not a point of the map's domain. */
 int FN(softk_fy_loss_threads)(int fam, const T *z, const int64_t *tidx, const T *ty, const T *krow, T *grad,
-                              T *loss, int64_t rows, int64_t n, double kd, double alphad, double inv_taud,
-                              int64_t ignore_index, int mean, double tol, int capped, int64_t *kept, int nthreads)
+                              T *loss, T *total, int64_t rows, int64_t n, double kd, double alphad, double inv_taud,
+                              int64_t ignore_index, int mean, double tol, int capped, int nthreads)
 {
     int64_t nk = rows;
     if (tidx) {
@@ -225,11 +231,13 @@ int FN(softk_fy_loss_threads)(int fam, const T *z, const int64_t *tidx, const T 
             nk++;
         }
     }
-    *kept = nk;
     T s = (T)inv_taud;
     if (mean && nk > 0) s = ((T)1 / (T)nk) * s; /* the unfused route's 1/#kept, then 1/τ */
     T ycap = capped ? (T)1 : (T)INFINITY;
-    if (tol < 0) tol = INFINITY, ycap = (T)INFINITY;
+    int check = tol >= 0;
+    if (!check) tol = INFINITY, ycap = (T)INFINITY;
+    double *part = (double *)calloc((size_t)(nthreads > 0 ? nthreads : 1), sizeof(double));
+    if (!part) return -1;
     int rc = 0, ybad = 0;
 #ifdef _OPENMP
 #pragma omp parallel num_threads(nthreads) reduction(| : rc, ybad)
@@ -243,7 +251,11 @@ int FN(softk_fy_loss_threads)(int fam, const T *z, const int64_t *tidx, const T 
         int64_t lo = rows * th / nt, hi = rows * (th + 1) / nt;
         if (hi > lo)
             rc |= FN(fy_rows)(fam, z, tidx, ty, krow, grad, loss, lo, hi, n, (T)kd, (T)alphad, ignore_index, s,
-                              ycap, tol, &ybad);
+                              ycap, tol, &ybad, part + th);
     }
-    return rc ? -1 : (ybad && tol < INFINITY ? 2 : 0);
+    double tot = 0;
+    for (int th = 0; th < (nthreads > 0 ? nthreads : 1); th++) tot += part[th];
+    free(part);
+    if (total) *total = (T)(mean ? tot / (double)nk : tot);
+    return rc ? -1 : (ybad && check ? 2 : 0);
 }

@@ -14,14 +14,12 @@ threads as in the forward.
 
 >>> import torch
 >>> from softk.threshold.families import SPARSEMAX
->>> loss, grad, kept = fenchel_young_fused_rows(torch.tensor([[0.0, 0.0]]), torch.tensor([0]), SPARSEMAX, 1)
->>> loss, grad, kept  # ½ − ½·0 ... : L = ¼, ∇ = p − e₀ = (−½, ½)
-(tensor([0.2500]), tensor([[-0.5000,  0.5000]]), 1)
+>>> loss, grad = fenchel_young_fused_rows(torch.tensor([[0.0, 0.0]]), torch.tensor([0]), SPARSEMAX, 1)
+>>> loss, grad  # p = (½, ½): L = ⟨z, p⟩ − ½‖p‖² + ½ − z₀ = ¼, ∇ = p − e₀
+(tensor(0.2500), tensor([[-0.5000,  0.5000]]))
 """
 
 from __future__ import annotations
-
-import ctypes
 
 import torch
 from torch import Tensor
@@ -58,32 +56,35 @@ class BadTarget(ValueError):
 
 
 def fenchel_young_fused_rows(z: Tensor, target: Tensor, family, k, *, k_rows: Tensor | None = None,
-                             inv_tau: float = 1.0, ignore_index: int = -100, mean: bool = False,
+                             inv_tau: float = 1.0, ignore_index: int = -100, reduction: str = "mean",
                              want_grad: bool = True, tol: float = -1.0):
-    """(loss per row (r,), gradient (r, n) or an empty tensor, #rows kept), in z's dtype.
+    """(loss, gradient (r, n) or an empty tensor), in z's dtype.
 
-    ``z``: contiguous (r, n) scores, float32/float64 on the CPU (already
-    shifted/scaled by τ when τ ≠ 1; ``inv_tau`` scales the gradient).
-    ``target``: int64 class indices (r,) (``ignore_index`` marks ignored
-    rows), or dense (r, n) rows in z's dtype.  ``k``: a number, or ``k_rows``
-    (r,) in z's dtype, one integral k per row.  ``mean``: fold 1/#kept rows
-    into the gradient.  ``tol`` ≥ 0: check dense rows (finite, ≥ 0, ≤ 1 for
-    capped families, |Σy − k| ≤ k·tol).  Raises :class:`BadTarget`.
+    The loss is per row (r,) for ``reduction="none"``, else one value (0-d):
+    the rows' sum ("sum") or the sum over the #rows kept ("mean"), summed in
+    double.  ``z``: contiguous (r, n) scores, float32/float64 on the CPU
+    (already shifted/scaled when τ ≠ 1; ``inv_tau`` scales the gradient).
+    ``target``: contiguous int64 class indices (r,) (``ignore_index`` marks
+    ignored rows), or dense (r, n) rows in z's dtype.  ``k``: an int, or
+    ``k_rows`` (r,) in z's dtype, one integral k per row.  The gradient is
+    that of the reduced loss.  ``tol`` ≥ 0: check dense rows (finite, ≥ 0,
+    ≤ 1 for capped families, |Σy − k| ≤ k·tol).  Raises :class:`BadTarget`.
     """
     r, n = z.shape
     dense = target.dim() == 2
-    loss = _empty((r,), z)
+    none = reduction == "none"
+    out = _empty((r,) if none else (), z)
     grad = _empty((r, n), z) if want_grad else z.new_empty(0)
-    kept = ctypes.c_int64(r)
-    if r:
+    if r or not none:
         threads = 1 if r * n < _PARALLEL_MIN else max(1, min(torch.get_num_threads(), r))
+        ptr = out.data_ptr()
         rc = _function(z.dtype)(
             family.kernel, z.data_ptr(), None if dense else target.data_ptr(), target.data_ptr() if dense else None,
-            None if k_rows is None else k_rows.data_ptr(), grad.data_ptr() if want_grad else None, loss.data_ptr(),
-            r, n, float(k), family.alpha_value, inv_tau, ignore_index, mean, tol, family.capped,
-            ctypes.byref(kept), threads)
+            None if k_rows is None else k_rows.data_ptr(), grad.data_ptr() if want_grad else None,
+            ptr if none else None, None if none else ptr, r, n, k, family.alpha_value, inv_tau, ignore_index,
+            reduction == "mean", tol, family.capped, threads)
         if rc < 0:
             raise MemoryError(f"softk native kernel: no scratch memory for rows of {n} entries")
         if rc:
             raise BadTarget(rc)
-    return loss, grad, kept.value
+    return out, grad
