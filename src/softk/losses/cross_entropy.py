@@ -41,6 +41,7 @@ from torch import Tensor
 
 
 from ..threshold.rows import compute_dtype
+from .._validate import require
 from . import targets as tg
 
 
@@ -52,12 +53,14 @@ def _check_weight(weight, n_classes: int, device) -> Tensor:
             f"weight must be a 1-D floating tensor of shape ({n_classes},) (one weight per class), "
             f"got dtype {weight.dtype} and shape {tuple(weight.shape)}"
         )
-    if not bool(torch.isfinite(weight).all()):
-        raise ValueError("weight must be finite")
-    return weight.to(device)
+    weight = weight.to(device)
+    require(torch.isfinite(weight), "weight must be finite")  # off the CPU: a device assertion
+    return weight
 
 
 def _check_smoothing(label_smoothing) -> float:
+    if type(label_smoothing) is float and 0.0 <= label_smoothing <= 1.0:  # the common case
+        return label_smoothing
     if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, numbers.Real):
         raise TypeError(f"label_smoothing must be a float in [0, 1], got {type(label_smoothing).__name__}")
     if not 0.0 <= float(label_smoothing) <= 1.0:
@@ -104,27 +107,41 @@ def cross_entropy(
     """
     tau, reduction, ignore_index = tg.check_loss_args(input, target, tau, reduction, ignore_index)
     label_smoothing = _check_smoothing(label_smoothing)
-    cdim = tg.class_dim(input)
+    cdim = 0 if input.dim() == 1 else 1
     n_classes = input.shape[cdim]
     if n_classes == 0:
         raise ValueError(f"input must have at least one class along dim {cdim}, got shape {tuple(input.shape)}")
     ct = compute_dtype(input.dtype)
     if weight is not None:
         weight = _check_weight(weight, n_classes, input.device).to(ct)
-    if tg.is_index_target(target):
-        tg.index_target(input, target, ignore_index)
-        target = target.to(input.device).long()
+    by_index = not target.is_floating_point()
+    if by_index:
+        # The range of the class indices is checked by torch's own kernel
+        # (a device assertion on CUDA, an IndexError on the CPU, which is
+        # turned into softk's message below): no extra pass over the target.
+        tg.check_index_shape(input, target)
+        if target.device != input.device:
+            target = target.to(input.device)
+        if target.dtype != torch.int64:
+            target = target.long()
     else:
         if ignore_index != -100:
             raise ValueError(
                 "ignore_index applies to class-index targets only; torch ignores it for "
                 "probability targets, softk refuses it rather than drop it silently"
             )
-        target = tg.distribution_target(input, target, 1, capped=False).to(ct)
-    x = input.to(ct)
+        target = tg.distribution_target(input, target, 1, capped=False)
+        if target.dtype != ct:
+            target = target.to(ct)
+    x = input if input.dtype == ct else input.to(ct)
     if tau != 1.0:
         x = x / tau
-    out = F.cross_entropy(
-        x, target, weight=weight, ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing
-    )
-    return out.to(input.dtype)
+    try:
+        out = F.cross_entropy(
+            x, target, weight=weight, ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing
+        )
+    except (IndexError, RuntimeError):
+        if by_index:
+            tg.index_target(input, target, ignore_index)  # softk's message for an index out of range
+        raise
+    return out if out.dtype == input.dtype else out.to(input.dtype)
