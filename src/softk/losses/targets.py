@@ -152,6 +152,9 @@ def is_index_target(target: Tensor) -> bool:
 
 def check_index_shape(input: Tensor, target: Tensor, name: str = "target") -> None:
     """Class indices must be shaped like ``input`` without its class dimension."""
+    shape, got = input.shape, target.shape
+    if len(shape) == 2 and len(got) == 1 and got[0] == shape[0]:  # the common case: (N, C) and (N,)
+        return
     cdim = 0 if input.dim() == 1 else 1
     expected = input.shape[:cdim] + input.shape[cdim + 1 :]
     if target.shape != expected:

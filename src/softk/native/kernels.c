@@ -9,7 +9,7 @@
  *
  * The algorithm is in kernels_impl.h, compiled once for float and once for
  * double; kernels_loss.h adds the fused Fenchel–Young losses on top of its
- * solvers.  This file only declares the vector variants of expf/logf/powf that
+ * solvers, kernels_topk_ce.h Su's sparse-softmax cross-entropy.  This file only declares the vector variants of expf/logf/powf that
  * glibc's libmvec provides, so GCC vectorises the loops that call them
  * without -ffast-math (which would break the inf/NaN row conventions).
  * Elsewhere the same code compiles to scalar calls.
@@ -50,6 +50,7 @@ SIMD_DECL double pow(double, double);
 #define EPS FLT_EPSILON
 #include "kernels_impl.h"
 #include "kernels_loss.h"
+#include "kernels_topk_ce.h"
 #undef T
 #undef SUF
 #undef EXP
@@ -67,3 +68,4 @@ SIMD_DECL double pow(double, double);
 #define EPS DBL_EPSILON
 #include "kernels_impl.h"
 #include "kernels_loss.h"
+#include "kernels_topk_ce.h"

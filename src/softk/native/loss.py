@@ -30,14 +30,14 @@ _FUNCTIONS: dict = {}
 BAD_INDEX, BAD_DENSE = 1, 2
 
 
-def _function(dtype: torch.dtype):
-    """The ctypes entry point for ``dtype``, looked up once."""
-    fn = _FUNCTIONS.get(dtype)
+def _function(dtype: torch.dtype, kernel: str = "fy_loss"):
+    """The ctypes entry point of ``kernel`` for ``dtype``, looked up once."""
+    fn = _FUNCTIONS.get((kernel, dtype))
     if fn is None:
         suffix = {torch.float32: "f32", torch.float64: "f64"}.get(dtype)
         if suffix is None:
             raise TypeError(f"native kernels take float32/float64, got {dtype}")
-        fn = _FUNCTIONS[dtype] = getattr(build.library(), f"softk_fy_loss_threads_{suffix}")
+        fn = _FUNCTIONS[kernel, dtype] = getattr(build.library(), f"softk_{kernel}_threads_{suffix}")
     return fn
 
 
@@ -78,11 +78,34 @@ def fenchel_young_fused_rows(z: Tensor, target: Tensor, family, k, *, k_rows: Te
     if r or not none:
         threads = 1 if r * n < _PARALLEL_MIN else max(1, min(torch.get_num_threads(), r))
         ptr = out.data_ptr()
-        rc = _function(z.dtype)(
+        rc = (_FUNCTIONS.get(("fy_loss", z.dtype)) or _function(z.dtype))(
             family.kernel, z.data_ptr(), None if dense else target.data_ptr(), target.data_ptr() if dense else None,
             None if k_rows is None else k_rows.data_ptr(), grad.data_ptr() if want_grad else None,
             ptr if none else None, None if none else ptr, r, n, k, family.alpha_value, inv_tau, ignore_index,
             reduction == "mean", tol, family.capped, threads)
+        if rc < 0:
+            raise MemoryError(f"softk native kernel: no scratch memory for rows of {n} entries")
+        if rc:
+            raise BadTarget(rc)
+    return out, grad
+
+
+def topk_ce_rows(x: Tensor, target: Tensor, k: int, *, inv_tau: float = 1.0, ignore_index: int = -100,
+                 reduction: str = "mean", want_grad: bool = True):
+    """Su's sparse-softmax cross-entropy (``kernels_topk_ce.h``): (loss,
+    gradient (r, n) or an empty tensor), in x's dtype, with the loss and the
+    arguments as in :func:`fenchel_young_fused_rows` (class indices only);
+    ``k`` the number of largest scores the normaliser keeps."""
+    r, n = x.shape
+    none = reduction == "none"
+    out = _empty((r,) if none else (), x)
+    grad = _empty((r, n), x) if want_grad else x.new_empty(0)
+    if r or not none:
+        threads = 1 if r * n < _PARALLEL_MIN else max(1, min(torch.get_num_threads(), r))
+        ptr = out.data_ptr()
+        rc = (_FUNCTIONS.get(("topk_ce", x.dtype)) or _function(x.dtype, "topk_ce"))(
+            x.data_ptr(), target.data_ptr(), grad.data_ptr() if want_grad else None, ptr if none else None,
+            None if none else ptr, r, n, k, inv_tau, ignore_index, reduction == "mean", threads)
         if rc < 0:
             raise MemoryError(f"softk native kernel: no scratch memory for rows of {n} entries")
         if rc:
