@@ -202,7 +202,8 @@ def fenchel_young_loss(
         )
     if not isinstance(family, Family):
         raise TypeError(f"family must be a softk.families.Family (e.g. softk.families.SPARSEMAX), got {type(family).__name__}")
-    k = check_k_rows(k, input, cdim)
+    if not (type(k) is int and 1 <= k <= input.shape[cdim]):  # the common case needs no check
+        k = check_k_rows(k, input, cdim)
     row_k = isinstance(k, Tensor)
     if not family.capped and (row_k or k != 1):
         raise ValueError(f"family {family.name!r} maps onto the simplex (k = 1 only), got k={k}")

@@ -35,13 +35,17 @@ from typing import Optional
 
 import torch
 from torch import Tensor
+from torch.autograd import forward_ad
 
 from .. import _lean, dispatch
+from ..native import loss as native_loss
 from ..threshold.families import Family
 from ..threshold.family_keys import family_by_key, family_key
 from ..threshold.rows import compute_dtype, scaled_rows
+from .targets import sum_tolerance
 
 _HALF = (torch.float16, torch.bfloat16)
+_NO_GRAD = torch.empty(0)  # the gradient output when none is wanted (the lean route only; see _op_kernel)
 
 
 def fused_backend(x: Tensor, family: Family, k) -> str | None:
@@ -69,11 +73,8 @@ def fused_backend(x: Tensor, family: Family, k) -> str | None:
 
 # ---------------------------------------------------------------- the kernels
 def _native(x, target, k_rows, family, k, tau, reduction, ignore_index, want_grad, check):
-    from ..native.loss import fenchel_young_fused_rows
-    from .targets import sum_tolerance
-
     n = x.shape[-1]
-    ct = compute_dtype(x.dtype)
+    ct = torch.float64 if x.dtype == torch.float64 else torch.float32  # the compute dtype
     z = x if tau == 1.0 and x.dtype == ct else scaled_rows(x, tau, family, k if k_rows is None else k_rows,
                                                            shift=tau != 1.0)
     if z.dim() != 2:
@@ -92,13 +93,15 @@ def _native(x, target, k_rows, family, k, tau, reduction, ignore_index, want_gra
         if target.dtype != torch.int64:
             target = target.long()
     kr = None if k_rows is None else k_rows.reshape(-1).to(ct).contiguous()
-    out, grad = fenchel_young_fused_rows(
+    out, grad = native_loss.fenchel_young_fused_rows(
         z if z.is_contiguous() else z.contiguous(), target if target.is_contiguous() else target.contiguous(),
         family, k, k_rows=kr, inv_tau=1.0 / tau, ignore_index=ignore_index, reduction=reduction,
         want_grad=want_grad, tol=tol)
     if reduction == "none" and x.dim() != 2:
         out = out.view(x.shape[:-1])
-    if want_grad and grad.shape != x.shape:
+    if grad is None:
+        grad = _NO_GRAD
+    elif x.dim() != 2:
         grad = grad.view(x.shape)
     if x.dtype != ct:  # half input: computed in float32
         out, grad = out.to(x.dtype), grad.to(x.dtype)
@@ -140,8 +143,9 @@ def _kernel(x, target, k_rows, family, k, tau, reduction, ignore_index, backend,
 def _op_kernel(x: Tensor, target: Tensor, k_rows: Optional[Tensor], name: str, alpha: float, k: int, tau: float,
                reduction: str, ignore_index: int, backend: str, want_grad: bool) -> tuple[Tensor, Tensor]:
     # On the library route the caller has checked the target in Python.
-    return _kernel(x, target, k_rows, family_by_key(name, alpha), k, tau, reduction, ignore_index, backend,
-                   want_grad, False)
+    out, grad = _kernel(x, target, k_rows, family_by_key(name, alpha), k, tau, reduction, ignore_index, backend,
+                        want_grad, False)
+    return out, grad if want_grad else x.new_empty(0)  # an op's outputs are its own
 
 
 def _fake(x, target, k_rows, name, alpha, k, tau, reduction, ignore_index, backend, want_grad):
@@ -195,7 +199,8 @@ class _FusedFenchelYoung(torch.autograd.Function):
         ctx.mark_non_differentiable(output[1])
         ctx.set_materialize_grads(False)  # no zero buffer for the gradient output's (absent) gradient
         ctx.save_for_backward(x, target, k_rows, output[1])
-        ctx.save_for_forward(output[1])
+        if forward_ad._current_level >= 0:
+            ctx.save_for_forward(output[1])
         ctx.args = family, k, tau, reduction, ignore_index, backend
 
     @staticmethod

@@ -43,7 +43,7 @@ def _function(dtype: torch.dtype, kernel: str = "fy_loss"):
 
 def _empty(shape, like: Tensor) -> Tensor:
     # Every element is written by the kernel; tests swap this for a NaN fill.
-    return torch.empty(shape, dtype=like.dtype)
+    return like.new_empty(shape)
 
 
 class BadTarget(ValueError):
@@ -58,7 +58,7 @@ class BadTarget(ValueError):
 def fenchel_young_fused_rows(z: Tensor, target: Tensor, family, k, *, k_rows: Tensor | None = None,
                              inv_tau: float = 1.0, ignore_index: int = -100, reduction: str = "mean",
                              want_grad: bool = True, tol: float = -1.0):
-    """(loss, gradient (r, n) or an empty tensor), in z's dtype.
+    """(loss, gradient (r, n) or None), in z's dtype.
 
     The loss is per row (r,) for ``reduction="none"``, else one value (0-d):
     the rows' sum ("sum") or the sum over the #rows kept ("mean"), summed in
@@ -74,13 +74,13 @@ def fenchel_young_fused_rows(z: Tensor, target: Tensor, family, k, *, k_rows: Te
     dense = target.dim() == 2
     none = reduction == "none"
     out = _empty((r,) if none else (), z)
-    grad = _empty((r, n), z) if want_grad else z.new_empty(0)
+    grad = _empty((r, n), z) if want_grad else None
     if r or not none:
         threads = 1 if r * n < _PARALLEL_MIN else max(1, min(torch.get_num_threads(), r))
         ptr = out.data_ptr()
         rc = (_FUNCTIONS.get(("fy_loss", z.dtype)) or _function(z.dtype))(
             family.kernel, z.data_ptr(), None if dense else target.data_ptr(), target.data_ptr() if dense else None,
-            None if k_rows is None else k_rows.data_ptr(), grad.data_ptr() if want_grad else None,
+            None if k_rows is None else k_rows.data_ptr(), None if grad is None else grad.data_ptr(),
             ptr if none else None, None if none else ptr, r, n, k, family.alpha_value, inv_tau, ignore_index,
             reduction == "mean", tol, family.capped, threads)
         if rc < 0:
@@ -93,18 +93,18 @@ def fenchel_young_fused_rows(z: Tensor, target: Tensor, family, k, *, k_rows: Te
 def topk_ce_rows(x: Tensor, target: Tensor, k: int, *, inv_tau: float = 1.0, ignore_index: int = -100,
                  reduction: str = "mean", want_grad: bool = True):
     """Su's sparse-softmax cross-entropy (``kernels_topk_ce.h``): (loss,
-    gradient (r, n) or an empty tensor), in x's dtype, with the loss and the
+    gradient (r, n) or None), in x's dtype, with the loss and the
     arguments as in :func:`fenchel_young_fused_rows` (class indices only);
     ``k`` the number of largest scores the normaliser keeps."""
     r, n = x.shape
     none = reduction == "none"
     out = _empty((r,) if none else (), x)
-    grad = _empty((r, n), x) if want_grad else x.new_empty(0)
+    grad = _empty((r, n), x) if want_grad else None
     if r or not none:
         threads = 1 if r * n < _PARALLEL_MIN else max(1, min(torch.get_num_threads(), r))
         ptr = out.data_ptr()
         rc = (_FUNCTIONS.get(("topk_ce", x.dtype)) or _function(x.dtype, "topk_ce"))(
-            x.data_ptr(), target.data_ptr(), grad.data_ptr() if want_grad else None, ptr if none else None,
+            x.data_ptr(), target.data_ptr(), None if grad is None else grad.data_ptr(), ptr if none else None,
             None if none else ptr, r, n, k, inv_tau, ignore_index, reduction == "mean", threads)
         if rc < 0:
             raise MemoryError(f"softk native kernel: no scratch memory for rows of {n} entries")
