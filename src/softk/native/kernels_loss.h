@@ -56,13 +56,12 @@ static inline T FN(F)(int fam, T u, T p, T alpha)
 }
 
 /* The loss pass over one row: gr[i] = (p_i − y_i)·s (when gr), and the row's
- * terms of L except the class-index ones.  p_i = pr[i]·pm, or min(1, e^{u_i})
- * with pexp (the "exp" rows solved by solve_exp); pr may alias gr (read
- * first).  sumF: add F(u_i) (active rows) or u_i − ψ(1) (filled rows) on the
+ * terms of L except the class-index ones.  p_i = pr[i]·pm; pr may alias gr
+ * (read first).  sumF: add F(u_i) (active rows) or u_i − ψ(1) (filled rows) on the
  * finite entries.  dense: subtract u·y − ψ(y) and check y (its sum into ysum, a bad entry into ybad).
  * Inlined with constant fam/dense, so each variant is its own vector loop. */
 static inline __attribute__((always_inline)) T FN(fy_pass)(
-    const int fam, const int dense, const int sumF, const int pexp, const T *zr, const T *pr, T pm,
+    const int fam, const int dense, const int sumF, const T *zr, const T *pr, T pm,
     const T *yr, T *gr, int64_t n, T c, T t, T alpha, int active, T s, T ycap, double *ysum, int *ybad)
 {
     T acc = 0, psi1 = FN(psi_one)(fam, alpha);
@@ -70,8 +69,7 @@ static inline __attribute__((always_inline)) T FN(fy_pass)(
     int bad = 0;
 #pragma omp simd reduction(+ : acc, ys) reduction(| : bad)
     for (int64_t i = 0; i < n; i++) {
-        T zi = zr[i], u = (zi - c) - t, e = pexp ? EXP(u) : 0;
-        T p = pexp ? (e < 1 ? e : 1) : pr[i] * pm;
+        T zi = zr[i], u = (zi - c) - t, p = pr[i] * pm;
         T term = 0, y = 0;
         if (sumF) term = zi > -INFINITY ? (active ? FN(F)(fam, u, p, alpha) : u - psi1) : 0;
         if (dense) {
@@ -90,18 +88,18 @@ static inline __attribute__((always_inline)) T FN(fy_pass)(
     return acc;
 }
 
-#define FY_PASS(dense_, sumF_, pexp_)                                                                   \
-    switch (fam) {                                                                                      \
-    case 0: acc += FN(fy_pass)(0, dense_, sumF_, pexp_, zr, pr, pm, yr, gr, n, ref, lam, alpha, active, \
-                               s, ycap, &ys, ybad); break;                                              \
-    case 1: acc += FN(fy_pass)(1, dense_, sumF_, pexp_, zr, pr, pm, yr, gr, n, ref, lam, alpha, active, \
-                               s, ycap, &ys, ybad); break;                                              \
-    case 2: acc += FN(fy_pass)(2, dense_, sumF_, pexp_, zr, pr, pm, yr, gr, n, ref, lam, alpha, active, \
-                               s, ycap, &ys, ybad); break;                                              \
-    case 3: acc += FN(fy_pass)(3, dense_, sumF_, pexp_, zr, pr, pm, yr, gr, n, ref, lam, alpha, active, \
-                               s, ycap, &ys, ybad); break;                                              \
-    default: acc += FN(fy_pass)(4, dense_, sumF_, pexp_, zr, pr, pm, yr, gr, n, ref, lam, alpha, active,\
-                                s, ycap, &ys, ybad); break;                                             \
+#define FY_PASS(dense_, sumF_)                                                                           \
+    switch (fam) {                                                                                       \
+    case 0: acc += FN(fy_pass)(0, dense_, sumF_, zr, pr, pm, yr, gr, n, ref, lam, alpha, active, s, ycap,   \
+                               &ys, ybad); break;                                                        \
+    case 1: acc += FN(fy_pass)(1, dense_, sumF_, zr, pr, pm, yr, gr, n, ref, lam, alpha, active, s, ycap,   \
+                               &ys, ybad); break;                                                        \
+    case 2: acc += FN(fy_pass)(2, dense_, sumF_, zr, pr, pm, yr, gr, n, ref, lam, alpha, active, s, ycap,   \
+                               &ys, ybad); break;                                                        \
+    case 3: acc += FN(fy_pass)(3, dense_, sumF_, zr, pr, pm, yr, gr, n, ref, lam, alpha, active, s, ycap,   \
+                               &ys, ybad); break;                                                        \
+    default: acc += FN(fy_pass)(4, dense_, sumF_, zr, pr, pm, yr, gr, n, ref, lam, alpha, active, s, ycap,  \
+                                &ys, ybad); break;                                                       \
     }
 
 /* L of one row (see the top of the file).  tgt: the class index, or −1 with
@@ -114,7 +112,7 @@ static T FN(fy_row)(int fam, const T *zr, int64_t n, T k, T alpha, int64_t tgt, 
     int64_t count, iters = 0, c = 0;
     int bad;
     T m = bm ? FN(row_scan_blocks)(zr, n, bm, &count, &bad) : FN(row_scan)(zr, n, &count, &bad);
-    int active = !(bad || (double)count <= (double)k), sparse = 0, pexp = 0;
+    int active = !(bad || (double)count <= (double)k), sparse = 0;
     T ref = m, lam = 0, pm = 1, acc = 0, psi1 = FN(psi_one)(fam, alpha);
     double ys = 0;
     if (!active) {
@@ -131,7 +129,7 @@ static T FN(fy_row)(int fam, const T *zr, int64_t n, T k, T alpha, int64_t tgt, 
             lam = LOG(thr);
         else {
             lam = FN(solve_exp)(zr, m, n, k, &ref, &iters);
-            pexp = 1; /* p = min(1, e^u), as the forward writes it */
+            FN(exp_write)(zr, pr, n, ref, lam); /* the forward's own p */
         }
     } else {
         lam = FN(solve_zero_below)(fam, zr, bm, m, n, k, alpha, val, idx, &c, &iters);
@@ -141,24 +139,18 @@ static T FN(fy_row)(int fam, const T *zr, int64_t n, T k, T alpha, int64_t tgt, 
     }
     T loss;
     if (yr) {
-        if (active && fam != 4) FY_PASS(1, 0, 0) else if (pexp) FY_PASS(1, 1, 1) else FY_PASS(1, 1, 0)
+        if (active && fam != 4) FY_PASS(1, 0) else FY_PASS(1, 1)
         *ybad |= !((ys - (double)k) <= tol * (double)k && ((double)k - ys) <= tol * (double)k);
         loss = acc;
     } else {
-        T pt = pexp ? 0 : pr[tgt] * pm, ut = (zr[tgt] - ref) - lam;
-        if (pexp) {
-            T e = EXP(ut);
-            pt = e < 1 ? e : 1;
-        }
+        T pt = pr[tgt] * pm, ut = (zr[tgt] - ref) - lam;
         if (sparse) {
             if (gr && s != 1)
                 for (int64_t j = 0; j < c; j++) gr[idx[j]] *= s;
         } else if (active && fam == 0) {
-            if (gr) FY_PASS(0, 0, 0)
-        } else if (pexp) {
-            FY_PASS(0, 1, 1)
+            if (gr) FY_PASS(0, 0)
         } else {
-            FY_PASS(0, 1, 0)
+            FY_PASS(0, 1)
         }
         if (gr) gr[tgt] = (pt - 1) * s;
         loss = acc - ut + psi1;
