@@ -219,6 +219,8 @@ def test_eager_losses_import_neither_dynamo_nor_triton():
     import subprocess
     import sys
 
+    if not hasattr(softk.threshold.op, "_ROUTES"):
+        pytest.skip("the maps' op layer here registers torch.library ops on first use (before the lean route)")
     code = (
         "import sys, torch, softk\n"
         "x = torch.randn(4, 10, requires_grad=True); t = torch.randint(0, 10, (4,))\n"
