@@ -27,21 +27,35 @@
  * Targets are checked on the way (the caller raises softk's message):
  * class indices in [0, n) or ignore_index (before any row is touched); a
  * dense row finite, ≥ 0, ≤ 1 for the capped families, summing to k within
- * k·tol (summed in double).
+ * k·tol (summed in T by the vector lanes: rounding far inside tol, which is
+ * at least n ulps of float32).
  */
+
+/* No trapping math here: GCC otherwise will not if-convert (so not
+ * vectorise) loops with a floating compare-and-select, and the loss passes
+ * are all compare-and-select.  Values are unchanged (inf and NaN keep their
+ * IEEE meaning; only floating-point exception flags are not modelled).  The
+ * forward's helpers called from here keep their own options. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC optimize("no-trapping-math")
+#endif
 
 static inline T FN(psi_one)(int fam, T alpha)
 {
     return fam == 0 || fam == 4 ? (T)-1 : fam == 1 ? (T)0.5 : fam == 2 ? (T)4 / 3 : 1 / (alpha * (alpha - 1));
 }
 
-/* ψ(y), 0 at y = 0 (the same formulas as Family.psi). */
-static inline T FN(psi)(int fam, T y, T alpha)
+/* ψ(y), 0 at y = 0 (the same formulas as Family.psi).  log and pow never
+ * see 0 (their vector variants take a slow scalar path there, 10× slower):
+ * they get ``one`` instead, a 1 the compiler cannot see (see fy_pass), as
+ * it would otherwise fold log(1) = 0 and call log(y) on every lane. */
+static inline T FN(psi)(int fam, T y, T alpha, T one)
 {
-    if (fam == 0 || fam == 4) return (y > 0 ? y * LOG(y > 0 ? y : 1) : 0) - y;
+    if (fam == 0 || fam == 4) return y * LOG(y > 0 ? y : one) - y;
     if (fam == 1) return (T)0.5 * y * y;
     if (fam == 2) return y * SQRT(y) / (T)0.75;
-    return (y > 0 ? POW(y > 0 ? y : 1, alpha) : 0) / (alpha * (alpha - 1)); /* pow never sees 0 */
+    return POW(y > 0 ? y : one, alpha) * (T)(y > 0) / (alpha * (alpha - 1));
 }
 
 /* F(u) given p = f(u) (the same formulas as Family.F). */
@@ -62,28 +76,29 @@ static inline T FN(F)(int fam, T u, T p, T alpha)
  * Inlined with constant fam/dense, so each variant is its own vector loop. */
 static inline __attribute__((always_inline)) T FN(fy_pass)(
     const int fam, const int dense, const int sumF, const T *zr, const T *pr, T pm,
-    const T *yr, T *gr, int64_t n, T c, T t, T alpha, int active, T s, T ycap, double *ysum, int *ybad)
+    const T *yr, T *gr, int64_t n, T c, T t, T alpha, int active, T s, T ycap, T *ysum, int *ybad)
 {
-    T acc = 0, psi1 = FN(psi_one)(fam, alpha);
-    double ys = 0;
-    int bad = 0;
-#pragma omp simd reduction(+ : acc, ys) reduction(| : bad)
+    T acc = 0, ys = 0, bad = 0, psi1 = FN(psi_one)(fam, alpha), one = 1; /* bad counts in T: one vector width */
+#if defined(__GNUC__) && defined(__x86_64__)
+    __asm__("" : "+x"(one)); /* an opaque 1: the guard of psi's log/pow stays a guard */
+#endif
+#pragma omp simd reduction(+ : acc, ys, bad)
     for (int64_t i = 0; i < n; i++) {
         T zi = zr[i], u = (zi - c) - t, p = pr[i] * pm;
         T term = 0, y = 0;
         if (sumF) term = zi > -INFINITY ? (active ? FN(F)(fam, u, p, alpha) : u - psi1) : 0;
         if (dense) {
             y = yr[i];
-            term -= (y != 0 ? u * y : 0) - FN(psi)(fam, y, alpha);
-            ys += (double)y;
-            bad |= !(y >= 0) | !(y <= ycap) | (y == INFINITY);
+            term -= (y != 0 ? u * y : 0) - FN(psi)(fam, y, alpha, one);
+            ys += y;
+            bad += (y >= 0 && y <= ycap && y < INFINITY) ? 0 : 1;
         }
         if (gr) gr[i] = (p - y) * s;
         acc += term;
     }
     if (dense) {
         *ysum = ys;
-        *ybad |= bad;
+        *ybad |= bad > 0;
     }
     return acc;
 }
@@ -113,8 +128,7 @@ static T FN(fy_row)(int fam, const T *zr, int64_t n, T k, T alpha, int64_t tgt, 
     int bad;
     T m = bm ? FN(row_scan_blocks)(zr, n, bm, &count, &bad) : FN(row_scan)(zr, n, &count, &bad);
     int active = !(bad || (double)count <= (double)k), sparse = 0;
-    T ref = m, lam = 0, pm = 1, acc = 0, psi1 = FN(psi_one)(fam, alpha);
-    double ys = 0;
+    T ref = m, lam = 0, pm = 1, acc = 0, ys = 0, psi1 = FN(psi_one)(fam, alpha);
     if (!active) {
         FN(fill_conventions)(zr, pr, n, bad);
         ref = count > 0 && !bad ? m : 0;
@@ -251,3 +265,7 @@ int FN(softk_fy_loss_threads)(int fam, const T *z, const int64_t *tidx, const T 
     if (total) *total = (T)(mean ? tot / (double)nk : tot);
     return rc ? -1 : (ybad && check ? 2 : 0);
 }
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC pop_options
+#endif

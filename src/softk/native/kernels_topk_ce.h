@@ -17,6 +17,16 @@
  * cross-entropy is.  A row whose class index is ignore_index gives 0.
  */
 
+/* No trapping math here: GCC otherwise will not if-convert (so not
+ * vectorise) loops with a floating compare-and-select, and the loss passes
+ * are all compare-and-select.  Values are unchanged (inf and NaN keep their
+ * IEEE meaning; only floating-point exception flags are not modelled).  The
+ * forward's helpers called from here keep their own options. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC optimize("no-trapping-math")
+#endif
+
 /* The k-th largest (k ≥ 1) of a[0..c), c ≥ k, reordering a. */
 static T FN(kth_largest)(T *a, int64_t c, int64_t k)
 {
@@ -166,3 +176,7 @@ int FN(softk_topk_ce_threads)(const T *x, const int64_t *tidx, T *grad, T *loss,
     if (total) *total = (T)(mean ? tot / (double)nk : tot);
     return rc ? -1 : 0;
 }
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC pop_options
+#endif
