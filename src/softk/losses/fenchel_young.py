@@ -226,12 +226,13 @@ def fenchel_young_loss(
     if target.device != input.device:
         target = target.to(input.device)
     backend = fused_backend(x, family, k)
-    if backend == "native" and _lean.eager(input, target) and (by_index or target.dtype == x.dtype):
+    eager = backend == "native" and _lean.eager(input, target, k if row_k else None)
+    if eager and (by_index or target.dtype == x.dtype):
         # The kernel checks the target values in its pass; softk's message
         # is built (by the Python checks below) only when one fails.
         try:
             return fused_fenchel_young(x, target if by_index else target.movedim(cdim, -1), family, k, tau,
-                                       reduction, ignore_index, backend)
+                                       reduction, ignore_index, backend, eager=True)
         except BadTarget:
             _check_values(input, target, family, k, ignore_index)
             raise

@@ -238,19 +238,26 @@ _ROUTES = _lean.Routes(_FusedFenchelYoungJvp, _kernel, lambda x, target, k_rows,
 
 
 def fused_fenchel_young(x: Tensor, target: Tensor, family: Family, k, tau: float, reduction: str,
-                        ignore_index: int, backend: str) -> Tensor:
+                        ignore_index: int, backend: str, eager: bool | None = None) -> Tensor:
     """The reduced loss in x's dtype through the fused kernel of ``backend``
     (from :func:`fused_backend`).  ``x`` holds rows (classes last);
     ``target`` is dense (x's shape) or class indices (x's shape without the
     last dimension; ``ignore_index`` marks ignored rows); ``k`` an int or
-    one integral k per row (shaped x.shape[:-1] + (1,)).  On the eager CPU
-    route the kernel checks the target and raises
+    one integral k per row (shaped x.shape[:-1] + (1,)).  ``eager``: the
+    caller's :func:`softk._lean.eager` of these tensors, when it has it.  On
+    the eager CPU route the kernel checks the target and raises
     :class:`softk.native.loss.BadTarget`; elsewhere the caller has checked it."""
     k_rows = k if isinstance(k, Tensor) else None
-    compiling = torch.compiler.is_compiling()
-    if compiling:
-        want = torch.is_grad_enabled() and x.requires_grad
-    else:
-        want = _lean.tracked(x)
-    return _ROUTES.apply(x, target, k_rows, family, 1 if k_rows is not None else int(k), float(tau), reduction,
-                         ignore_index, backend, want)[0]
+    args = (x, target, k_rows, family, 1 if k_rows is not None else int(k), float(tau), reduction, ignore_index,
+            backend)
+    if eager is None:
+        eager = _lean.eager(x, target, k_rows)
+    if eager:  # the lean route of _ROUTES.apply, without asking again
+        if _lean.tracked(x):
+            return _EAGER(*args, True)[0]
+        return _kernel(*args, False)[0]
+    want = torch.is_grad_enabled() and x.requires_grad if torch.compiler.is_compiling() else _lean.tracked(x)
+    return _ROUTES.apply(*args, want)[0]
+
+
+_EAGER = _ROUTES.eager_function.fast_apply
