@@ -40,7 +40,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
-from ..threshold.rows import compute_dtype
 from .._validate import require
 from . import targets as tg
 
@@ -106,12 +105,14 @@ def cross_entropy(
     0.313262
     """
     tau, reduction, ignore_index = tg.check_loss_args(input, target, tau, reduction, ignore_index)
-    label_smoothing = _check_smoothing(label_smoothing)
-    cdim = 0 if input.dim() == 1 else 1
-    n_classes = input.shape[cdim]
+    if type(label_smoothing) is not float or not 0.0 <= label_smoothing <= 1.0:
+        label_smoothing = _check_smoothing(label_smoothing)
+    shape, dtype = input.shape, input.dtype
+    cdim = 0 if len(shape) == 1 else 1
+    n_classes = shape[cdim]
     if n_classes == 0:
-        raise ValueError(f"input must have at least one class along dim {cdim}, got shape {tuple(input.shape)}")
-    ct = compute_dtype(input.dtype)
+        raise ValueError(f"input must have at least one class along dim {cdim}, got shape {tuple(shape)}")
+    ct = dtype if dtype == torch.float32 or dtype == torch.float64 else torch.float32  # the compute dtype
     if weight is not None:
         weight = _check_weight(weight, n_classes, input.device).to(ct)
     by_index = not target.is_floating_point()
@@ -120,7 +121,7 @@ def cross_entropy(
         # (a device assertion on CUDA, an IndexError on the CPU, which is
         # turned into softk's message below): no extra pass over the target.
         tg.check_index_shape(input, target)
-        if target.device != input.device:
+        if not (target.is_cpu and input.is_cpu) and target.device != input.device:
             target = target.to(input.device)
         if target.dtype != torch.int64:
             target = target.long()
@@ -133,7 +134,7 @@ def cross_entropy(
         target = tg.distribution_target(input, target, 1, capped=False)
         if target.dtype != ct:
             target = target.to(ct)
-    x = input if input.dtype == ct else input.to(ct)
+    x = input if dtype == ct else input.to(ct)
     if tau != 1.0:
         x = x / tau
     try:
@@ -144,4 +145,4 @@ def cross_entropy(
         if by_index:
             tg.index_target(input, target, ignore_index)  # softk's message for an index out of range
         raise
-    return out if out.dtype == input.dtype else out.to(input.dtype)
+    return out if dtype == ct else out.to(dtype)

@@ -49,6 +49,7 @@ def check_ignore_index(ignore_index) -> int:
 
 ACCEPTS = ("index or distribution", "index", "distribution")
 _ORDINARY = frozenset((torch.int64, torch.int32, torch.float32, torch.float64, torch.float16, torch.bfloat16))
+_FLOATS = frozenset((torch.float32, torch.float64, torch.float16, torch.bfloat16))
 
 
 def check_target_tensor(target, name: str = "target", *, input=None, accepts: str = "index or distribution", k=1) -> None:
@@ -138,6 +139,11 @@ def check_loss_args(input, target, tau, reduction, ignore_index, *, accepts: str
     ``accepts`` and ``k`` describe the calling loss, for the hint given with a
     bool target (:func:`bool_target_hint`).
     """
+    if (type(tau) is float and 0.0 < tau < float("inf") and type(ignore_index) is int
+            and (reduction == "mean" or reduction == "sum" or reduction == "none")
+            and isinstance(input, Tensor) and input.dtype in _FLOATS and input.dim()
+            and isinstance(target, Tensor) and target.dtype in _ORDINARY):
+        return tau, reduction, ignore_index  # the common case: every check below passes
     check_input(input, "input")
     tau = check_tau(tau)
     reduction = check_reduction(reduction)
