@@ -120,7 +120,9 @@ def cross_entropy(
         # The range of the class indices is checked by torch's own kernel
         # (a device assertion on CUDA, an IndexError on the CPU, which is
         # turned into softk's message below): no extra pass over the target.
-        tg.check_index_shape(input, target)
+        tshape = target.shape
+        if not (len(shape) == 2 and len(tshape) == 1 and tshape[0] == shape[0]):  # else (N, C) and (N,)
+            tg.check_index_shape(input, target)
         if not (target.is_cpu and input.is_cpu) and target.device != input.device:
             target = target.to(input.device)
         if target.dtype != torch.int64:

@@ -49,6 +49,7 @@ def check_ignore_index(ignore_index) -> int:
 
 ACCEPTS = ("index or distribution", "index", "distribution")
 _ORDINARY = frozenset((torch.int64, torch.int32, torch.float32, torch.float64, torch.float16, torch.bfloat16))
+_INF = float("inf")
 _FLOATS = frozenset((torch.float32, torch.float64, torch.float16, torch.bfloat16))
 
 
@@ -139,7 +140,7 @@ def check_loss_args(input, target, tau, reduction, ignore_index, *, accepts: str
     ``accepts`` and ``k`` describe the calling loss, for the hint given with a
     bool target (:func:`bool_target_hint`).
     """
-    if (type(tau) is float and 0.0 < tau < float("inf") and type(ignore_index) is int
+    if (type(tau) is float and 0.0 < tau < _INF and type(ignore_index) is int
             and (reduction == "mean" or reduction == "sum" or reduction == "none")
             and isinstance(input, Tensor) and input.dtype in _FLOATS and input.dim()
             and isinstance(target, Tensor) and target.dtype in _ORDINARY):
