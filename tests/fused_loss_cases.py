@@ -20,7 +20,7 @@ FAMS = {
     "exp": (EXP, "exp", None),
 }
 LABELS = sorted(FAMS)
-R, N = 10, 13
+R, N = 11, 13
 IGNORED = 9  # the row whose class index is ignore_index
 
 native_only = pytest.mark.skipif(not softk._backend.native_available(), reason="no C compiler here")
@@ -39,6 +39,7 @@ def rows(rng, dtype, n=N, offset=1e4):
     x[6] = rng.integers(-1, 2, size=n) * 0.5  # ties
     x[7] = offset + np.round(x[7] * 16) / 16  # far from the origin (exact in float32 up to 1e6)
     x[8] = x[8] * 1e-3  # small scores
+    x[10, 5] = np.inf  # a +inf entry: a broken row too
     return torch.tensor(x).to(dtype).double().numpy()
 
 

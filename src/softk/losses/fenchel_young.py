@@ -146,7 +146,9 @@ def fenchel_young_rows(x: Tensor, y, index, family: Family, k: int, tau: float) 
         p = entmax_alpha(xc, a, tau)
         value_family = entmax_family(torch.where(a == 1, 2.0, a.detach()))
         loss = fn.apply(xc, p, yc, index, value_family, tau)
-        if bool((a == 1).any()):  # ψ of α = 1 rows: the softmax loss's Shannon term
+        # ψ of α = 1 rows: the softmax loss's Shannon term (off the CPU always
+        # formed and selected: asking whether any row has α = 1 would wait for the device)
+        if not a.is_cpu or bool((a == 1).any()):
             loss = torch.where(a.detach() == 1, fn.apply(xc, p, yc, index, SOFTMAX, tau), loss)
         return loss + _alpha_correction(p, yc, index, a)
     p = apply_rows(xc, family, k, tau, dispatch.resolve(xc, family))
