@@ -50,6 +50,7 @@ def check_ignore_index(ignore_index) -> int:
 ACCEPTS = ("index or distribution", "index", "distribution")
 _ORDINARY = frozenset((torch.int64, torch.int32, torch.float32, torch.float64, torch.float16, torch.bfloat16))
 _INF = float("inf")
+_EPS = {dt: torch.finfo(dt).eps for dt in (torch.float32, torch.float64, torch.float16, torch.bfloat16)}
 _FLOATS = frozenset((torch.float32, torch.float64, torch.float16, torch.bfloat16))
 
 
@@ -249,8 +250,8 @@ def sum_tolerance(k, n: int, dtype: torch.dtype):
     multi-hot row that was not normalised is off by at least 1, and one
     normalised over the wrong dimension by far more than n·2⁻²³ for any n
     below millions."""
-    eps = torch.finfo(dtype).eps
-    return k * max(eps**0.5, 2 * n * eps, n * torch.finfo(torch.float32).eps)
+    eps = _EPS.get(dtype) or torch.finfo(dtype).eps
+    return k * max(eps**0.5, 2 * n * eps, n * _EPS[torch.float32])
 
 
 def _sum_message(sums: Tensor, k, n: int, cdim: int, name: str, capped: bool) -> str:
