@@ -211,6 +211,10 @@ def test_value_checks_off_the_cpu_read_no_values(monkeypatch):
     tg.distribution_target(x, torch.empty(4, 5, device="meta"), 1, capped=False)
     tg.distribution_target(x, torch.empty(4, 5, device="meta"), 2, capped=True)
     assert len(calls) == 5  # one index check, then entries + row sums twice
+    # cross_entropy: class weights asserted; class indices are torch's own kernel's to check
+    softk.losses.cross_entropy(x, torch.zeros(4, dtype=torch.long, device="meta"), torch.ones(5, device="meta"))
+    softk.losses.cross_entropy(x, torch.empty(4, 5, device="meta"))
+    assert len(calls) == 8
 
 
 def test_eager_losses_import_neither_dynamo_nor_triton():

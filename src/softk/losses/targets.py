@@ -10,8 +10,22 @@ A target is either
   the class dimension) lie in the map's domain, e.g. the simplex for k = 1.
 
 Every check raises a ValueError/TypeError that names ``target`` and says what
-was expected, before any arithmetic, so a bad target never surfaces as an
-index error from deep inside torch.  Nothing is renormalised for the user.
+was expected, so a bad target never surfaces as an index error from deep
+inside torch.  Nothing is renormalised for the user.
+
+Checks on *values* (a class index in range, a row in the map's domain) follow
+one convention, so that no call waits for a device in the hot path:
+
+* on CPU tensors they raise softk's ValueError, before any arithmetic, or,
+  on the fused CPU route (:mod:`softk.losses.fused_op`), from the kernel's
+  own pass over the target (the message is then built by the same checks);
+  :func:`softk.losses.cross_entropy` leaves the class indices to torch's
+  kernel and turns its IndexError into the same message;
+* on any other device (CUDA) they are device-side assertions
+  (:func:`softk._validate.require`, ``torch._assert_async``): a bad value
+  stops the program when the device reaches it, without softk's message (run
+  the same call on CPU tensors to read it), as torch's own cross-entropy does
+  with a bad class index; under ``torch.compile`` likewise, inside the graph.
 """
 
 from __future__ import annotations
