@@ -250,3 +250,23 @@ def test_empty_batch_and_empty_class_dim(loss):
             t = torch.zeros(shape)
         with softk.use_backend("native"), pytest.raises(ValueError, match="at least one class along dim"):
             fn(x, t, **kw)
+
+
+@pytest.mark.parametrize("label", ["sparsemax", "softmax"])
+def test_rows_split_between_threads_give_the_same_numbers(rng, label):
+    """Enough elements for OpenMP threads: every row is computed on its own,
+    so per-row losses and the gradient do not depend on the thread count;
+    the reduced loss (double partial sums per thread) agrees to rounding."""
+    x = torch.tensor(rng.normal(size=(300, 200)), dtype=torch.float32)
+    t = torch.tensor(rng.integers(0, 200, size=300))
+    threads = torch.get_num_threads()
+    out = {}
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            out[n] = (_run(x, t, label, 1, 1.0), _run(x, t, label, 1, 1.0, "mean"))
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(out[1][0][0], out[2][0][0]) and torch.equal(out[1][0][1], out[2][0][1])
+    assert torch.equal(out[1][1][1], out[2][1][1])
+    torch.testing.assert_close(out[1][1][0], out[2][1][0], rtol=1e-7, atol=0)
