@@ -10,9 +10,12 @@ non-ignored rows.  The arithmetic *is* ``torch.nn.functional.cross_entropy``
 derives), called after softk's argument checks, so results are identical to
 torch; ``tau`` divides the scores first (gradient (p − y)/τ).
 
-Differences from torch, all refusals of input torch accepts silently:
-``target`` is checked before any arithmetic (class indices in range, shape),
-a probability target must be a distribution (>= 0, rows summing to 1), and
+Differences from torch, all refusals of input torch accepts silently or
+with a terse message: ``target``'s shape is checked before any arithmetic; a
+class index out of range is found by torch's own kernel (no extra pass over
+the target) and reported with softk's message (on CUDA it is torch's device
+assertion, see :mod:`softk.losses.targets`); a probability target must be a
+distribution (>= 0, rows summing to 1); and
 ``ignore_index`` may not be set together with a probability target (torch
 ignores it there).  Half-precision input is computed in float32 and the result
 returned in the input dtype.  A row whose scores are all ``-inf`` gives NaN,
