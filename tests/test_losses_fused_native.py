@@ -219,6 +219,10 @@ def test_bad_targets_raise_softk_messages_from_the_kernel(fused_calls):
         softk.losses.soft_topk_loss(x, torch.tensor([[2.0, 0, 0, 0], [1, 1, 0, 0], [1, 1, 0, 0]]), k=2)
     with softk.use_backend("native"), pytest.raises(ValueError, match="k=3"):
         softk.losses.soft_topk_loss(x, multi, k=3)
+    # a half input with a half target: checked in Python (the kernel reads float32 rows)
+    for dtype in (torch.bfloat16, torch.float16):
+        with softk.use_backend("native"), pytest.raises(ValueError, match="row sums"):
+            softk.losses.softmax_loss(x.to(dtype), torch.tensor([[0.5, 0.6, 0, 0]] * 3).to(dtype))
     assert any(c[2] == "dense" for c in fused_calls) and any(c[2] == "index" for c in fused_calls)
 
 

@@ -229,7 +229,7 @@ def fenchel_young_loss(
         target = target.to(input.device)
     backend = fused_backend(x, family, k)
     eager = backend == "native" and _lean.eager(input, target, k if row_k else None)
-    if eager and (by_index or target.dtype == x.dtype):
+    if eager and (by_index or target.dtype == compute_dtype(x.dtype)):  # (the kernel reads rows in it)
         # The kernel checks the target values in its pass; softk's message
         # is built (by the Python checks below) only when one fails.
         try:
