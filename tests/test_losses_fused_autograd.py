@@ -234,7 +234,8 @@ def test_eager_losses_import_neither_dynamo_nor_triton():
         "softk.losses.topk_softmax_cross_entropy(x, t, 3).backward()\n"
         "(g,) = torch.autograd.grad(softk.losses.sparsemax_loss(x, t), x, create_graph=True); g.sum().backward()\n"
         "softk.losses.fused_linear_loss(torch.randn(4, 3), torch.randn(10, 3, requires_grad=True), t).backward()\n"
-        "print('torch._dynamo' in sys.modules, 'triton' in sys.modules, hasattr(torch.ops.softk, 'fenchel_young_fused'))\n"
+        "print('torch._dynamo' in sys.modules, 'triton' in sys.modules,\n"
+        "      hasattr(torch.ops.softk, 'fenchel_young_fused'))\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                           env={**__import__("os").environ, "SOFTK_BACKEND": "native"})

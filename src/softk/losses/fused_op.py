@@ -73,6 +73,8 @@ def fused_backend(x: Tensor, family: Family, k) -> str | None:
 
 # ---------------------------------------------------------------- the kernels
 def _native(x, target, k_rows, family, k, tau, reduction, ignore_index, want_grad, check):
+    """The compiled CPU kernel on the rows of ``x`` (half inputs in float32);
+    ``check``: let the kernel check a dense target in its pass."""
     n = x.shape[-1]
     ct = torch.float64 if x.dtype == torch.float64 else torch.float32  # the compute dtype
     z = x if tau == 1.0 and x.dtype == ct else scaled_rows(x, tau, family, k if k_rows is None else k_rows,
@@ -113,7 +115,8 @@ def _triton(x, target, family, k, tau, reduction, ignore_index, want_grad):
 
     n = x.shape[-1]
     dense = target.is_floating_point()
-    rows_t = (target.reshape(-1, n) if dense else torch.where(target != ignore_index, target, -1).reshape(-1)).contiguous()
+    rows_t = target.reshape(-1, n) if dense else torch.where(target != ignore_index, target, -1).reshape(-1)
+    rows_t = rows_t.contiguous()
     kept = rows_t.shape[0]
     if not dense:  # no host sync: the count stays on the device
         kept = (rows_t >= 0).sum().float()
