@@ -4,9 +4,14 @@ providers interleaved.
 
     python benchmarks/cpu_targets.py [--threads 2] [--repeats 7] [--json rows.json] > results.md
     python benchmarks/cpu_targets.py --from-json rows_2threads.json rows_1thread.json
+    python benchmarks/cpu_targets.py --losses --threads 1 [--shapes 64x10 256x1024 ...] [--json losses.json]
 
 The second form prints the targets table and the per-pass tables from saved
-rows (every ratio in BENCHMARKS.md is computed here, not by hand).
+rows (every ratio in BENCHMARKS.md is computed here, not by hand).  The
+third (issue 19) times forward+backward of the losses (a mean over class
+indices, multi-hot rows with k ones for soft_topk_loss) against
+``F.cross_entropy`` on the same scores, providers interleaved within each
+repeat, and prints the µs and the ratios of one run (:mod:`loss_timing`).
 """
 
 import argparse
@@ -92,7 +97,14 @@ def main():
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--json", default=None, help="also write the tidy rows here")
     ap.add_argument("--from-json", nargs="+", default=None, help="print the tables from saved rows instead of running")
+    ap.add_argument("--losses", action="store_true", help="time the losses against F.cross_entropy instead")
+    ap.add_argument("--shapes", nargs="+", default=None, help="NxC shapes for --losses")
     a = ap.parse_args()
+    if a.losses:
+        from loss_timing import SHAPES as LOSS_SHAPES, run as run_losses
+
+        run_losses(a.shapes or LOSS_SHAPES, a.threads, a.repeats, a.json)
+        return
     if a.from_json:
         runs = []
         for path in a.from_json:

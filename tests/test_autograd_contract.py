@@ -172,25 +172,32 @@ def _count_backend_calls(monkeypatch):
 
 
 def test_losses_and_topk_sum_reach_the_selected_backend(monkeypatch, each_cpu_backend):
+    """Every call runs on the selected backend; on "native" the losses take
+    the fused loss kernel (softk.native.loss) instead of the map's forward."""
+    import softk.native.loss as fused
+
     calls = _count_backend_calls(monkeypatch)
+    run = fused.fenchel_young_fused_rows
+    monkeypatch.setattr(fused, "fenchel_young_fused_rows",
+                        lambda z, t, family, *a, **kw: calls.append(("fused", family.name)) or run(z, t, family, *a, **kw))
     x = torch.randn(4, 6)
     y = torch.tensor([0, 1, 2, 3])
     multi = torch.zeros(4, 6)
     multi[:, :2] = 1
     expect_backend = each_cpu_backend
-    for fn, fam in (
-        (lambda: sparsemax_loss(x, y), "sparsemax"),
-        (lambda: entmax15_loss(x, y), "entmax15"),
-        (lambda: entmax_loss(x, y, alpha=1.3), "entmax"),
-        (lambda: softmax_loss(x, y), "softmax"),
-        (lambda: soft_topk_loss(x, multi, k=2), "exp"),
-        (lambda: softk.topk_sum(x, 2), "exp"),
-        (lambda: softk.softmax(x), "softmax"),
-        (lambda: softk.losses.fenchel_young_loss(x, y, softk.families.SPARSEMAX), "sparsemax"),
+    for fn, fam, loss in (
+        (lambda: sparsemax_loss(x, y), "sparsemax", True),
+        (lambda: entmax15_loss(x, y), "entmax15", True),
+        (lambda: entmax_loss(x, y, alpha=1.3), "entmax", True),
+        (lambda: softmax_loss(x, y), "softmax", True),
+        (lambda: soft_topk_loss(x, multi, k=2), "exp", True),
+        (lambda: softk.topk_sum(x, 2), "exp", False),
+        (lambda: softk.softmax(x), "softmax", False),
+        (lambda: softk.losses.fenchel_young_loss(x, y, softk.families.SPARSEMAX), "sparsemax", True),
     ):
         calls.clear()
         fn()
-        assert calls == [(expect_backend, fam)], calls
+        assert calls == [("fused" if loss and expect_backend == "native" else expect_backend, fam)], calls
 
 
 def test_native_backend_is_not_asked_for_what_it_does_not_serve(monkeypatch, each_cpu_backend):

@@ -1,4 +1,4 @@
-"""The fused Fenchel–Young loss (softk.triton.loss_op) beyond its values:
+"""The fused Fenchel–Young loss on Triton (softk.losses.fused_op) beyond its values:
 that the public losses reach the kernel and keep a half input half (no
 float32 tensor of its size), double backward against the torch route in
 float64, forward AD and torch.func, torch.compile(fullgraph=True), and a
@@ -14,8 +14,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import softk
 from softk.losses.fenchel_young import fenchel_young_loss
 from .. import oracle
-from softk.triton import loss_op  # noqa: F401  (registers softk::fenchel_young_fused)
+from softk.losses import fused_op
 from .test_triton_fused_loss import FAMS, _assert_close, _oracle_rows, _rows
+
+fused_op._library()  # registers softk::fenchel_young_fused (done on first use otherwise)
 
 
 class _Ops(TorchDispatchMode):
@@ -64,14 +66,15 @@ def test_fused_kernel_runs_and_keeps_half_inputs_half(rng, monkeypatch):
         saved = [t for node in _fused_nodes(loss.grad_fn) for t in node.saved_tensors]
         loss.backward()
     assert calls == [(1, torch.bfloat16, True), (3, torch.bfloat16, True), (5, torch.bfloat16, True)]
-    assert [s.dtype for s in saved if s.dim() == 2] == [torch.bfloat16] * 6  # x and the gradient, 3 times
+    assert [s.dtype for s in saved if s is not None and s.dim() == 2] == [torch.bfloat16] * 6  # x and the gradient, 3 times
     big = [m for m in ops.made if m[2] >= x.numel()]
     assert big and all(dtype == torch.bfloat16 for _, dtype, _ in big), big
-    # and x's size is allocated only by the kernel (its gradient) and the
-    # backward's product (the gradient handed on), once per loss, and by
-    # autograd's sum of the three
+    # and x's size is allocated only by the kernel (its gradient), once per
+    # loss, and by autograd's sum of the three: with an incoming gradient of
+    # 1 on a CPU tensor the backward hands the saved gradient on as it is
+    # (on CUDA it multiplies, one more buffer per loss, to read no value)
     allocs = sorted(op for op, _, _ in big if not op.startswith(("aten.permute", "aten.view", "aten.detach")))
-    assert allocs == ["aten.add.Tensor"] * 2 + ["aten.mul.Tensor"] * 3 + ["softk.fenchel_young_fused.default"] * 3, allocs
+    assert allocs == ["aten.add.Tensor"] * 2 + ["softk.fenchel_young_fused.default"] * 3, allocs
     ref = sum(_oracle_rows(lab, xn, np.eye(24)[np.where(t.numpy() >= 0, t.numpy(), 0)], t.numpy() >= 0, 1, tau)[1] / 3
               for lab, tau in (("sparsemax", 0.5), ("sigmoid", 1.0)))
     ref = ref + _oracle_rows_alpha(xn, t.numpy(), 1.7) / 3

@@ -26,7 +26,8 @@ import warnings
 from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
-_SOURCES = ("kernels.c", "kernels_impl.h", "kernels_rows.h", "kernels_exp.h")
+_SOURCES = ("kernels.c", "kernels_impl.h", "kernels_rows.h", "kernels_exp.h", "kernels_loss.h",
+            "kernels_topk_ce.h")
 # -march=native: AVX2/AVX-512 loops and libmvec's vector exp/log/pow.  No
 # -ffast-math: the row conventions need inf and NaN to behave.  -fopenmp:
 # rows are split between OpenMP threads, and on Linux the library then shares
@@ -91,6 +92,12 @@ def _declare(lib) -> None:
         bwd = getattr(lib, f"softk_backward_threads_{suffix}")
         bwd.argtypes = [i32, ptr, ptr, ptr, i64, i64, dbl, dbl, i32]
         bwd.restype = i32
+        loss = getattr(lib, f"softk_fy_loss_threads_{suffix}")
+        loss.argtypes = [i32, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, dbl, dbl, dbl, i64, i32, dbl, i32, i32]
+        loss.restype = i32
+        ce = getattr(lib, f"softk_topk_ce_threads_{suffix}")
+        ce.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, i64, dbl, i64, i32, i32]
+        ce.restype = i32
 
 
 def library():

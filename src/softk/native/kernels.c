@@ -8,7 +8,8 @@
  *   4 exp       f = min(1, e^u)    (soft top-k)
  *
  * The algorithm is in kernels_impl.h, compiled once for float and once for
- * double.  This file only declares the vector variants of expf/logf/powf that
+ * double; kernels_loss.h adds the fused Fenchel–Young losses on top of its
+ * solvers, kernels_topk_ce.h Su's sparse-softmax cross-entropy.  This file only declares the vector variants of expf/logf/powf that
  * glibc's libmvec provides, so GCC vectorises the loops that call them
  * without -ffast-math (which would break the inf/NaN row conventions).
  * Elsewhere the same code compiles to scalar calls.
@@ -48,6 +49,8 @@ SIMD_DECL double pow(double, double);
 #define SQRT sqrtf
 #define EPS FLT_EPSILON
 #include "kernels_impl.h"
+#include "kernels_loss.h"
+#include "kernels_topk_ce.h"
 #undef T
 #undef SUF
 #undef EXP
@@ -64,3 +67,5 @@ SIMD_DECL double pow(double, double);
 #define SQRT sqrt
 #define EPS DBL_EPSILON
 #include "kernels_impl.h"
+#include "kernels_loss.h"
+#include "kernels_topk_ce.h"

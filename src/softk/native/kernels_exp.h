@@ -49,6 +49,18 @@ static T FN(solve_exp)(const T *z, T m, int64_t n, T k, T *ref, int64_t *iters)
     return lam;
 }
 
+/* p = min(1, e^{(z − ref) − ℓ}) from solve_exp's λ = ref + ℓ.  Not inlined:
+ * the forward and the fused loss (kernels_loss.h) run the same vector code,
+ * so their p agree to the bit. */
+static __attribute__((noinline)) void FN(exp_write)(const T *z, T *p, int64_t n, T ref, T lam)
+{
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) {
+        T e = EXP((z[i] - ref) - lam);
+        p[i] = e < 1 ? e : 1;
+    }
+}
+
 /* p_i = e^{z_i − m}; returns Σ p_i (softmax and the "exp" fast path). */
 static T FN(store_exp)(const T *z, T *p, T m, int64_t n)
 {
@@ -67,8 +79,9 @@ static T FN(store_exp)(const T *z, T *p, T m, int64_t n)
  * saturated part is at most half of S (the subtraction then loses at most a
  * factor 2 in relative precision, and S − S_sat ≥ 1/2 cannot be dominated by
  * underflowed entries).  Returns 0, leaving p to be overwritten, when that
- * does not hold; the caller then runs solve_exp. */
-static int FN(exp_stored)(const T *z, T *p, T m, int64_t n, T k, int64_t *iters)
+ * does not hold; the caller then runs solve_exp.  *thr (when not NULL) gets
+ * t = e^{λ − m}, which the fused loss (kernels_loss.h) needs for λ. */
+static int FN(exp_stored)(const T *z, T *p, T m, int64_t n, T k, int64_t *iters, T *thr)
 {
     T s = FN(store_exp)(z, p, m, n);
     T t = s / k;
@@ -95,5 +108,6 @@ static int FN(exp_stored)(const T *z, T *p, T m, int64_t n, T k, int64_t *iters)
         T e = p[i] * inv;
         p[i] = e < 1 ? e : 1;
     }
+    if (thr) *thr = t;
     return 1;
 }

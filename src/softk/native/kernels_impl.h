@@ -51,15 +51,11 @@ int FN(softk_forward)(int fam, const T *z, T *p, int64_t rows, int64_t n, double
 #pragma omp simd
             for (int64_t i = 0; i < n; i++) pr[i] *= scale;
             iters = 1;
-        } else if (fam == 4 && FN(exp_stored)(zr, pr, m, n, k, &iters)) {
+        } else if (fam == 4 && FN(exp_stored)(zr, pr, m, n, k, &iters, NULL)) {
             /* done: the common case, one exp per entry */
         } else if (fam == 4) {
             T ref, lam = FN(solve_exp)(zr, m, n, k, &ref, &iters);
-#pragma omp simd
-            for (int64_t i = 0; i < n; i++) {
-                T e = EXP((zr[i] - ref) - lam);
-                pr[i] = e < 1 ? e : 1;
-            }
+            FN(exp_write)(zr, pr, n, ref, lam);
         } else {
             int64_t c;
             T lam = FN(solve_zero_below)(fam, zr, bm, m, n, k, alpha, val, idx, &c, &iters);
