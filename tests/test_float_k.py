@@ -89,6 +89,18 @@ def test_whole_float_k_where_only_an_int_makes_sense(rng):
     assert snn.SoftTopK(k=2.0).k == 2 and isinstance(snn.SoftTopK(k=2.0).k, int)
 
 
+def test_modules_take_fractional_k_with_a_threshold_method(rng):
+    x = rng.normal(size=(3, 7))
+    got = snn.SoftTopK(k=2.5, tau=0.7, method="sigmoid")(torch.tensor(x))
+    np.testing.assert_allclose(got.numpy(), oracle.soft_topk(x, 2.5, dim=-1, tau=0.7, method="sigmoid"), atol=1e-12)
+    got = snn.TopKSum(k=2.5, tau=0.5, method="laplace")(torch.tensor(x))
+    np.testing.assert_allclose(got.numpy(), oracle_topk.topk_sum(x, 2.5, tau=0.5, method="laplace"), atol=1e-12)
+    y = np.array([[0.0, 0.5, 1.0, 1.0, 0, 0, 0]] * 3)
+    got = snn.SoftTopKLoss(k=2.5, method="sparse", reduction="none")(torch.tensor(x), torch.tensor(y))
+    ref = [oracle_losses.fy_row("sparse", x[i], y[i], k=2.5) for i in range(3)]
+    np.testing.assert_allclose(got.numpy(), ref, atol=1e-12)
+
+
 FRACTIONAL_REFUSED = [
     (lambda x: softk.hard_topk(x, 2.5), "k must be a whole number"),
     (lambda x: softk.topk_softmax(x, 1.5), "k must be a whole number"),
@@ -99,7 +111,9 @@ FRACTIONAL_REFUSED = [
     (lambda x: softk.soft_topk(x, 2.5, method="iterative"), r"fractional k \(2.5\) needs a threshold method"),
     (lambda x: softk.soft_topk(x, 2.5, method="weighted"), r"fractional k \(2.5\) needs a threshold method"),
     (lambda x: softk.topk_sum(x, 2.5, method="grad"), r"fractional k \(2.5\) needs a threshold method"),
-    (lambda x: snn.SoftTopK(k=2.5), "k must be a whole number"),
+    (lambda x: snn.SoftTopK(k=2.5, method="iterative"), r"fractional k \(2.5\) needs a threshold method"),
+    (lambda x: snn.TopKSum(k=2.5, method="grad"), r"fractional k \(2.5\) needs a threshold method"),
+    (lambda x: snn.SoftTopK(k=-0.5), "k must be > 0"),
     (lambda x: softk.soft_topk(x, 6.5), r"k must lie in \(0, n\] = \(0, 6\].*6.5"),
     (lambda x: softk.soft_topk(x, -0.5), r"k must lie in \(0, n\]"),
     (lambda x: softk.soft_topk(x, float("nan")), "k must be a finite number"),

@@ -296,6 +296,9 @@ def test_errors_name_the_target():
         (lambda: losses.entmax_loss(x, torch.tensor([0, 1]), alpha="1.5"), TypeError, "alpha must be"),
         (lambda: losses.soft_topk_loss(x, torch.tensor([[1.0, 1, 0]] * 2), k=1), ValueError, "rows must sum to k=1|summing to 1"),
         (lambda: losses.soft_topk_loss(x, torch.tensor([[1.0, 1, 0]] * 2), k=3), ValueError, "rows must sum to k=3"),
+        # a float k travels as a per-row tensor: the message still names its value
+        (lambda: losses.soft_topk_loss(x, torch.tensor([[1.0, 1, 0]] * 2), k=2.5), ValueError, r"rows must sum to k=2\.5: every row sums to 2"),
+        (lambda: losses.soft_topk_loss(x, torch.tensor([[1.0, 1, 0]] * 2), k=torch.tensor([[1.5], [2.5]])), ValueError, "rows must sum to each row's k"),
         (lambda: losses.soft_topk_loss(x, torch.tensor([[2.0, 0, 0]] * 2), k=2), ValueError, r"entries must lie in \[0, 1\]"),
         (lambda: losses.soft_topk_loss(x, torch.tensor([0, 1]), k=2), TypeError, "target must be a float tensor"),
         (lambda: losses.soft_topk_loss(x, torch.tensor([[1.0, 1, 0]] * 2), k=4), ValueError, "k must be in"),

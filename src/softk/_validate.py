@@ -122,6 +122,25 @@ def _whole(k, name: str) -> int:
     return int(k)
 
 
+_FRACTIONAL_K_METHODS = ("exp", "sigmoid", "laplace", "sparse")
+
+
+def check_module_k(k, method: str, name: str = "k"):
+    """A module's k, checked once at construction (n is learnt at call time):
+    a count >= 1, or with a threshold method also a fractional k > 0, as the
+    functional ``soft_topk`` / ``topk_sum`` / ``soft_topk_loss`` take it."""
+    if is_fractional(k) and method in _FRACTIONAL_K_METHODS:
+        if not float(k) > 0:
+            raise ValueError(f"{name} must be > 0, got {k}")
+        return float(k)
+    if is_fractional(k):
+        raise ValueError(
+            f"a fractional {name} ({float(k)}) needs a threshold method (exp, sigmoid, laplace, "
+            f"sparse), got method={method!r}; pass a whole {name}"
+        )
+    return check_k(k, name=name)
+
+
 def is_fractional(k) -> bool:
     """True for a Python (or NumPy) real k that is not a whole number."""
     return (isinstance(k, numbers.Real) and not isinstance(k, (bool, numbers.Integral))

@@ -249,7 +249,7 @@ def distribution_target(
     sums = target.sum(cdim) if target.dtype in (torch.float32, torch.float64) else target.sum(cdim, dtype=torch.float32)
     tol = sum_tolerance(k, n, target.dtype)
     require((sums - k).abs() <= tol,
-            lambda: _sum_message(sums, k if isinstance(k, (int, float)) else "k per row", n, cdim, name, capped))
+            lambda: _sum_message(sums, _k_text(k), n, cdim, name, capped))
     return target
 
 
@@ -268,31 +268,41 @@ def sum_tolerance(k, n: int, dtype: torch.dtype):
     return k * max(eps**0.5, 2 * n * eps, n * _EPS[torch.float32])
 
 
-def _sum_message(sums: Tensor, k, n: int, cdim: int, name: str, capped: bool) -> str:
+def _k_text(k):
+    """k as the message names it: "k=2.5" for a number or for a tensor k with
+    one value (a float k reaches here as a per-row tensor), else "each row's k"."""
+    if isinstance(k, (int, float)):
+        return f"k={k:g}"
+    if k.numel() and bool((k == k.flatten()[0]).all()):
+        return f"k={float(k.flatten()[0]):g}"
+    return "each row's k"
+
+
+def _sum_message(sums: Tensor, k: str, n: int, cdim: int, name: str, capped: bool) -> str:
     """Why a target's rows do not sum to k, and what to pass instead."""
     lo, hi = float(sums.min()), float(sums.max())
     normalise = f"{name} / {name}.sum(dim={cdim}, keepdim=True)"
     if lo <= 0:
         normalise += f" after dropping the rows that sum to 0 (keep = {name}.sum(dim={cdim}) > 0)"
-    if k == 1:
+    if k == "k=1":
         hint = (
             f"rows must be probability distributions summing to 1; normalise multi-hot "
             f"labels first: {normalise}"
         )
     elif lo == hi and lo == round(lo) and 1 <= lo <= n:
         hint = (
-            f"rows must sum to k={k}: every row sums to {lo:g}, so pass k={int(lo)}, or give "
+            f"rows must sum to {k}: every row sums to {lo:g}, so pass k={int(lo)}, or give "
             f"each row exactly k ones (a point of the capped simplex: entries in [0, 1] summing to k)"
         )
     elif capped:
         hint = (
-            f"rows must sum to k={k}: a multi-hot label needs exactly k ones (or a point of the "
+            f"rows must sum to {k}: a multi-hot label needs exactly k ones (or a point of the "
             f"capped simplex: entries in [0, 1] summing to k); for a varying number of labels "
             f"pass one k per row, k={name}.sum(dim={cdim}, keepdim=True)"
         )
     else:
         hint = (
-            f"rows must sum to k={k}; for a varying number of labels use "
+            f"rows must sum to {k}; for a varying number of labels use "
             f"softk.losses.softmax_loss(input, {normalise})"
         )
     return f"{name} row sums lie in [{lo:.6g}, {hi:.6g}]; {hint}"
