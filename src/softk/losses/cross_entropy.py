@@ -46,6 +46,12 @@ from torch import Tensor
 from .._validate import require
 from . import targets as tg
 
+# The kernel under F.cross_entropy (its Python wrapper only maps the reduction
+# to this enum).  The binding itself honours __torch_function__ and modes.
+_cross_entropy_loss = torch._C._nn.cross_entropy_loss
+_REDUCTION_ENUM = {"none": 0, "mean": 1, "sum": 2}
+_FLOAT = (torch.float32, torch.float64)
+
 
 def _check_weight(weight, n_classes: int, device) -> Tensor:
     if not isinstance(weight, Tensor):
@@ -107,6 +113,19 @@ def cross_entropy(
     >>> round(cross_entropy(torch.tensor([[2.0, 0.0]]), torch.tensor([0]), tau=2.0).item(), 6)  # log(1 + 1/e)
     0.313262
     """
+    if (weight is None and type(input) is Tensor and type(target) is Tensor and type(tau) is float
+            and tau == 1.0 and type(label_smoothing) is float and label_smoothing == 0.0
+            and type(ignore_index) is int and input.dtype in _FLOAT and target.dtype is torch.int64
+            and input.is_cpu and target.is_cpu and reduction in _REDUCTION_ENUM):
+        shape, tshape = input.shape, target.shape
+        if len(shape) == 2 and len(tshape) == 1 and tshape[0] == shape[0] and shape[1]:
+            # The common call, (N, C) scores and (N,) indices: every check below
+            # passes, and torch's kernel is called as F.cross_entropy calls it.
+            try:
+                return _cross_entropy_loss(input, target, None, _REDUCTION_ENUM[reduction], ignore_index, 0.0)
+            except (IndexError, RuntimeError):
+                tg.index_target(input, target, ignore_index)  # softk's message for an index out of range
+                raise
     tau, reduction, ignore_index = tg.check_loss_args(input, target, tau, reduction, ignore_index)
     if type(label_smoothing) is not float or not 0.0 <= label_smoothing <= 1.0:
         label_smoothing = _check_smoothing(label_smoothing)
