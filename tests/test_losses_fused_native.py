@@ -274,3 +274,24 @@ def test_rows_split_between_threads_give_the_same_numbers(rng, label):
     assert torch.equal(out[1][0][0], out[2][0][0]) and torch.equal(out[1][0][1], out[2][0][1])
     assert torch.equal(out[1][1][1], out[2][1][1])
     torch.testing.assert_close(out[1][1][0], out[2][1][0], rtol=1e-7, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("alpha", [1.3, 1.5, 2.0, 3.0])
+def test_one_hot_at_the_target_is_exactly_zero(dtype, alpha):
+    """A sparse map whose p is e_t has L = Ω(e_t) − Ω(e_t) + ⟨e_t − e_t, z⟩ = 0
+    exactly; the fused sum must not leave its cancellation's ulp.  Scores
+    lead by 20, beyond any of these α's one-hot margin 1/(α − 1)."""
+    x = torch.tensor([[0.0, 20.0, 0.5, -3.0], [7.0, -13.0, -12.5, 1.0]], dtype=dtype)
+    y = torch.tensor([1, 0])
+    fam = softk.families.entmax(alpha)
+    with softk.use_backend("native"):
+        xg = x.clone().requires_grad_()
+        loss = fenchel_young_loss(xg, y, fam, reduction="none")
+        loss.sum().backward()
+    assert loss.tolist() == [0.0, 0.0]
+    assert xg.grad.abs().max().item() == 0.0
+    # one entry off the lead by less than the margin: not one-hot, L > 0
+    x2 = torch.tensor([[0.0, 1.0 / (alpha - 1) - 0.25, 0.0, -3.0]], dtype=dtype)
+    with softk.use_backend("native"):
+        assert fenchel_young_loss(x2, torch.tensor([1]), fam).item() > 0

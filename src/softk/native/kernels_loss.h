@@ -167,7 +167,9 @@ static T FN(fy_row)(int fam, const T *zr, int64_t n, T k, T alpha, int64_t tgt, 
             FY_PASS(0, 1)
         }
         if (gr) gr[tgt] = (pt - 1) * s;
-        loss = acc - ut + psi1;
+        /* p = e_t exactly (a sparse map's one-hot at the target): L is 0,
+         * where the sum below would leave an ulp of its cancellation. */
+        loss = sparse && pt == 1 ? 0 : acc - ut + psi1;
     }
     loss = loss < 0 ? 0 : loss; /* exact L ≥ 0; NaN stays NaN */
     return bad ? (T)NAN : loss;
