@@ -14,6 +14,7 @@ from .losses import (
 )
 
 from .fused_linear import FusedLinearLoss
+from .attention import ScaledDotProductAttention
 
 __all__ = ["Softmax", "Sparsemax", "Entmax15", "Entmax", "SoftTopK"]
 __all__ += ["HardTopK", "TopKSoftmax", "TopKSum"]
@@ -28,3 +29,4 @@ __all__ += [
     "SoftTopKLoss",
 ]
 __all__ += ["FusedLinearLoss"]
+__all__ += ["ScaledDotProductAttention"]

@@ -1,0 +1,85 @@
+r"""Sparse attention: ``torch.nn.functional.scaled_dot_product_attention`` with
+softmax, sparsemax, 1.5-entmax or α-entmax (a learnable α per head) for the
+attention weights, at any length.
+
+See :func:`scaled_dot_product_attention`; the routes are described in
+:mod:`softk.attention.op`, the memory-efficient one in
+:mod:`softk.attention.blockwise`.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from .checks import check_call
+from .maps import MAPS
+from .op import attention as _attention
+
+__all__ = ["scaled_dot_product_attention", "MAPS"]
+
+
+def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask=None, dropout_p: float = 0.0,
+                                 is_causal: bool = False, scale=None, enable_gqa: bool = False, *,
+                                 map: str = "entmax15", alpha=None) -> Tensor:
+    r"""Attention with a sparse map:  O = map(scale·QKᵀ + M) V, the map on each query's row of keys.
+
+    .. math:: O_i = \sum_j p_{ij} v_j, \qquad p_{ij} = f(s_{ij} - \lambda_i), \quad \sum_j p_{ij} = 1,
+              \qquad s_{ij} = \mathrm{scale}\; q_i\cdot k_j + M_{ij},
+
+    with f(u) = e^u (softmax), max(u, 0) (sparsemax, Martins & Astudillo
+    2016, §4.3), (u/2)₊² (1.5-entmax) or [(α−1)u]₊^{1/(α−1)} (α-entmax,
+    Peters et al. 2019); a tensor α, one per head, may be learned (the
+    adaptively sparse transformer of Correia et al. 2019).  Keys with
+    s_ij ≤ λ_i get exactly zero weight.
+
+    The arguments and conventions are those of
+    ``torch.nn.functional.scaled_dot_product_attention``:
+
+    Args:
+        query: (…, H, L, E).
+        key: (…, H_kv, S, E).
+        value: (…, H_kv, S, Ev).  The three share one floating dtype (float64,
+            float32, float16, bfloat16; half precision accumulates in float32)
+            and one device; the leading dimensions broadcast.
+        attn_mask: None, a bool tensor (True = the key takes part) or a float
+            tensor of the query's dtype added to the scores, broadcastable to
+            (…, H, L, S).  It gets no gradient (one that requires grad is refused).
+        dropout_p: must be 0.0: dropout on the attention weights is **not
+            supported** (a ValueError says so).
+        is_causal: hide key j from query i when j > i (torch's top-left
+            alignment, also when L ≠ S); combined with ``attn_mask``.
+        scale: the factor of q·k, default 1/√E.
+        enable_gqa: grouped-query attention: H a multiple of H_kv, query head
+            h reads key/value head h // (H / H_kv).  Without it H_kv must be
+            H or 1.
+        map: "softmax", "sparsemax", "entmax15" (default) or "entmax".
+        alpha: α of map="entmax": a float > 1 (default 1.5), or a tensor of
+            shape (H,) with every α > 1, one per head; a tensor that requires
+            grad gets its gradient.
+
+    Returns:
+        (…, H, L, Ev) in the query's dtype.  ``map="softmax"`` is torch's
+        SDPA.  A query row whose keys are all masked gives an output of 0
+        and zero gradients (torch's SDPA gives NaN there on some backends);
+        a row with a single key takes that key's value.
+
+    Routes (chosen from ``softk.backend()``, see :mod:`softk.attention.op`):
+    "torch" materialises the (…, H, L, S) scores and supports double
+    backward; "auto" and "native" on the CPU, or any device without Triton,
+    run blocks of keys and never hold the L×S scores; CUDA tensors under
+    "auto" or "triton" run the fused Triton kernels.  The memory-efficient
+    and Triton routes raise NotImplementedError on double backward.
+
+    Example (a query that attends to one of three keys):
+
+    >>> import torch, softk.attention as sa
+    >>> q = torch.tensor([[[4.0, 0.0]]])                 # (H=1, L=1, E=2)
+    >>> k = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]]])
+    >>> v = torch.tensor([[[1.0], [2.0], [3.0]]])
+    >>> sa.scaled_dot_product_attention(q, k, v, map="sparsemax", scale=1.0)
+    tensor([[[1.]]])
+    >>> sa.scaled_dot_product_attention(q, k, v, map="softmax", scale=1.0)
+    tensor([[[1.0186]]])
+    """
+    call = check_call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, map, alpha)
+    return _attention(call)

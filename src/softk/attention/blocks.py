@@ -1,0 +1,93 @@
+r"""Score blocks of the memory-efficient route, recomputed on demand.
+
+The query heads that share a key/value head (GQA: H = G·H_kv) are stacked
+as rows, so query (B, H, L, E) becomes (B, H_kv, R = G·L, E) and one matmul
+gives the scores of all of them against a block of keys:
+
+.. math:: S_{r, j_0:j_1} = (\mathrm{scale}\cdot q_r)\,k_{j_0:j_1}^\top + M_{r, j_0:j_1},
+
+M the additive mask (−inf where a boolean mask is False or, with
+``causal``, where key j > query i).  Row r is query i = r mod L of head
+h = h_kv·G + ⌊r / L⌋.  Everything is in the compute dtype (float32 for
+half inputs, float64 for float64).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..threshold.rows import compute_dtype
+
+NEG_INF = float("-inf")
+
+
+ROWS = 2048  # query rows (batch × heads × queries) per chunk
+MIN_QUERIES = 64  # queries per chunk at least (many heads: fewer, longer loops)
+
+
+def query_chunks(q: Tensor):
+    """(i0, i1) spans of queries: the route runs on one chunk of queries at a
+    time, so that its temporaries (a few per score of a block, the solver's
+    sort among them) hold at most ~ROWS·(BLOCK + CAP) entries, whatever L."""
+    B, H, L = q.shape[:3]
+    step = max(MIN_QUERIES, ROWS // max(B * H, 1))
+    return [(i, min(i + step, L)) for i in range(0, L, step)]
+
+
+class Blocks:
+    """The scores of a chunk of queries (``q`` is queries i0..i0+L−1, ``mask``
+    sliced alike), a block of keys (or a set of rows) at a time; ``k`` and
+    ``v`` already in the compute dtype."""
+
+    def __init__(self, q: Tensor, k: Tensor, v: Tensor, mask, scale: float, causal: bool, i0: int = 0):
+        B, H, L, E = q.shape
+        self.hkv = k.shape[1]
+        # with causal, keys past the chunk's last query are hidden from all of its rows
+        self.S = min(k.shape[2], i0 + L) if causal else k.shape[2]
+        self.G, self.L, self.R = H // self.hkv, L, (H // self.hkv) * L
+        self.ct = compute_dtype(q.dtype)
+        self.scale, self.causal, self.mask = scale, causal, mask
+        # scale·q, rows grouped by key/value head (a view when q is contiguous in float32/64)
+        self.q = (q.to(self.ct) * scale).reshape(B, self.hkv, self.R, E)
+        self.k, self.v = k, v
+        self.qpos = (torch.arange(self.R, device=q.device) % L + i0).unsqueeze(-1)  # query index of each row
+
+    def rows(self, t: Tensor) -> Tensor:
+        """A (B, H, L, ...) tensor as (B, H_kv, R, ...)."""
+        return t.reshape(t.shape[0], self.hkv, self.R, *t.shape[3:])
+
+    def heads(self, t: Tensor) -> Tensor:
+        """A (B, H_kv, R, ...) tensor back as (B, H, L, ...)."""
+        return t.reshape(t.shape[0], self.hkv * self.G, self.L, *t.shape[3:])
+
+    def per_row(self, a: Tensor) -> Tensor:
+        """A per-head (H,) tensor as (1, H_kv, R, 1), one value per row."""
+        return a.to(self.ct).reshape(1, self.hkv, self.G, 1).expand(1, self.hkv, self.G, self.L).reshape(
+            1, self.hkv, self.R, 1)
+
+    def spans(self, block: int):
+        """(j0, j1) of each block of keys."""
+        return [(j, min(j + block, self.S)) for j in range(0, self.S, block)]
+
+    def scores(self, j0: int, j1: int) -> Tensor:
+        """(B, H_kv, R, j1 − j0): every row against keys j0..j1−1."""
+        s = self.q @ self.k[:, :, j0:j1].transpose(-1, -2)
+        if self.mask is not None:
+            mb = self.mask[..., j0:j1].reshape(s.shape)
+            s = torch.where(mb, s, NEG_INF) if mb.dtype == torch.bool else s + mb.to(self.ct)
+        if self.causal:
+            cols = torch.arange(j0, j1, device=s.device)
+            s = s.masked_fill(cols > self.qpos, NEG_INF)
+        return s
+
+    def row_scores(self, b: int, h: int, rows: Tensor) -> Tensor:
+        """(n, S): rows ``rows`` of batch b, key/value head h against every key."""
+        s = self.q[b, h, rows] @ self.k[b, h, :self.S].transpose(-1, -2)
+        i = self.qpos[rows, 0]
+        if self.mask is not None:
+            m = self.mask[b, h * self.G + torch.div(rows, self.L, rounding_mode="floor"), rows % self.L, :self.S]
+            s = torch.where(m, s, NEG_INF) if m.dtype == torch.bool else s + m.to(self.ct)
+        if self.causal:
+            s = s.masked_fill(torch.arange(self.S, device=s.device) > i.unsqueeze(-1), NEG_INF)
+        return s

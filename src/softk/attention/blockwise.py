@@ -1,0 +1,174 @@
+r"""The memory-efficient route's forward: blocks of keys, λ from softk's solver.
+
+Same interface as the Triton launcher (:mod:`softk.triton.attention`):
+``attention_forward(q, k, v, *, scale, causal, mask, fam, alpha)`` returns
+(out, m, lam) with m the row maximum of the scores and lam the threshold
+relative to it, so that p_j = f(s_j − m − lam).  It never holds more than
+a block of scores per row at once (``BLOCK`` keys, plus up to ``CAP``
+candidates), for a chunk of queries at a time
+(:func:`softk.attention.blocks.query_chunks`), whatever L and S.
+
+**softmax** (id 0): one pass, the online logsumexp: the running maximum m,
+Σ e^{s−m} and Σ e^{s−m} v rescaled whenever m grows; lam = log Σ e^{s−m}.
+
+**sparsemax, entmax15, α-entmax** (ids 1–3, f(u) = 0 for u ≤ 0).  Adding
+keys to a row only raises its λ (g(λ) = Σ f(s − λ) grows pointwise), so
+after each block of keys the exact λ of the keys seen so far is a lower
+bound of the row's λ, and every key at or below it has p = 0 for good.
+Pass 1 therefore keeps, per row, only the candidates above the current λ:
+it merges them with the next block's keys above it, finds the λ of the
+merged set exactly with the family's solver
+(:func:`softk.threshold.solve.solve_lambda`, on the row shifted by its
+running maximum), and drops what falls below.  That λ is exact for the
+keys seen: the dropped keys add f = 0 at any λ at or above the old one.
+After the last block it is the row's λ.  A row whose candidates exceed
+``CAP`` (a wide support: entmax with α near 1, near-equal scores) stops
+buffering and is solved at the end on whole score rows, by the same
+solver, in chunks of at most max(BLOCK·R, S) scores.  Pass 2 recomputes
+each block of scores and accumulates f(s − m − lam)·V.
+
+A row with no key taking part gets m = −inf, lam = 0 and output 0; a row
+with one key gets p = 1 on it; a row with a NaN or +inf score is NaN.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..threshold.solve import solve_lambda
+from ..threshold.rows import compute_dtype
+from .blocks import NEG_INF, Blocks, query_chunks
+from .maps import SOFTMAX_ID, family, unit_offset
+
+BLOCK = 256  # keys per block of scores
+CAP = 256  # candidates kept per row before the row is solved on whole score rows
+
+
+def attention_forward(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: bool, mask, fam: int, alpha,
+                      block: int | None = None, cap: int | None = None):
+    """(out (B, H, L, Ev) in q's dtype, m (B, H, L), lam (B, H, L)) in the compute dtype."""
+    ct = compute_dtype(q.dtype)
+    kc, vc = k.to(ct), v.to(ct)
+    parts = []
+    for i0, i1 in query_chunks(q):
+        blk = Blocks(q[:, :, i0:i1], kc, vc, None if mask is None else mask[:, :, i0:i1], scale, causal, i0)
+        parts.append(_chunk(blk, fam, alpha, block or BLOCK, cap or CAP))
+    out, m, lam = (torch.cat(t, 2) for t in zip(*parts))
+    return out.to(q.dtype), m, lam
+
+
+def _chunk(blk: Blocks, fam: int, alpha, block: int, cap: int):
+    """(out, m, lam) of one chunk of queries, (B, H, Lc, ...)."""
+    if fam == SOFTMAX_ID:
+        out, m, lam = _softmax(blk, block)
+    else:
+        a = blk.per_row(alpha) if alpha is not None and fam == 3 else None
+        m, lam = _threshold(blk, fam, a, block, cap)
+        out = _output(blk, fam, a, m, lam, block)
+    return blk.heads(out), blk.heads(m.squeeze(-1)), blk.heads(lam.squeeze(-1))
+
+
+def _softmax(blk: Blocks, block: int):
+    shape = (blk.q.shape[0], blk.hkv, blk.R, 1)
+    m = torch.full(shape, NEG_INF, dtype=blk.ct, device=blk.q.device)
+    total = torch.zeros(shape, dtype=blk.ct, device=blk.q.device)
+    acc = torch.zeros(*shape[:3], blk.v.shape[-1], dtype=blk.ct, device=blk.q.device)
+    for j0, j1 in blk.spans(block):
+        s = blk.scores(j0, j1)
+        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+        base = torch.where(m_new > NEG_INF, m_new, 0.0)  # fully masked so far: every term is 0
+        p = torch.exp(s - base)
+        rescale = torch.exp(m - base)
+        total = total * rescale + p.sum(-1, keepdim=True)
+        acc = acc * rescale + p @ blk.v[:, :, j0:j1]
+        m = m_new
+    some = total > 0
+    lam = torch.where(some, torch.log(torch.where(some, total, 1.0)), 0.0)
+    return acc / torch.where(some, total, 1.0), m, lam
+
+
+def _compact(vals: Tensor, keep: Tensor) -> Tensor:
+    """The kept entries of each row (in any order), −inf padded, width max(#kept)."""
+    kept = torch.where(keep, vals, NEG_INF)
+    width = int(keep.sum(-1).max()) if keep.numel() else 0
+    if width == vals.shape[-1]:
+        return kept
+    return torch.topk(kept, width, dim=-1, sorted=False).values  # the kept entries are each row's largest
+
+
+def _solve(fam: int, a, z: Tensor, lower) -> Tensor:
+    """λ (relative to the shift of z) of rows z (max 0 where finite): the
+    family's solver on rows with ≥ 2 finite entries, 0 − c on rows with one
+    (f(c) = 1), ``lower`` (−inf where none) on rows with none."""
+    nfin = (z > NEG_INF).sum(-1, keepdim=True)
+    active = nfin >= 2
+    lam = torch.where(nfin == 1, -unit_offset(fam, a), lower)
+    if bool(active.any()):
+        fam_rows = family(fam, a)
+        below = None if lower is None else torch.where(active, lower, NEG_INF)
+        solved = solve_lambda(fam_rows, torch.where(active, z, 0.0), 1, active, below)
+        lam = torch.where(active, solved, lam)
+    return lam
+
+
+def _threshold(blk: Blocks, fam: int, a, block: int, cap: int):
+    """Pass 1: (m, lam) per row, (B, H_kv, R, 1)."""
+    shape = (blk.q.shape[0], blk.hkv, blk.R, 1)
+    dev = blk.q.device
+    m = torch.full(shape, NEG_INF, dtype=blk.ct, device=dev)
+    lam = torch.full(shape, NEG_INF, dtype=blk.ct, device=dev)  # relative to m; −inf: no key yet
+    cand = torch.empty(*shape[:3], 0, dtype=blk.ct, device=dev)  # raw scores above m + lam
+    dense = torch.zeros(shape, dtype=torch.bool, device=dev)
+    broken = torch.zeros(shape, dtype=torch.bool, device=dev)  # a NaN or +inf score: the row is NaN
+    for j0, j1 in blk.spans(block):
+        s = blk.scores(j0, j1)
+        broken = broken | (torch.isnan(s) | (s == float("inf"))).any(-1, keepdim=True)
+        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+        base = torch.where(m_new > NEG_INF, m_new, 0.0)
+        lower = torch.where(lam > NEG_INF, lam + (torch.where(m > NEG_INF, m, 0.0) - base), NEG_INF)
+        z = torch.cat([cand, torch.where(dense, NEG_INF, s)], -1) - base
+        z = _compact(z, z > lower)  # keys at or below the old λ stay at p = 0
+        lam = _solve(fam, a, z, lower)
+        keep = z > lam
+        over = keep.sum(-1, keepdim=True) > cap
+        if bool(over.any()):
+            dense = dense | over
+            keep = keep & ~over
+        cand = _compact(z + base, keep)
+        m = m_new
+    if bool(dense.any()):
+        lam = _solve_dense(blk, fam, a, dense, m, lam)
+    lam = torch.where(m > NEG_INF, lam, 0.0)
+    return m, torch.where(broken, float("nan"), lam)
+
+
+def _solve_dense(blk: Blocks, fam: int, a, dense: Tensor, m: Tensor, lam: Tensor) -> Tensor:
+    """λ of the rows flagged ``dense``, from whole score rows (a chunk of rows
+    at a time, per batch and key/value head)."""
+    lam = lam.clone()
+    b_idx, h_idx, r_idx, _ = dense.nonzero(as_tuple=True)
+    chunk = max(1, (BLOCK * blk.R) // max(blk.S, 1))
+    for bh in torch.unique(b_idx * blk.hkv + h_idx).tolist():
+        b, h = divmod(bh, blk.hkv)
+        rows = r_idx[(b_idx == b) & (h_idx == h)]
+        for c0 in range(0, rows.numel(), chunk):
+            r = rows[c0:c0 + chunk]
+            z = blk.row_scores(b, h, r) - m[b, h, r]
+            ar = None if a is None else a[0, h, r]
+            lam[b, h, r] = _solve(fam, ar, z, torch.full_like(z[:, :1], NEG_INF))
+    return lam
+
+
+def probs(fam: int, a, s: Tensor, m: Tensor, lam: Tensor) -> Tensor:
+    """p = f(s − m − lam) on a block of scores (0 where s = −inf)."""
+    u = torch.where(s == NEG_INF, NEG_INF, (s - torch.where(m > NEG_INF, m, 0.0)) - lam)  # NaN stays NaN
+    return torch.exp(u) if fam == SOFTMAX_ID else family(fam, a).f(u)
+
+
+def _output(blk: Blocks, fam: int, a, m: Tensor, lam: Tensor, block: int) -> Tensor:
+    """Pass 2: Σ_j p_j v_j."""
+    acc = torch.zeros(blk.q.shape[0], blk.hkv, blk.R, blk.v.shape[-1], dtype=blk.ct, device=blk.q.device)
+    for j0, j1 in blk.spans(block):
+        acc = acc + probs(fam, a, blk.scores(j0, j1), m, lam) @ blk.v[:, :, j0:j1]
+    return acc

@@ -1,0 +1,109 @@
+r"""The memory-efficient route's backward: p recomputed from q, k and λ.
+
+Per query row, with p_j = f(u_j), u_j = s_j − m − lam, d_j = f′(u_j) and
+dP_j = dO·v_j, the map's Jacobian is J = diag(d) − d dᵀ/Σd (symmetric), so
+
+.. math:: \frac{\partial L}{\partial s_j} = d_j\,(dP_j - c), \qquad
+          c = \frac{\sum_j d_j\,dP_j}{\sum_j d_j} = \frac{dO\cdot\sum_j d_j v_j}{\sum_j d_j},
+
+which needs one extra row vector Σ_j d_j v_j (pass A) before the gradients
+(pass B): dQ = scale·dS K, dK = scale·dSᵀQ, dV = PᵀdO.  For softmax d = p,
+Σd = 1 and Σ_j p_j v_j is the output, so c = dO·O and pass A is skipped.
+
+α-entmax with α per head (Peters et al. 2019, §3.2; :mod:`softk.threshold.entmax_alpha`):
+
+.. math:: \frac{\partial L}{\partial\alpha} = \sum_{\text{rows}}
+   \frac{\sum_j p_j dP_j - c}{(\alpha-1)^2} - \frac{dO\cdot\sum_j p_j\log p_j\,v_j - c\sum_j p_j\log p_j}{\alpha-1},
+
+(c = Σ_j p̃_j dP_j with p̃ = d/Σd), so pass A also sums p log p and p log p·v.
+A row with no key taking part has d = 0: zero gradients.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..threshold.rows import compute_dtype
+from .blocks import NEG_INF, Blocks, query_chunks
+from . import blockwise
+from .blockwise import probs
+from .maps import SOFTMAX_ID, family
+
+
+def _slope(fam: int, a, s: Tensor, m: Tensor, lam: Tensor, p: Tensor) -> Tensor:
+    if fam == SOFTMAX_ID:
+        return p
+    u = torch.where(s == NEG_INF, NEG_INF, (s - torch.where(m > NEG_INF, m, 0.0)) - lam)  # NaN stays NaN
+    return family(fam, a).df(u)
+
+
+def _xlogx(p: Tensor) -> Tensor:
+    return torch.where(p > 0, p * torch.log(torch.where(p > 0, p, 1.0)), 0.0)
+
+
+def attention_backward(q, k, v, out, dout, m, lam, *, scale: float, causal: bool, mask, fam: int, alpha,
+                       need_dalpha: bool, block: int | None = None):
+    """(dq, dk, dv, dalpha (H,) or None), each in its input's dtype (dalpha in the compute dtype)."""
+    ct = compute_dtype(q.dtype)
+    kc, vc = k.to(ct), v.to(ct)
+    dk, dv = torch.zeros_like(kc), torch.zeros_like(vc)
+    dqs, dalpha = [], None
+    for i0, i1 in query_chunks(q):
+        sl = slice(i0, i1)
+        blk = Blocks(q[:, :, sl], kc, vc, None if mask is None else mask[:, :, sl], scale, causal, i0)
+        dq, da = _chunk(blk, out[:, :, sl], dout[:, :, sl], m[:, :, sl], lam[:, :, sl], dk, dv, fam, alpha,
+                        need_dalpha, block or blockwise.BLOCK)
+        dqs.append(dq)
+        dalpha = da if dalpha is None else dalpha + da
+    return torch.cat(dqs, 2).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dalpha
+
+
+def _chunk(blk: Blocks, out, dout, m, lam, dk, dv, fam, alpha, need_dalpha, block):
+    """dq of one chunk of queries; adds its share to dk and dv (in place); dα (or None)."""
+    ct = blk.ct
+    a = blk.per_row(alpha) if alpha is not None and fam == 3 else None
+    m, lam = blk.rows(m.to(ct)).unsqueeze(-1), blk.rows(lam.to(ct)).unsqueeze(-1)
+    do = blk.rows(dout.to(ct))
+    need_dalpha = need_dalpha and a is not None
+    spans = blk.spans(block)
+
+    if fam == SOFTMAX_ID:
+        c = (do * blk.rows(out.to(ct))).sum(-1, keepdim=True)
+    else:  # pass A
+        sd = torch.zeros_like(m)
+        sdv = torch.zeros_like(do)
+        if need_dalpha:
+            h_ent, plv = torch.zeros_like(m), torch.zeros_like(do)
+        for j0, j1 in spans:
+            s = blk.scores(j0, j1)
+            p = probs(fam, a, s, m, lam)
+            d = _slope(fam, a, s, m, lam, p)
+            sd = sd + d.sum(-1, keepdim=True)
+            sdv = sdv + d @ blk.v[:, :, j0:j1]
+            if need_dalpha:
+                pl = _xlogx(p)
+                h_ent = h_ent + pl.sum(-1, keepdim=True)
+                plv = plv + pl @ blk.v[:, :, j0:j1]
+        some = sd > 0
+        c = torch.where(some, (do * sdv).sum(-1, keepdim=True) / torch.where(some, sd, 1.0), 0.0)
+
+    dq = torch.zeros_like(blk.q)
+    pdp = torch.zeros_like(m) if need_dalpha else None
+    for j0, j1 in spans:  # pass B
+        s = blk.scores(j0, j1)
+        p = probs(fam, a, s, m, lam)
+        dp = do @ blk.v[:, :, j0:j1].transpose(-1, -2)
+        ds = _slope(fam, a, s, m, lam, p) * (dp - c)
+        dq = dq + ds @ blk.k[:, :, j0:j1]
+        dk[:, :, j0:j1] += ds.transpose(-1, -2) @ blk.q  # blk.q is scale·q
+        dv[:, :, j0:j1] += p.transpose(-1, -2) @ do
+        if need_dalpha:
+            pdp = pdp + (p * dp).sum(-1, keepdim=True)
+
+    dalpha = None
+    if need_dalpha:
+        am1 = a - 1
+        row = (pdp - c) / am1**2 - ((do * plv).sum(-1, keepdim=True) - c * h_ent) / am1
+        dalpha = row.reshape(row.shape[0], blk.hkv, blk.G, blk.L).sum((0, 3)).reshape(-1)
+    return blk.heads(dq * blk.scale), dalpha

@@ -1,0 +1,55 @@
+r"""The reference route: the scores materialised, softk's maps on them.
+
+.. math:: S = \mathrm{scale}\cdot QK^\top + M, \qquad P = \mathrm{map}(S)\ \text{(rows)}, \qquad O = PV,
+
+with M the additive mask (−inf where a boolean mask is False or the causal
+mask hides a key).  Every step is a differentiable softk or torch op, so
+autograd gives the gradients of q, k, v and a tensor α (through
+:func:`softk.entmax`'s α gradient), second derivatives included.  It holds
+the (…, H, L, S) scores and weights: for tests and small sizes.  Half
+inputs are computed in float32.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .. import simplex
+from ..threshold.rows import compute_dtype
+from .checks import Call
+from .maps import ENTMAX_ID
+
+
+def scores(q: Tensor, k: Tensor, mask, scale: float, causal: bool) -> Tensor:
+    """(B, H, L, S) scores in the compute dtype, −inf where a key does not take part
+    (k already has one head per query head)."""
+    s = (q @ k.transpose(-1, -2)) * scale
+    if mask is not None:
+        s = torch.where(mask, s, float("-inf")) if mask.dtype == torch.bool else s + mask.to(s.dtype)
+    if causal:
+        L, S = s.shape[-2:]
+        hide = torch.ones(L, S, dtype=torch.bool, device=s.device).triu(1)  # key j > query i
+        s = s.masked_fill(hide, float("-inf"))
+    return s
+
+
+def weights(s: Tensor, call: Call) -> Tensor:
+    """P = map(S) along the keys."""
+    if call.fam == ENTMAX_ID:
+        alpha = call.alpha_value
+        if isinstance(alpha, Tensor):  # one α per head: broadcast over (B, H, L, 1)
+            alpha = alpha.reshape(-1, 1, 1)
+        return simplex.entmax(s, alpha)
+    return (simplex.softmax, simplex.sparsemax, simplex.entmax15)[call.fam](s)
+
+
+def attention(call: Call) -> Tensor:
+    """(B, H, L, Ev) in the query's dtype."""
+    ct = compute_dtype(call.q.dtype)
+    q, k, v = call.q.to(ct), call.k.to(ct), call.v.to(ct)
+    g = q.shape[1] // k.shape[1]
+    if g > 1:
+        k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    p = weights(scores(q, k, call.mask, call.scale, call.causal), call)
+    return (p @ v).to(call.q.dtype)

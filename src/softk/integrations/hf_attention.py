@@ -1,0 +1,143 @@
+r"""softk's attention inside Hugging Face transformers models.
+
+:func:`register` adds four attention implementations to transformers'
+attention interface (``transformers.AttentionInterface``, whose global
+mapping ``ALL_ATTENTION_FUNCTIONS`` every model reads) and to its mask
+interface (``AttentionMaskInterface``, with the "sdpa" mask builder: a
+boolean keep-mask, or None and ``is_causal``):
+
+=======================  =================================================
+``softk_softmax``        softmax: the "sdpa" implementation's result
+``softk_sparsemax``      sparsemax attention (Martins & Astudillo 2016)
+``softk_entmax15``       1.5-entmax attention (Peters et al. 2019)
+``softk_entmax_learned`` α-entmax with an α per head and layer, learned
+                         (Correia et al. 2019); call :func:`learn_alpha`
+                         on the model first
+=======================  =================================================
+
+(on transformers < 4.53, without a mask interface, the models' additive
+masks are used as they are), so that ``AutoModelForCausalLM.from_config(config,
+attn_implementation="softk_entmax15")`` (or ``model.set_attn_implementation``)
+runs :func:`softk.attention.scaled_dot_product_attention`.  transformers is
+an optional dependency (the ``hf`` extra); importing this module does not
+import it.
+
+Attention dropout is not implemented: a model whose configuration sets it
+(GPT-2's ``attn_pdrop``, Llama's ``attention_dropout``) raises a ValueError
+in training mode; set it to 0.0.
+
+>>> IMPLEMENTATIONS["softk_entmax15"]   # the map each registered name runs
+'entmax15'
+"""
+
+from __future__ import annotations
+
+import torch
+
+# absolute imports: the module is also imported on its own (pytest's doctest
+# collection) where softk.integrations has no __init__.py yet
+from softk.attention import scaled_dot_product_attention
+from softk.nn.attention import ScaledDotProductAttention
+
+IMPLEMENTATIONS = {
+    "softk_softmax": "softmax",
+    "softk_sparsemax": "sparsemax",
+    "softk_entmax15": "entmax15",
+    "softk_entmax_learned": "entmax",
+}
+LEARNED_ATTR = "softk_attention"  # the submodule learn_alpha adds to each attention layer
+
+
+def _attention_function(map_name: str):
+    def attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, is_causal=None,
+                  **kwargs):
+        """transformers' attention signature: query (B, H, L, E), key/value (B, H_kv, S, ·)
+        -> (output (B, L, H, Ev), None: the weights are not returned)."""
+        if kwargs.get("softcap") is not None:
+            raise ValueError("softk's attention does not support attention logit soft-capping (softcap)")
+        if dropout:
+            raise ValueError(
+                f"softk's attention does not implement attention dropout (got dropout={dropout}); set the model "
+                "config's attention dropout (attention_dropout, attn_pdrop) to 0.0, or call model.eval()"
+            )
+        causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
+        # as transformers' sdpa: a mask, when given, already holds the causal pattern
+        causal = bool(query.shape[2] > 1 and attention_mask is None and causal)
+        mask = attention_mask
+        if mask is not None and mask.dtype != torch.bool:
+            mask = mask.to(query.dtype)
+        bias = kwargs.get("position_bias")
+        if bias is not None:  # T5-style: added to the scores, with the mask's −inf where a key is hidden
+            if causal:
+                hide = torch.ones(query.shape[2], key.shape[2], dtype=torch.bool, device=query.device).triu(1)
+                mask, causal = (~hide if mask is None else mask & ~hide), False
+            bias = bias.to(query.dtype)
+            mask = bias if mask is None else (torch.where(mask, bias, float("-inf")) if mask.dtype == torch.bool
+                                              else bias + mask)
+        args = (query, key, value, mask, 0.0, causal, scaling, query.shape[1] != key.shape[1])
+        if map_name == "entmax":
+            layer = getattr(module, LEARNED_ATTR, None)
+            if layer is None:
+                raise ValueError(f"attn_implementation='softk_entmax_learned' needs a learned α on each attention "
+                                 f"layer: call softk.integrations.hf_attention.learn_alpha(model) first "
+                                 f"({type(module).__name__} has none)")
+            out = layer(*args)
+        else:
+            out = scaled_dot_product_attention(*args, map=map_name)
+        return out.transpose(1, 2).contiguous(), None
+
+    attention.__name__ = attention.__qualname__ = f"softk_{map_name}_attention"
+    return attention
+
+
+def register() -> tuple:
+    """Register softk's attention implementations with transformers (idempotent);
+    returns their names.  Raises ImportError naming the ``hf`` extra when
+    transformers is not installed."""
+    try:
+        from transformers import AttentionInterface
+    except ImportError as exc:
+        raise ImportError("softk's Hugging Face integration needs transformers with its attention interface: "
+                          "pip install 'softk[hf]'") from exc
+    try:  # transformers >= 4.53 builds masks per implementation: take sdpa's (bool, or None and is_causal)
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    except ImportError:  # older: a 4-D additive mask (finfo.min where hidden), which the maps take as it is
+        AttentionMaskInterface = sdpa_mask = None
+    for name, map_name in IMPLEMENTATIONS.items():
+        AttentionInterface.register(name, _attention_function(map_name))
+        if AttentionMaskInterface is not None:
+            AttentionMaskInterface.register(name, sdpa_mask)
+    return tuple(IMPLEMENTATIONS)
+
+
+def _heads(module) -> int | None:
+    for obj, attr in ((module, "num_heads"), (module, "num_attention_heads"),
+                      (getattr(module, "config", None), "num_attention_heads")):
+        value = getattr(obj, attr, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def learn_alpha(model: torch.nn.Module, alpha: float = 1.5) -> int:
+    """Give every attention layer of ``model`` (each submodule whose class name
+    ends in "Attention" and that knows its number of heads) a learnable α per
+    head, initialised at ``alpha`` (a :class:`softk.nn.ScaledDotProductAttention`
+    stored as its ``softk_attention`` submodule, so the α are parameters of
+    the model, saved with it), for ``attn_implementation="softk_entmax_learned"``.
+    Returns the number of layers given one."""
+    layers = [m for m in model.modules() if type(m).__name__.endswith("Attention") and _heads(m)]
+    if not layers:
+        raise ValueError(f"learn_alpha found no attention layer (a submodule named *Attention with num_heads or "
+                         f"config.num_attention_heads) in {type(model).__name__}")
+    for m in layers:
+        if getattr(m, LEARNED_ATTR, None) is None:
+            p = next(m.parameters(), None)
+            layer = ScaledDotProductAttention("entmax", alpha, num_heads=_heads(m), learnable=True)
+            m.add_module(LEARNED_ATTR, layer.to(p.device) if p is not None else layer)
+    return len(layers)
+
+
+def learned_alphas(model: torch.nn.Module) -> list:
+    """The learned α of each layer (a list of per-head lists), in module order."""
+    return [m.alpha.detach().tolist() for name, m in model.named_modules() if name.endswith(LEARNED_ATTR)]

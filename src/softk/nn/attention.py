@@ -1,0 +1,93 @@
+"""``softk.attention.scaled_dot_product_attention`` as a module, with an optional
+learnable α per head (the adaptively sparse transformer of Correia et al. 2019)."""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+from torch import nn
+
+from ..attention import MAPS, scaled_dot_product_attention
+from .._validate import check_choice
+
+
+ALPHA_FLOOR = 1.01
+
+
+def _inverse_softplus(y: torch.Tensor) -> torch.Tensor:
+    # log(e^y − 1) without overflow: y + log(1 − e^−y).
+    return y + torch.log(-torch.expm1(-y))
+
+
+class ScaledDotProductAttention(nn.Module):
+    r"""``softk.attention.scaled_dot_product_attention`` as a module.
+
+    ``forward(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+    scale=None, enable_gqa=False)`` takes the function's arguments in its
+    order (see there for shapes and conventions); the map is fixed at
+    construction.
+
+    Args:
+        map: "softmax", "sparsemax", "entmax15" (default) or "entmax".
+        alpha: α of map="entmax": a float > 1 (default 1.5), or with
+            ``learnable=True`` the initial α, a float or one float per head.
+        num_heads: H, needed with ``learnable=True`` (one α per head).
+        learnable: learn α per head, kept above 1 by the parametrisation
+            α_h = 1.01 + softplus(ρ_h) (ρ is the stored parameter
+            ``alpha_raw``; the floor 1.01, ``ALPHA_FLOOR``, because 1 +
+            softplus(ρ) rounds to exactly 1 in float32 once ρ < −17, and
+            α = 1 is softmax, not an α-entmax the kernels take).
+
+    >>> import torch
+    >>> attn = ScaledDotProductAttention("entmax", alpha=1.5, num_heads=2, learnable=True)
+    >>> attn.alpha
+    tensor([1.5000, 1.5000], grad_fn=<AddBackward0>)
+    >>> q = torch.randn(3, 2, 5, 4)
+    >>> out = attn(q, q, q, is_causal=True)
+    >>> out.sum().backward(); attn.alpha_raw.grad.shape
+    torch.Size([2])
+    """
+
+    def __init__(self, map: str = "entmax15", alpha=None, num_heads: int | None = None, learnable: bool = False):
+        super().__init__()
+        self.map = check_choice(map, MAPS, "map")
+        self.learnable = bool(learnable)
+        if not self.learnable:
+            # the function's own checks, once, on a tiny call
+            scaled_dot_product_attention(*(torch.zeros(1, 1, 1) for _ in range(3)), map=map, alpha=alpha)
+            self._alpha = alpha
+            return
+        if map != "entmax":
+            raise ValueError(f"learnable=True learns entmax's α: map must be 'entmax', got {map!r}")
+        if isinstance(num_heads, bool) or not isinstance(num_heads, numbers.Integral) or num_heads < 1:
+            raise ValueError(f"num_heads must be an int >= 1 with learnable=True, got {num_heads!r}")
+        init = torch.as_tensor(1.5 if alpha is None else alpha, dtype=torch.float32)
+        if init.dim() == 0:
+            init = init.expand(num_heads)
+        if tuple(init.shape) != (num_heads,):
+            raise ValueError(f"alpha must be a float or {num_heads} floats (one per head), got shape "
+                             f"{tuple(init.shape)}")
+        if not bool((init > ALPHA_FLOOR).all() & torch.isfinite(init).all()):
+            raise ValueError(f"alpha must be finite and > {ALPHA_FLOOR} with learnable=True, got {init.tolist()}")
+        self.alpha_raw = nn.Parameter(_inverse_softplus(init - ALPHA_FLOOR).clone())
+
+    @property
+    def alpha(self):
+        """α: a per-head tensor (learnable), else the constructor's value."""
+        if self.learnable:
+            return ALPHA_FLOOR + nn.functional.softplus(self.alpha_raw)
+        return self._alpha
+
+    def forward(self, query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False,
+                scale=None, enable_gqa: bool = False):
+        alpha = self.alpha
+        if isinstance(alpha, torch.Tensor):
+            alpha = alpha.to(torch.float64 if query.dtype == torch.float64 else torch.float32)
+        return scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                                            map=self.map, alpha=alpha)
+
+    def extra_repr(self) -> str:
+        if self.learnable:
+            return f"map='entmax', alpha={[round(a, 4) for a in self.alpha.tolist()]}, learnable=True"
+        return f"map={self.map!r}" + (f", alpha={self._alpha}" if self._alpha is not None else "")

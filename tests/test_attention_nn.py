@@ -1,0 +1,81 @@
+"""softk.nn.ScaledDotProductAttention (a learnable α per head) and
+torch.compile(fullgraph=True) of a small model using softk's attention."""
+
+import pytest
+import torch
+
+import softk
+from softk.attention import scaled_dot_product_attention as sdpa
+from softk.nn import ScaledDotProductAttention
+
+from .test_attention import one_thread  # noqa: F401
+
+
+def test_module_is_the_function():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 7, 8, generator=g) for _ in range(3))
+    for args in (("softmax",), ("sparsemax",), ("entmax15",), ("entmax", 1.7)):
+        torch.testing.assert_close(ScaledDotProductAttention(*args)(q, k, v, is_causal=True),
+                                   sdpa(q, k, v, is_causal=True, map=args[0], alpha=(args[1:] or (None,))[0]))
+
+
+def test_learnable_alpha_per_head():
+    torch.manual_seed(0)
+    attn = ScaledDotProductAttention("entmax", alpha=[1.2, 1.5, 2.5], num_heads=3, learnable=True)
+    torch.testing.assert_close(attn.alpha, torch.tensor([1.2, 1.5, 2.5]))
+    q = torch.randn(2, 3, 6, 4, requires_grad=True)
+    out = attn(q, q, q)
+    torch.testing.assert_close(out, sdpa(q, q, q, map="entmax", alpha=torch.tensor([1.2, 1.5, 2.5])))
+    (out * torch.randn_like(out)).sum().backward()
+    assert attn.alpha_raw.grad is not None and (attn.alpha_raw.grad != 0).all()
+    # a large step downhill still keeps every α above 1 (α = 1.01 + softplus(ρ)), and the call runs
+    with torch.no_grad():
+        attn.alpha_raw -= 1e4 * attn.alpha_raw.grad.abs()
+    torch.testing.assert_close(attn.alpha, torch.full((3,), 1.01))
+    assert torch.isfinite(attn(q, q, q)).all()
+    assert "learnable=True" in repr(attn)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(map="sparsemax", num_heads=2, learnable=True), "map must be 'entmax'"),
+    (dict(map="entmax", learnable=True), "num_heads must be an int"),
+    (dict(map="entmax", alpha=1.0, num_heads=2, learnable=True), "alpha must be finite and > 1.01"),
+    (dict(map="entmax", alpha=[1.5, 1.5, 1.5], num_heads=2, learnable=True), "one per head"),
+    (dict(map="entmax", alpha=0.9), "alpha must be a finite float > 1"),
+    (dict(map="hardmax"), "map must be one of"),
+    (dict(map="softmax", alpha=1.5), "alpha is only used"),
+])
+def test_module_checks_at_construction(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ScaledDotProductAttention(**kwargs)
+
+
+class TinyBlock(torch.nn.Module):
+    """One self-attention layer with a learned α per head."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Linear(8, 24)
+        self.attn = ScaledDotProductAttention("entmax", num_heads=2, learnable=True)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).view(x.shape[0], x.shape[1], 3, 2, 4).permute(2, 0, 3, 1, 4)
+        return self.attn(q, k, v, is_causal=True).square().mean()
+
+
+@pytest.mark.parametrize("backend", ["auto", pytest.param("torch", marks=pytest.mark.slow)])
+def test_compile_fullgraph(backend):
+    torch.manual_seed(0)
+    model, x = TinyBlock(), torch.randn(2, 10, 8)
+    # no on-disk caches: an artifact compiled against an earlier version of the op would be reused
+    no_cache = torch._inductor.config.patch(fx_graph_cache=False, autotune_local_cache=False)
+    with no_cache, torch._functorch.config.patch(enable_autograd_cache=False), softk.use_backend(backend):
+        eager = model(x)
+        want = torch.autograd.grad(eager, list(model.parameters()))
+        torch._dynamo.reset()
+        compiled = torch.compile(model, fullgraph=True)
+        out = compiled(x)
+        got = torch.autograd.grad(out, list(model.parameters()))
+    torch.testing.assert_close(out, eager, atol=1e-5, rtol=1e-5)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
