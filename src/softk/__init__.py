@@ -11,6 +11,7 @@ from .topk_smooth_sum import topk_sum
 from .support_info import Support, support
 from .routing import Route, route
 from .seed_properties import properties, property_violations
+from .attention import scaled_dot_product_attention
 from . import families, losses, nn
 
 __version__ = "0.1.0"
@@ -28,6 +29,7 @@ __all__ = [
     "topk_sum",
     "support",
     "route",
+    "scaled_dot_product_attention",
     "Route",
     "Support",
     "properties",
