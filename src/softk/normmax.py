@@ -342,7 +342,7 @@ def fenchel_young_rows(x: Tensor, p: Tensor, y: Tensor, omega, d_omega, alpha, t
     zy = torch.where(y != 0, z * y, 0.0).sum(-1, keepdim=True)  # 0·(−inf) is 0 (masked classes)
     fn = _Potential if torch.compiler.is_compiling() else _PotentialJvp
     loss = fn.apply(x, p, alpha, omega, d_omega, tau) + omega(y, alpha) - zy
-    return loss + (torch.clamp(loss, min=0.0) - loss).detach()
+    return loss - torch.clamp(loss.detach(), max=0.0)  # max(L, 0) in value, L's gradient
 
 
 def _alpha_norm(v: Tensor, a) -> Tensor:
