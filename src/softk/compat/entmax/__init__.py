@@ -29,7 +29,8 @@ Deliberate differences (each also in that guide):
 * **budget** must lie in [0, n] (n the size of ``dim``): above n no p <= 1 sums
   to it (entmax returns all ones); 0 gives zeros.
 * **softk's row conventions**: ``-inf`` entries are removed exactly, a row with
-  no finite entry gives zeros (entmax: NaN), NaN or +inf makes its row NaN;
+  no finite entry gives zeros (entmax: a RuntimeError in sparsemax/entmax15,
+  NaN from the bisection functions), NaN or +inf makes its row NaN;
   float16/bfloat16 are computed in float32.
 * **Functional losses** return the per-sample tensor, or ``(loss, support_size)``
   with ``return_support_size=True``; master's functional losses return a
