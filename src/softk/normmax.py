@@ -31,9 +31,8 @@ symmetric (so forward mode is the same formula), 0 off the support; with
 ∂p_i/∂α = p_i (w_i − Σ_j p_j w_j), w_i = −βℓ_i + (β‖p‖_α/α)(Σ_j r_jℓ_j) e^{(1−α)ℓ_i}.
 Both are differentiable tensor code, so double backward is exact.
 
-α = 1 is the argmax (uniform on tied maxima, zero gradient): the α → 1⁺ limit.
-Precision: μ is at the dtype's precision; p's relative error is about β·eps
-(α near 1 magnifies the rounding of z − μ, as for entmax near softmax).
+α = 1 is the argmax (uniform on tied maxima, zero gradient), the α → 1⁺ limit.  μ is at the dtype's
+precision; p's relative error is about β·eps (α near 1 magnifies the rounding of z − μ).
 """
 
 from __future__ import annotations
@@ -139,22 +138,25 @@ def _dp_dalpha(p: Tensor, a: Tensor) -> Tensor:
     return torch.where(hard, 0.0, pw - p * pw.sum(-1, keepdim=True))
 
 
-def _backward(p: Tensor, alpha: Tensor, g: Tensor, tau, want_alpha: bool):
+def _backward(ctx, g):
+    """∂L/∂x and ∂L/∂α from the saved output (differentiable tensor code: double backward)."""
+    p, alpha = ctx.saved_tensors
     ct = compute_dtype(p.dtype)
     pc, gc = p.to(ct), g.to(ct)
-    a = alpha.to(ct) if alpha.dim() else float(alpha)
-    gx = _jvp_x(pc, a, gc, tau).to(p.dtype)
+    gx = _jvp_x(pc, alpha.to(ct) if alpha.dim() else float(alpha), gc, ctx.tau).to(p.dtype)
     ga = None
-    if want_alpha:
+    if ctx.needs_input_grad[1]:
         ga = (gc * _dp_dalpha(pc, alpha.to(ct))).sum(-1, keepdim=True).to(alpha.dtype)
-    return gx, ga
+    return gx, ga, None
 
 
-def _tangent(p: Tensor, alpha: Tensor, vx, va, tau) -> Tensor:
+def _jvp(ctx, vx, va, _):
+    """J·vx + ∂p/∂α·vα (J is symmetric: the backward's formula)."""
+    p, alpha = ctx.saved_tensors
     ct = compute_dtype(p.dtype)
     pc = p.to(ct)
-    a = alpha.to(ct) if alpha.dim() else float(alpha)
-    out = _jvp_x(pc, a, vx.to(ct), tau) if vx is not None else torch.zeros_like(pc)
+    out = _jvp_x(pc, alpha.to(ct) if alpha.dim() else float(alpha), vx.to(ct), ctx.tau) if vx is not None \
+        else torch.zeros_like(pc)
     if va is not None:
         out = out + va.to(ct) * _dp_dalpha(pc, alpha.to(ct))
     return out.to(p.dtype)
@@ -187,6 +189,7 @@ normmax_op.register_vmap(_vmap)
 
 class _NormmaxLibrary(torch.autograd.Function):
     generate_vmap_rule = True
+    backward = staticmethod(_backward)
 
     @staticmethod
     def forward(x, alpha, tau):
@@ -198,22 +201,15 @@ class _NormmaxLibrary(torch.autograd.Function):
         ctx.save_for_forward(output, inputs[1])
         ctx.tau = inputs[2]
 
-    @staticmethod
-    def backward(ctx, g):
-        p, alpha = ctx.saved_tensors
-        return (*_backward(p, alpha, g, ctx.tau, ctx.needs_input_grad[1]), None)
-
 
 class _NormmaxLibraryJvp(_NormmaxLibrary):
-    # Dynamo does not trace a Function with a custom jvp (as in threshold/op.py).
-    @staticmethod
-    def jvp(ctx, vx, va, _):
-        p, alpha = ctx.saved_tensors
-        return _tangent(p, alpha, vx, va, ctx.tau)
+    jvp = staticmethod(_jvp)  # Dynamo does not trace a custom jvp (as in threshold/op.py): eager only
 
 
 # ------------------------------------------------------- the lean eager route
 class _NormmaxEager(torch.autograd.Function):
+    backward, jvp = staticmethod(_backward), staticmethod(_jvp)
+
     @staticmethod
     def forward(ctx, x, alpha, tau):
         p = normmax_rows(x, alpha if alpha.dim() else float(alpha), tau).to(x.dtype)
@@ -221,16 +217,6 @@ class _NormmaxEager(torch.autograd.Function):
         ctx.save_for_forward(p, alpha)
         ctx.tau = tau
         return p
-
-    @staticmethod
-    def backward(ctx, g):
-        p, alpha = ctx.saved_tensors
-        return (*_backward(p, alpha, g, ctx.tau, ctx.needs_input_grad[1]), None)
-
-    @staticmethod
-    def jvp(ctx, vx, va, _):
-        p, alpha = ctx.saved_tensors
-        return _tangent(p, alpha, vx, va, ctx.tau)
 
 
 def normmax_apply(x: Tensor, alpha, tau) -> Tensor:
