@@ -41,7 +41,9 @@ def budget_row(row, budget):
         lam = knots[j]
     else:
         t0, t1, g0, g1 = knots[j], knots[j + 1], vals[j], vals[j + 1]
-        lam = t0 + (g0 - budget) * (t1 - t0) / (g0 - g1)
+        slope = (t1 - t0) / (g0 - g1)
+        # from the nearer end, so that a tiny B (or n - B) is not rounded away
+        lam = t0 + (g0 - budget) * slope if g0 - budget <= budget - g1 else t1 - (budget - g1) * slope
     out[finite] = np.clip(z - lam, 0.0, 1.0)
     return out
 

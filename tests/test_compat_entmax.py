@@ -158,7 +158,7 @@ def test_dense_alpha_tends_to_softmax_and_keeps_the_order(rng):
 # --------------------------------------------------------- per-row α, any dim
 @pytest.mark.parametrize("dim", [0, 1, 2, 3])
 def test_per_row_alpha_along_any_dim(rng, dim):
-    shape = [3, 4, 2, 5]
+    shape = [2, 3, 2, 4]
     X = _t(rng.normal(size=shape))
     a_shape = list(shape)
     a_shape[dim] = 1
@@ -174,18 +174,18 @@ def test_per_row_alpha_along_any_dim(rng, dim):
 
 # ---------------------------------------------------------------- gradients
 def test_gradcheck_every_map(rng):
-    X = _t(rng.normal(size=(3, 5)), grad=True)
+    X = _t(rng.normal(size=(2, 5)), grad=True)
     for f in (entmax.sparsemax, entmax.entmax15, entmax.sparsemax_bisect, entmax.normmax_bisect,
               lambda t: entmax.budget_bisect(t, 2.5), lambda t: entmax.sparsemax(t, k=2)):
         assert gradcheck(f, (X,))
     for alpha in (0.2, 0.75, 1.0, 1.25, 2.25):
         a = _t(alpha, grad=True)
         assert gradcheck(entmax.entmax_bisect, (X, a), check_forward_ad=alpha < 1)
-    a = _t(0.05 + 2.5 * rng.random(size=(3, 1)), grad=True)
+    a = _t([[0.4], [1.7]], grad=True)  # one row below 1, one above
     assert gradcheck(entmax.entmax_bisect, (X, a))
     assert gradgradcheck(entmax.entmax_bisect, (X, a))
-    assert gradcheck(entmax.normmax_bisect, (X, _t(1 + 5 * rng.random(size=(3, 1)), grad=True)))
-    assert gradcheck(entmax.budget_bisect, (X, _t(5 * rng.random(size=(3, 1)), grad=True)))
+    assert gradcheck(entmax.normmax_bisect, (X, _t(1 + 5 * rng.random(size=(2, 1)), grad=True)))
+    assert gradcheck(entmax.budget_bisect, (X, _t(5 * rng.random(size=(2, 1)), grad=True)))
 
 
 # -------------------------------------------------------------------- masks
