@@ -381,3 +381,56 @@ def by_name(name: str, alpha: float = 1.5) -> Family:
     if name == "entmax":
         return entmax_by_alpha(alpha)
     return {"softmax": SOFTMAX, "sparsemax": SPARSEMAX, "entmax15": ENTMAX15, **THRESHOLD_METHODS}[name]
+
+
+# ------------------- dense α-entmax, 0 < α < 1: [(α−1)u]^{1/(α−1)} with every u < 0
+def entmax_dense_family(alpha) -> Family:
+    r"""α-entmax for 0 < α < 1: the Tsallis-regularised argmax that is *dense*.
+
+    With a = α − 1 < 0 and β = 1/a < 0, p_i = [a(z_i − λ)]^β = [(1−α)(λ − z_i)]^{−1/(1−α)}
+    with λ > max z: every finite entry is positive (polynomial tails, never
+    sparse), and α → 1⁻ tends to softmax.  Ω(p) = Σ p^α / (α(α−1)) is still
+    convex for 0 < α < 1, so the map is the unique maximiser of ⟨z, p⟩ − Ω(p) on
+    the simplex.  g(λ) = Σ f(z − λ) is decreasing and convex, and
+    h = g^{1/β} is a power mean with exponent β < 0 of the λ − z_i, concave in λ:
+    Newton on h from the left (g ≥ 1) never overshoots (``newton_power = β``).
+    The bracket is entmax's: p_max = 1 at λ = max z + 1/(1−α), p_max = 1/m at
+    λ = max z + m^{1−α}/(1−α).  f is +inf for u ≥ 0 (the limit from below), a
+    side the bracket never visits.  PyTorch path only (no kernel id).
+
+    ``alpha`` is a float in (0, 1) or a tensor of such values shaped like the
+    rows' first dimensions + (1,).  The entmax package's ``entmax_bisect``
+    computes this map for α < 1 (softk.compat.entmax serves it from here).
+    """
+    am1 = alpha - 1
+    beta = 1 / am1
+
+    def neg_pow(u, e):
+        # [(α−1)u]^e for u < 0; the exponents β − 1, β, β + 1 = α/(α−1) are all
+        # negative, so u → 0⁻ gives +inf, and u = −inf (a masked entry) gives 0.
+        s = am1 * u
+        pos = s > 0
+        return torch.where(pos, torch.exp(e * torch.log(torch.where(pos, s, 1.0))), float("inf"))
+
+    def bracket(z, k, finite):
+        m = _sum(finite.to(z.dtype))
+        zmax = torch.where(finite, z, NEG_INF).amax(-1, keepdim=True)
+        return zmax - 1 / am1, zmax - (1 / m) ** am1 / am1
+
+    return Family(
+        name="entmax_dense",
+        f=lambda u: neg_pow(u, beta),
+        df=lambda u: neg_pow(u, beta - 1),
+        d_from_p=lambda p: torch.exp((2 - alpha) * torch.log(p)),
+        F=lambda u: neg_pow(u, beta + 1) / alpha,
+        psi=lambda p: torch.where(
+            p > 0, torch.exp(alpha * torch.log(torch.where(p > 0, p, 1.0))), 0.0
+        )
+        / (alpha * am1),
+        capped=False,
+        bracket=bracket,
+        convex=True,
+        newton_power=beta,
+        alpha=alpha,
+    )
+
