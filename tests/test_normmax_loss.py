@@ -1,4 +1,4 @@
-"""The Fenchel–Young loss of α-normmax (softk.normmax.normmax_loss) against
+"""The Fenchel–Young loss of α-normmax (softk.losses.normmax_loss) against
 the NumPy oracle: values, gradient p − y, second derivatives in x and α,
 targets, ignore_index, reductions, masks."""
 
@@ -7,7 +7,8 @@ import pytest
 import torch
 from torch.autograd import gradcheck, gradgradcheck
 
-from softk.normmax import normmax, normmax_loss
+from softk.losses import normmax_loss
+from softk.normmax import normmax
 
 from . import oracle_normmax as on
 

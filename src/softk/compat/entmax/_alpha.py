@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ...normmax import fenchel_young_rows
+from ...losses.normmax_fy import fenchel_young_rows
 from ...simplex import entmax as softk_entmax
 from ...losses import entmax_loss as softk_entmax_loss
 from ...threshold.families import entmax_dense_family

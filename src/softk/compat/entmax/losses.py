@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from ...losses import entmax15_loss as _entmax15_loss
 from ...losses import sparsemax_loss as _sparsemax_loss
-from ...normmax import normmax_loss as _normmax_loss
+from ...losses.normmax_fy import normmax_loss as _normmax_loss
 from ...simplex import entmax15 as _entmax15
 from ...simplex import sparsemax as _sparsemax
 from ._alpha import entmax_loss_any_alpha
@@ -100,7 +100,7 @@ def entmax_bisect_loss(X, target, alpha=1.5, n_iter=50):
 
 
 def normmax_bisect_loss(X, target, alpha=2, n_iter=50):
-    """alpha-normmax loss per sample: <p − e_y, x> + 1 − ||p||_α (``softk.normmax.normmax_loss``).
+    """alpha-normmax loss per sample: <p − e_y, x> + 1 − ||p||_α (``softk.losses.normmax_loss``).
 
     ``alpha`` as in ``normmax_bisect`` (α <= 1 is the argmax's loss, max x − x_y);
     ``n_iter`` accepted and unused.
