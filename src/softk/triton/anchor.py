@@ -153,15 +153,21 @@ def _anchor_refine(xr, rmask, xrow, n, ref, inv_tau, c, t, am1, active,
         # −∞ while no lower end is known) where a step leaves it
         hi = tl.where(G >= 1.0, tl.minimum(hi, ell), hi)
         lo = tl.where(G < 1.0, tl.maximum(lo, ell), lo)
-        new = ell - (G - 1.0) / tl.where(dG > 0, dG, 1.0)
+        step = (G - 1.0) / tl.where(dG > 0, dG, 1.0)
+        new = ell - step
         ok = (dG > 0) & (new > lo) & (new < hi)
         new = tl.where(ok, new, tl.where(lo > float("-inf"), 0.5 * (lo + hi), 2.0 * hi - 1.0))
         exact = tl.abs(G - 1.0) <= EPS
-        # at ℓ's resolution with Σp at the rounding of its terms
-        settled = (tl.abs(new - ell) <= 2.0 * EPS * tl.maximum(tl.abs(ell), 1.0)) & \
-            (tl.abs(G - 1.0) <= 2.0 * tl.maximum(cnt, 1.0) * EPS)
+        # ℓ at its resolution: a Newton step (before the safeguard) or a
+        # bracket of a few ulps of ℓ moves each p by that much relatively
+        # (d log p/dℓ ≤ 1), whatever G's own rounding, which keeps a float32
+        # Newton stepping around the root
+        res = 4.0 * EPS * tl.maximum(tl.abs(ell), 1.0)
+        short = (dG > 0) & (tl.abs(step) <= res)
+        settled = short | ((hi - lo) <= res) | \
+            ((tl.abs(G - 1.0) <= 2.0 * tl.maximum(cnt, 1.0) * EPS) & (dG > 0) & (tl.abs(step) <= 16.0 * res))
         stop = (~out) & (exact | (new == ell) | settled)
-        new = tl.where(exact, ell, new)
+        new = tl.where(exact | short, ell - step, new)
         An = tl.where(out, nxt, A)
         ell_out = _first_ell(An, c, t, a, beta)
         ell = tl.where(run, tl.where(out, ell_out, new), ell)
