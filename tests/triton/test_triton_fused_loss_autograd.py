@@ -182,7 +182,7 @@ _COMPILE = r"""
 from softk.triton.function import MAXIT, NEWTON_CAP, ONCHIP_MAX, _config
 from softk.triton.loss_kernel import fenchel_young_fwd_kernel
 
-# every family (α > 2 as well) on chip, looped and 32 rows per program (width
+# every family (α > 2, with the anchor form, as well) on chip, looped and 32 rows per program (width
 # 64), at the launcher's settings; the input dtypes and the kind of target take turns
 dtypes = ("*fp32", "*bf16", "*fp16")
 variants = [_config(ONCHIP_MAX, None, None), _config(ONCHIP_MAX + 1, None, None), _config(64, None, None)]
@@ -194,9 +194,10 @@ for fam in range(8):
             ty = dtypes[(fam + i + big) % 3]
             dense = (fam + i) % 2 == 1
             sig = {"X": ty, "T": ty if dense else "*i64", "G": ty, "LOSS": "*fp32", "SCALE": "*fp32",
-                   "R": "i32", "n": "i32", "k": "fp32", "inv_tau": "fp32", "alpha": "fp32"}
+                   "R": "i32", "n": "i32", "k": "fp32", "inv_tau": "fp32", "am1": "fp32"}
+            # α > 2 takes the anchor form (softk.triton.anchor)
             build(fenchel_young_fwd_kernel, sig, dict(FAM=fam, ROWS=rows, BLOCK=blk, ONCHIP=onchip, BIG=big, PROBE=fam >= 4 or big,
-                  NEWTON_CAP=NEWTON_CAP, MAXIT=MAXIT, DENSE=dense, WANT_GRAD=fam != 7 or i == 0), warps)
+                  ANCHOR=big, NEWTON_CAP=NEWTON_CAP, MAXIT=MAXIT, DENSE=dense, WANT_GRAD=fam != 7 or i == 0), warps)
             built += 1
 assert built == 27, built
 print("OK")

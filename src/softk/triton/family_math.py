@@ -1,7 +1,8 @@
 r"""Per-family arithmetic of the Triton kernels, on float32 entries.
 
 ``_f`` is the map f(u), ``_d_from_p`` is f′(u) read off p = f(u) (the same
-formulas as ``Family.d_from_p``), and ``_init``/``_acc``/``_red``/``_fin``
+formulas as ``Family.d_from_p``; entmax's α enters as ``am1`` = α − 1,
+passed as such so that α near 1 keeps its relative precision), and ``_init``/``_acc``/``_red``/``_fin``
 are the sums over a row that the λ search evaluates at one point λ = c + t
 (see :mod:`softk.triton.search`).  Every function branches on the constexpr
 family id ``FAM`` (:data:`softk.threshold.families.KERNEL_IDS`: 0 softmax,
@@ -15,9 +16,17 @@ import triton.language as tl
 LOG2 = tl.constexpr(0.6931471805599453)
 
 
+@triton.jit
+def _log1p(e):
+    # log(1 + e) for e > −1, accurate for tiny |e| (Goldberg's trick: the
+    # rounding of 1 + e cancels in log(w)·e/(w − 1)), with no log1p intrinsic
+    w = 1.0 + e
+    return tl.where(w == 1.0, e, tl.log(w) * (e / tl.where(w == 1.0, 1.0, w - 1.0)))
+
+
 # ---------------------------------------------------------------- f and f′
 @triton.jit
-def _f(u, FAM: tl.constexpr, alpha):
+def _f(u, FAM: tl.constexpr, am1):
     if FAM == 0:
         r = tl.exp(u)
     elif FAM == 1:
@@ -26,8 +35,8 @@ def _f(u, FAM: tl.constexpr, alpha):
         h = tl.maximum(u, 0.0) * 0.5
         r = h * h
     elif FAM == 3:
-        s = tl.maximum((alpha - 1.0) * u, 0.0)
-        r = tl.where(s > 0, tl.exp(tl.log(tl.where(s > 0, s, 1.0)) / (alpha - 1.0)), 0.0)
+        s = tl.maximum(am1 * u, 0.0)
+        r = tl.where(s > 0, tl.exp(tl.log(tl.where(s > 0, s, 1.0)) / am1), 0.0)
     elif FAM == 4:
         r = tl.exp(tl.minimum(u, 0.0))
     elif FAM == 5:
@@ -40,7 +49,7 @@ def _f(u, FAM: tl.constexpr, alpha):
 
 
 @triton.jit
-def _d_from_p(p, FAM: tl.constexpr, alpha):
+def _d_from_p(p, FAM: tl.constexpr, am1):
     if FAM == 0:
         d = p
     elif FAM == 1:
@@ -48,7 +57,7 @@ def _d_from_p(p, FAM: tl.constexpr, alpha):
     elif FAM == 2:
         d = tl.sqrt(p)
     elif FAM == 3:
-        d = tl.where(p > 0, tl.exp((2.0 - alpha) * tl.log(tl.where(p > 0, p, 1.0))), 0.0)
+        d = tl.where(p > 0, tl.exp((1.0 - am1) * tl.log(tl.where(p > 0, p, 1.0))), 0.0)
     elif FAM == 4:
         d = tl.where(p < 1, p, 0.0)
     elif FAM == 5:
@@ -91,7 +100,7 @@ def _rescale(M, Mb):
 
 
 @triton.jit
-def _acc(z, c, t, alpha, acc, FAM: tl.constexpr):
+def _acc(z, c, t, am1, acc, FAM: tl.constexpr):
     fin = z > float("-inf")
     u = (z - c) - t
     if FAM == 1:
@@ -101,10 +110,10 @@ def _acc(z, c, t, alpha, acc, FAM: tl.constexpr):
         w = tl.where(fin & (u > 0), u, 0.0)
         acc = (acc[0] + (w > 0).to(tl.float32), acc[1] + w, acc[2] + w * w)
     elif FAM == 3:
-        y = tl.where(fin, tl.maximum((alpha - 1.0) * u, 0.0), 0.0)
+        y = tl.where(fin, tl.maximum(am1 * u, 0.0), 0.0)
         pos = y > 0
         ys = tl.where(pos, y, 1.0)
-        fy = tl.where(pos, tl.exp(tl.log(ys) / (alpha - 1.0)), 0.0)
+        fy = tl.where(pos, tl.exp(tl.log(ys) / am1), 0.0)
         acc = (acc[0] + fy, acc[1] + fy / ys, acc[2])  # g, −g' = Σ y^(q−1)
     elif FAM == 4:
         sat = fin & (u >= 0)

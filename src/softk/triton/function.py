@@ -38,6 +38,7 @@ from torch import Tensor
 
 from .kernels import threshold_bwd_kernel, threshold_fwd_kernel
 
+from ..threshold.entmax_anchor import needs_anchor
 from ..threshold.families import KERNEL_IDS as FAMILY_IDS  # one table for every backend
 
 ONCHIP_MAX = 8192
@@ -51,6 +52,44 @@ ROWS_MAX = 128
 # halvings of a bracket that Newton has already shrunk).
 NEWTON_CAP = 24
 MAXIT = 60
+
+
+# α-entmax: the largest α the kernels serve (a·ℓ and log(a·d) stay finite in
+# float32 up to here); larger α goes to the torch path, see serves().
+ALPHA_MAX = 1e30
+
+
+def serves(kernel_id: int, alpha: float) -> bool:
+    """Whether the Triton kernels give this family an exact result (to
+    float32 precision, the torch route's error model): every kernel id, and
+    for α-entmax (id 3) every float α with 1 < α ≤ :data:`ALPHA_MAX`.
+
+    α outside [1.125, 2] takes the anchor form (:mod:`.anchor`) in the
+    forward, and α > 2 the log-slope backward, as the torch route does.
+    Beyond 1e30 a·log p leaves float32's range; those calls (and α ≤ 1, NaN
+    or inf, which the public functions refuse anyway) belong on the torch
+    path.  :class:`softk.dispatch.TritonBackend` asks this before it runs
+    the kernels.
+
+    >>> serves(FAMILY_IDS["entmax"], 10.0), serves(FAMILY_IDS["entmax"], 1e31), serves(FAMILY_IDS["exp"], 1.5)
+    (True, False, True)
+    """
+    if kernel_id not in FAMILY_IDS.values():
+        return False
+    if kernel_id != FAMILY_IDS["entmax"]:
+        return True
+    a = float(alpha)
+    return 1.0 < a <= ALPHA_MAX
+
+
+def _entmax_flags(fam: int, alpha: float):
+    """(α − 1 in float64 then float32, BIG: α > 2, ANCHOR: the anchor form)."""
+    am1 = float(alpha) - 1.0
+    if fam != FAMILY_IDS["entmax"]:
+        return am1, False, False
+    if not serves(fam, alpha):
+        raise ValueError(f"alpha must be in (1, {ALPHA_MAX:g}] for the Triton kernels, got {alpha}")
+    return am1, alpha > 2, needs_anchor(alpha)
 
 
 def _pow2(n: int) -> int:
@@ -103,16 +142,20 @@ def forward_rows(rows: Tensor, fam: int, k: float, tau: float, alpha: float = 1.
     (tests use them to run both variants on small rows, and one or many rows
     per program); with ``return_passes`` also the number of λ-search passes
     per row (int32, r): the kernel's total is that + 2 (the first and the
-    writing pass)."""
+    writing pass).  The count is of reads of the row (or sweeps over its
+    register copy): the λ search's, a second search in a moved frame
+    (:mod:`.frame`), and for entmax α outside [1.125, 2] the anchor's
+    (:mod:`.anchor`); the looped variant's sweeps over its lane maxima read
+    no memory and are not counted."""
     out = _out(out, rows)
     r, n = rows.shape
     its = torch.zeros(r if return_passes else 1, dtype=torch.int32, device=rows.device)
     if r:
         oc, blk, warps, rpp = _config(n, onchip, block, rows_per_program)
-        big = fam == 3 and alpha > 2
+        am1, big, anchor = _entmax_flags(fam, alpha)
         threshold_fwd_kernel[(triton.cdiv(r, rpp),)](
-            rows, out, its, r, n, float(k), 1.0 / tau, float(alpha),
-            FAM=fam, ROWS=rpp, BLOCK=blk, ONCHIP=oc, BIG=big, PROBE=fam >= 4 or big,
+            rows, out, its, r, n, float(k), 1.0 / tau, am1,
+            FAM=fam, ROWS=rpp, BLOCK=blk, ONCHIP=oc, BIG=big, PROBE=fam >= 4 or big, ANCHOR=anchor,
             NEWTON_CAP=NEWTON_CAP, MAXIT=MAXIT, WRITE_ITS=return_passes, num_warps=warps,
         )
     return (out, its) if return_passes else out
@@ -127,6 +170,7 @@ def backward_rows(p: Tensor, g: Tensor, fam: int, tau: float, alpha: float = 1.5
     r, n = p.shape
     if r:
         oc, blk, warps, rpp = _config(n, onchip, block, rows_per_program)
-        threshold_bwd_kernel[(triton.cdiv(r, rpp),)](p, g, dx, r, n, 1.0 / tau, float(alpha), FAM=fam, ROWS=rpp,
-                                                     BLOCK=blk, ONCHIP=oc, num_warps=warps)
+        am1, big, _ = _entmax_flags(fam, alpha)
+        threshold_bwd_kernel[(triton.cdiv(r, rpp),)](p, g, dx, r, n, 1.0 / tau, am1, FAM=fam, ROWS=rpp,
+                                                     BLOCK=blk, ONCHIP=oc, LOGD=big, num_warps=warps)
     return dx

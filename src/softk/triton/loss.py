@@ -9,7 +9,7 @@ import torch
 import triton
 from torch import Tensor
 
-from .function import MAXIT, NEWTON_CAP, _config
+from .function import MAXIT, NEWTON_CAP, _config, _entmax_flags
 from .loss_kernel import fenchel_young_fwd_kernel
 
 
@@ -31,10 +31,10 @@ def fenchel_young_fused_rows(x: Tensor, target: Tensor, scale: Tensor, fam: int,
     grad = torch.empty_like(x) if want_grad else torch.empty(0, dtype=x.dtype, device=x.device)
     if r:
         oc, blk, warps, rpp = _config(n, onchip, block, rows_per_program)
-        big = fam == 3 and alpha > 2
+        am1, big, anchor = _entmax_flags(fam, alpha)
         fenchel_young_fwd_kernel[(triton.cdiv(r, rpp),)](
-            x, target, grad if want_grad else x, loss, scale, r, n, float(k), 1.0 / tau, float(alpha),
-            FAM=fam, ROWS=rpp, BLOCK=blk, ONCHIP=oc, BIG=big, PROBE=fam >= 4 or big, NEWTON_CAP=NEWTON_CAP,
-            MAXIT=MAXIT, DENSE=dense, WANT_GRAD=want_grad, num_warps=warps,
+            x, target, grad if want_grad else x, loss, scale, r, n, float(k), 1.0 / tau, am1,
+            FAM=fam, ROWS=rpp, BLOCK=blk, ONCHIP=oc, BIG=big, PROBE=fam >= 4 or big, ANCHOR=anchor,
+            NEWTON_CAP=NEWTON_CAP, MAXIT=MAXIT, DENSE=dense, WANT_GRAD=want_grad, num_warps=warps,
         )
     return loss, grad

@@ -42,17 +42,10 @@ backward, which makes a new gradient buffer.
 import triton
 import triton.language as tl
 
-from .family_math import _f
-from .passes import _load_z, _row_stats
-from .search import _find_lambda
-
-
-@triton.jit
-def _log1p_small(e):
-    # log(1 + e) for 0 ≤ e ≤ 1, accurate for tiny e (Goldberg's trick: the
-    # rounding of 1 + e cancels in log(w)·e/(w − 1)), with no log1p intrinsic.
-    w = 1.0 + e
-    return tl.where(w == 1.0, e, tl.log(w) * (e / tl.where(w == 1.0, 1.0, w - 1.0)))
+from .anchor import _anchor_p, _anchor_refine
+from .family_math import _f, _log1p
+from .frame import _solve
+from .prelude import _cols, _load_z, _row_stats, _scaled
 
 
 @triton.jit
@@ -61,7 +54,7 @@ def _xlogx(v):
 
 
 @triton.jit
-def _F(u, p, FAM: tl.constexpr, alpha):
+def _F(u, p, FAM: tl.constexpr, am1):
     """F(u) = ∫f, F(−∞) = 0, given p = f(u) (the same formulas as ``Family.F``)."""
     w = tl.maximum(u, 0.0)
     if FAM == 0:
@@ -71,11 +64,11 @@ def _F(u, p, FAM: tl.constexpr, alpha):
     elif FAM == 2:
         r = p * w / 3.0  # (u/2)² u/3 = u³/12
     elif FAM == 3:
-        r = p * tl.maximum((alpha - 1.0) * u, 0.0) / alpha
+        r = p * tl.maximum(am1 * u, 0.0) / (1.0 + am1)
     elif FAM == 4:
         r = tl.where(u <= 0, p, 1.0 + u)
     elif FAM == 5:
-        r = w + _log1p_small(tl.exp(-tl.abs(u)))  # softplus
+        r = w + _log1p(tl.exp(-tl.abs(u)))  # softplus
     elif FAM == 6:
         h = 0.5 * tl.exp(-tl.abs(u))
         r = tl.where(u >= 0, u + h, h)
@@ -85,7 +78,7 @@ def _F(u, p, FAM: tl.constexpr, alpha):
 
 
 @triton.jit
-def _psi(y, FAM: tl.constexpr, alpha):
+def _psi(y, FAM: tl.constexpr, am1):
     """ψ(y), the conjugate of F (the same formulas as ``Family.psi``); ψ(0) = 0."""
     if FAM == 0 or FAM == 4:
         r = _xlogx(y) - y
@@ -94,7 +87,7 @@ def _psi(y, FAM: tl.constexpr, alpha):
     elif FAM == 2:
         r = y * tl.sqrt(y) / 0.75
     elif FAM == 3:
-        r = tl.where(y > 0, tl.exp(alpha * tl.log(tl.where(y > 0, y, 1.0))), 0.0) / (alpha * (alpha - 1.0))
+        r = tl.where(y > 0, tl.exp((1.0 + am1) * tl.log(tl.where(y > 0, y, 1.0))), 0.0) / ((1.0 + am1) * am1)
     elif FAM == 5:
         r = _xlogx(y) + _xlogx(1.0 - y)
     else:
@@ -103,19 +96,24 @@ def _psi(y, FAM: tl.constexpr, alpha):
 
 
 @triton.jit
-def _loss_block(T, G, base, rmask, cols, n, z, c, t, psi1, alpha, scale, active, broken, keep, tgt,
-                FAM: tl.constexpr, DENSE: tl.constexpr, WANT_GRAD: tl.constexpr):
+def _loss_block(T, G, base, rmask, cols, n, z, c, t, A, ell, psi1, am1, scale, active, broken, keep, tgt,
+                FAM: tl.constexpr, DENSE: tl.constexpr, WANT_GRAD: tl.constexpr, ANCHOR: tl.constexpr):
     """One block of the last pass: the block's terms of L (per lane), and
-    the gradient scale·(p − y)/τ stored (``scale`` includes 1/τ)."""
+    the gradient scale·(p − y)/τ stored (``scale`` includes 1/τ).  With
+    ``ANCHOR`` p comes from the anchor entry A and its log-probability ℓ
+    (λ = c + t = A − e^{aℓ}/a then, for u)."""
     mask = rmask & (cols < n)
     fin = z > float("-inf")
     u = (z - c) - t
-    p = tl.where(fin, _f(u, FAM, alpha), 0.0)
-    term = tl.where(active, tl.where(fin, _F(u, p, FAM, alpha), 0.0), tl.where(fin, u - psi1, 0.0))
+    if ANCHOR:
+        p = tl.where(fin, _anchor_p(z, A, ell, am1, 1.0 / am1, tl.log(am1)), 0.0)
+    else:
+        p = tl.where(fin, _f(u, FAM, am1), 0.0)
+    term = tl.where(active, tl.where(fin, _F(u, p, FAM, am1), 0.0), tl.where(fin, u - psi1, 0.0))
     p = tl.where(active, p, tl.where(broken, float("nan"), fin.to(tl.float32)))
     if DENSE:
         y = tl.load(T + base + cols, mask=mask, other=0.0).to(tl.float32)
-        term -= tl.where(y != 0, u * y, 0.0) - _psi(y, FAM, alpha)
+        term -= tl.where(y != 0, u * y, 0.0) - _psi(y, FAM, am1)
     else:
         y = (cols == tgt).to(tl.float32)
         term -= tl.where(cols == tgt, u, 0.0)
@@ -126,10 +124,11 @@ def _loss_block(T, G, base, rmask, cols, n, z, c, t, psi1, alpha, scale, active,
 
 
 @triton.jit
-def fenchel_young_fwd_kernel(X, T, G, LOSS, SCALE, R, n, k, inv_tau, alpha,
+def fenchel_young_fwd_kernel(X, T, G, LOSS, SCALE, R, n, k, inv_tau, am1,
                              FAM: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, ONCHIP: tl.constexpr,
-                             BIG: tl.constexpr, PROBE: tl.constexpr, NEWTON_CAP: tl.constexpr,
-                             MAXIT: tl.constexpr, DENSE: tl.constexpr, WANT_GRAD: tl.constexpr):
+                             BIG: tl.constexpr, PROBE: tl.constexpr, ANCHOR: tl.constexpr,
+                             NEWTON_CAP: tl.constexpr, MAXIT: tl.constexpr, DENSE: tl.constexpr,
+                             WANT_GRAD: tl.constexpr):
     """Per row: LOSS[row] = L (float32) and, with WANT_GRAD, G = SCALE·(p − y)/τ
     in G's dtype.  T is the dense target (R, n) when DENSE, else the class
     index per row (int64, −1 for an ignored row)."""
@@ -144,36 +143,36 @@ def fenchel_young_fwd_kernel(X, T, G, LOSS, SCALE, R, n, k, inv_tau, alpha,
         tgt = tl.load(T + rows, mask=rmask, other=-1).to(tl.int64)
         keep = tgt >= 0
 
-    # ---- pass 1 and the λ search, as in the forward kernel
-    zrow, zmax, zmin, m, broken, lseS = _row_stats(xr, rmask, n, inv_tau, FAM, ROWS, BLOCK, ONCHIP)
+    # ---- pass 1 (raw x), the frame and the λ search, as in the forward kernel
+    xrow, lanes, xmax, xmin, m, broken, lseS = _row_stats(xr, rmask, n, inv_tau, FAM == 0 or FAM == 4,
+                                                          ROWS, BLOCK, ONCHIP)
     active = (m > k) & (~broken)
-    # λ of a filled row: its finite maximum (0 when there is none)
-    zref = tl.where((m > 0) & (~broken), zmax, 0.0)
     search = active & keep  # an ignored row is not searched
     m = tl.where(search, m, k + 1.0)
-    zmax = tl.where(search, zmax, 0.0)
-    zmin = tl.where(search, zmin, 0.0)
-    if FAM == 0:
-        c = zmax
-        t = tl.log(tl.where(search, lseS, 1.0)) - tl.log(k)
-    else:
-        c, t, it = _find_lambda(xr, rmask, zrow, n, inv_tau, zmax, zmin, m, lseS, search, k, alpha,
-                                FAM, ROWS, BLOCK, ONCHIP, BIG, PROBE, NEWTON_CAP, MAXIT)
-    c = tl.where(active, c, zref)
+    ref, c, t, it = _solve(xr, rmask, xrow, lanes, n, inv_tau, xmax, xmin, m, lseS, search, k, am1,
+                           FAM, ROWS, BLOCK, ONCHIP, BIG, PROBE, NEWTON_CAP, MAXIT)
+    A = c
+    ell = c
+    if ANCHOR:
+        A, ell, _ = _anchor_refine(xr, rmask, xrow, n, ref, inv_tau, c, t, am1, search, ROWS, BLOCK, ONCHIP, MAXIT)
+        c = A
+        t = -tl.exp(am1 * ell) / am1
+    # λ of a filled row: its finite maximum, 0 in its frame (the maximum)
+    c = tl.where(active, c, 0.0)
     t = tl.where(active, t, 0.0)
 
     # ---- last pass: the gradient and the terms of L
-    psi1 = _psi(tl.full((), 1.0, tl.float32), FAM, alpha)
+    psi1 = _psi(tl.full((), 1.0, tl.float32), FAM, am1)
     scale = tl.load(SCALE) * inv_tau
     if ONCHIP:
-        acc = _loss_block(T, G, base, rmask, tl.arange(0, BLOCK)[None, :], n, zrow, c, t, psi1, alpha, scale,
-                          active, broken, keep, tgt, FAM, DENSE, WANT_GRAD)
+        acc = _loss_block(T, G, base, rmask, _cols(0, BLOCK), n, _scaled(xrow, ref, inv_tau), c, t, A, ell, psi1,
+                          am1, scale, active, broken, keep, tgt, FAM, DENSE, WANT_GRAD, ANCHOR)
     else:
         acc = tl.zeros([ROWS, BLOCK], tl.float32)
         for start in range(0, n, BLOCK):
-            cols = start + tl.arange(0, BLOCK)[None, :]
-            acc += _loss_block(T, G, base, rmask, cols, n, _load_z(xr, rmask, cols, n, inv_tau), c, t, psi1, alpha,
-                               scale, active, broken, keep, tgt, FAM, DENSE, WANT_GRAD)
+            cols = _cols(start, BLOCK)
+            acc += _loss_block(T, G, base, rmask, cols, n, _load_z(xr, rmask, cols, n, ref, inv_tau), c, t, A, ell,
+                               psi1, am1, scale, active, broken, keep, tgt, FAM, DENSE, WANT_GRAD, ANCHOR)
     loss = tl.sum(acc, 1, keep_dims=True)
     if not DENSE:
         loss += psi1

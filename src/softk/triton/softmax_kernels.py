@@ -18,9 +18,10 @@ masked row never leaks into its neighbours in the tile.
 
 Arithmetic is float32 in registers whatever the input dtype; outputs are
 cast to the output tensor's dtype on the store.  The scaled entries are
-u = (x − max x)·(1/τ): shifted *before* scaling (see
-:func:`softk.threshold.rows.scaled_rows`), so an offset of 1e6 with τ = 1e-3
-keeps the differences that carry the mass.
+u = (x − max x)·(1/τ): shifted *before* scaling, through the prelude every
+Triton kernel shares (:mod:`.prelude`, after
+:func:`softk.threshold.rows.scaled_rows`), so an offset of 1e6 with
+τ = 1e-3 keeps the differences that carry the mass.
 
 Row conventions (:mod:`softk.threshold.rows`): ``-inf`` entries are masked
 (p = 0, log p = −inf); a fully masked row gives p = 0, log p = −inf and
@@ -33,6 +34,8 @@ of logsumexp: G holds one incoming gradient per row).
 
 import triton
 import triton.language as tl
+
+from .prelude import _finite_or_zero, _lse_step, _scaled
 
 
 @triton.jit
@@ -52,13 +55,6 @@ def _load(P, base, cols, n, rmask, other):
 def _broken(x):
     # 1.0 on rows holding a NaN or +inf (per row, [ROWS, 1])
     return tl.max(((x != x) | (x == float("inf"))).to(tl.float32), 1, keep_dims=True)
-
-
-@triton.jit
-def _shift(m):
-    # the finite row max, 0 on fully masked (and broken) rows so that
-    # x − shift never makes a NaN of its own
-    return tl.where((m > float("-inf")) & (m < float("inf")), m, 0.0)
 
 
 @triton.jit
@@ -86,8 +82,8 @@ def softmax_fwd_kernel(X, Y, G, R, n, inv_tau, tau,
         x = _load(X, base, cols, n, rmask, float("-inf"))
         bad = _broken(x)
         M = tl.max(x, 1, keep_dims=True)
-        sh = _shift(M)
-        u = (x - sh) * inv_tau
+        sh = _finite_or_zero(M)  # 0 on fully masked (and broken) rows
+        u = _scaled(x, sh, inv_tau)
         e = tl.exp(u)  # masked lanes: e^{-inf} = 0
         S = tl.sum(e, 1, keep_dims=True)
     else:
@@ -98,13 +94,8 @@ def softmax_fwd_kernel(X, Y, G, R, n, inv_tau, tau,
         for start in range(0, n, BLOCK):
             x = _load(X, base, start + cols, n, rmask, float("-inf"))
             bad = tl.maximum(bad, _broken(x))
-            Mn = tl.maximum(M, tl.max(x, 1, keep_dims=True))
-            s = _shift(Mn)
-            # sums kept at the old max move to the new one (0 while nothing was finite)
-            a = tl.where(M > float("-inf"), tl.exp((M - s) * inv_tau), 0.0)
-            acc = acc * a + tl.exp((x - s) * inv_tau)
-            M = Mn
-        sh = _shift(M)
+            M, acc = _lse_step(M, acc, x, inv_tau)
+        sh = _finite_or_zero(M)
         S = tl.sum(acc, 1, keep_dims=True)
     if OUT == 2:
         lse = tl.where(M == float("-inf"), float("-inf"), sh + tau * tl.log(tl.where(S > 0, S, 1.0)))
@@ -117,7 +108,7 @@ def softmax_fwd_kernel(X, Y, G, R, n, inv_tau, tau,
         # pass 2: re-read x and write
         for start in range(0, n, BLOCK):
             x = _load(X, base, start + cols, n, rmask, float("-inf"))
-            u = (x - sh) * inv_tau
+            u = _scaled(x, sh, inv_tau)
             _store_out(Y, G, rows, base, start + cols, n, rmask, u, tl.exp(u), S, bad, OUT)
 
 
