@@ -87,7 +87,13 @@ class TritonBackend:
 
     @staticmethod
     def serves(family: Family, x: Tensor) -> bool:
-        return family.kernel is not None and x.dtype != torch.float64
+        if family.kernel is None or x.dtype == torch.float64:
+            return False
+        if family.alpha_value is None:
+            return True
+        from .triton.function import serves  # an α the float32 kernels cannot keep exact goes to torch
+
+        return serves(family.kernel, family.alpha_value)
 
     @staticmethod
     def forward(family: Family, x: Tensor, k: int, tau: float) -> Tensor:

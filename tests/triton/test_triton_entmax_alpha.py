@@ -28,6 +28,7 @@ import pytest
 import torch
 
 import softk
+from softk import dispatch
 from softk.triton.function import ALPHA_MAX, FAMILY_IDS, backward_rows, forward_rows, serves
 from softk.triton.loss import fenchel_young_fused_rows
 
@@ -164,3 +165,15 @@ def test_public_entmax_on_triton_at_alpha_10():
     _check_p(p.detach().double().numpy(), ref, 10.0)
     want, tol = _vjp_reference(ref, np.eye(ROWS.shape[1])[2:3], 10.0, 1.0)
     assert np.all(np.abs(x.grad.double().numpy() - want) <= tol) and np.abs(want).max() > 1
+
+
+def test_dispatch_sends_an_alpha_the_kernels_cannot_serve_to_torch():
+    # the "triton" setting keeps what serves() takes and routes the rest, never a wrong result
+    x = torch.from_numpy(ROWS[2:3].copy())
+    with softk.use_backend("triton"):
+        assert dispatch.resolve(x, softk.families.entmax(10.0)) == "triton"
+        assert dispatch.resolve(x, softk.families.entmax(2 * ALPHA_MAX)) == "torch"
+        assert dispatch.resolve(x.double(), softk.families.entmax(10.0)) == "torch"  # float64: the torch path
+        p = softk.entmax(x, alpha=2 * ALPHA_MAX)
+    with softk.use_backend("torch"):
+        assert torch.equal(p, softk.entmax(x, alpha=2 * ALPHA_MAX))
