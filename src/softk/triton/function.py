@@ -92,6 +92,17 @@ def _entmax_flags(fam: int, alpha: float):
     return am1, alpha > 2, needs_anchor(alpha)
 
 
+_PLACEHOLDERS: dict = {}
+
+
+def _placeholder(device) -> Tensor:
+    """An int32 buffer per device, passed where the kernel writes nothing."""
+    buf = _PLACEHOLDERS.get(device)
+    if buf is None:
+        buf = _PLACEHOLDERS[device] = torch.zeros(1, dtype=torch.int32, device=device)
+    return buf
+
+
 def _pow2(n: int) -> int:
     return max(16, 1 << (n - 1).bit_length())
 
@@ -149,7 +160,9 @@ def forward_rows(rows: Tensor, fam: int, k: float, tau: float, alpha: float = 1.
     no memory and are not counted."""
     out = _out(out, rows)
     r, n = rows.shape
-    its = torch.zeros(r if return_passes else 1, dtype=torch.int32, device=rows.device)
+    # the pass counts, or (WRITE_ITS off: never written) one placeholder per
+    # device: no allocation and no fill kernel per call
+    its = torch.zeros(r, dtype=torch.int32, device=rows.device) if return_passes else _placeholder(rows.device)
     if r:
         oc, blk, warps, rpp = _config(n, onchip, block, rows_per_program)
         am1, big, anchor = _entmax_flags(fam, alpha)
