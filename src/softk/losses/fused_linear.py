@@ -27,7 +27,7 @@ The chunk loss is the public loss function itself, so each chunk takes the
 route that loss takes on the chunk's logits: the fused loss kernels
 (:mod:`softk.losses.fused_op`: one pass per row writes the loss and its
 gradient) on the CPU's compiled kernels and on Triton where softk has them
-(see :mod:`softk._backend`), torch's own cross-entropy for "cross_entropy",
+(see :mod:`softk._backends.registry`), torch's own cross-entropy for "cross_entropy",
 the PyTorch route otherwise.
 """
 

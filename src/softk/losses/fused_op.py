@@ -1,6 +1,6 @@
 r"""The fused Fenchel–Young loss as one op for every backend that has a
-fused kernel: the compiled CPU kernels (:mod:`softk.native.loss`) and Triton
-(:mod:`softk.triton.loss`).  :func:`softk.losses.fenchel_young_loss` takes
+fused kernel: the compiled CPU kernels (:mod:`softk._backends.native.loss`) and Triton
+(:mod:`softk._backends.triton.loss`).  :func:`softk.losses.fenchel_young_loss` takes
 it when :func:`fused_backend` names one.
 
 Liger-style: the forward kernel writes the loss and the gradient of the
@@ -17,7 +17,7 @@ how it is met:
   kernel), so Dynamo sees one opaque node;
 * double backward (``create_graph=True``): the backward recomputes the
   gradient through the unfused differentiable route (p from the map's own
-  contract, :func:`softk.threshold.op.apply_rows`), so second derivatives
+  contract, :func:`softk._contract.op.apply_rows`), so second derivatives
   are exact, not derivatives of the saved buffer;
 * forward mode (``torch.autograd.forward_ad``): the tangent is ⟨G, v⟩ per
   row (G the saved gradient, which is then always written);
@@ -37,10 +37,11 @@ import torch
 from torch import Tensor
 from torch.autograd import forward_ad
 
-from .. import _lean, dispatch
-from ..native import loss as native_loss
+from .. import _lean
+from .._backends import dispatch
+from .._backends.native import loss as native_loss
 from ..threshold.families import Family
-from ..threshold.family_keys import family_by_key, family_key
+from .._contract.family_keys import family_by_key, family_key
 from ..threshold.rows import compute_dtype, scaled_rows
 from .targets import sum_tolerance
 
@@ -51,7 +52,7 @@ _NO_GRAD = torch.empty(0)  # the gradient output when none is wanted (the lean r
 def fused_backend(x: Tensor, family: Family, k) -> str | None:
     """"native" or "triton" when a fused kernel serves this call, else None.
 
-    The backend is the one :func:`softk.dispatch.resolve` picks for the rows
+    The backend is the one :func:`softk._backends.dispatch.resolve` picks for the rows
     in their compute dtype (as on the unfused route).  Served: a family with
     a kernel on that backend; an int k, or on the CPU one integral k per row
     that needs no gradient; a non-empty input; no ``torch.func`` transform."""
@@ -111,7 +112,7 @@ def _native(x, target, k_rows, family, k, tau, reduction, ignore_index, want_gra
 
 
 def _triton(x, target, family, k, tau, reduction, ignore_index, want_grad):
-    from ..triton.loss import fenchel_young_fused_rows
+    from .._backends.triton.loss import fenchel_young_fused_rows
 
     n = x.shape[-1]
     dense = target.is_floating_point()
@@ -170,7 +171,7 @@ def _library():
 def recomputed_grad(x, target, k_rows, family, k, tau, reduction, ignore_index, backend) -> Tensor:
     """s·(p − y) as differentiable tensor code through the map's contract
     (double backward: its derivative is the map's Jacobian)."""
-    from ..threshold.op import apply_rows
+    from .._contract.op import apply_rows
 
     xc = x.to(compute_dtype(x.dtype))
     p = apply_rows(xc, family, k if k_rows is None else k_rows.to(xc.dtype), tau, backend)
@@ -249,7 +250,7 @@ def fused_fenchel_young(x: Tensor, target: Tensor, family: Family, k, tau: float
     one integral k per row (shaped x.shape[:-1] + (1,)).  ``eager``: the
     caller's :func:`softk._lean.eager` of these tensors, when it has it.  On
     the eager CPU route the kernel checks the target and raises
-    :class:`softk.native.loss.BadTarget`; elsewhere the caller has checked it."""
+    :class:`softk._backends.native.loss.BadTarget`; elsewhere the caller has checked it."""
     k_rows = k if isinstance(k, Tensor) else None
     args = (x, target, k_rows, family, 1 if k_rows is not None else int(k), float(tau), reduction, ignore_index,
             backend)

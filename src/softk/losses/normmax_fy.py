@@ -1,6 +1,6 @@
 r"""The α-normmax loss and the Fenchel–Young loss of any regulariser Ω_α.
 
-:func:`normmax_loss` is the Fenchel–Young loss of :func:`softk.normmax`
+:func:`normmax_loss` is the Fenchel–Young loss of :func:`softk._maps.normmax`
 (Ω_α(p) = ‖p‖_α − 1); :func:`fenchel_young_rows` serves any Ω_α given as
 functions on rows (the entmax package's Tsallis losses use it too, through
 :mod:`softk.compat.entmax`).  The map's own autograd supplies p, so the
@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..normmax import check_normmax_alpha, normmax_apply
+from .._maps.normmax import check_normmax_alpha, normmax_apply
 from ..threshold.rows import compute_dtype, finite_max
 from . import targets as tg
 

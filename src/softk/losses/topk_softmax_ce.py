@@ -24,9 +24,10 @@ import torch
 from torch import Tensor
 from torch.autograd import forward_ad
 
-from .. import _backend, _lean
+from .._backends import registry as _backend
+from .. import _lean
 from .._validate import check_k
-from ..native.loss import BadTarget
+from .._backends.native.loss import BadTarget
 from ..threshold.rows import compute_dtype
 from . import targets as tg
 
@@ -101,7 +102,7 @@ def _reference(z: Tensor, target: Tensor, k: int, tau: float, reduction: str, ig
 
 def _native(z: Tensor, target: Tensor, k: int, tau: float, reduction: str, ignore_index: int, want_grad: bool):
     """(loss, gradient of the reduced loss) from the compiled kernel, in z's dtype."""
-    from ..native.loss import topk_ce_rows
+    from .._backends.native.loss import topk_ce_rows
 
     n = z.shape[-1]
     ct = compute_dtype(z.dtype)

@@ -9,7 +9,7 @@ import math
 import torch
 from torch import nn
 
-from .. import simplex, topk
+from .._maps import simplex, soft_topk as topk
 from .._validate import check_alpha, check_choice, check_dim, check_k, check_module_k, check_tau
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from .. import hard
-from ..topk_smooth_sum import SUM_METHODS, topk_sum
+from .._maps import hard
+from .._maps.topk_sum import SUM_METHODS, topk_sum
 from .._validate import check_choice, check_dim, check_k, check_module_k, check_tau
 
 

@@ -59,7 +59,7 @@ class Family:
     support_size: Optional[Callable[[Tensor, Tensor, int], Tensor]] = None
     alpha: object = None  # entmax's α (the Triton kernels take it as a number)
 
-    # Which kernels serve the family: one table, read by softk.dispatch.  The
+    # Which kernels serve the family: one table, read by softk._backends.dispatch.  The
     # answers are computed once, in __post_init__ (every call asks them, and
     # functools.cached_property takes a lock that torch.compile cannot trace).
     def __post_init__(self):
@@ -92,7 +92,7 @@ class Family:
         return float(self.alpha) if value is None else value
 
 
-# Kernel ids shared by kernels_impl.h (native) and softk/triton/kernels.py.
+# Kernel ids shared by kernels_impl.h (native) and softk/_backends/triton/kernels.py.
 KERNEL_IDS = {"softmax": 0, "sparsemax": 1, "entmax15": 2, "entmax": 3, "exp": 4, "sigmoid": 5, "laplace": 6, "sparse": 7}
 NATIVE_IDS = frozenset(range(5))
 

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from ...losses.normmax_fy import fenchel_young_rows
-from ...simplex import entmax as softk_entmax
+from ..._maps.simplex import entmax as softk_entmax
 from ...losses import entmax_loss as softk_entmax_loss
 from ...threshold.families import entmax_dense_family
 from ...threshold.rows import compute_dtype, finite_max, row_status

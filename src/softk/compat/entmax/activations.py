@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from torch import nn
 
-from ...simplex import entmax15 as _entmax15
-from ...simplex import sparsemax as _sparsemax
-from ...support_info import support as _support
+from ..._maps.simplex import entmax15 as _entmax15
+from ..._maps.simplex import sparsemax as _sparsemax
+from ..._maps.support import support as _support
 from ._checks import check_k_hint, check_module_dim, check_x_dim, support_size
 
 __all__ = ["sparsemax", "entmax15", "Sparsemax", "Entmax15"]

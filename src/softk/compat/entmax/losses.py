@@ -29,11 +29,10 @@ from torch import Tensor, nn
 from ...losses import entmax15_loss as _entmax15_loss
 from ...losses import sparsemax_loss as _sparsemax_loss
 from ...losses.normmax_fy import normmax_loss as _normmax_loss
-from ...simplex import entmax15 as _entmax15
-from ...simplex import sparsemax as _sparsemax
+from ..._maps.simplex import entmax15 as _entmax15
+from ..._maps.simplex import sparsemax as _sparsemax
 from ._alpha import entmax_loss_any_alpha
-from ._checks import (check_k_hint, check_loss_pair, check_n_iter, check_positive_param, check_reduction,
-                      ignore_value, support_size)
+from ._checks import check_k_hint, check_loss_pair, check_n_iter, check_positive_param, check_reduction, ignore_value, support_size
 
 __all__ = [
     "sparsemax_loss", "entmax15_loss", "sparsemax_bisect_loss", "entmax_bisect_loss", "normmax_bisect_loss",

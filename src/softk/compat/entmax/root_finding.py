@@ -19,9 +19,9 @@ import numbers
 import torch
 from torch import Tensor, nn
 
-from ...budget import budget_sparsemax
-from ...normmax import normmax
-from ...simplex import sparsemax as _sparsemax
+from ..._maps.budget import budget_sparsemax
+from ..._maps.normmax import normmax
+from ..._maps.simplex import sparsemax as _sparsemax
 from ..._validate import per_row
 from ._alpha import entmax_any_alpha
 from ._checks import check_module_dim, check_n_iter, check_positive_param, check_x_dim, raising_as
@@ -70,7 +70,7 @@ def sparsemax_bisect(X, dim=-1, n_iter=50, ensure_sum_one=True):
 
 
 def normmax_bisect(X, alpha=2, dim=-1, n_iter=50):
-    """alpha-normmax: max_p <x, p> − ||p||_α s.t. p >= 0, sum(p) == 1, i.e. ``softk.normmax``.
+    """alpha-normmax: max_p <x, p> − ||p||_α s.t. p >= 0, sum(p) == 1, i.e. ``softk._maps.normmax``.
 
     Args:
         X: the input tensor.
