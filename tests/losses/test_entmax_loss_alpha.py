@@ -59,3 +59,17 @@ def test_bad_alpha_tensor_is_refused():
         entmax_loss(torch.zeros(2, 3), torch.tensor([0, 1]), alpha=torch.tensor([[0.5], [2.0]]))
     with pytest.raises(ValueError, match="alpha"):
         entmax_loss(torch.zeros(2, 3), torch.tensor([0, 1]), alpha=torch.tensor([1.5, 2.0, 3.0]))
+
+
+def test_second_derivatives_in_x_and_alpha_together(rng):
+    """The Hessian in (x, α) is symmetric and right: the α-gradient is written in
+    the live p, so its x-derivative is −∂²Ω/∂p∂α · ∂p/∂x (it was 0 when the
+    α term read a detached p).  (α = 1 exactly: the one-sided check in
+    tests/compat/test_entmax_losses.py; a central difference would leave the domain.)"""
+    from torch.autograd import gradgradcheck
+
+    x = torch.tensor(rng.normal(size=(3, 5)), dtype=torch.float64, requires_grad=True)
+    y = torch.tensor([0, 3, 1])
+    for a0 in ([[1.2], [1.8], [3.0]], [[1.01], [1.5], [2.0]]):
+        alpha = torch.tensor(a0, dtype=torch.float64, requires_grad=True)
+        assert gradgradcheck(lambda u, a: entmax_loss(u, y, alpha=a, reduction="sum"), (x, alpha))

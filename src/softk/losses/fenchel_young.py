@@ -118,8 +118,53 @@ def _tsallis_alpha_term(v: Tensor, a: Tensor) -> Tensor:
     am1 = a - 1
     logv = torch.log(torch.where(v > 0, v, 1.0))
     safe = torch.where(am1 == 0, 1.0, am1)
-    term = torch.where(am1 == 0, v * logv, v * torch.expm1(am1 * logv) / safe)
+    # at α = 1 the series of expm1(εL)/ε = L + εL²/2 + ε²L³/6: the value and its
+    # first two derivatives in α at the limit (ε = α − 1 is 0 there)
+    series = v * logv * (1 + am1 * logv * (0.5 + am1 * logv / 6))
+    term = torch.where(am1 == 0, series, v * torch.expm1(am1 * logv) / safe)
     return torch.where(v > 0, term, 0.0).sum(-1, keepdim=True) / a
+
+
+def _tsallis_alpha_partial(v: Tensor, a: Tensor) -> Tensor:
+    """∂/∂α of :func:`_tsallis_alpha_term` at fixed v, as tensor code in (v, α).
+
+    With L = log v_i and ε = α − 1, t_i = v_i expm1(εL)/ε has
+    ∂t_i/∂α = v_i (εL e^{εL} − expm1(εL))/ε², whose series near εL = 0 is
+    v_i (L²/2 + εL³/3 + ε²L⁴/8); then ∂(Σt/α)/∂α = Σ∂t/∂α / α − Σt / α²."""
+    am1 = a - 1
+    logv = torch.log(torch.where(v > 0, v, 1.0))
+    u = am1 * logv
+    small = u.abs() < 1e-3
+    safe = torch.where(small, 1.0, am1)
+    direct = v * (u * torch.exp(u) - torch.expm1(u)) / (safe * safe)
+    series = v * logv * logv * (0.5 + u / 3 + u * u / 8)
+    dt = torch.where(v > 0, torch.where(small, series, direct), 0.0).sum(-1, keepdim=True)
+    return dt / a - _tsallis_alpha_term(v, a) / a
+
+
+class _AlphaTerm(torch.autograd.Function):
+    """Zero in value, with ∂/∂α = ∂Ω_α(y)/∂α − ∂Ω_α(p)/∂α and ∂/∂p = 0.
+
+    The envelope theorem: L's own dependence on α through p vanishes, so the
+    first derivatives are (p − y)/τ in x (from the value op) and this in α.
+    The α-gradient is tensor code in the saved (live) p and α, so a second
+    backward differentiates it: its x-derivative is the Hessian's α-row,
+    −∂²Ω/∂p∂α · ∂p/∂x, and its α-derivative includes ∂p/∂α.  The zero
+    p-gradient leaves the x-row to the value op alone."""
+
+    @staticmethod
+    def forward(p, y, a):
+        return torch.zeros_like(a)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        p, y, a = inputs
+        ctx.save_for_backward(p, y, a)
+
+    @staticmethod
+    def backward(ctx, g):
+        p, y, a = ctx.saved_tensors
+        return None, None, g * (_tsallis_alpha_partial(y, a) - _tsallis_alpha_partial(p, a))
 
 
 def _alpha_correction(p: Tensor, y, index, a: Tensor) -> Tensor:
@@ -127,8 +172,7 @@ def _alpha_correction(p: Tensor, y, index, a: Tensor) -> Tensor:
     at fixed p (the envelope theorem: Φ_α's own dependence through p vanishes)."""
     if y is None:
         y = torch.zeros_like(p).scatter_(-1, index, 1.0)
-    c = _tsallis_alpha_term(y, a) - _tsallis_alpha_term(p.detach(), a)
-    return c - c.detach()
+    return _AlphaTerm.apply(p, y, a)
 
 
 def fenchel_young_rows(x: Tensor, y, index, family: Family, k: int, tau: float) -> Tensor:

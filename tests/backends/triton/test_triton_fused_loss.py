@@ -15,6 +15,7 @@ import softk
 from softk.losses.fenchel_young import fenchel_young_loss
 from softk.threshold.families import KERNEL_IDS, by_name, entmax_family
 from ...oracle import maps as oracle, losses as oracle_losses
+from ...losses.fused_loss_cases import dense_target  # the same target rows as the native kernel's tests
 
 # label -> (family, oracle name, α)
 FAMS = {
@@ -68,26 +69,6 @@ def _index_target(rng, n=N):
     return t
 
 
-def _dense_target(rng, xn, k):
-    """Rows of the map's domain, zero on masked classes, except rows 2 (and 3
-    for k > 1) which put mass on masked classes (+inf); row 6 a multi-hot."""
-    masked = np.isneginf(xn)
-    scores = np.where(masked, -np.inf, rng.normal(size=xn.shape) * 2)
-    scores[2] = rng.normal(size=xn.shape[1])
-    if k > 1:
-        scores[3] = rng.normal(size=xn.shape[1])
-    y = oracle.softmax(scores) if k == 1 else oracle.soft_topk(scores, k, -1, 1.0, "sigmoid")
-    y[6] = 0.0
-    y[6, np.flatnonzero(~masked[6])[:k]] = 1.0
-    # Rows summing to k exactly in float32 (multiples of 2^-20, one entry
-    # inside (0, 1) taking the remainder): L is then shift invariant, so an
-    # oracle row far from the origin does not weigh the rounding of Σy by λ.
-    y = np.round(y * 2.0**20) / 2.0**20
-    j = np.argmax(y * (1 - y), axis=1)
-    y[np.arange(len(y)), j] += k - y.sum(1)
-    return y
-
-
 def _case(rng, label, kind, dtype):
     """(x, target tensor, dense target as float64 rows, keep mask, k)."""
     xn = _rows(rng, dtype)
@@ -96,7 +77,7 @@ def _case(rng, label, kind, dtype):
         t = _index_target(rng)
         keep = t != -100
         return xn, torch.tensor(t), np.eye(N)[np.where(keep, t, 0)], keep, k
-    y = _dense_target(rng, xn, k)
+    y = dense_target(rng, xn, k)
     return xn, torch.tensor(y, dtype=torch.float32), y, np.ones(R, bool), k
 
 
@@ -223,7 +204,7 @@ def test_looped_variant_matches_oracle(rng, label, kind):
         y, target = np.eye(40)[np.where(keep, t, 0)], torch.tensor(np.where(keep, t, -1))
     else:
         keep = np.ones(R, bool)
-        y = _dense_target(rng, xn, k)
+        y = dense_target(rng, xn, k)
         target = torch.tensor(y, dtype=torch.float32)
     sel = [0, 1, 2, 4, 7]  # plain, masked, fully masked, NaN, 1e4 away (fewer rows: interpreter time)
     xn, y, keep, target = xn[sel], y[sel], keep[sel], target[sel]
