@@ -73,3 +73,12 @@ def test_second_derivatives_in_x_and_alpha_together(rng):
     for a0 in ([[1.2], [1.8], [3.0]], [[1.01], [1.5], [2.0]]):
         alpha = torch.tensor(a0, dtype=torch.float64, requires_grad=True)
         assert gradgradcheck(lambda u, a: entmax_loss(u, y, alpha=a, reduction="sum"), (x, alpha))
+
+
+def test_tensor_alpha_loss_under_vmap(rng):
+    x = torch.tensor(rng.normal(size=(4, 3, 5)), dtype=torch.float64)
+    y = torch.tensor([0, 3, 1])
+    alpha = torch.tensor([[1.2], [1.8], [3.0]], dtype=torch.float64)
+    got = torch.vmap(lambda u: entmax_loss(u, y, alpha=alpha, reduction="sum"))(x)
+    want = torch.stack([entmax_loss(u, y, alpha=alpha, reduction="sum") for u in x])
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)

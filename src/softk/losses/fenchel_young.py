@@ -152,6 +152,8 @@ class _AlphaTerm(torch.autograd.Function):
     −∂²Ω/∂p∂α · ∂p/∂x, and its α-derivative includes ∂p/∂α.  The zero
     p-gradient leaves the x-row to the value op alone."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(p, y, a):
         return torch.zeros_like(a)
