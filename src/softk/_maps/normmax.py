@@ -161,15 +161,9 @@ def _jvp(ctx, vx, va, _):
 
 
 # -------------------------------------------------- the library route (compile, vmap)
-@torch.library.custom_op("softk::normmax", mutates_args=())
-def normmax_op(x: Tensor, alpha: Tensor, tau: float) -> Tensor:
+def _normmax_kernel(x: Tensor, alpha: Tensor, tau: float) -> Tensor:
     """p along the last dimension; ``alpha`` 0-d (one α) or shaped x.shape[:-1] + (1,)."""
     return normmax_rows(x, alpha if alpha.dim() else float(alpha), tau).to(x.dtype)
-
-
-@normmax_op.register_fake
-def _(x, alpha, tau):
-    return torch.empty_like(x)
 
 
 def _vmap(info, in_dims, x, alpha, tau):
@@ -182,7 +176,16 @@ def _vmap(info, in_dims, x, alpha, tau):
     return normmax_op(x, alpha, tau), 0
 
 
-normmax_op.register_vmap(_vmap)
+normmax_op = None  # softk::normmax, registered on the first call that needs it (_library)
+
+
+@_lean.library
+def _library():
+    # torch.library costs milliseconds at import: eager users never pay it
+    global normmax_op
+    normmax_op = torch.library.custom_op("softk::normmax", _normmax_kernel, mutates_args=())
+    normmax_op.register_fake(lambda x, alpha, tau: torch.empty_like(x))
+    normmax_op.register_vmap(_vmap)
 
 
 class _NormmaxLibrary(torch.autograd.Function):
@@ -191,6 +194,7 @@ class _NormmaxLibrary(torch.autograd.Function):
 
     @staticmethod
     def forward(x, alpha, tau):
+        _library()
         return normmax_op(x, alpha, tau)
 
     @staticmethod
@@ -229,6 +233,7 @@ def normmax_apply(x: Tensor, alpha, tau) -> Tensor:
         if not (_lean.tracked(x) or _lean.tracked(a)):
             return normmax_rows(x, alpha, tau).to(x.dtype)
         return _NormmaxEager.apply(x, a, tau)
+    _library()
     fn = _NormmaxLibrary if torch.compiler.is_compiling() else _NormmaxLibraryJvp
     return fn.apply(x, a, tau)
 
