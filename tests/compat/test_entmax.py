@@ -233,6 +233,9 @@ def test_errors_keep_entmax_types_and_softk_messages():
         entmax.entmax15(torch.ones(3, dtype=torch.long))
     with pytest.raises(RuntimeError, match="k"):
         entmax.sparsemax(X, k=0)
+    with pytest.raises(AttributeError, match="torch.Tensor") as err:  # entmax reads X.shape
+        entmax.budget_bisect([[0.0, 1.0]])
+    assert isinstance(err.value, TypeError)
     with pytest.raises(TypeError, match="n_iter"):
         entmax.entmax_bisect(X, n_iter=2.5)
     with pytest.raises(IndexError, match="dim"):

@@ -140,8 +140,23 @@ def test_errors_keep_entmax_types():
     assert isinstance(err.value, ValueError)
     with pytest.raises(RuntimeError, match="class index -100"):
         entmax.SparsemaxLoss()(X, torch.tensor([0, -100, 1]))  # -100 ignores nothing in entmax
-    with pytest.raises(RuntimeError, match="2-D"):
+    # entmax asserts the batch sizes first, then its scatter along dim 1 fails
+    with pytest.raises(AssertionError, match="rows") as err:
         entmax.sparsemax_loss(X[0], y[:1])
+    assert isinstance(err.value, ValueError)
+    with pytest.raises(IndexError, match="2-D") as err:
+        entmax.sparsemax_loss(X[:, 0], y)
+    assert isinstance(err.value, ValueError)
+    with pytest.raises(RuntimeError, match="2-D"):
+        entmax.entmax15_loss(X[..., None], y)
+    with pytest.raises(IndexError, match="0-d") as err:
+        entmax.SparsemaxLoss()(X, y[0])
+    assert isinstance(err.value, ValueError)
+    with pytest.raises(RuntimeError, match="1-D"):
+        entmax.normmax_bisect_loss(X, y[:, None])
+    with pytest.raises(AttributeError, match="torch.Tensor") as err:
+        entmax.sparsemax_loss(X, [0, 1, 2])
+    assert isinstance(err.value, TypeError)
     with pytest.raises(RuntimeError, match="integer"):
         entmax.sparsemax_loss(X, y.float())
     with pytest.raises(ValueError, match="alpha"):

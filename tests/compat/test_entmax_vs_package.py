@@ -43,6 +43,26 @@ def test_every_public_name_with_entmax_parameters(name):
     assert ps[: len(pt)] == pt and all(n == "return_support_size" for n, _ in ps[len(pt):])
 
 
+def _entmax_names(module):
+    """The public names a module of entmax offers: its own and the entmax maps it imports
+    (entmax.losses imports sparsemax, entmax_bisect, ...), less the autograd Function
+    classes, which softk.compat.entmax does not provide (documented)."""
+    return sorted(n for n, v in vars(module).items()
+                  if not n.startswith("_") and getattr(v, "__module__", "").startswith("entmax")
+                  and not n.endswith("Function"))
+
+
+@pytest.mark.parametrize("sub", ["activations", "root_finding", "losses"])
+def test_every_public_name_of_each_submodule(sub):
+    import importlib
+
+    theirs = importlib.import_module(f"entmax.{sub}")
+    ours = importlib.import_module(f"softk.compat.entmax.{sub}")
+    names = _entmax_names(theirs)
+    assert names  # the filter kept entmax's names
+    assert [n for n in names if not hasattr(ours, n)] == []
+
+
 @pytest.mark.parametrize("dim", [0, 1])
 def test_activations(rng, dim):
     for k in (None, 3):
@@ -113,10 +133,22 @@ def _raised(fn):
     return None
 
 
-@pytest.mark.parametrize("case", ["dim", "reduction", "batch", "target", "alpha_shape", "budget_shape"])
+@pytest.mark.parametrize("case", ["dim", "reduction", "batch", "target", "alpha_shape", "budget_shape",
+                                  "int_x", "k", "list_x", "list_target", "loss_1d_x", "loss_3d_x",
+                                  "loss_0d_target", "loss_2d_target", "float_target", "alpha_type"])
 def test_where_entmax_raises_we_raise_its_type_too(case):
     x, y = torch.randn(3, 4), torch.tensor([0, 1, 2])
     calls = {
+        "int_x": lambda m: m.sparsemax(torch.ones(3, 4, dtype=torch.long)),
+        "k": lambda m: m.sparsemax(x, k=0),
+        "list_x": lambda m: m.entmax_bisect([[0.0, 1.0]]),
+        "list_target": lambda m: m.sparsemax_loss(x, [0, 1, 2]),
+        "loss_1d_x": lambda m: m.sparsemax_loss(x[:, 0], y),
+        "loss_3d_x": lambda m: m.entmax15_loss(x[..., None], y),
+        "loss_0d_target": lambda m: m.SparsemaxLoss()(x, y[0]),
+        "loss_2d_target": lambda m: m.entmax_bisect_loss(x, y[:, None]),
+        "float_target": lambda m: m.sparsemax_loss(x, y.float()),
+        "alpha_type": lambda m: m.entmax_bisect(x, alpha="1.5"),
         "dim": lambda m: m.sparsemax(x, dim=2),
         "reduction": lambda m: m.SparsemaxLoss(reduction="mean"),
         "batch": lambda m: m.sparsemax_loss(x, y[:2]),

@@ -20,7 +20,7 @@ Deliberate differences (each also in that guide):
   Tsallis map, every entry > 0; eager autograd only, no vmap/compile).
   **α <= 0** is refused with a ValueError.
 * **normmax with α <= 1** is the argmax (uniform on ties): the maximiser of
-  <x, p> − ||p||_α for α < 1 and the α → 1⁺ limit (entmax returns NaN or an
+  ⟨x, p⟩ − ||p||_α for α < 1 and the α → 1⁺ limit (entmax returns NaN or an
   unrelated dense vector for α < 1).
 * **Gradients for every parameter**: a tensor α (entmax_bisect, normmax and
   their losses) or budget that requires grad gets its gradient (entmax gives
@@ -44,10 +44,13 @@ Deliberate differences (each also in that guide):
 * **Errors**: where entmax raises, the exception is also of entmax's type
   (AssertionError for its asserts — reduction, batch sizes —, IndexError for
   a bad ``dim``, RuntimeError where torch failed inside entmax), and it is
-  softk's ValueError/TypeError naming the parameter; where entmax silently
-  returned a wrong result, softk's ValueError.
+  softk's ValueError/TypeError naming the parameter (a non-tensor X or
+  target: TypeError and entmax's AttributeError); where entmax silently
+  returned a wrong result, softk's ValueError.  An integer X is refused
+  everywhere (entmax accepts it in entmax15 and three bisection maps).
 * **Not provided**: the autograd ``Function`` classes (``SparsemaxFunction``,
   ``EntmaxBisectFunction``, ``...LossFunction``); call the functions.
+  Nor entmax's private helpers ``_make_ix_like`` and ``_roll_last``.
   ``_sparsemax_threshold_and_support`` and ``_entmax_threshold_and_support``
   (private in entmax) are kept.
 

@@ -48,8 +48,15 @@ def raising_as(entmax_type: type):
         raise dual(base, entmax_type)(*err.args) from None
 
 
+def check_is_tensor(value, name: str) -> None:
+    """A torch.Tensor (entmax reads ``.shape``/``.dim()`` of anything else: AttributeError)."""
+    if not isinstance(value, Tensor):
+        raise dual(TypeError, AttributeError)(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+
+
 def check_x_dim(X, dim) -> int:
     """X a floating tensor (entmax fails inside torch: RuntimeError), ``dim`` in range (IndexError)."""
+    check_is_tensor(X, "X")
     with raising_as(RuntimeError):
         check_input(X, "X")
     with raising_as(IndexError):
@@ -106,20 +113,32 @@ def check_positive_param(value, X, dim, name: str, low: float, low_text: str):
 
 
 def check_loss_pair(X, target) -> None:
-    """entmax's loss layout: X (n, C) floating, target (n,) integer class indices in [0, C)."""
-    with raising_as(RuntimeError):
-        check_input(X, "X")
-        if X.dim() != 2:
-            raise ValueError(f"X must be 2-D (n_samples, n_classes) as in entmax's losses, got shape {tuple(X.shape)}")
-        if not isinstance(target, Tensor):
-            raise TypeError(f"target must be a torch.Tensor of class indices, got {type(target).__name__}")
-        if target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
-            raise TypeError(f"target must be an integer tensor of class indices (entmax's LongTensor), got dtype {target.dtype}")
-        if target.dim() != 1:
-            raise ValueError(f"target must be 1-D (n_samples,), got shape {tuple(target.shape)}")
+    """entmax's loss layout: X (n, C) floating, target (n,) integer class indices in [0, C).
+
+    The checks run in the order entmax fails, so that each error is also of
+    entmax's type: its first statement asserts X.shape[0] == target.shape[0]
+    (IndexError on a 0-d tensor, AssertionError on a mismatch); its scatter
+    along dim 1 then fails on a 1-D X (IndexError) or on any other layout
+    (RuntimeError)."""
+    check_is_tensor(X, "X")
+    check_is_tensor(target, "target")
+    if X.dim() == 0 or target.dim() == 0:
+        which = "X" if X.dim() == 0 else "target"
+        raise dual(ValueError, IndexError)(f"{which} must have a first (sample) dimension, got a 0-d tensor; "
+                                           f"entmax's losses take X (n_samples, n_classes) and target (n_samples,)")
     if X.shape[0] != target.shape[0]:
         raise dual(ValueError, AssertionError)(
             f"X has {X.shape[0]} rows but target has {target.shape[0]} entries (entmax asserts they match)")
+    with raising_as(RuntimeError):
+        check_input(X, "X")
+        if target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
+            raise TypeError(f"target must be an integer tensor of class indices (entmax's LongTensor), got dtype {target.dtype}")
+    with raising_as(IndexError if X.dim() == 1 else RuntimeError):
+        if X.dim() != 2:
+            raise ValueError(f"X must be 2-D (n_samples, n_classes) as in entmax's losses, got shape {tuple(X.shape)}")
+    with raising_as(RuntimeError):
+        if target.dim() != 1:
+            raise ValueError(f"target must be 1-D (n_samples,), got shape {tuple(target.shape)}")
     n = X.shape[1]
     bad = (target < 0) | (target >= n)
     with raising_as(RuntimeError):

@@ -33,6 +33,10 @@ from ..._maps.simplex import entmax15 as _entmax15
 from ..._maps.simplex import sparsemax as _sparsemax
 from ._alpha import entmax_loss_any_alpha
 from ._checks import check_k_hint, check_loss_pair, check_n_iter, check_positive_param, check_reduction, ignore_value, support_size
+# entmax.losses imports the maps it projects with, so ``from entmax.losses
+# import sparsemax`` works there; it works here too (not in __all__, as there).
+from .activations import entmax15, sparsemax  # noqa: F401
+from .root_finding import entmax_bisect, normmax_bisect, sparsemax_bisect  # noqa: F401
 
 __all__ = [
     "sparsemax_loss", "entmax15_loss", "sparsemax_bisect_loss", "entmax_bisect_loss", "normmax_bisect_loss",
@@ -41,7 +45,7 @@ __all__ = [
 
 
 def sparsemax_loss(X, target, k=None, return_support_size=False):
-    """sparsemax loss (Martins & Astudillo, 2016), per sample: <p − e_y, x> + (1 − ||p||²)/2.
+    """sparsemax loss (Martins & Astudillo, 2016), per sample: ⟨p − e_y, x⟩ + (1 − ||p||²)/2.
 
     Args:
         X: (n_samples, n_classes) scores.
@@ -60,7 +64,7 @@ def sparsemax_loss(X, target, k=None, return_support_size=False):
 
 
 def entmax15_loss(X, target, k=None, return_support_size=False):
-    """1.5-entmax loss (Peters et al., 2019), per sample: <p − e_y, x> + (1 − Σ p^1.5)/0.75.
+    """1.5-entmax loss (Peters et al., 2019), per sample: ⟨p − e_y, x⟩ + (1 − Σ p^1.5)/0.75.
 
     Arguments as :func:`sparsemax_loss`.
 
@@ -81,7 +85,7 @@ def sparsemax_bisect_loss(X, target, n_iter=50):
 
 
 def entmax_bisect_loss(X, target, alpha=1.5, n_iter=50):
-    """alpha-entmax loss per sample, <p − e_y, x> + (1 − Σ p^α)/(α(α−1)) (softmax's at α = 1).
+    """alpha-entmax loss per sample, ⟨p − e_y, x⟩ + (1 − Σ p^α)/(α(α−1)) (softmax's at α = 1).
 
     ``alpha``: α > 0, a float or a tensor broadcastable to (n_samples, 1) (one
     α per row; it receives ∂L/∂α, which entmax does not give).  ``n_iter`` is
@@ -99,7 +103,7 @@ def entmax_bisect_loss(X, target, alpha=1.5, n_iter=50):
 
 
 def normmax_bisect_loss(X, target, alpha=2, n_iter=50):
-    """alpha-normmax loss per sample: <p − e_y, x> + 1 − ||p||_α (``softk.losses.normmax_loss``).
+    """alpha-normmax loss per sample: ⟨p − e_y, x⟩ + 1 − ||p||_α (``softk.losses.normmax_loss``).
 
     ``alpha`` as in ``normmax_bisect`` (α <= 1 is the argmax's loss, max x − x_y);
     ``n_iter`` accepted and unused.
