@@ -43,7 +43,7 @@ def sparsemax(X, dim=-1, k=None, return_support_size=False):
 def entmax15(X, dim=-1, k=None, return_support_size=False):
     """1.5-entmax, exactly: ``softk.entmax15(X, dim)``.
 
-    Solves  max_p <x, p> − H_1.5(p)  s.t.  p >= 0, sum(p) == 1  (Peters et al., 2019).
+    Solves  max_p ⟨x, p⟩ − H_1.5(p)  s.t.  p >= 0, sum(p) == 1  (Peters et al., 2019).
     Arguments as :func:`sparsemax`.
 
     >>> import torch

@@ -33,7 +33,7 @@ __all__ = [
 
 
 def entmax_bisect(X, alpha=1.5, dim=-1, n_iter=50, ensure_sum_one=True):
-    """alpha-entmax: max_p <x, p> − H_α(p) s.t. p >= 0, sum(p) == 1 (Tsallis H_α).
+    """alpha-entmax: max_p ⟨x, p⟩ − H_α(p) s.t. p >= 0, sum(p) == 1 (Tsallis H_α).
 
     Args:
         X: the input tensor.
@@ -70,7 +70,7 @@ def sparsemax_bisect(X, dim=-1, n_iter=50, ensure_sum_one=True):
 
 
 def normmax_bisect(X, alpha=2, dim=-1, n_iter=50):
-    """alpha-normmax: max_p <x, p> − ||p||_α s.t. p >= 0, sum(p) == 1, i.e. ``softk._maps.normmax``.
+    """alpha-normmax: max_p ⟨x, p⟩ − ||p||_α s.t. p >= 0, sum(p) == 1, i.e. ``softk.normmax``.
 
     Args:
         X: the input tensor.
@@ -94,7 +94,7 @@ def normmax_bisect(X, alpha=2, dim=-1, n_iter=50):
 
 
 def budget_bisect(X, budget=2, dim=-1, n_iter=50):
-    """budget-sparsemax: max_p <x, p> − ||p||²/2 s.t. 0 <= p <= 1, sum(p) == budget.
+    """budget-sparsemax: max_p ⟨x, p⟩ − ||p||²/2 s.t. 0 <= p <= 1, sum(p) == budget.
 
     ``softk.budget_sparsemax(X, budget, dim)``: ``budget`` a number or a
     tensor in entmax's layout with values in [0, n] (n = X.shape[dim]; a
