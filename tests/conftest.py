@@ -22,7 +22,9 @@ settings.register_profile(
 settings.register_profile("dev", max_examples=300, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
-torch.set_num_threads(min(2, torch.get_num_threads()))
+# Under pytest-xdist (-n auto) each worker is a process of its own: one torch
+# thread each, so that the workers do not fight over the cores.
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, torch.get_num_threads()))
 
 
 @pytest.fixture

@@ -3,15 +3,25 @@
 Every map is p = f(x/τ − λ) with Σp = k (see :mod:`softk.threshold`).
 """
 
-from ._backend import backend, use_backend
-from .simplex import entmax, entmax15, log_softmax, logsumexp, softmax, sparsemax
-from .topk import soft_topk
-from .hard import hard_topk, topk_softmax
-from .topk_smooth_sum import topk_sum
-from .support_info import Support, support
-from .routing import Route, route
-from .seed_properties import properties, property_violations
+from ._backends.registry import backend, use_backend
+from ._maps.simplex import entmax, entmax15, log_softmax, logsumexp, softmax, sparsemax
+from ._maps.soft_topk import soft_topk
+from ._maps.hard import hard_topk, topk_softmax
+from ._maps.topk_sum import topk_sum
+from ._maps.normmax import normmax
+from ._maps.budget import budget_sparsemax
+from ._maps.support import Support, support
+from ._maps.routing import Route, route
+from ._maps.properties import properties, property_violations
+from .attention import scaled_dot_product_attention
 from . import families, losses, nn
+from . import _moved
+
+_moved.install()
+
+
+def __getattr__(name):  # softk.dispatch, softk.topk, ...: the old module paths, for one release
+    return _moved.attribute(name)
 
 __version__ = "0.1.0"
 
@@ -22,12 +32,15 @@ __all__ = [
     "sparsemax",
     "entmax15",
     "entmax",
+    "normmax",
+    "budget_sparsemax",
     "soft_topk",
     "hard_topk",
     "topk_softmax",
     "topk_sum",
     "support",
     "route",
+    "scaled_dot_product_attention",
     "Route",
     "Support",
     "properties",

@@ -31,16 +31,18 @@ def check_input(x, name: str = "x") -> None:
 def check_dim(x, dim, name: str = "dim") -> int:
     """Return ``dim`` as a non-negative index into ``x.shape`` (x None: only
     the type is checked, for modules, which learn the rank at call time)."""
-    if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(dim).__name__}")
+    if type(dim) is not int:  # the common case skips the ABC checks below
+        if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
+            raise TypeError(f"{name} must be an int, got {type(dim).__name__}")
+        dim = int(dim)
     if x is None:
-        return int(dim)
+        return dim
     nd = x.dim()
     if not -nd <= dim < nd:
         raise ValueError(
             f"{name}={dim} is out of range for a {nd}-D input (expected {-nd}..{nd - 1})"
         )
-    return int(dim) % nd
+    return dim % nd
 
 
 def check_tau(tau, name: str = "tau", allow_grad: bool = False):
@@ -50,6 +52,8 @@ def check_tau(tau, name: str = "tau", allow_grad: bool = False):
     as a 0-d tensor (after the same value check), so that the caller forms
     x/τ with autograd and τ gets its gradient; elsewhere such a τ is refused,
     never silently detached."""
+    if type(tau) is float and 0.0 < tau < math.inf:  # the common case
+        return tau
     if isinstance(tau, torch.Tensor) and tau.requires_grad:
         if not allow_grad:
             raise ValueError(
@@ -58,13 +62,19 @@ def check_tau(tau, name: str = "tau", allow_grad: bool = False):
             )
         if tau.numel() != 1 or not tau.is_floating_point():
             raise TypeError(f"{name} must be a number or a one-element floating tensor, got shape {tuple(tau.shape)}")
-        check_positive(tau.detach(), name)
+        t = tau.detach()
+        if t.is_cpu:
+            check_positive(t, name)
+        else:  # no host sync: a device-side assertion (see require)
+            require((t > 0) & torch.isfinite(t), f"{name} must be a finite number > 0")
         return tau.reshape(())
     return check_positive(tau, name)
 
 
 def check_positive(tau, name: str) -> float:
     """A finite number > 0 (a Python number or a one-element tensor)."""
+    if type(tau) is float and 0.0 < tau < math.inf:  # the common case
+        return tau
     if isinstance(tau, torch.Tensor):
         if tau.numel() != 1:
             raise TypeError(f"{name} must be a number, got a tensor of shape {tuple(tau.shape)}")
@@ -79,18 +89,62 @@ def check_positive(tau, name: str) -> float:
 
 def check_k(k, n=None, name: str = "k") -> int:
     """Number of selected entries: an int in [1, n] (n None: only k >= 1,
-    for modules, which learn n at call time)."""
+    for modules, which learn n at call time).  A whole float (3.0) counts as
+    its int; a fractional one is refused here, where only a count makes
+    sense (``soft_topk``'s threshold methods take it: see :func:`check_k_rows`)."""
     if isinstance(k, torch.Tensor) and k.numel() == 1 and not k.is_floating_point():
         k = k.item()
-    if isinstance(k, bool) or not isinstance(k, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(k).__name__}")
+    k = _whole(k, name)
     if n is None:
         if k < 1:
             raise ValueError(f"{name} must be an int >= 1, got {k}")
-        return int(k)
+        return k
     if not 1 <= k <= n:
         raise ValueError(f"{name} must be in [1, n] = [1, {n}] for this input, got {k}")
+    return k
+
+
+def _whole(k, name: str) -> int:
+    """An int, or a float with a whole value, as an int; anything else refused."""
+    if isinstance(k, bool) or not isinstance(k, numbers.Real):
+        raise TypeError(f"{name} must be an int, got {type(k).__name__}")
+    if isinstance(k, numbers.Integral):
+        return int(k)
+    k = float(k)
+    if not math.isfinite(k):
+        raise ValueError(f"{name} must be a finite whole number, got {k}")
+    if not k.is_integer():
+        raise ValueError(
+            f"{name} must be a whole number here (it counts entries), got {k}; a fractional k "
+            f"is taken by softk.soft_topk and softk.losses.soft_topk_loss with a threshold method "
+            f"(exp, sigmoid, laplace, sparse)"
+        )
     return int(k)
+
+
+_FRACTIONAL_K_METHODS = ("exp", "sigmoid", "laplace", "sparse")
+
+
+def check_module_k(k, method: str, name: str = "k"):
+    """A module's k, checked once at construction (n is learnt at call time):
+    a count >= 1, or with a threshold method also a fractional k > 0, as the
+    functional ``soft_topk`` / ``topk_sum`` / ``soft_topk_loss`` take it."""
+    if is_fractional(k) and method in _FRACTIONAL_K_METHODS:
+        if not float(k) > 0:
+            raise ValueError(f"{name} must be > 0, got {k}")
+        return float(k)
+    if is_fractional(k):
+        raise ValueError(
+            f"a fractional {name} ({float(k)}) needs a threshold method (exp, sigmoid, laplace, "
+            f"sparse), got method={method!r}; pass a whole {name}"
+        )
+    return check_k(k, name=name)
+
+
+def is_fractional(k) -> bool:
+    """True for a Python (or NumPy) real k that is not a whole number."""
+    return (isinstance(k, numbers.Real) and not isinstance(k, (bool, numbers.Integral))
+            and math.isfinite(float(k)) and not float(k).is_integer())
 
 
 def check_choice(value, choices, name: str) -> str:
@@ -103,10 +157,16 @@ def check_topk_args(x, k, dim, tau, method, methods):
     """The common prelude of the top-k functions: returns (dim, k, tau)."""
     check_input(x)
     dim = check_dim(x, dim)
+    fractional = float(k) if is_fractional(k) else None
     k = check_k_rows(k, x, dim)
     tau = check_tau(tau, allow_grad=True)
     check_choice(method, methods, "method")
     if isinstance(k, torch.Tensor) and method not in ("exp", "sigmoid", "laplace", "sparse"):
+        if fractional:
+            raise ValueError(
+                f"a fractional k ({fractional}) needs a threshold method (exp, sigmoid, laplace, "
+                f"sparse), got method={method!r}; pass a whole k"
+            )
         raise ValueError(
             f"a per-row k (a tensor) needs a threshold method (exp, sigmoid, laplace, sparse), "
             f"got method={method!r}; pass an int k"
@@ -163,11 +223,19 @@ def is_row_k(k) -> bool:
 
 
 def check_k_rows(k, x: torch.Tensor, dim: int, name: str = "k"):
-    """k as an int in [1, n] (see :func:`check_k`), or one budget per row: a
-    real or integer tensor broadcastable to x with size 1 along ``dim``, each
-    value in (0, n] (the capped families take any real k there), returned
-    like :func:`per_row` in x's compute dtype."""
+    """k as an int in [1, n] (see :func:`check_k`; a whole float counts as
+    its int), or one budget per row: a real or integer tensor broadcastable to
+    x with size 1 along ``dim``, each value in (0, n] (the capped families take
+    any real k there), returned like :func:`per_row` in x's compute dtype.  A
+    fractional Python float is the same budget for every row."""
     n = x.shape[dim]
+    if isinstance(k, float) and not math.isfinite(k):
+        raise ValueError(f"{name} must be a finite number in (0, n] = (0, {n}] for this input, got {k}")
+    if is_fractional(k):  # one budget for every row: the per-row path, broadcast
+        if not 0 < k <= n:
+            raise ValueError(f"{name} must lie in (0, n] = (0, {n}] for this input, got {float(k)}")
+        ct = torch.float64 if x.dtype == torch.float64 else torch.float32
+        return per_row(torch.tensor(float(k), dtype=ct, device=x.device), x, dim, name)
     if not is_row_k(k):
         return check_k(k, n, name)
     if k.requires_grad and not k.is_floating_point():
@@ -188,9 +256,19 @@ def require(ok: torch.Tensor, message) -> None:
     torch.compile a value is not known while the graph is captured, so the
     check becomes an assertion inside the graph (``torch._assert_async``,
     which raises when it runs) instead of a graph break; under torch.func
-    transforms the check reads the unwrapped batch."""
+    transforms the check reads the unwrapped batch.
+
+    On a device other than the CPU (CUDA) reading the answer would wait for
+    the device, so the check is a device-side assertion there too
+    (``torch._assert_async``): a bad value stops the program when the
+    device gets to it, without the detailed message; run the same call on
+    CPU tensors to read it.  That is the documented convention for every
+    value check of softk."""
     if torch.compiler.is_compiling():
         torch._assert_async(ok.all(), "softk: invalid input values (run eagerly for the full message)")
+        return
+    if not ok.is_cpu:
+        torch._assert_async(ok.all(), "softk: invalid input values (run on CPU tensors for the full message)")
         return
     if not bool(unwrapped(ok).all()):
         raise ValueError(message() if callable(message) else message)

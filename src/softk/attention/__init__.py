@@ -66,9 +66,10 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     Routes (chosen from ``softk.backend()``, see :mod:`softk.attention.op`):
     "torch" materialises the (…, H, L, S) scores and supports double
     backward; "auto" and "native" on the CPU, or any device without Triton,
-    run blocks of keys and never hold the L×S scores; CUDA tensors under
-    "auto" or "triton" run the fused Triton kernels.  The memory-efficient
-    and Triton routes raise NotImplementedError on double backward.
+    run blocks of keys and never hold the L×S scores; CUDA tensors run the
+    same blocks of keys in this release (the fused Triton kernels are not
+    shipped yet).  The memory-efficient route raises NotImplementedError on
+    double backward.
 
     Example (a query that attends to one of three keys):
 

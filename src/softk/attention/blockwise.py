@@ -1,6 +1,6 @@
 r"""The memory-efficient route's forward: blocks of keys, λ from softk's solver.
 
-Same interface as the Triton launcher (:mod:`softk.triton.attention`):
+Same interface as the Triton launcher (:mod:`softk._backends.triton.attention`):
 ``attention_forward(q, k, v, *, scale, causal, mask, fam, alpha)`` returns
 (out, m, lam) with m the row maximum of the scores and lam the threshold
 relative to it, so that p_j = f(s_j − m − lam).  It never holds more than

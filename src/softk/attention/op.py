@@ -2,7 +2,7 @@ r"""The routes of :func:`softk.attention.scaled_dot_product_attention` and their
 autograd contract.
 
 The route is chosen once per call from the configured backend
-(:func:`softk._backend.resolve`, see :func:`route`):
+(:func:`softk._backends.registry.resolve`, see :func:`route`):
 
 * ``"reference"`` (backend "torch"): :mod:`.reference`, the scores
   materialised and softk's maps applied; autograd differentiates it, twice
@@ -10,8 +10,9 @@ The route is chosen once per call from the configured backend
 * ``"blockwise"`` ("native", and "auto" on any device without Triton):
   :mod:`.blockwise` and :mod:`.blockwise_backward`, blocks of keys;
 * ``"triton"`` ("triton", and "auto" on CUDA): the fused kernels of
-  :mod:`softk.triton.attention` (float64 inputs, or a build without that
-  module, run "blockwise").
+  :mod:`softk._backends.triton.attention` (forward and backward verified
+  against the float64 oracle in Triton's CPU interpreter; not yet run on a
+  GPU); float64 inputs, or a build without triton, run "blockwise".
 
 The last two share one interface, ``attention_forward`` → (out, m, lam) and
 ``attention_backward`` → (dq, dk, dv, dα), and one autograd contract:
@@ -35,7 +36,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .. import _backend, _lean
+from .._backends import registry as _backend
+from .. import _lean
 from ..threshold.rows import compute_dtype
 from . import blockwise, blockwise_backward, reference
 from .checks import Call
@@ -46,9 +48,9 @@ ROUTES = ("reference", "blockwise", "triton")
 
 @functools.lru_cache(maxsize=None)
 def _triton_module():
-    """softk.triton.attention, or None where it is not built (read once)."""
+    """softk._backends.triton.attention, or None where it is not built (read once)."""
     try:
-        from ..triton import attention as module
+        from .._backends.triton import attention as module
     except ImportError:
         return None
     return module

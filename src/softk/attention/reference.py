@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .. import simplex
+from .._maps import simplex
 from ..threshold.rows import compute_dtype
 from .checks import Call
 from .maps import ENTMAX_ID

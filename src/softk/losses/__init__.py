@@ -9,6 +9,7 @@ All take scores (N, C, d1, ...) with classes on dim 1 (or (C,)), like
 from .cross_entropy import cross_entropy
 from .feature_incay import feature_incay
 from .fenchel_young import fenchel_young_loss
+from .normmax_fy import normmax_loss
 from .margins import cross_entropy_floor, cross_entropy_margin
 from .normface import cosine_logits, normface_loss_bound, normface_min_scale
 from .simplex_losses import entmax15_loss, entmax_loss, softmax_loss, sparsemax_loss
@@ -26,6 +27,7 @@ __all__ = [
     "entmax15_loss",
     "entmax_loss",
     "soft_topk_loss",
+    "normmax_loss",
     "feature_incay",
     "cosine_logits",
     "normface_loss_bound",

@@ -10,9 +10,12 @@ non-ignored rows.  The arithmetic *is* ``torch.nn.functional.cross_entropy``
 derives), called after softk's argument checks, so results are identical to
 torch; ``tau`` divides the scores first (gradient (p − y)/τ).
 
-Differences from torch, all refusals of input torch accepts silently:
-``target`` is checked before any arithmetic (class indices in range, shape),
-a probability target must be a distribution (>= 0, rows summing to 1), and
+Differences from torch, all refusals of input torch accepts silently or
+with a terse message: ``target``'s shape is checked before any arithmetic; a
+class index out of range is found by torch's own kernel (no extra pass over
+the target) and reported with softk's message (on CUDA it is torch's device
+assertion, see :mod:`softk.losses.targets`); a probability target must be a
+distribution (>= 0, rows summing to 1); and
 ``ignore_index`` may not be set together with a probability target (torch
 ignores it there).  Half-precision input is computed in float32 and the result
 returned in the input dtype.  A row whose scores are all ``-inf`` gives NaN,
@@ -40,8 +43,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
-from ..threshold.rows import compute_dtype
+from .._validate import require
 from . import targets as tg
+
+# The kernel under F.cross_entropy (its Python wrapper only maps the reduction
+# to this enum).  The binding itself honours __torch_function__ and modes.
+_cross_entropy_loss = torch._C._nn.cross_entropy_loss
+_REDUCTION_ENUM = {"none": 0, "mean": 1, "sum": 2}
+_FLOAT = (torch.float32, torch.float64)
 
 
 def _check_weight(weight, n_classes: int, device) -> Tensor:
@@ -52,12 +61,14 @@ def _check_weight(weight, n_classes: int, device) -> Tensor:
             f"weight must be a 1-D floating tensor of shape ({n_classes},) (one weight per class), "
             f"got dtype {weight.dtype} and shape {tuple(weight.shape)}"
         )
-    if not bool(torch.isfinite(weight).all()):
-        raise ValueError("weight must be finite")
-    return weight.to(device)
+    weight = weight.to(device)
+    require(torch.isfinite(weight), "weight must be finite")  # off the CPU: a device assertion
+    return weight
 
 
 def _check_smoothing(label_smoothing) -> float:
+    if type(label_smoothing) is float and 0.0 <= label_smoothing <= 1.0:  # the common case
+        return label_smoothing
     if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, numbers.Real):
         raise TypeError(f"label_smoothing must be a float in [0, 1], got {type(label_smoothing).__name__}")
     if not 0.0 <= float(label_smoothing) <= 1.0:
@@ -102,29 +113,60 @@ def cross_entropy(
     >>> round(cross_entropy(torch.tensor([[2.0, 0.0]]), torch.tensor([0]), tau=2.0).item(), 6)  # log(1 + 1/e)
     0.313262
     """
+    if (weight is None and type(input) is Tensor and type(target) is Tensor and type(tau) is float
+            and tau == 1.0 and type(label_smoothing) is float and label_smoothing == 0.0
+            and type(ignore_index) is int and input.dtype in _FLOAT and target.dtype is torch.int64
+            and input.is_cpu and target.is_cpu and reduction in _REDUCTION_ENUM):
+        shape, tshape = input.shape, target.shape
+        if len(shape) == 2 and len(tshape) == 1 and tshape[0] == shape[0] and shape[1]:
+            # The common call, (N, C) scores and (N,) indices: every check below
+            # passes, and torch's kernel is called as F.cross_entropy calls it.
+            try:
+                return _cross_entropy_loss(input, target, None, _REDUCTION_ENUM[reduction], ignore_index, 0.0)
+            except (IndexError, RuntimeError):
+                tg.index_target(input, target, ignore_index)  # softk's message for an index out of range
+                raise
     tau, reduction, ignore_index = tg.check_loss_args(input, target, tau, reduction, ignore_index)
-    label_smoothing = _check_smoothing(label_smoothing)
-    cdim = tg.class_dim(input)
-    n_classes = input.shape[cdim]
+    if type(label_smoothing) is not float or not 0.0 <= label_smoothing <= 1.0:
+        label_smoothing = _check_smoothing(label_smoothing)
+    shape, dtype = input.shape, input.dtype
+    cdim = 0 if len(shape) == 1 else 1
+    n_classes = shape[cdim]
     if n_classes == 0:
-        raise ValueError(f"input must have at least one class along dim {cdim}, got shape {tuple(input.shape)}")
-    ct = compute_dtype(input.dtype)
+        raise ValueError(f"input must have at least one class along dim {cdim}, got shape {tuple(shape)}")
+    ct = dtype if dtype == torch.float32 or dtype == torch.float64 else torch.float32  # the compute dtype
     if weight is not None:
         weight = _check_weight(weight, n_classes, input.device).to(ct)
-    if tg.is_index_target(target):
-        tg.index_target(input, target, ignore_index)
-        target = target.to(input.device).long()
+    by_index = not target.is_floating_point()
+    if by_index:
+        # The range of the class indices is checked by torch's own kernel
+        # (a device assertion on CUDA, an IndexError on the CPU, which is
+        # turned into softk's message below): no extra pass over the target.
+        tshape = target.shape
+        if not (len(shape) == 2 and len(tshape) == 1 and tshape[0] == shape[0]):  # else (N, C) and (N,)
+            tg.check_index_shape(input, target)
+        if not (target.is_cpu and input.is_cpu) and target.device != input.device:
+            target = target.to(input.device)
+        if target.dtype != torch.int64:
+            target = target.long()
     else:
         if ignore_index != -100:
             raise ValueError(
                 "ignore_index applies to class-index targets only; torch ignores it for "
                 "probability targets, softk refuses it rather than drop it silently"
             )
-        target = tg.distribution_target(input, target, 1, capped=False).to(ct)
-    x = input.to(ct)
+        target = tg.distribution_target(input, target, 1, capped=False)
+        if target.dtype != ct:
+            target = target.to(ct)
+    x = input if dtype == ct else input.to(ct)
     if tau != 1.0:
         x = x / tau
-    out = F.cross_entropy(
-        x, target, weight=weight, ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing
-    )
-    return out.to(input.dtype)
+    try:
+        out = F.cross_entropy(
+            x, target, weight=weight, ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing
+        )
+    except (IndexError, RuntimeError):
+        if by_index:
+            tg.index_target(input, target, ignore_index)  # softk's message for an index out of range
+        raise
+    return out if dtype == ct else out.to(dtype)

@@ -28,7 +28,8 @@ def feature_incay(features: Tensor, dim: int = -1, reduction: str = "mean") -> T
         dim: the feature dimension.
         reduction: "mean" (the paper's R), "sum" or "none".
 
-    A zero feature vector gives +inf (there is no finite penalty for it).
+    A zero feature vector gives +inf (there is no finite penalty for it);
+    an empty feature dimension is refused (it holds no vector).
 
     >>> import torch
     >>> feature_incay(torch.tensor([[3.0, 4.0], [1.0, 0.0]]), reduction="none")
@@ -37,6 +38,8 @@ def feature_incay(features: Tensor, dim: int = -1, reduction: str = "mean") -> T
     check_input(features, "features")
     dim = check_dim(features, dim)
     reduction = check_reduction(reduction)
+    if features.shape[dim] == 0:
+        raise ValueError(f"features must have at least one entry along dim {dim}, got shape {tuple(features.shape)}")
     f = features.to(compute_dtype(features.dtype))
     out = 1.0 / (f * f).sum(dim)
     return reduce(out, None, reduction).to(features.dtype)

@@ -1,7 +1,7 @@
 r"""The one Fenchel–Young loss from which every named loss here is derived.
 
 For a threshold map p(z) = argmax_{p ∈ C_k} ⟨z, p⟩ − Ω(p) with potential
-Φ(z) = ⟨z, p(z)⟩ − Ω(p(z)) (:mod:`softk.threshold.potential`) and
+Φ(z) = ⟨z, p(z)⟩ − Ω(p(z)) (:mod:`softk._contract.potential`) and
 Ω(y) = Σ_i ψ(y_i) from the map's :class:`~softk.threshold.Family`,
 
 .. math:: L(z; y) = \Phi(z) + \Omega(y) - \langle z, y\rangle \;\ge 0, \qquad
@@ -13,22 +13,30 @@ With a temperature, z = x/τ and the gradient with respect to x is (p − y)/τ,
 exactly as for ``cross_entropy(x / tau, ...)``.
 
 The map's output p comes from its own autograd contract
-(:mod:`softk.threshold.op`, through the one dispatch) and enters the value as
+(:mod:`softk._contract.op`, through the one dispatch) and enters the value as
 an input whose partial derivative is 0 (p maximises ⟨z, p⟩ − Ω(p): the
 envelope theorem).  So the gradient is p − y with no second solve, and its
 derivative, the Hessian, is the map's Jacobian (double backward, ``hessian``).
 For a class-index target y = e_t the loss is Φ(z) − z_t + ψ(1) (ψ(0) = 0 for
 every family), so no one-hot tensor is built.
 
-On the "triton" backend (CUDA, or the interpreter) a family with a kernel
-(a float α) and an int k take the fused route instead
-(:mod:`softk.triton.loss_op`): one kernel per row finds λ and writes the
-loss and the gradient of the reduced loss in the input's dtype, which the
-backward only scales (double backward recomputes through the map's
-contract, so it stays exact).  Per-row tensor α or k, and inputs wrapped by
-``torch.func`` transforms (vmap, grad, jvp), stay on the route below.  One
-difference: an ignored row (``ignore_index``) holding NaN scores gets a zero
-gradient there, NaN here.
+Where the dispatch picks the compiled CPU kernels ("native") or Triton and
+the family has a fused kernel there (:func:`softk.losses.fused_op.fused_backend`:
+softmax, sparsemax, entmax15, entmax with 1 < α ≤ 2 and soft top-k "exp" on
+the CPU, every family with a float α on Triton) with an int k (on the CPU
+also one integral k per row, e.g. multi-hot targets), the fused route
+serves the call instead (:mod:`softk.losses.fused_op`): one kernel per row
+finds λ as the map's forward does and writes the loss and the gradient of
+the reduced loss in the input's dtype, which the backward only scales
+(double backward recomputes through the map's contract, so it stays
+exact).  Everything else stays on the route below: entmax with α > 2 or a
+per-row tensor α on the CPU, sigmoid/laplace/sparse top-k on the CPU, a
+per-row k that is not integral or needs a gradient, and inputs wrapped by
+``torch.func`` transforms (vmap, grad, jvp).  One difference: an ignored
+row (``ignore_index``) holding NaN scores gets a zero gradient there, NaN
+here.  On the eager CPU route the kernel checks the target values itself
+(class indices in range, dense rows in the map's domain) in its one pass,
+and softk's message is built only when a check fails.
 """
 
 from __future__ import annotations
@@ -36,13 +44,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .. import dispatch
+from .. import _lean
+from .._backends import dispatch
 from .._validate import check_k_rows
+from .._backends.native.loss import BadTarget
 from ..threshold.families import SOFTMAX, Family
-from ..threshold.op import apply_rows
-from ..threshold.potential import value_at
+from .._contract.op import apply_rows
+from .._contract.potential import value_at
 from ..threshold.rows import compute_dtype, finite_max
 from . import targets as tg
+from .fused_op import fused_backend, fused_fenchel_young
 
 
 def _diff(p: Tensor, y, index) -> Tensor:
@@ -107,8 +118,55 @@ def _tsallis_alpha_term(v: Tensor, a: Tensor) -> Tensor:
     am1 = a - 1
     logv = torch.log(torch.where(v > 0, v, 1.0))
     safe = torch.where(am1 == 0, 1.0, am1)
-    term = torch.where(am1 == 0, v * logv, v * torch.expm1(am1 * logv) / safe)
+    # at α = 1 the series of expm1(εL)/ε = L + εL²/2 + ε²L³/6: the value and its
+    # first two derivatives in α at the limit (ε = α − 1 is 0 there)
+    series = v * logv * (1 + am1 * logv * (0.5 + am1 * logv / 6))
+    term = torch.where(am1 == 0, series, v * torch.expm1(am1 * logv) / safe)
     return torch.where(v > 0, term, 0.0).sum(-1, keepdim=True) / a
+
+
+def _tsallis_alpha_partial(v: Tensor, a: Tensor) -> Tensor:
+    """∂/∂α of :func:`_tsallis_alpha_term` at fixed v, as tensor code in (v, α).
+
+    With L = log v_i and ε = α − 1, t_i = v_i expm1(εL)/ε has
+    ∂t_i/∂α = v_i (εL e^{εL} − expm1(εL))/ε², whose series near εL = 0 is
+    v_i (L²/2 + εL³/3 + ε²L⁴/8); then ∂(Σt/α)/∂α = Σ∂t/∂α / α − Σt / α²."""
+    am1 = a - 1
+    logv = torch.log(torch.where(v > 0, v, 1.0))
+    u = am1 * logv
+    small = u.abs() < 1e-3
+    safe = torch.where(small, 1.0, am1)
+    direct = v * (u * torch.exp(u) - torch.expm1(u)) / (safe * safe)
+    series = v * logv * logv * (0.5 + u / 3 + u * u / 8)
+    dt = torch.where(v > 0, torch.where(small, series, direct), 0.0).sum(-1, keepdim=True)
+    return dt / a - _tsallis_alpha_term(v, a) / a
+
+
+class _AlphaTerm(torch.autograd.Function):
+    """Zero in value, with ∂/∂α = ∂Ω_α(y)/∂α − ∂Ω_α(p)/∂α and ∂/∂p = 0.
+
+    The envelope theorem: L's own dependence on α through p vanishes, so the
+    first derivatives are (p − y)/τ in x (from the value op) and this in α.
+    The α-gradient is tensor code in the saved (live) p and α, so a second
+    backward differentiates it: its x-derivative is the Hessian's α-row,
+    −∂²Ω/∂p∂α · ∂p/∂x, and its α-derivative includes ∂p/∂α.  The zero
+    p-gradient leaves the x-row to the value op alone."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(p, y, a):
+        return torch.zeros_like(a)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        p, y, a = inputs
+        ctx.save_for_backward(p, y, a)
+
+    @staticmethod
+    def backward(ctx, g):
+        p, y, a = ctx.saved_tensors
+        return None, None, g * (_tsallis_alpha_partial(y, a) - _tsallis_alpha_partial(p, a))
 
 
 def _alpha_correction(p: Tensor, y, index, a: Tensor) -> Tensor:
@@ -116,8 +174,7 @@ def _alpha_correction(p: Tensor, y, index, a: Tensor) -> Tensor:
     at fixed p (the envelope theorem: Φ_α's own dependence through p vanishes)."""
     if y is None:
         y = torch.zeros_like(p).scatter_(-1, index, 1.0)
-    c = _tsallis_alpha_term(y, a) - _tsallis_alpha_term(p.detach(), a)
-    return c - c.detach()
+    return _AlphaTerm.apply(p, y, a)
 
 
 def fenchel_young_rows(x: Tensor, y, index, family: Family, k: int, tau: float) -> Tensor:
@@ -136,7 +193,9 @@ def fenchel_young_rows(x: Tensor, y, index, family: Family, k: int, tau: float) 
         p = entmax_alpha(xc, a, tau)
         value_family = entmax_family(torch.where(a == 1, 2.0, a.detach()))
         loss = fn.apply(xc, p, yc, index, value_family, tau)
-        if bool((a == 1).any()):  # ψ of α = 1 rows: the softmax loss's Shannon term
+        # ψ of α = 1 rows: the softmax loss's Shannon term (off the CPU always
+        # formed and selected: asking whether any row has α = 1 would wait for the device)
+        if not a.is_cpu or bool((a == 1).any()):
             loss = torch.where(a.detach() == 1, fn.apply(xc, p, yc, index, SOFTMAX, tau), loss)
         return loss + _alpha_correction(p, yc, index, a)
     p = apply_rows(xc, family, k, tau, dispatch.resolve(xc, family))
@@ -182,7 +241,7 @@ def fenchel_young_loss(
     tensor(0.)
     """
     tau, reduction, ignore_index = tg.check_loss_args(input, target, tau, reduction, ignore_index, k=k)
-    cdim = tg.class_dim(input)
+    cdim = 0 if input.dim() == 1 else 1
     if input.shape[cdim] == 0:
         raise ValueError(f"input must have at least one class along dim {cdim}, got shape {tuple(input.shape)}")
     if target.requires_grad:
@@ -192,33 +251,44 @@ def fenchel_young_loss(
         )
     if not isinstance(family, Family):
         raise TypeError(f"family must be a softk.families.Family (e.g. softk.families.SPARSEMAX), got {type(family).__name__}")
-    k = check_k_rows(k, input, cdim)
+    if not (type(k) is int and 1 <= k <= input.shape[cdim]):  # the common case needs no check
+        k = check_k_rows(k, input, cdim)
     row_k = isinstance(k, Tensor)
     if not family.capped and (row_k or k != 1):
         raise ValueError(f"family {family.name!r} maps onto the simplex (k = 1 only), got k={k}")
-    x = input.movedim(cdim, -1)
-    if tg.is_index_target(target):
+    by_index = not target.is_floating_point()
+    if by_index:
         if row_k or k != 1:
             raise ValueError(
                 f"target of class indices is only meaningful for k = 1, got k={k}; pass a "
                 f"float target whose rows sum to k (e.g. a multi-hot label with k ones)"
             )
-        index, keep = tg.index_target(input, target, ignore_index)
-        y = None
+        tg.check_index_shape(input, target)
     else:
         if ignore_index != -100:
             raise ValueError(
                 "ignore_index applies to class-index targets only; with a probability target, "
                 "give ignored rows zero weight yourself (reduction='none')"
             )
-        y = tg.distribution_target(input, target, k.squeeze(-1) if row_k else k, family.capped).movedim(cdim, -1)
-        index, keep = None, None
-    if x.numel() and dispatch.resolve(x, family) == "triton":
-        from ..triton.loss_op import fused_fenchel_young, fused_serves
-
-        t = y if index is None else torch.where(keep, index, -1)
-        if fused_serves(x, t, family, k):
-            return fused_fenchel_young(x, t, family, k, tau, reduction)
+        tg.check_distribution_shape(input, target)
+    x = input if cdim == input.dim() - 1 else input.movedim(cdim, -1)
+    if target.device != input.device:
+        target = target.to(input.device)
+    backend = fused_backend(x, family, k)
+    eager = backend == "native" and _lean.eager(input, target, k if row_k else None)
+    if eager and (by_index or target.dtype == compute_dtype(x.dtype)):  # (the kernel reads rows in it)
+        # The kernel checks the target values in its pass; softk's message
+        # is built (by the Python checks below) only when one fails.
+        try:
+            return fused_fenchel_young(x, target if by_index else target.movedim(cdim, -1), family, k, tau,
+                                       reduction, ignore_index, backend, eager=True)
+        except BadTarget:
+            _check_values(input, target, family, k, ignore_index)
+            raise
+    index, keep, y = _check_values(input, target, family, k, ignore_index)
+    if backend is not None:
+        t = target if by_index else y
+        return fused_fenchel_young(x, t, family, k, tau, reduction, ignore_index, backend)
     if x.numel() == 0:
         loss = x.to(compute_dtype(x.dtype)).sum(-1) * 0
     else:
@@ -226,3 +296,14 @@ def fenchel_young_loss(
     if keep is not None:
         loss = torch.where(keep, loss, 0.0)
     return tg.reduce(loss, keep, reduction).to(input.dtype)
+
+
+def _check_values(input: Tensor, target: Tensor, family: Family, k, ignore_index: int):
+    """The value checks of the target (shapes already checked): (index, keep, None)
+    for class indices, (None, None, y with classes last) for a dense target."""
+    if not target.is_floating_point():
+        index, keep = tg.index_target(input, target, ignore_index)
+        return index, keep, None
+    row_k = isinstance(k, Tensor)
+    y = tg.distribution_target(input, target, k.squeeze(-1) if row_k else k, family.capped)
+    return None, None, y.movedim(0 if input.dim() == 1 else 1, -1)

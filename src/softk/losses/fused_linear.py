@@ -23,9 +23,12 @@ Reductions:
   per-row incoming gradient, so it recomputes every chunk's logits once more
   (two forward matmuls in all instead of one).
 
-The chunk loss is the public loss function itself, so on CUDA it runs on the
-Triton kernels where softk has them (see :mod:`softk._backend`); on CPU it is
-the compiled or PyTorch route.
+The chunk loss is the public loss function itself, so each chunk takes the
+route that loss takes on the chunk's logits: the fused loss kernels
+(:mod:`softk.losses.fused_op`: one pass per row writes the loss and its
+gradient) on the CPU's compiled kernels and on Triton where softk has them
+(see :mod:`softk._backends.registry`), torch's own cross-entropy for "cross_entropy",
+the PyTorch route otherwise.
 """
 
 from __future__ import annotations
@@ -64,7 +67,8 @@ class _FusedLinearLoss(torch.autograd.Function):
             _, gx, gw, gb = chunked_pass(x, weight, bias, target, ctx.fn, ctx.chunk, go, ctx.want)
         else:
             gx, gw, gb = ctx.saved_tensors
-            scale = go if ctx.reduction == "sum" else go / max(ctx.n_kept, 1)
+            n_kept = ctx.n_kept.clamp(min=1) if isinstance(ctx.n_kept, Tensor) else max(ctx.n_kept, 1)
+            scale = go if ctx.reduction == "sum" else go / n_kept
             gx = None if gx is None else gx * scale.to(gx.dtype)
             gw = None if gw is None else gw * scale.to(gw.dtype)
             gb = None if gb is None else gb * scale.to(gb.dtype)
@@ -122,7 +126,7 @@ def fused_linear_loss(
     input: Tensor,
     weight: Tensor,
     target: Tensor,
-    loss: str = "sparsemax",
+    loss: str = "cross_entropy",
     bias=None,
     *,
     alpha=None,
@@ -141,7 +145,9 @@ def fused_linear_loss(
         target: class indices shaped ``input.shape[:-1]``, or a float tensor
             (..., V) of target distributions (multi-hot rows with k ones for
             "soft_topk"), exactly as the loss itself takes them.
-        loss: "cross_entropy", "softmax", "sparsemax", "entmax15", "entmax"
+        loss: "cross_entropy" (the default, as for torch's
+            ``F.linear_cross_entropy`` and Liger-Kernel's fused linear
+            cross-entropy), "softmax", "sparsemax", "entmax15", "entmax"
             (needs ``alpha``), "soft_topk" (``k``, ``method``) or
             "topk_softmax_ce" (``k``); each is the function of the same name
             in :mod:`softk.losses` on the logits.
@@ -191,7 +197,8 @@ def fused_linear_loss(
                 f"dimension), got {tuple(target.shape)}"
             )
         t = target.reshape(-1)
-        n_kept = int((t != ignore_index).sum()) if loss != "soft_topk" else x.shape[0]
+        # a count on the device (no host sync): the mean's divisor
+        n_kept = (t != ignore_index).sum() if loss != "soft_topk" else x.shape[0]
     fn = chunk_loss_fn(loss, alpha=alpha, k=k, method=method, tau=tau, ignore_index=ignore_index)
     if chunk is None:
         chunk = auto_chunk_size(x.shape[0], x.shape[1], vocab)

@@ -9,6 +9,11 @@ outputs y, with gradient (p − y)/τ.  With a one-hot target e_t:
   sparsemax loss (ICML 2016, "From softmax to sparsemax");
 * entmax:    Peters, Niculae & Martins (2019), "Sparse sequence-to-sequence models".
 
+On the CPU's compiled kernels and on Triton each of these takes the fused
+loss kernel (one pass per row writes L and its gradient, see
+:mod:`softk.losses.fused_op`); see :func:`fenchel_young_loss` for what falls
+back to the unfused route.
+
 Targets: class indices, or a float tensor shaped like ``input`` whose rows are
 probability distributions.  Multi-label targets must be normalised by the
 caller, ``y / y.sum(1, keepdim=True)`` (Martins & Astudillo's multi-label
@@ -101,7 +106,8 @@ def entmax_loss(
     ``input`` with size 1 along the class dim 1), which may require grad: then
     ∂L/∂α = ∂Ω_α(y)/∂α − ∂Ω_α(p)/∂α (the envelope theorem), so α can be
     learnt with the loss (it runs on the PyTorch path).  Other α solve the map by safeguarded Newton to
-    the working precision.
+    the working precision.  On the CPU's compiled kernels a float 1 < α ≤ 2 takes the fused loss
+    kernel (:mod:`softk.losses.fused_op`); α > 2 and a tensor α take the unfused route.
     {args}
     >>> import torch
     >>> x, t = torch.tensor([[0.0, 0.5, 2.0]]), torch.tensor([1])

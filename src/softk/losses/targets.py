@@ -10,8 +10,22 @@ A target is either
   the class dimension) lie in the map's domain, e.g. the simplex for k = 1.
 
 Every check raises a ValueError/TypeError that names ``target`` and says what
-was expected, before any arithmetic, so a bad target never surfaces as an
-index error from deep inside torch.  Nothing is renormalised for the user.
+was expected, so a bad target never surfaces as an index error from deep
+inside torch.  Nothing is renormalised for the user.
+
+Checks on *values* (a class index in range, a row in the map's domain) follow
+one convention, so that no call waits for a device in the hot path:
+
+* on CPU tensors they raise softk's ValueError, before any arithmetic, or,
+  on the fused CPU route (:mod:`softk.losses.fused_op`), from the kernel's
+  own pass over the target (the message is then built by the same checks);
+  :func:`softk.losses.cross_entropy` leaves the class indices to torch's
+  kernel and turns its IndexError into the same message;
+* on any other device (CUDA) they are device-side assertions
+  (:func:`softk._validate.require`, ``torch._assert_async``): a bad value
+  stops the program when the device reaches it, without softk's message (run
+  the same call on CPU tensors to read it), as torch's own cross-entropy does
+  with a bad class index; under ``torch.compile`` likewise, inside the graph.
 """
 
 from __future__ import annotations
@@ -21,7 +35,7 @@ import numbers
 import torch
 from torch import Tensor
 
-from .._validate import check_input, check_tau, require
+from .._validate import check_input, check_tau, require, unwrapped
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -32,18 +46,26 @@ def class_dim(input: Tensor) -> int:
 
 
 def check_reduction(reduction) -> str:
+    if reduction == "mean" or reduction == "sum" or reduction == "none":  # the common case
+        return reduction
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {list(REDUCTIONS)}, got {reduction!r}")
     return reduction
 
 
 def check_ignore_index(ignore_index) -> int:
+    if type(ignore_index) is int:  # the common case skips the ABC checks below
+        return ignore_index
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
         raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__}")
     return int(ignore_index)
 
 
 ACCEPTS = ("index or distribution", "index", "distribution")
+_ORDINARY = frozenset((torch.int64, torch.int32, torch.float32, torch.float64, torch.float16, torch.bfloat16))
+_INF = float("inf")
+_EPS = {dt: torch.finfo(dt).eps for dt in (torch.float32, torch.float64, torch.float16, torch.bfloat16)}
+_FLOATS = frozenset((torch.float32, torch.float64, torch.float16, torch.bfloat16))
 
 
 def check_target_tensor(target, name: str = "target", *, input=None, accepts: str = "index or distribution", k=1) -> None:
@@ -55,6 +77,8 @@ def check_target_tensor(target, name: str = "target", *, input=None, accepts: st
     """
     if not isinstance(target, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(target).__name__}")
+    if target.dtype in _ORDINARY:  # the common case
+        return
     if target.dtype == torch.bool:
         raise TypeError(f"{name} is a bool tensor; {bool_target_hint(target, input, accepts, k, name)}")
     if target.is_complex():
@@ -131,6 +155,11 @@ def check_loss_args(input, target, tau, reduction, ignore_index, *, accepts: str
     ``accepts`` and ``k`` describe the calling loss, for the hint given with a
     bool target (:func:`bool_target_hint`).
     """
+    if (type(tau) is float and 0.0 < tau < _INF and type(ignore_index) is int
+            and (reduction == "mean" or reduction == "sum" or reduction == "none")
+            and isinstance(input, Tensor) and input.dtype in _FLOATS and input.dim()
+            and isinstance(target, Tensor) and target.dtype in _ORDINARY):
+        return tau, reduction, ignore_index  # the common case: every check below passes
     check_input(input, "input")
     tau = check_tau(tau)
     reduction = check_reduction(reduction)
@@ -143,21 +172,31 @@ def is_index_target(target: Tensor) -> bool:
     return not target.is_floating_point()
 
 
-def index_target(input: Tensor, target: Tensor, ignore_index: int, name: str = "target"):
-    """Validate class indices.
-
-    Returns ``(index, keep)``: both shaped like ``target``; ``index`` has the
-    ignored positions replaced by 0 (so it can be used with ``gather``) and
-    ``keep`` is False there.
-    """
-    cdim = class_dim(input)
-    n_classes = input.shape[cdim]
+def check_index_shape(input: Tensor, target: Tensor, name: str = "target") -> None:
+    """Class indices must be shaped like ``input`` without its class dimension."""
+    shape, got = input.shape, target.shape
+    if len(shape) == 2 and len(got) == 1 and got[0] == shape[0]:  # the common case: (N, C) and (N,)
+        return
+    cdim = 0 if input.dim() == 1 else 1
     expected = input.shape[:cdim] + input.shape[cdim + 1 :]
     if target.shape != expected:
         raise ValueError(
             f"{name} of class indices must have shape {tuple(expected)} (input's shape "
             f"{tuple(input.shape)} without the class dimension {cdim}), got {tuple(target.shape)}"
         )
+
+
+def index_target(input: Tensor, target: Tensor, ignore_index: int, name: str = "target"):
+    """Validate class indices.
+
+    Returns ``(index, keep)``: both shaped like ``target``; ``index`` has the
+    ignored positions replaced by 0 (so it can be used with ``gather``) and
+    ``keep`` is False there.  The range check reads values: on the CPU a
+    ValueError, on another device a device-side assertion
+    (:func:`softk._validate.require`, no host sync).
+    """
+    check_index_shape(input, target, name)
+    n_classes = input.shape[class_dim(input)]
     target = target.to(input.device)
     keep = target != ignore_index
     bad = keep & ((target < 0) | (target >= n_classes))
@@ -168,6 +207,15 @@ def index_target(input: Tensor, target: Tensor, ignore_index: int, name: str = "
     return torch.where(keep, target, 0).long(), keep
 
 
+def check_distribution_shape(input: Tensor, target: Tensor, name: str = "target") -> None:
+    """A floating target must have the input's shape."""
+    if target.shape != input.shape:
+        raise ValueError(
+            f"{name} of probabilities must have the input's shape {tuple(input.shape)}, got "
+            f"{tuple(target.shape)} (class-index targets must be an integer tensor)"
+        )
+
+
 def distribution_target(
     input: Tensor, target: Tensor, k: int, capped: bool, name: str = "target"
 ) -> Tensor:
@@ -175,27 +223,33 @@ def distribution_target(
 
     Rows must be finite, >= 0 (and <= 1 when the map is capped, as every top-k
     map is) and sum to k along the class dimension, up to rounding in the
-    target's own dtype.  Returns ``target`` on ``input``'s device.
+    target's own dtype.  Returns ``target`` on ``input``'s device.  One
+    comparison pass covers the entry checks (NaN fails both comparisons);
+    the separate checks run only to say which one failed.  Off the CPU the
+    checks are device-side assertions (:func:`softk._validate.require`).
     """
-    if target.shape != input.shape:
-        raise ValueError(
-            f"{name} of probabilities must have the input's shape {tuple(input.shape)}, got "
-            f"{tuple(target.shape)} (class-index targets must be an integer tensor)"
-        )
+    check_distribution_shape(input, target, name)
     target = target.to(input.device)
-    require(torch.isfinite(target), f"{name} must be finite, got NaN or inf entries")
-    require(target >= 0, lambda: f"{name} must be >= 0 everywhere, got {float(target.min())}")
-    if capped:
-        require(target <= 1, lambda: (
-            f"{name} entries must lie in [0, 1] for a top-k loss (a point of the capped simplex), "
-            f"got {float(target.max())}"
-        ))
+    ok = (target >= 0) & ((target <= 1) if capped else (target < float("inf")))
+    if not target.is_cpu or torch.compiler.is_compiling():
+        require(ok, f"{name} entries must be finite, >= 0{' and <= 1' if capped else ''}")  # an assertion
+    elif not bool(unwrapped(ok).all()):
+        require(torch.isfinite(target), f"{name} must be finite, got NaN or inf entries")
+        require(target >= 0, lambda: f"{name} must be >= 0 everywhere, got {float(target.min())}")
+        if capped:
+            require(target <= 1, lambda: (
+                f"{name} entries must lie in [0, 1] for a top-k loss (a point of the capped simplex), "
+                f"got {float(target.max())}"
+            ))
     cdim = class_dim(input)
     n = input.shape[cdim]
-    sums = target.sum(cdim, dtype=torch.float64)  # no float64 copy of the target
+    # Summed in the target's dtype (torch sums pairwise: error O(log n) ulps,
+    # far inside the tolerance; a float64 sum would first copy the target to
+    # float64); half targets in float32.
+    sums = target.sum(cdim) if target.dtype in (torch.float32, torch.float64) else target.sum(cdim, dtype=torch.float32)
     tol = sum_tolerance(k, n, target.dtype)
     require((sums - k).abs() <= tol,
-            lambda: _sum_message(sums, k if isinstance(k, (int, float)) else "k per row", n, cdim, name, capped))
+            lambda: _sum_message(sums, _k_text(k), n, cdim, name, capped))
     return target
 
 
@@ -210,35 +264,45 @@ def sum_tolerance(k, n: int, dtype: torch.dtype):
     multi-hot row that was not normalised is off by at least 1, and one
     normalised over the wrong dimension by far more than n·2⁻²³ for any n
     below millions."""
-    eps = torch.finfo(dtype).eps
-    return k * max(eps**0.5, 2 * n * eps, n * torch.finfo(torch.float32).eps)
+    eps = _EPS.get(dtype) or torch.finfo(dtype).eps
+    return k * max(eps**0.5, 2 * n * eps, n * _EPS[torch.float32])
 
 
-def _sum_message(sums: Tensor, k, n: int, cdim: int, name: str, capped: bool) -> str:
+def _k_text(k):
+    """k as the message names it: "k=2.5" for a number or for a tensor k with
+    one value (a float k reaches here as a per-row tensor), else "each row's k"."""
+    if isinstance(k, (int, float)):
+        return f"k={k:g}"
+    if k.numel() and bool((k == k.flatten()[0]).all()):
+        return f"k={float(k.flatten()[0]):g}"
+    return "each row's k"
+
+
+def _sum_message(sums: Tensor, k: str, n: int, cdim: int, name: str, capped: bool) -> str:
     """Why a target's rows do not sum to k, and what to pass instead."""
     lo, hi = float(sums.min()), float(sums.max())
     normalise = f"{name} / {name}.sum(dim={cdim}, keepdim=True)"
     if lo <= 0:
         normalise += f" after dropping the rows that sum to 0 (keep = {name}.sum(dim={cdim}) > 0)"
-    if k == 1:
+    if k == "k=1":
         hint = (
             f"rows must be probability distributions summing to 1; normalise multi-hot "
             f"labels first: {normalise}"
         )
     elif lo == hi and lo == round(lo) and 1 <= lo <= n:
         hint = (
-            f"rows must sum to k={k}: every row sums to {lo:g}, so pass k={int(lo)}, or give "
+            f"rows must sum to {k}: every row sums to {lo:g}, so pass k={int(lo)}, or give "
             f"each row exactly k ones (a point of the capped simplex: entries in [0, 1] summing to k)"
         )
     elif capped:
         hint = (
-            f"rows must sum to k={k}: a multi-hot label needs exactly k ones (or a point of the "
+            f"rows must sum to {k}: a multi-hot label needs exactly k ones (or a point of the "
             f"capped simplex: entries in [0, 1] summing to k); for a varying number of labels "
             f"pass one k per row, k={name}.sum(dim={cdim}, keepdim=True)"
         )
     else:
         hint = (
-            f"rows must sum to k={k}; for a varying number of labels use "
+            f"rows must sum to {k}; for a varying number of labels use "
             f"softk.losses.softmax_loss(input, {normalise})"
         )
     return f"{name} row sums lie in [{lo:.6g}, {hi:.6g}]; {hint}"

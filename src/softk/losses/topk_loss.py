@@ -37,7 +37,11 @@ def soft_topk_loss(input: Tensor, target: Tensor, k: int, method: str = "exp", t
         reduction: "mean" (over rows), "sum" or "none".
 
     With k = 1 and method "exp" this is :func:`softmax_loss`; with "sparse",
-    :func:`sparsemax_loss`.
+    :func:`sparsemax_loss`.  Method "exp" with an int k, or one integral k
+    per row (multi-hot labels), takes the fused loss kernel on the CPU's
+    compiled kernels (on Triton every method with an int k); the other
+    methods, and a k per row that is not integral or needs a gradient, take
+    the unfused route (:func:`softk.losses.fenchel_young_loss`).
 
     >>> import torch
     >>> x = torch.tensor([[3.0, 0.0, 2.0, -1.0]])

@@ -3,15 +3,7 @@
 from .maps import Entmax, Entmax15, Softmax, Sparsemax, SoftTopK
 from .topk import HardTopK, TopKSoftmax, TopKSum
 from .cosine import CosineClassifier
-from .losses import (
-    CrossEntropyLoss,
-    Entmax15Loss,
-    EntmaxLoss,
-    SoftmaxLoss,
-    SoftTopKLoss,
-    SparsemaxLoss,
-    TopKSoftmaxCrossEntropyLoss,
-)
+from .losses import CrossEntropyLoss, Entmax15Loss, EntmaxLoss, SoftmaxLoss, SoftTopKLoss, SparsemaxLoss, TopKSoftmaxCrossEntropyLoss
 
 from .fused_linear import FusedLinearLoss
 from .attention import ScaledDotProductAttention

@@ -16,6 +16,8 @@ from .._validate import check_tau
 class FusedLinearLoss(nn.Module):
     r"""``nn.Linear(in_features, num_classes, bias)`` followed by a softk loss, fused.
 
+    The default loss is "cross_entropy", as for torch's
+    ``F.linear_cross_entropy`` and Liger-Kernel's fused linear cross-entropy.
     ``forward(input (..., in_features), target)`` returns
     :func:`softk.losses.fused_linear_loss` ``(input, self.weight, target, loss, self.bias, ...)``,
     so the (N, num_classes) logits are only ever held a chunk of rows at a
@@ -37,7 +39,7 @@ class FusedLinearLoss(nn.Module):
         self,
         in_features: int,
         num_classes: int,
-        loss: str = "sparsemax",
+        loss: str = "cross_entropy",
         bias: bool = True,
         *,
         alpha=None,

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from .. import losses as L
-from .._validate import check_alpha, check_choice, check_k, check_tau
+from .._validate import check_alpha, check_choice, check_k, check_module_k, check_tau
 from ..threshold.families import THRESHOLD_METHODS
 from ..losses.cross_entropy import _check_smoothing
 from ..losses.targets import check_ignore_index, check_reduction
@@ -95,10 +95,10 @@ class TopKSoftmaxCrossEntropyLoss(_ClassLoss):
 class SoftTopKLoss(nn.Module):
     """``softk.losses.soft_topk_loss(input, target, k, method, tau, reduction)`` as a module."""
 
-    def __init__(self, k: int, method: str = "exp", tau: float = 1.0, reduction: str = "mean"):
+    def __init__(self, k: float, method: str = "exp", tau: float = 1.0, reduction: str = "mean"):
         super().__init__()
-        self.k = check_k(k)
         self.method = check_choice(method, tuple(THRESHOLD_METHODS), "method")
+        self.k = check_module_k(k, self.method)
         self.tau = check_tau(tau)
         self.reduction = check_reduction(reduction)
 

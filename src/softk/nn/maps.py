@@ -9,8 +9,8 @@ import math
 import torch
 from torch import nn
 
-from .. import simplex, topk
-from .._validate import check_alpha, check_choice, check_dim, check_k, check_tau
+from .._maps import simplex, soft_topk as topk
+from .._validate import check_alpha, check_choice, check_dim, check_k, check_module_k, check_tau
 
 
 class Softmax(nn.Module):
@@ -85,10 +85,11 @@ class Entmax(nn.Module):
 class SoftTopK(nn.Module):
     """``softk.soft_topk(x, k, dim, tau, method)`` as a module."""
 
-    def __init__(self, k: int, dim: int = -1, tau: float = 1.0, method: str = "exp"):
+    def __init__(self, k: float, dim: int = -1, tau: float = 1.0, method: str = "exp"):
         super().__init__()
-        self.k, self.dim, self.tau = check_k(k), check_dim(None, dim), check_tau(tau)
+        self.dim, self.tau = check_dim(None, dim), check_tau(tau)
         self.method = check_choice(method, topk.METHODS, "method")
+        self.k = check_module_k(k, self.method)
 
     def forward(self, x):
         return topk.soft_topk(x, self.k, self.dim, self.tau, self.method)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from torch import nn
 
-from .. import hard
-from ..topk_smooth_sum import SUM_METHODS, topk_sum
-from .._validate import check_choice, check_dim, check_k, check_tau
+from .._maps import hard
+from .._maps.topk_sum import SUM_METHODS, topk_sum
+from .._validate import check_choice, check_dim, check_k, check_module_k, check_tau
 
 
 class HardTopK(nn.Module):
@@ -41,10 +41,10 @@ class TopKSoftmax(nn.Module):
 class TopKSum(nn.Module):
     """``softk.topk_sum(x, k, dim, tau, method, keepdim)`` as a module."""
 
-    def __init__(self, k: int, dim: int = -1, tau: float = 1.0, method: str = "exp", keepdim: bool = False):
+    def __init__(self, k: float, dim: int = -1, tau: float = 1.0, method: str = "exp", keepdim: bool = False):
         super().__init__()
         check_choice(method, SUM_METHODS, "method")
-        self.k, self.dim, self.tau = check_k(k), check_dim(None, dim), check_tau(tau)
+        self.k, self.dim, self.tau = check_module_k(k, method), check_dim(None, dim), check_tau(tau)
         self.method, self.keepdim = method, bool(keepdim)
 
     def forward(self, x):

@@ -1,15 +1,22 @@
-"""The threshold-map core: p = f(x/τ − λ) with Σp = k.
+"""The threshold-map core: p = f(x/τ − λ) with Σp = k, as mathematics.
 
 ``families`` says what each map is, ``solve`` finds λ, ``rows`` holds the row
-prelude and conventions, ``torch_path`` the reference forward and backward,
-and ``op`` the one autograd contract that every backend runs under
-(:mod:`softk.dispatch` picks the backend).
+prelude and conventions, ``torch_path`` the reference forward and backward
+(``fast_paths``, ``entmax_anchor`` their exact special cases) and
+``entmax_alpha`` the gradient in a tensor α.  Nothing here picks a backend:
+:mod:`softk._backends` runs these maths, and :mod:`softk._contract` is the
+one autograd contract every backend runs under (``threshold_map``).
 """
 
 from .families import ENTMAX15, EXP, LAPLACE, SIGMOID, SOFTMAX, SPARSE, SPARSEMAX, THRESHOLD_METHODS  # noqa: F401
 from .families import Family, entmax_family  # noqa: F401
 from .solve import solve_lambda
-from .op import threshold_map
+
+
+def __getattr__(name):  # threshold_map moved to softk._contract.op: an alias for one release
+    from .._moved import moved_name
+
+    return moved_name(__name__, name)
 
 __all__ = [
     "Family",
@@ -23,5 +30,4 @@ __all__ = [
     "THRESHOLD_METHODS",
     "entmax_family",
     "solve_lambda",
-    "threshold_map",
 ]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .. import _lean
 from .families import entmax_family
 from .rows import compute_dtype, row_status
 from .torch_path import vjp_from_log_slope
@@ -72,25 +73,22 @@ def entmax_rows(x: Tensor, alpha: Tensor, tau: float) -> Tensor:
     return torch.where(active, p, filled)
 
 
-@torch.library.custom_op("softk::entmax_alpha", mutates_args=())
-def entmax_alpha_op(x: Tensor, alpha: Tensor, tau: float) -> Tensor:
-    """p of α-entmax along the last dimension, α shaped x.shape[:-1] + (1,)."""
+def _kernel(x: Tensor, alpha: Tensor, tau: float) -> Tensor:
     return entmax_rows(x, alpha, tau).to(x.dtype)
 
 
-@entmax_alpha_op.register_fake
-def _(x, alpha, tau):
-    return torch.empty_like(x)
+def _entmax_alpha(x: Tensor, alpha: Tensor, tau: float) -> Tensor:
+    """p of α-entmax along the last dimension, α shaped x.shape[:-1] + (1,)."""
+    return _kernel(x, alpha, tau)
 
 
-def _vmap(info, in_dims, x, alpha, tau):
-    def front(t, bdim):
-        return t.expand(info.batch_size, *t.shape) if bdim is None else t.movedim(bdim, 0)
-
-    return entmax_alpha_op(front(x, in_dims[0]), front(alpha, in_dims[1]), tau), 0
+entmax_alpha_op = None  # softk::entmax_alpha, defined by _library()
 
 
-entmax_alpha_op.register_vmap(_vmap)
+@_lean.library
+def _library():
+    global entmax_alpha_op
+    entmax_alpha_op = _lean.custom_op("softk::entmax_alpha", _entmax_alpha)
 
 
 def _dp_dalpha(p: Tensor, a: Tensor, logd: Tensor) -> Tensor:
@@ -147,7 +145,10 @@ class EntmaxAlphaFunctionJvp(EntmaxAlphaFunction):
         return t.to(out.dtype)
 
 
+_ROUTES = _lean.Routes(EntmaxAlphaFunctionJvp, _kernel, lambda x, alpha, _: (x, alpha),
+                       compiled=EntmaxAlphaFunction, register=_library)
+
+
 def entmax_alpha(x: Tensor, alpha: Tensor, tau: float) -> Tensor:
     """The contract on rows (dim last), α shaped x.shape[:-1] + (1,)."""
-    fn = EntmaxAlphaFunction if torch.compiler.is_compiling() else EntmaxAlphaFunctionJvp
-    return fn.apply(x, alpha, tau)
+    return _ROUTES.apply(x, alpha, tau)

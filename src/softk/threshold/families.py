@@ -59,31 +59,40 @@ class Family:
     support_size: Optional[Callable[[Tensor, Tensor, int], Tensor]] = None
     alpha: object = None  # entmax's α (the Triton kernels take it as a number)
 
-    # Which kernels serve the family: one table, read by softk.dispatch.
+    # Which kernels serve the family: one table, read by softk._backends.dispatch.  The
+    # answers are computed once, in __post_init__ (every call asks them, and
+    # functools.cached_property takes a lock that torch.compile cannot trace).
+    def __post_init__(self):
+        if self.name == "entmax" and isinstance(self.alpha, Tensor):
+            kernel = None  # per-row α: PyTorch path
+        else:
+            kernel = KERNEL_IDS.get(self.name)
+        native = kernel is not None and kernel in NATIVE_IDS and (
+            kernel != KERNEL_IDS["entmax"] or 1.0 < float(self.alpha) <= 2.0)
+        # a tensor α is read when asked (a value check of a batch, say), never here
+        alpha_value = 1.5 if self.alpha is None else None if isinstance(self.alpha, Tensor) else float(self.alpha)
+        object.__setattr__(self, "_kernels", (kernel, native, alpha_value))
+
     @property
     def kernel(self) -> Optional[int]:
         """The id of this family in the compiled CPU and Triton kernels (None: PyTorch path only)."""
-        if self.name == "entmax" and isinstance(self.alpha, Tensor):
-            return None  # per-row α: PyTorch path
-        return KERNEL_IDS.get(self.name)
+        return self._kernels[0]
 
     @property
     def native(self) -> bool:
         """True when the compiled CPU kernels serve this family: the first five
         ids, and entmax only for 1 < α ≤ 2 (for α > 2, g is not convex and the
         C solver's Newton-from-below is not safe)."""
-        fid = self.kernel
-        if fid is None or fid not in NATIVE_IDS:
-            return False
-        return fid != KERNEL_IDS["entmax"] or 1.0 < float(self.alpha) <= 2.0
+        return self._kernels[1]
 
     @property
     def alpha_value(self) -> float:
         """α as a float for the kernels (1.5 where the family has none)."""
-        return float(self.alpha) if self.alpha is not None else 1.5
+        value = self._kernels[2]
+        return float(self.alpha) if value is None else value
 
 
-# Kernel ids shared by kernels_impl.h (native) and softk/triton/kernels.py.
+# Kernel ids shared by kernels_impl.h (native) and softk/_backends/triton/kernels.py.
 KERNEL_IDS = {"softmax": 0, "sparsemax": 1, "entmax15": 2, "entmax": 3, "exp": 4, "sigmoid": 5, "laplace": 6, "sparse": 7}
 NATIVE_IDS = frozenset(range(5))
 
@@ -372,3 +381,56 @@ def by_name(name: str, alpha: float = 1.5) -> Family:
     if name == "entmax":
         return entmax_by_alpha(alpha)
     return {"softmax": SOFTMAX, "sparsemax": SPARSEMAX, "entmax15": ENTMAX15, **THRESHOLD_METHODS}[name]
+
+
+# ------------------- dense α-entmax, 0 < α < 1: [(α−1)u]^{1/(α−1)} with every u < 0
+def entmax_dense_family(alpha) -> Family:
+    r"""α-entmax for 0 < α < 1: the Tsallis-regularised argmax that is *dense*.
+
+    With a = α − 1 < 0 and β = 1/a < 0, p_i = [a(z_i − λ)]^β = [(1−α)(λ − z_i)]^{−1/(1−α)}
+    with λ > max z: every finite entry is positive (polynomial tails, never
+    sparse), and α → 1⁻ tends to softmax.  Ω(p) = Σ p^α / (α(α−1)) is still
+    convex for 0 < α < 1, so the map is the unique maximiser of ⟨z, p⟩ − Ω(p) on
+    the simplex.  g(λ) = Σ f(z − λ) is decreasing and convex, and
+    h = g^{1/β} is a power mean with exponent β < 0 of the λ − z_i, concave in λ:
+    Newton on h from the left (g ≥ 1) never overshoots (``newton_power = β``).
+    The bracket is entmax's: p_max = 1 at λ = max z + 1/(1−α), p_max = 1/m at
+    λ = max z + m^{1−α}/(1−α).  f is +inf for u ≥ 0 (the limit from below), a
+    side the bracket never visits.  PyTorch path only (no kernel id).
+
+    ``alpha`` is a float in (0, 1) or a tensor of such values shaped like the
+    rows' first dimensions + (1,).  The entmax package's ``entmax_bisect``
+    computes this map for α < 1 (softk.compat.entmax serves it from here).
+    """
+    am1 = alpha - 1
+    beta = 1 / am1
+
+    def neg_pow(u, e):
+        # [(α−1)u]^e for u < 0; the exponents β − 1, β, β + 1 = α/(α−1) are all
+        # negative, so u → 0⁻ gives +inf, and u = −inf (a masked entry) gives 0.
+        s = am1 * u
+        pos = s > 0
+        return torch.where(pos, torch.exp(e * torch.log(torch.where(pos, s, 1.0))), float("inf"))
+
+    def bracket(z, k, finite):
+        m = _sum(finite.to(z.dtype))
+        zmax = torch.where(finite, z, NEG_INF).amax(-1, keepdim=True)
+        return zmax - 1 / am1, zmax - (1 / m) ** am1 / am1
+
+    return Family(
+        name="entmax_dense",
+        f=lambda u: neg_pow(u, beta),
+        df=lambda u: neg_pow(u, beta - 1),
+        d_from_p=lambda p: torch.exp((2 - alpha) * torch.log(p)),
+        F=lambda u: neg_pow(u, beta + 1) / alpha,
+        psi=lambda p: torch.where(
+            p > 0, torch.exp(alpha * torch.log(torch.where(p > 0, p, 1.0))), 0.0
+        )
+        / (alpha * am1),
+        capped=False,
+        bracket=bracket,
+        convex=True,
+        newton_power=beta,
+        alpha=alpha,
+    )
+

@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .solve import lambda_reference
+
 NEG_INF = float("-inf")
 
 
@@ -46,9 +48,8 @@ def scaled_rows(x: Tensor, tau: float, family=None, k=1, shift: bool = True) -> 
     their backward takes τ separately.  ``shift=False`` (the compiled
     kernels at τ = 1, which find λ relative to the row themselves) skips it.
     """
-    from .solve import lambda_reference
-
-    z = x.to(compute_dtype(x.dtype))
+    ct = compute_dtype(x.dtype)
+    z = x if x.dtype == ct else x.to(ct)
     if shift:
         z = z - lambda_reference(z, k, family is not None and family.capped)
     return z if tau == 1.0 else z / tau

@@ -1,0 +1,140 @@
+r"""One dispatch: which backend runs a threshold map, decided once per call.
+
+Every public map, loss and potential reaches λ through :func:`resolve`, which
+turns the configured backend (:mod:`softk._backends.registry`: ``"auto"``, ``"torch"``,
+``"native"`` or ``"triton"``) and the input (device, dtype) into the concrete
+backend that runs this call.  The name is recorded by the autograd contract
+(:mod:`softk._contract.op`) so that the backward runs where the forward ran.
+
+Each backend implements the same two functions on *rows* (the map's
+dimension last, any leading shape):
+
+* ``forward(family, x, k, tau) -> p`` with p = f((x − max)/τ − λ), Σp = k,
+  returned in ``x.dtype`` and following the row conventions of
+  :mod:`softk.threshold.rows`;
+* ``backward(family, p, g, tau) -> dx``, the vector–Jacobian product
+  d ⊙ (g − Σ(d⊙g)/Σd)/τ from the saved output alone.
+
+A family says which kernels serve it (:attr:`softk.threshold.Family.kernel`
+and ``Family.native``); a backend that does not serve a family (or a dtype:
+the Triton kernels compute in float32, the compiled CPU kernels take
+float32/float64) sends the call to ``"torch"``, the reference path, which
+serves every family on every device.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from . import registry as _backend, native
+from ..threshold.families import Family
+from ..threshold.rows import compute_dtype, scaled_rows
+from ..threshold import torch_path
+
+
+def _in_compute_dtype(vjp, family: Family, p: Tensor, g: Tensor, tau: float) -> Tensor:
+    """Run a backward in the compute dtype (half inputs: float32), return p's dtype."""
+    ct = compute_dtype(p.dtype)
+    if p.dtype == ct:
+        return vjp(family, p, g if g.dtype == ct else g.to(ct), tau)
+    return vjp(family, p.to(ct), g.to(ct), tau).to(p.dtype)
+
+
+class TorchBackend:
+    """The reference PyTorch implementation (every family, every device)."""
+
+    name = "torch"
+
+    @staticmethod
+    def serves(family: Family, x: Tensor) -> bool:
+        return True
+
+    @staticmethod
+    def forward(family: Family, x: Tensor, k: int, tau: float) -> Tensor:
+        return torch_path.forward(family, scaled_rows(x, tau, family, k), k).to(x.dtype)
+
+    @staticmethod
+    def backward(family: Family, p: Tensor, g: Tensor, tau: float) -> Tensor:
+        return _in_compute_dtype(torch_path.vjp, family, p, g, tau)
+
+
+class NativeBackend:
+    """The compiled CPU kernels (:mod:`softk._backends.native`)."""
+
+    name = "native"
+
+    @staticmethod
+    def serves(family: Family, x: Tensor) -> bool:
+        return family.native and x.is_cpu and (x.dtype == torch.float32 or x.dtype == torch.float64)
+
+    @staticmethod
+    def forward(family: Family, x: Tensor, k: int, tau: float) -> Tensor:
+        # The kernels find λ relative to the row themselves; x/τ is formed
+        # after the shift (τ ≠ 1), as on every path.  serves() took only
+        # float32/float64, which the kernels compute in.
+        return native.forward(family, x if tau == 1.0 else scaled_rows(x, tau, family, k), k)
+
+    @staticmethod
+    def backward(family: Family, p: Tensor, g: Tensor, tau: float) -> Tensor:
+        return native.backward(family, p, g, tau)  # p is float32/float64, as serves() took
+
+
+class TritonBackend:
+    """The Triton kernels (:mod:`softk._backends.triton`), float32 arithmetic inside."""
+
+    name = "triton"
+
+    @staticmethod
+    def serves(family: Family, x: Tensor) -> bool:
+        if family.kernel is None or x.dtype == torch.float64:
+            return False
+        if family.alpha_value is None:
+            return True
+        from .triton.function import serves  # an α the float32 kernels cannot keep exact goes to torch
+
+        return serves(family.kernel, family.alpha_value)
+
+    @staticmethod
+    def forward(family: Family, x: Tensor, k: int, tau: float) -> Tensor:
+        from .triton.function import forward_rows
+
+        rows = x.contiguous().view(-1, x.shape[-1])
+        if family.kernel == 0 and k == 1:
+            # softmax: the dedicated kernel (online max + sum, several rows per program)
+            from .triton.softmax import softmax_rows
+
+            return softmax_rows(rows, tau).view(x.shape)
+        return forward_rows(rows, family.kernel, k, tau, family.alpha_value).view(x.shape)
+
+    @staticmethod
+    def backward(family: Family, p: Tensor, g: Tensor, tau: float) -> Tensor:
+        from .triton.function import backward_rows
+
+        n = p.shape[-1]
+        p_rows, g_rows = p.contiguous().view(-1, n), g.to(p.dtype).contiguous().view(-1, n)
+        if family.kernel == 0:  # softmax (k = 1 always): the dedicated kernel's backward
+            from .triton.softmax import softmax_backward_rows
+
+            return softmax_backward_rows(p_rows, g_rows, tau).view(p.shape)
+        return backward_rows(p_rows, g_rows, family.kernel, tau, family.alpha_value).view(p.shape)
+
+
+BACKENDS = {b.name: b for b in (TorchBackend, NativeBackend, TritonBackend)}
+
+
+def resolve(x: Tensor, family: Family) -> str:
+    """The backend that runs ``family`` on ``x`` under the current setting.
+
+    Raises the ValueError of :func:`softk._backends.registry.resolve` for a backend
+    that cannot run ``x`` at all (e.g. "native" for a CUDA tensor)."""
+    name = _backend.resolve(x)
+    backend = BACKENDS.get(name)
+    if backend is None or not backend.serves(family, x):
+        return "torch"
+    return name
+
+
+def get(name: str):
+    """The backend object registered under ``name``."""
+    return BACKENDS[name]

@@ -1,0 +1,194 @@
+/* One floating type's kernels (T, SUF, EXP, LOG, POW, SQRT, EPS are defined by
+ * kernels.c).  Every row is handled on its own; the caller splits rows
+ * between threads.
+ *
+ * Shifted coordinates: the solvers work with v = z − max(z) ≤ 0 and return
+ * λ − max(z), so tolerances are relative to the data's spread, not to |max|.
+ *
+ * Row conventions (the same as softk.threshold.rows): −inf entries are
+ * removed; a row with m ≤ k finite entries gets 1 on them (0 elsewhere); a row
+ * holding NaN or +inf is NaN.
+ */
+
+#include "kernels_rows.h"
+#include "kernels_exp.h"
+
+/* ---------------------------------------------------------------------------
+ * Forward over rows [0, rows).  scratch: 2n slots (values, indices) per call.
+ * Returns 0, or −1 when scratch memory could not be allocated.
+ */
+int FN(softk_forward)(int fam, const T *z, T *p, int64_t rows, int64_t n, double kd,
+                      double alphad, int64_t *max_iters)
+{
+    T k = (T)kd, alpha = (T)alphad;
+    T *val = NULL;
+    int64_t *idx = NULL;
+    T *bm = NULL;
+    if (fam >= 1 && fam <= 3) {
+        val = (T *)malloc((size_t)(n + PAD) * sizeof(T));
+        idx = (int64_t *)malloc((size_t)(n + PAD) * sizeof(int64_t));
+        bm = (T *)malloc((size_t)((n + BLK - 1) / BLK) * sizeof(T));
+        if (!val || !idx || !bm) {
+            free(val);
+            free(idx);
+            free(bm);
+            return -1;
+        }
+    }
+    int64_t worst = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        const T *zr = z + r * n;
+        T *pr = p + r * n;
+        int64_t count, iters = 0;
+        int bad;
+        T m = bm ? FN(row_scan_blocks)(zr, n, bm, &count, &bad) : FN(row_scan)(zr, n, &count, &bad);
+        if (bad || (double)count <= kd) {
+            FN(fill_conventions)(zr, pr, n, bad);
+            continue;
+        }
+        if (fam == 0) {
+            T scale = k / FN(store_exp)(zr, pr, m, n);
+#pragma omp simd
+            for (int64_t i = 0; i < n; i++) pr[i] *= scale;
+            iters = 1;
+        } else if (fam == 4 && FN(exp_stored)(zr, pr, m, n, k, &iters, NULL)) {
+            /* done: the common case, one exp per entry */
+        } else if (fam == 4) {
+            T ref, lam = FN(solve_exp)(zr, m, n, k, &ref, &iters);
+            FN(exp_write)(zr, pr, n, ref, lam);
+        } else {
+            int64_t c;
+            T lam = FN(solve_zero_below)(fam, zr, bm, m, n, k, alpha, val, idx, &c, &iters);
+            FN(write_zero_below)(fam, pr, n, lam, alpha, val, idx, c);
+        }
+        worst = iters > worst ? iters : worst;
+    }
+    free(val);
+    free(idx);
+    free(bm);
+    if (max_iters) *max_iters = worst;
+    return 0;
+}
+
+/* d = f′(u) read off p (the same formulas as Family.d_from_p), NaN kept. */
+static inline T FN(slope)(int fam, T pi, T e)
+{
+    if (fam == 0) return pi;
+    if (fam == 1) return pi > 0 ? (T)1 : (pi == pi ? (T)0 : pi);
+    if (fam == 2) return SQRT(pi);
+    if (fam == 3) return pi > 0 ? POW(pi > 0 ? pi : 1, e) : (pi == pi ? (T)0 : pi);
+    return pi < 1 ? pi : (pi == pi ? (T)0 : pi);
+}
+
+/* Backward: dx = d ⊙ (g − Σ(d⊙g)/Σd) / τ with d = f′(u) read off p
+ * (0 where Σd = 0, NaN where p is NaN).
+ * Dense families (softmax, exp): two passes, d recomputed (no d buffer).
+ * Zero-below families: d = 0 where p = 0, so the row is read once to find
+ * the support (16-wide chunks with no nonzero are skipped), the gradient row
+ * is zeroed, and only the support's g and dx are touched.
+ * scratch: 2 (n + PAD) slots for the zero-below families, else unused.
+ * Returns 0, or −1 when scratch memory could not be allocated. */
+int FN(softk_backward)(int fam, const T *p, const T *g, T *dx, int64_t rows, int64_t n,
+                       double inv_taud, double alphad)
+{
+    T inv_tau = (T)inv_taud, e = (T)(2 - alphad);
+    int64_t *sidx = NULL;
+    T *dv = NULL;
+    if (fam >= 1 && fam <= 3) {
+        sidx = (int64_t *)malloc((size_t)(n + PAD) * sizeof(int64_t));
+        dv = (T *)malloc((size_t)(n + PAD) * sizeof(T));
+        if (!sidx || !dv) {
+            free(sidx);
+            free(dv);
+            return -1;
+        }
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        const T *pr = p + r * n, *gr = g + r * n;
+        T *out = dx + r * n;
+        T sd = 0, sdg = 0;
+        if (!sidx) {
+#pragma omp simd reduction(+ : sd, sdg)
+            for (int64_t i = 0; i < n; i++) {
+                T d = FN(slope)(fam, pr[i], e);
+                sd += d;
+                sdg += d * gr[i];
+            }
+            T coef = sd > 0 ? sdg / sd : 0;
+#pragma omp simd
+            for (int64_t i = 0; i < n; i++) out[i] = FN(slope)(fam, pr[i], e) * (gr[i] - coef) * inv_tau;
+            continue;
+        }
+        int64_t c = 0;
+        for (int64_t i0 = 0; i0 < n; i0 += PAD) {
+            int64_t end = i0 + PAD < n ? i0 + PAD : n;
+            int hit = 0;
+#pragma omp simd reduction(| : hit)
+            for (int64_t i = i0; i < end; i++) hit |= pr[i] != 0; /* NaN counts: it must spread */
+            if (!hit) continue;
+            for (int64_t i = i0; i < end; i++) {
+                sidx[c] = i;
+                c += pr[i] != 0;
+            }
+        }
+        memset(out, 0, (size_t)n * sizeof(T));
+        int64_t cp = (c + PAD - 1) / PAD * PAD; /* whole vectors for pow */
+        for (int64_t j = 0; j < c; j++) dv[j] = pr[sidx[j]];
+        for (int64_t j = c; j < cp; j++) dv[j] = 0;
+#pragma omp simd
+        for (int64_t j = 0; j < cp; j++) dv[j] = FN(slope)(fam, dv[j], e);
+        for (int64_t j = 0; j < c; j++) {
+            sd += dv[j];
+            sdg += dv[j] * gr[sidx[j]];
+        }
+        T coef = sd > 0 ? sdg / sd : 0;
+        for (int64_t j = 0; j < c; j++) out[sidx[j]] = dv[j] * (gr[sidx[j]] - coef) * inv_tau;
+    }
+    free(sidx);
+    free(dv);
+    return 0;
+}
+
+/* Rows split between nthreads OpenMP threads (one contiguous block each).
+ * Built with -fopenmp, this shares the process's libgomp (torch's own on
+ * Linux, same soname) and so its thread pool; without OpenMP it is serial. */
+int FN(softk_forward_threads)(int fam, const T *z, T *p, int64_t rows, int64_t n, double kd,
+                              double alphad, int64_t *max_iters, int nthreads)
+{
+    int rc = 0;
+    int64_t worst = 0;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(nthreads) reduction(| : rc) reduction(max : worst)
+#endif
+    {
+        int t = 0, nt = 1;
+#ifdef _OPENMP
+        t = omp_get_thread_num();
+        nt = omp_get_num_threads();
+#endif
+        int64_t lo = rows * t / nt, hi = rows * (t + 1) / nt, it = 0;
+        if (hi > lo) rc |= FN(softk_forward)(fam, z + lo * n, p + lo * n, hi - lo, n, kd, alphad, &it);
+        worst = it > worst ? it : worst;
+    }
+    if (max_iters) *max_iters = worst;
+    return rc;
+}
+
+int FN(softk_backward_threads)(int fam, const T *p, const T *g, T *dx, int64_t rows, int64_t n,
+                               double inv_taud, double alphad, int nthreads)
+{
+    int rc = 0;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(nthreads) reduction(| : rc)
+#endif
+    {
+        int t = 0, nt = 1;
+#ifdef _OPENMP
+        t = omp_get_thread_num();
+        nt = omp_get_num_threads();
+#endif
+        int64_t lo = rows * t / nt, hi = rows * (t + 1) / nt;
+        if (hi > lo) rc |= FN(softk_backward)(fam, p + lo * n, g + lo * n, dx + lo * n, hi - lo, n, inv_taud, alphad);
+    }
+    return rc;
+}

@@ -1,0 +1,204 @@
+r"""α-entmax p to float32 precision for α outside [1.125, 2], from a λ known
+only to its float resolution: the anchor form of
+:mod:`softk.threshold.entmax_anchor`, in the kernels.
+
+With a = α − 1, β = 1/a and w_i = a(z_i − λ): p_i = (w_i)_+^β, Σp = 1.  For
+large α an entry with p = 0.03 at α = 5 has w = p⁴ ≈ 1e-6, so z_i − λ would
+have to be resolved far below ulp(z_i); for α → 1 the rounding of w is
+multiplied by β.  Instead the unknown is ℓ = log p_j of an anchor entry j
+(the smallest entry of the support): w_j = e^{aℓ}, w_i = w_j + a·d_i with
+d_i = z_i − z_j, and
+
+.. math::  \log p_i = \ell + \beta\,\mathrm{softplus}(\log(a d_i) - a\ell)
+           \quad (d_i > 0), \qquad \log p_i = \ell \quad (d_i = 0),
+
+log1p(−e^{log(a|d_i|) − aℓ}) for d_i < 0 (−inf once that is ≥ 1), and
+β·log(w_j + a d_i) where that rounds less (the same rules as the torch
+route's ``_log_terms``).  G(ℓ) = Σ p_i is increasing; Newton on it runs
+inside [lo, 0] (p_j = 1 gives G ≥ 1), bisecting when a step leaves it.
+
+The anchor: first the largest entry at or below the search's λ (one pass);
+while even p_j → 0 leaves G ≥ 1 (G₀ = Σ_{d>0} (a d)^β ≥ 1) it is not in the
+support and the next entry up is taken, in the same pass as a Newton step.
+Each pass (the candidate's, each Newton step or move) is one more read of
+the row, counted in the kernel's passes.  Every quantity is a difference of
+nearby entries, a log or a softplus, so p keeps its relative precision
+whatever its w; a·ℓ and log(a d) stay finite for any float32 α (the
+launcher routes α above 1e30 away, see :func:`.function.serves`).
+"""
+
+import triton
+import triton.language as tl
+
+from .family_math import _log1p
+from .prelude import _cols, _load_z, _scaled
+from .search import EPS
+
+TINY = tl.constexpr(1.1754943508222875e-38)  # the smallest normal float32
+
+
+@triton.jit
+def _log_terms(d, ell, a, beta, log_a):
+    """(log p_i, d log p_i / dℓ) for anchor offsets d at anchor log-prob ℓ."""
+    pos = d > 0
+    neg = d < 0
+    absd = tl.where(pos | neg, tl.abs(d), 1.0)
+    L = log_a + tl.log(absd) - a * ell  # log(a|d|/w_j)
+    up = beta * (tl.maximum(L, 0.0) + _log1p(tl.exp(-tl.abs(L))))  # β softplus(L)
+    # the direct β·log(w_j + a d_i) where it rounds less: eps·(β + |log p_i|)
+    # against eps·(|ℓ| + β·softplus) (entries far above a small anchor)
+    wj = tl.exp(a * ell)
+    direct = pos & (wj >= TINY)
+    logw = tl.log(tl.where(direct, wj + a * tl.where(direct, d, 0.0), 1.0))
+    better = direct & (beta + tl.abs(beta * logw) < tl.abs(ell) + up)
+    up = tl.where(better, beta * logw - ell, up)
+    y = tl.exp(tl.minimum(L, 0.0))
+    inside = neg & (L < 0)
+    yi = tl.where(inside, y, 0.0)
+    down = beta * _log1p(-yi)
+    logp = ell + tl.where(pos, up, tl.where(inside, down, 0.0))
+    logp = tl.where(neg & (~inside), float("-inf"), logp)
+    slope = tl.where(pos, 1.0 / (1.0 + tl.exp(tl.minimum(L, 80.0))), tl.where(inside, 1.0 / (1.0 - yi), 1.0))
+    return logp, tl.where(logp > float("-inf"), slope, 0.0)
+
+
+@triton.jit
+def _anchor_p(z, A, ell, a, beta, log_a):
+    # p of every entry given the anchor entry A and its log-probability ℓ
+    logp, _ = _log_terms(z - A, ell, a, beta, log_a)
+    return tl.exp(logp)
+
+
+@triton.jit
+def _candidate_block(z, c, t):
+    # per lane: the largest z at or below λ = c + t, and the smallest z
+    fin = z > float("-inf")
+    below = fin & (((z - c) - t) <= 0)
+    return tl.where(below, z, float("-inf")), tl.where(fin, z, float("inf"))
+
+
+@triton.jit
+def _newton_block(z, A, ell, a, beta, log_a):
+    # per lane: G, G', G₀ (Σ over d > 0 of (a d)^β), the next entry above
+    # A, and the count of entries in the support
+    d = z - A
+    logp, slope = _log_terms(d, ell, a, beta, log_a)
+    p = tl.exp(logp)
+    pos = d > 0
+    g0 = tl.where(pos, tl.exp(beta * (log_a + tl.log(tl.where(pos, d, 1.0)))), 0.0)
+    return p, p * slope, g0, tl.where(pos, z, float("inf")), (logp > float("-inf")).to(tl.float32)
+
+
+@triton.jit
+def _rsum(v):
+    return tl.sum(v, 1, keep_dims=True)
+
+
+@triton.jit
+def _first_ell(A, c, t, a, beta):
+    # ℓ from the search's λ: p_j = (a (A − λ))^β, −1 where that is 0
+    w = tl.maximum(a * ((A - c) - t), 0.0)
+    ell = tl.where(w > 0, beta * tl.log(tl.where(w > 0, w, 1.0)), -1.0)
+    return tl.minimum(ell, 0.0)
+
+
+@triton.jit
+def _anchor_refine(xr, rmask, xrow, n, ref, inv_tau, c, t, am1, active,
+                   ROWS: tl.constexpr, BLOCK: tl.constexpr, ONCHIP: tl.constexpr, MAXIT: tl.constexpr):
+    """(A, ℓ, passes) per row: the anchor entry (a frame value) and its
+    log-probability, from the search's λ = c + t (frame ``ref``)."""
+    a = am1
+    beta = 1.0 / a
+    log_a = tl.log(a)
+    # ---- the candidate: the largest entry at or below λ (the smallest if none)
+    if ONCHIP:
+        below, low = _candidate_block(_scaled(xrow, ref, inv_tau), c, t)
+    else:
+        below = tl.full([ROWS, BLOCK], float("-inf"), tl.float32)
+        low = tl.full([ROWS, BLOCK], float("inf"), tl.float32)
+        for start in range(0, n, BLOCK):
+            b0, b1 = _candidate_block(_load_z(xr, rmask, _cols(start, BLOCK), n, ref, inv_tau), c, t)
+            below = tl.maximum(below, b0)
+            low = tl.minimum(low, b1)
+    A = tl.max(below, 1, keep_dims=True)
+    A = tl.where(A > float("-inf"), A, tl.min(low, 1, keep_dims=True))
+    A = tl.where(active, A, 0.0)
+    it = tl.where(active, 1, 0)
+    ell = _first_ell(A, c, t, a, beta)
+    lo = tl.full([ROWS, 1], float("-inf"), tl.float32)
+    hi = tl.zeros([ROWS, 1], tl.float32)
+    done = tl.where(active, 0, 1)
+    run = (done == 0) & (it < MAXIT)
+    more = tl.max(tl.max(run.to(tl.int32), 1), 0)
+    while more > 0:
+        # ---- one pass: G, G', G₀, the next entry up, the support count
+        if ONCHIP:
+            acc = _newton_block(_scaled(xrow, ref, inv_tau), A, ell, a, beta, log_a)
+        else:
+            acc = (tl.zeros([ROWS, BLOCK], tl.float32), tl.zeros([ROWS, BLOCK], tl.float32),
+                   tl.zeros([ROWS, BLOCK], tl.float32), tl.full([ROWS, BLOCK], float("inf"), tl.float32),
+                   tl.zeros([ROWS, BLOCK], tl.float32))
+            for start in range(0, n, BLOCK):
+                s = _newton_block(_load_z(xr, rmask, _cols(start, BLOCK), n, ref, inv_tau), A, ell, a, beta, log_a)
+                acc = (acc[0] + s[0], acc[1] + s[1], acc[2] + s[2], tl.minimum(acc[3], s[3]), acc[4] + s[4])
+        G = _rsum(acc[0])
+        dG = _rsum(acc[1])
+        G0 = _rsum(acc[2])
+        nxt = tl.min(acc[3], 1, keep_dims=True)
+        cnt = _rsum(acc[4])
+        it += run.to(tl.int32)
+        # the anchor is out of the support: move it up, restart ℓ there
+        out = (G0 >= 1.0) & (nxt < float("inf"))
+        # Newton on G(ℓ) = 1 inside [lo, hi], bisection (or halving towards
+        # −∞ while no lower end is known) where a step leaves it
+        hi = tl.where(G >= 1.0, tl.minimum(hi, ell), hi)
+        lo = tl.where(G < 1.0, tl.maximum(lo, ell), lo)
+        step = (G - 1.0) / tl.where(dG > 0, dG, 1.0)
+        new = ell - step
+        ok = (dG > 0) & (new > lo) & (new < hi)
+        new = tl.where(ok, new, tl.where(lo > float("-inf"), 0.5 * (lo + hi), 2.0 * hi - 1.0))
+        exact = tl.abs(G - 1.0) <= EPS
+        # ℓ at its resolution: a Newton step (before the safeguard) or a
+        # bracket of a few ulps of ℓ moves each p by that much relatively
+        # (d log p/dℓ ≤ 1), whatever G's own rounding, which keeps a float32
+        # Newton stepping around the root
+        res = 4.0 * EPS * tl.maximum(tl.abs(ell), 1.0)
+        short = (dG > 0) & (tl.abs(step) <= res)
+        settled = short | ((hi - lo) <= res) | \
+            ((tl.abs(G - 1.0) <= 2.0 * tl.maximum(cnt, 1.0) * EPS) & (dG > 0) & (tl.abs(step) <= 16.0 * res))
+        stop = (~out) & (exact | (new == ell) | settled)
+        new = tl.where(exact | short, ell - step, new)
+        An = tl.where(out, nxt, A)
+        ell_out = _first_ell(An, c, t, a, beta)
+        ell = tl.where(run, tl.where(out, ell_out, new), ell)
+        lo = tl.where(run & out, float("-inf"), lo)
+        hi = tl.where(run & out, 0.0, hi)
+        A = tl.where(run, An, A)
+        done = tl.where(run & stop, 1, done)
+        run = (done == 0) & (it < MAXIT)
+        more = tl.max(tl.max(run.to(tl.int32), 1), 0)
+    return A, ell, it
+
+
+@triton.jit
+def _store_p_anchor(yr, rmask, cols, n, z, A, ell, a, beta, log_a, active, broken):
+    fin = z > float("-inf")
+    p = tl.where(fin, _anchor_p(z, A, ell, a, beta, log_a), 0.0)
+    filled = tl.where(broken, float("nan"), tl.where(fin, 1.0, 0.0))
+    tl.store(yr + cols, tl.where(active, p, filled).to(yr.dtype.element_ty), mask=rmask & (cols < n))
+
+
+@triton.jit
+def _write_p_anchor(xr, yr, rmask, xrow, n, ref, inv_tau, A, ell, am1, active, broken,
+                    BLOCK: tl.constexpr, ONCHIP: tl.constexpr):
+    """The last pass: p from the anchor A and ℓ ([ROWS, 1] columns)."""
+    beta = 1.0 / am1
+    log_a = tl.log(am1)
+    if ONCHIP:
+        _store_p_anchor(yr, rmask, _cols(0, BLOCK), n, _scaled(xrow, ref, inv_tau), A, ell, am1, beta, log_a,
+                        active, broken)
+    else:
+        for start in range(0, n, BLOCK):
+            cols = _cols(start, BLOCK)
+            _store_p_anchor(yr, rmask, cols, n, _load_z(xr, rmask, cols, n, ref, inv_tau), A, ell, am1, beta, log_a,
+                            active, broken)

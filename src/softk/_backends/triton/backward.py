@@ -1,0 +1,167 @@
+r"""The backward kernel, from the saved p: dx = d (g − Σdg/Σd)/τ with
+d = f′(u) read off p (``_d_from_p``), ``ROWS`` rows per program (as in the
+forward kernel: [ROWS, BLOCK] tiles, per-row sums as [ROWS, 1] columns, rows
+past ``R`` masked off); a row holding a NaN p gets a NaN dx.  On-chip rows
+are read once; wider rows twice (the two sums, then dx), in blocks of
+``BLOCK``.
+
+``LOGD`` (α-entmax with α > 2, where d = p^(2−α) spans more than float32
+holds: 1e58 at p = 0.06, α = 50, and g − Σdg/Σd cancels to nothing) takes
+the log-slope form of :func:`softk.threshold.torch_path.vjp_from_log_slope`:
+with log d = (2 − α) log p, w = d/Σd and m the entry of largest d,
+
+.. math:: dx_i = d_i\bigl((g_i - g_m) - \textstyle\sum_j w_j (g_j - g_m)\bigr), \qquad
+          dx_m = \textstyle\sum_{j \ne m} e^{\log d_m + \log d_j - \log\Sigma d}\,(g_m - g_j),
+
+divided by τ; no cancellation, and exact where d overflows only because the
+Jacobian itself does.  Three reads of p and g on looped rows, one on chip.
+"""
+
+import triton
+import triton.language as tl
+
+from .family_math import _d_from_p
+
+IBIG = tl.constexpr(2147483647)
+
+
+@triton.jit
+def _load_d_g(P, G, base, rmask, cols, n, am1, FAM: tl.constexpr):
+    mask = rmask & (cols < n)
+    p = tl.load(P + base + cols, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(G + base + cols, mask=mask, other=0.0).to(tl.float32)
+    # a NaN p (a NaN/+inf row) gives NaN d, so the row's sums and its whole
+    # dx are NaN, torch.softmax's convention (_d_from_p alone maps it to 0
+    # for the families whose d is a comparison)
+    return tl.where(p != p, p, _d_from_p(p, FAM, am1)), g
+
+
+@triton.jit
+def _coef(sdg, sd):
+    # Σdg/Σd per row, and 0 on a row with Σd = 0 (filled rows: p is 0/1 there)
+    tot = tl.sum(sd, 1, keep_dims=True)
+    return tl.where(tot > 0, tl.sum(sdg, 1, keep_dims=True) / tl.where(tot > 0, tot, 1.0), 0.0)
+
+
+@triton.jit
+def _store_dx(DX, base, rmask, cols, n, d, g, coef, inv_tau):
+    tl.store(DX + base + cols, (d * (g - coef) * inv_tau).to(DX.dtype.element_ty), mask=rmask & (cols < n))
+
+
+# ------------------------------------------------------------ log-slope form
+@triton.jit
+def _load_logd_g(P, G, base, rmask, cols, n, am1):
+    mask = rmask & (cols < n)
+    p = tl.load(P + base + cols, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(G + base + cols, mask=mask, other=0.0).to(tl.float32)
+    logd = tl.where(p > 0, (1.0 - am1) * tl.log(tl.where(p > 0, p, 1.0)), tl.where(p != p, p, float("-inf")))
+    return logd, g, (p != p).to(tl.float32)
+
+
+@triton.jit
+def _argmax_pick(bv, bg, bi):
+    # the row's largest log d, the lowest index holding it and its g
+    M = tl.max(bv, 1, keep_dims=True)
+    idx = tl.min(tl.where(bv == M, bi, IBIG), 1, keep_dims=True)
+    gm = tl.sum(tl.where((bi == idx) & (bv == M), bg, 0.0), 1, keep_dims=True)
+    return M, idx, gm
+
+
+@triton.jit
+def _logd_terms(logd, g, M, lse, gm, idx, cols):
+    # per lane: w_j (g_j − g_m) and, off m, e^{log d_m + log d_j − lse}(g_m − g_j)
+    w = tl.exp(logd - lse)
+    dm = tl.where(cols != idx, tl.exp((M + logd) - lse) * (gm - g), 0.0)
+    return tl.where(logd > float("-inf"), w * (g - gm), 0.0), tl.where(logd > float("-inf"), dm, 0.0)
+
+
+@triton.jit
+def _store_dx_logd(DX, base, rmask, cols, n, logd, g, gm, S1, dm, idx, ok, bad, inv_tau):
+    out = tl.where(logd > float("-inf"), tl.exp(logd) * ((g - gm) - S1), 0.0)
+    out = tl.where(cols == idx, dm, out)
+    out = tl.where(bad > 0, float("nan"), tl.where(ok, out, 0.0))
+    tl.store(DX + base + cols, (out * inv_tau).to(DX.dtype.element_ty), mask=rmask & (cols < n))
+
+
+@triton.jit
+def _bwd_logd(P, G, DX, base, rmask, n, inv_tau, am1, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+              ONCHIP: tl.constexpr):
+    if ONCHIP:
+        cols = tl.arange(0, BLOCK)[None, :]
+        logd, g, nanp = _load_logd_g(P, G, base, rmask, cols, n, am1)
+        bad = tl.max(nanp, 1, keep_dims=True)
+        M, idx, gm = _argmax_pick(logd, g, cols + tl.zeros_like(logd).to(tl.int32))
+        Ms = tl.where((M > float("-inf")) & (M < float("inf")), M, 0.0)
+        lse = Ms + tl.log(tl.sum(tl.exp(logd - Ms), 1, keep_dims=True))
+        t1, t2 = _logd_terms(logd, g, M, lse, gm, idx, cols)
+        S1 = tl.sum(t1, 1, keep_dims=True)
+        dm = tl.sum(t2, 1, keep_dims=True)
+        ok = (lse > float("-inf")) & (lse < float("inf"))
+        _store_dx_logd(DX, base, rmask, cols, n, logd, g, gm, S1, dm, idx, ok, bad, inv_tau)
+    else:
+        # read 1: the lse of log d (running max per row) and the argmax per lane
+        M = tl.full([ROWS, 1], float("-inf"), tl.float32)
+        S = tl.zeros([ROWS, BLOCK], tl.float32)
+        bv = tl.full([ROWS, BLOCK], float("-inf"), tl.float32)
+        bg = tl.zeros([ROWS, BLOCK], tl.float32)
+        bi = tl.zeros([ROWS, BLOCK], tl.int32) + IBIG
+        badl = tl.zeros([ROWS, BLOCK], tl.float32)
+        for start in range(0, n, BLOCK):
+            cols = start + tl.arange(0, BLOCK)[None, :]
+            logd, g, nanp = _load_logd_g(P, G, base, rmask, cols, n, am1)
+            badl = tl.maximum(badl, nanp)
+            Mn = tl.maximum(M, tl.max(tl.where(logd == logd, logd, float("-inf")), 1, keep_dims=True))
+            Mns = tl.where(Mn > float("-inf"), Mn, 0.0)
+            S = S * tl.where(M > float("-inf"), tl.exp(M - Mns), 0.0) + tl.exp(logd - Mns)
+            M = Mn
+            upd = logd > bv
+            bv = tl.where(upd, logd, bv)
+            bg = tl.where(upd, g, bg)
+            bi = tl.where(upd, cols + tl.zeros_like(bi), bi)
+        bad = tl.max(badl, 1, keep_dims=True)
+        Ms = tl.where(M > float("-inf"), M, 0.0)
+        lse = Ms + tl.log(tl.sum(S, 1, keep_dims=True))
+        M, idx, gm = _argmax_pick(bv, bg, bi)
+        # read 2: the two sums
+        s1 = tl.zeros([ROWS, BLOCK], tl.float32)
+        s2 = tl.zeros([ROWS, BLOCK], tl.float32)
+        for start in range(0, n, BLOCK):
+            cols = start + tl.arange(0, BLOCK)[None, :]
+            logd, g, _ = _load_logd_g(P, G, base, rmask, cols, n, am1)
+            t1, t2 = _logd_terms(logd, g, M, lse, gm, idx, cols)
+            s1 += t1
+            s2 += t2
+        S1 = tl.sum(s1, 1, keep_dims=True)
+        dm = tl.sum(s2, 1, keep_dims=True)
+        ok = (lse > float("-inf")) & (lse < float("inf"))
+        # read 3: dx
+        for start in range(0, n, BLOCK):
+            cols = start + tl.arange(0, BLOCK)[None, :]
+            logd, g, _ = _load_logd_g(P, G, base, rmask, cols, n, am1)
+            _store_dx_logd(DX, base, rmask, cols, n, logd, g, gm, S1, dm, idx, ok, bad, inv_tau)
+
+
+@triton.jit
+def threshold_bwd_kernel(P, G, DX, R, n, inv_tau, am1, FAM: tl.constexpr, ROWS: tl.constexpr,
+                         BLOCK: tl.constexpr, ONCHIP: tl.constexpr, LOGD: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]  # [ROWS, 1]
+    rmask = rows < R
+    base = rows * n
+    if LOGD:
+        _bwd_logd(P, G, DX, base, rmask, n, inv_tau, am1, ROWS, BLOCK, ONCHIP)
+    elif ONCHIP:
+        cols = tl.arange(0, BLOCK)[None, :]
+        d, g = _load_d_g(P, G, base, rmask, cols, n, am1, FAM)
+        _store_dx(DX, base, rmask, cols, n, d, g, _coef(d * g, d), inv_tau)
+    else:
+        sdg = tl.zeros([ROWS, BLOCK], tl.float32)
+        sd = tl.zeros([ROWS, BLOCK], tl.float32)
+        for start in range(0, n, BLOCK):
+            d, g = _load_d_g(P, G, base, rmask, start + tl.arange(0, BLOCK)[None, :], n, am1, FAM)
+            sdg += d * g
+            sd += d
+        coef = _coef(sdg, sd)
+        for start in range(0, n, BLOCK):
+            cols = start + tl.arange(0, BLOCK)[None, :]
+            d, g = _load_d_g(P, G, base, rmask, cols, n, am1, FAM)
+            _store_dx(DX, base, rmask, cols, n, d, g, coef, inv_tau)

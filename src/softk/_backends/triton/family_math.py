@@ -1,0 +1,240 @@
+r"""Per-family arithmetic of the Triton kernels, on float32 entries.
+
+``_f`` is the map f(u), ``_d_from_p`` is f′(u) read off p = f(u) (the same
+formulas as ``Family.d_from_p``; entmax's α enters as ``am1`` = α − 1,
+passed as such so that α near 1 keeps its relative precision), and ``_init``/``_acc``/``_red``/``_fin``
+are the sums over a row that the λ search evaluates at one point λ = c + t
+(see :mod:`softk._backends.triton.search`).  Every function branches on the constexpr
+family id ``FAM`` (:data:`softk.threshold.families.KERNEL_IDS`: 0 softmax,
+1 sparsemax, 2 entmax15, 3 entmax α, 4 exp, 5 sigmoid, 6 laplace, 7 sparse),
+so a compiled kernel holds one family's code only.
+"""
+
+import triton
+import triton.language as tl
+
+LOG2 = tl.constexpr(0.6931471805599453)
+
+
+@triton.jit
+def _log1p(e):
+    # log(1 + e) for e > −1, accurate for tiny |e| (Goldberg's trick: the
+    # rounding of 1 + e cancels in log(w)·e/(w − 1)), with no log1p intrinsic
+    w = 1.0 + e
+    return tl.where(w == 1.0, e, tl.log(w) * (e / tl.where(w == 1.0, 1.0, w - 1.0)))
+
+
+# ---------------------------------------------------------------- f and f′
+@triton.jit
+def _f(u, FAM: tl.constexpr, am1):
+    if FAM == 0:
+        r = tl.exp(u)
+    elif FAM == 1:
+        r = tl.maximum(u, 0.0)
+    elif FAM == 2:
+        h = tl.maximum(u, 0.0) * 0.5
+        r = h * h
+    elif FAM == 3:
+        s = tl.maximum(am1 * u, 0.0)
+        r = tl.where(s > 0, tl.exp(tl.log(tl.where(s > 0, s, 1.0)) / am1), 0.0)
+    elif FAM == 4:
+        r = tl.exp(tl.minimum(u, 0.0))
+    elif FAM == 5:
+        r = 1.0 / (1.0 + tl.exp(-u))
+    elif FAM == 6:
+        r = tl.where(u >= 0, 1.0 - 0.5 * tl.exp(-tl.abs(u)), 0.5 * tl.exp(-tl.abs(u)))
+    else:
+        r = tl.minimum(tl.maximum(u, 0.0), 1.0)
+    return r
+
+
+@triton.jit
+def _d_from_p(p, FAM: tl.constexpr, am1):
+    if FAM == 0:
+        d = p
+    elif FAM == 1:
+        d = tl.where(p > 0, 1.0, 0.0)
+    elif FAM == 2:
+        d = tl.sqrt(p)
+    elif FAM == 3:
+        d = tl.where(p > 0, tl.exp((1.0 - am1) * tl.log(tl.where(p > 0, p, 1.0))), 0.0)
+    elif FAM == 4:
+        d = tl.where(p < 1, p, 0.0)
+    elif FAM == 5:
+        d = p * (1.0 - p)
+    elif FAM == 6:
+        d = tl.minimum(p, 1.0 - p)
+    else:
+        d = tl.where((p > 0) & (p < 1), 1.0, 0.0)
+    return d
+
+
+# ------------------------------------------- per-family sums over the row
+# The sums at λ = c + t are kept per lane ([ROWS, BLOCK] blocks: ROWS rows of
+# BLOCK lanes) and reduced along the row once per pass (_red), to [ROWS, 1]
+# columns, one value per row.  Sums of exponentials carry a running max per
+# row (a [ROWS, 1] column, raised block by block; the lane sums are rescaled
+# when it moves), so each block costs one max reduction per such sum and no
+# per-entry rescaling.  Nothing here mixes rows: every reduction is along axis 1.
+# _fin turns the row's sums into (r = g − k, d = proposed step, s1, s2 =
+# counts that identify the piece of g, x = family extra).
+@triton.jit
+def _init(FAM: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    v = tl.zeros([ROWS, BLOCK], tl.float32)
+    ninf = tl.full([ROWS, 1], float("-inf"), tl.float32)
+    if FAM == 4:
+        acc = (v, ninf, v)
+    elif FAM == 5 or FAM == 6:
+        acc = (v, ninf, v, v, ninf, v, v)
+    else:
+        acc = (v, v, v)
+    return acc
+
+
+@triton.jit
+def _rescale(M, Mb):
+    # the new running max and the factor e^{M − Mnew} for sums kept at M
+    Mn = tl.maximum(M, Mb)
+    a = tl.where(M > float("-inf"), tl.exp(M - tl.where(Mn > float("-inf"), Mn, 0.0)), 0.0)
+    return Mn, a, tl.where(Mn > float("-inf"), Mn, 0.0)
+
+
+@triton.jit
+def _acc(z, c, t, am1, acc, FAM: tl.constexpr):
+    fin = z > float("-inf")
+    u = (z - c) - t
+    if FAM == 1:
+        sup = fin & (u > 0)
+        acc = (acc[0] + sup.to(tl.float32), acc[1] + tl.where(sup, u, 0.0), acc[2])
+    elif FAM == 2:
+        w = tl.where(fin & (u > 0), u, 0.0)
+        acc = (acc[0] + (w > 0).to(tl.float32), acc[1] + w, acc[2] + w * w)
+    elif FAM == 3:
+        y = tl.where(fin, tl.maximum(am1 * u, 0.0), 0.0)
+        pos = y > 0
+        ys = tl.where(pos, y, 1.0)
+        fy = tl.where(pos, tl.exp(tl.log(ys) / am1), 0.0)
+        acc = (acc[0] + fy, acc[1] + fy / ys, acc[2])  # g, −g' = Σ y^(q−1)
+    elif FAM == 4:
+        sat = fin & (u >= 0)
+        low = fin & (u < 0)
+        M, a, Ms = _rescale(acc[1], tl.max(tl.where(low, u, float("-inf")), 1, keep_dims=True))
+        acc = (acc[0] + sat.to(tl.float32), M, acc[2] * a + tl.where(low, tl.exp(u - Ms), 0.0))
+    elif FAM == 5 or FAM == 6:
+        up = fin & (u >= 0)
+        low = fin & (u < 0)
+        y = -tl.abs(u)
+        Ma, aa, Mas = _rescale(acc[1], tl.max(tl.where(low, y, float("-inf")), 1, keep_dims=True))
+        Mb, ab, Mbs = _rescale(acc[4], tl.max(tl.where(up, y, float("-inf")), 1, keep_dims=True))
+        Mside = tl.where(low, Mas, Mbs)
+        ee = tl.where(fin, tl.exp(y - Mside), 0.0)  # e^{−|u|} / e^{M(side)}
+        if FAM == 5:
+            w = 1.0 / (1.0 + ee * tl.exp(Mside))  # f = e^{−|u|} w on the low side, 1 − f on the up side
+            w2 = w * w  # f' = e^{−|u|} w²
+        else:
+            w = 0.5
+            w2 = 0.5
+        ea = tl.where(low, ee, 0.0)
+        eb = tl.where(up, ee, 0.0)
+        acc = (acc[0] + up.to(tl.float32), Ma, acc[2] * aa + ea * w, acc[3] * aa + ea * w2,
+               Mb, acc[5] * ab + eb * w, acc[6] * ab + eb * w2)
+    else:
+        sat = fin & (u >= 1)
+        lin = fin & (u > 0) & (u < 1)
+        acc = (acc[0] + sat.to(tl.float32), acc[1] + lin.to(tl.float32), acc[2] + tl.where(lin, u, 0.0))
+    return acc
+
+
+@triton.jit
+def _rsum(v):
+    # a row's sum over its lanes, kept as a [ROWS, 1] column
+    return tl.sum(v, 1, keep_dims=True)
+
+
+@triton.jit
+def _red(acc, FAM: tl.constexpr):
+    if FAM == 4:
+        r = (_rsum(acc[0]), acc[1], _rsum(acc[2]))
+    elif FAM == 5 or FAM == 6:
+        r = (_rsum(acc[0]), acc[1], _rsum(acc[2]), _rsum(acc[3]), acc[4], _rsum(acc[5]), _rsum(acc[6]))
+    else:
+        r = (_rsum(acc[0]), _rsum(acc[1]), _rsum(acc[2]))
+    return r
+
+
+@triton.jit
+def _fin_two_sided(acc, k, FAM: tl.constexpr):
+    # sigmoid and laplace: A = Σ_{u<0} f and B = Σ_{u≥0} (1 − f), each kept as
+    # (running max, sum at that max) so that neither underflows; r = g − k and
+    # the proposed step d.
+    nup = acc[0]
+    Ma = acc[1]
+    Sa = acc[2]
+    Ta = acc[3]
+    Mb = acc[4]
+    Sb = acc[5]
+    Tb = acc[6]
+    cb = k - nup  # the balance: A − B = cb at the root
+    la = tl.where(Sa > 0, Ma + tl.log(tl.where(Sa > 0, Sa, 1.0)), float("-inf"))
+    lb = tl.where(Sb > 0, Mb + tl.log(tl.where(Sb > 0, Sb, 1.0)), float("-inf"))
+    A = tl.exp(la)
+    B = tl.exp(lb)
+    r = (A - B) - cb
+    if FAM == 5:
+        ap = tl.maximum(-cb, 0.0)
+        bp = tl.maximum(cb, 0.0)
+        logL = tl.where(ap > 0, tl.log(ap + A), la)
+        logR = tl.where(bp > 0, tl.log(bp + B), lb)
+        qa = tl.where(ap > 0, tl.exp(Ma) * Ta / (ap + A), tl.where(Sa > 0, Ta / tl.where(Sa > 0, Sa, 1.0), 0.0))
+        qb = tl.where(bp > 0, tl.exp(Mb) * Tb / (bp + B), tl.where(Sb > 0, Tb / tl.where(Sb > 0, Sb, 1.0), 0.0))
+        d = (logL - logR) / (qa + qb)
+    else:
+        # A e^{−δ} − B e^{δ} = cb, a quadratic in e^δ, in the form without cancellation
+        h = tl.sqrt(cb * cb + 4.0 * tl.exp(la + lb))
+        dpos = LOG2 + la - tl.log(cb + h)
+        dneg = tl.log(-cb + h) - LOG2 - lb
+        d = tl.where(cb == 0, 0.5 * (la - lb), tl.where(cb > 0, dpos, dneg))
+    return r, d
+
+
+@triton.jit
+def _fin(acc, k, q, FAM: tl.constexpr):
+    # s1, s2: the counts that identify the piece of g (support, saturated,
+    # linear); x: entmax15's closed-form candidate step, entmax α's h
+    s1 = acc[0]
+    s2 = tl.zeros_like(acc[0])  # [ROWS, 1]: loop-carried through the search
+    x = tl.zeros_like(acc[0])
+    if FAM == 1:
+        r = acc[1] - k
+        d = r / s1
+    elif FAM == 2:
+        cnt = acc[0]
+        W1 = acc[1]
+        g = acc[2] * 0.25
+        r = g - k
+        rg = tl.sqrt(g)
+        d = 4.0 * (rg - tl.sqrt(k)) * rg / W1  # Newton on √g
+        # closed form on this support: Σ (w − δ)² = 4k, the smaller root
+        x = 4.0 * r / (W1 + tl.sqrt(tl.maximum(W1 * W1 - 4.0 * cnt * r, 0.0)))
+    elif FAM == 3:
+        g = acc[0]
+        r = g - k
+        # Newton on h = g^(1/q) − k^(1/q): Δ = q h g^(1−1/q) / (−g')
+        lg = tl.log(g)
+        x = tl.exp(lg / q) - tl.exp(tl.log(k) / q)  # h, for false position (α > 2)
+        d = q * x * tl.exp(lg - lg / q) / acc[1]
+        s1 = tl.zeros_like(acc[0])
+    elif FAM == 4:
+        ns = acc[0]
+        M = acc[1]
+        S = acc[2]
+        r = (ns - k) + tl.exp(M) * S
+        d = M + tl.log(S) - tl.log(k - ns)  # NaN/inf when ns ≥ k or nothing unsaturated
+    elif FAM == 5 or FAM == 6:
+        r, d = _fin_two_sided(acc, k, FAM)  # s1: entries at or above λ
+    else:
+        nl = acc[1]
+        r = (acc[0] - k) + acc[2]
+        d = r / nl
+        s2 = nl
+    return r, d, s1, s2, x

@@ -1,0 +1,135 @@
+r"""Where each row's λ search runs: its frame z = (x − ref)/τ, its start, and
+the search itself (:func:`_solve`, shared by the forward and the fused loss
+kernels).
+
+The frame.  A float entry near the threshold keeps its precision only if it
+is read relative to a point near the threshold.  The torch route takes the
+row maximum for the k = 1 maps and the k-th largest entry for the top-k
+families (:func:`softk.threshold.solve.lambda_reference`), both within
+O(1 + log n) of λ in z units.  The kernels take:
+
+* the row maximum for softmax, sparsemax, entmax15 and entmax α (λ lies
+  within 1/(α − 1) of it), as the torch route does;
+* for the top-k families (exp, sigmoid, laplace, sparse) a point next to the
+  threshold instead of the k-th largest entry, which a kernel cannot find
+  without a selection: on the looped variant λ solved on the lane maxima
+  (below); and on every variant, when λ still lies more than ``FAR`` = 8
+  frame units from the reference (an outlier next to the top k, τ far below
+  the spread, a k beyond the lane count), the row is searched once more in
+  the frame moved to that λ, starting from it.  Either way λ ends within
+  ``FAR`` of the reference, so the rounding of (x − ref)/τ near the threshold
+  is at most 2·eps·(FAR + |u|), the torch route's own model with W ≤ FAR.
+
+The start (looped variant: rows wider than the on-chip limit, read from
+memory once per pass).  The first pass keeps, per lane, the maximum of the
+entries the lane reads (lane j: entries j, j + BLOCK, …).  Those lane maxima
+are a subset of the row, so g_S(λ) = Σ_lanes f(z − λ) ≤ g(λ) and their root
+λ_S is a lower bound of λ; it is found in registers (the on-chip search on
+the [ROWS, BLOCK] lane array, no memory traffic) and gives the row search its
+lower bracket end and first iterate (Newton from the left for sparsemax,
+entmax15 and entmax α ≤ 2; the first point for sigmoid, laplace and sparse;
+the lower end, under exp's iterate from above, for exp), and the top-k
+families their frame.  The lane sweeps are not counted as passes: they read
+no memory.
+"""
+
+import triton
+import triton.language as tl
+
+from .prelude import _finite_or_zero, _scaled
+from .search import EPS, _find_lambda
+
+FAR = tl.constexpr(8.0)
+
+
+@triton.jit
+def _frame_values(xmax, xmin, lseS, ref, inv_tau, active):
+    # max z, min z and lse(z) of the rows in the frame ``ref`` (0 on rows
+    # that are not searched, which keeps their brackets finite)
+    zmax = tl.where(active, _scaled(xmax, ref, inv_tau), 0.0)
+    zmin = tl.where(active, _scaled(xmin, ref, inv_tau), 0.0)
+    lz = zmax + tl.log(tl.where(active & (lseS > 0), lseS, 1.0))
+    return zmax, zmin, lz
+
+
+@triton.jit
+def _lane_start(xr, rmask, lanes, ref, inv_tau, active, k, am1,
+                FAM: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, BIG: tl.constexpr,
+                PROBE: tl.constexpr, NEWTON_CAP: tl.constexpr, MAXIT: tl.constexpr):
+    """λ_S on the lane maxima (frame ``ref``, the row maximum), a lower bound
+    of λ less a margin for its rounding, and whether the lanes could be
+    solved (more than k finite lanes); −inf where not."""
+    zl = _scaled(lanes, ref, inv_tau)
+    fin = zl > float("-inf")
+    ml = tl.sum(fin.to(tl.float32), 1, keep_dims=True)
+    la = active & (ml > k)
+    zmax = tl.where(la, tl.max(zl, 1, keep_dims=True), 0.0)
+    zmin = tl.where(la, tl.min(tl.where(fin, zl, float("inf")), 1, keep_dims=True), 0.0)
+    lz = tl.zeros_like(zmax)
+    if FAM == 4:
+        lz = tl.log(tl.where(la, tl.sum(tl.exp(zl - zmax), 1, keep_dims=True), 1.0)) + zmax
+    none = tl.full([ROWS, 1], float("-inf"), tl.float32)
+    nan = tl.full([ROWS, 1], float("nan"), tl.float32)
+    c, t, _ = _find_lambda(xr, rmask, lanes, BLOCK, ref, inv_tau, zmax, zmin, tl.where(la, ml, k + 1.0), lz, la,
+                           k, am1, none, nan, FAM, ROWS, BLOCK, True, BIG, PROBE, NEWTON_CAP, MAXIT)
+    lam = c + t
+    return tl.where(la, lam - 16.0 * EPS * (tl.abs(lam) + 1.0), float("-inf")), la
+
+
+@triton.jit
+def _solve(xr, rmask, xrow, lanes, n, inv_tau, xmax, xmin, m, lseS, active, k, am1,
+           FAM: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, ONCHIP: tl.constexpr,
+           BIG: tl.constexpr, PROBE: tl.constexpr, NEWTON_CAP: tl.constexpr, MAXIT: tl.constexpr):
+    """(ref, c, t, passes) per row: λ = c + t in the frame z = (x − ref)/τ.
+    Rows not ``active`` get the row maximum (0 if none) as ref and λ = 0."""
+    ref = _finite_or_zero(xmax)
+    zmax, zmin, lz = _frame_values(xmax, xmin, lseS, ref, inv_tau, active)
+    zero = tl.zeros([ROWS, 1], tl.float32)
+    it = tl.zeros([ROWS, 1], tl.int32)
+    if FAM == 0:  # softmax: λ = lse(z) − log k, no search
+        c = tl.where(active, lz, 0.0) - tl.log(k)
+        t = zero
+    else:
+        hlo = tl.full([ROWS, 1], float("-inf"), tl.float32)
+        hx0 = tl.full([ROWS, 1], float("nan"), tl.float32)
+        if not ONCHIP:
+            hlo, la = _lane_start(xr, rmask, lanes, ref, inv_tau, active, k, am1, FAM, ROWS, BLOCK, BIG, PROBE,
+                                  NEWTON_CAP, MAXIT)
+            if FAM >= 4:
+                # the top-k families move their frame to the lanes' λ
+                lam = hlo
+                nref = tl.where(la, ref + lam / inv_tau, ref)
+                hlo = tl.where(la, (lam - _scaled(nref, ref, inv_tau)) - 16.0 * EPS * (tl.abs(lam) + 1.0), hlo)
+                ref = nref
+                zmax, zmin, lz = _frame_values(xmax, xmin, lseS, ref, inv_tau, active)
+                if FAM != 4:  # exp keeps its iterate from above
+                    hx0 = tl.where(la, hlo, hx0)
+        c = zero
+        t = zero
+        todo = active
+        stage = tl.full((), 0, tl.int32)
+        more = tl.full((), 1, tl.int32)
+        while more > 0:
+            c2, t2, it2 = _find_lambda(xr, rmask, xrow, n, ref, inv_tau, zmax, zmin, m, lz, todo, k, am1, hlo, hx0,
+                                       FAM, ROWS, BLOCK, ONCHIP, BIG, PROBE, NEWTON_CAP, MAXIT)
+            c = tl.where(todo, c2, c)
+            t = tl.where(todo, t2, t)
+            it += it2
+            far = todo & (zero > 1.0)  # none, for the k = 1 maps
+            if FAM >= 4:
+                far = todo & (stage == 0) & (tl.abs(c + t) > FAR)
+                # once more in the frame moved to λ, from λ (exp: from just
+                # above it, its iterates come from above)
+                lam = c + t
+                nref = tl.where(far, ref + lam / inv_tau, ref)
+                x0 = lam - _scaled(nref, ref, inv_tau)
+                if FAM == 4:
+                    x0 += 32.0 * EPS * (tl.abs(lam) + 1.0)
+                hx0 = tl.where(far, x0, hx0)
+                hlo = tl.where(far, float("-inf"), hlo)
+                ref = nref
+                zmax, zmin, lz = _frame_values(xmax, xmin, lseS, ref, inv_tau, active)
+            todo = far
+            stage += 1
+            more = tl.max(tl.max(far.to(tl.int32), 1), 0)
+    return ref, c, t, it

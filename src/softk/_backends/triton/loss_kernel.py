@@ -1,0 +1,182 @@
+r"""The fused Fenchel–Young loss kernel: per row, λ, the loss value and the
+gradient (p − y)/τ, ``ROWS`` rows per program (as in the forward kernel:
+[ROWS, BLOCK] tiles, every per-row value a [ROWS, 1] column, rows past ``R``
+masked off; the launcher's ROWS and warps are the forward's, see
+:func:`.function._config`).
+
+The first pass and the λ search are the forward kernel's own
+(:func:`.passes._row_stats`, :func:`.search._find_lambda`); the last pass,
+instead of writing p, writes the gradient and sums the value.  With
+u = z − λ (λ = c + t, so u = (z − c) − t keeps its precision far from the
+origin) and Σy = Σp = k,
+
+.. math:: L = \Phi(z) + \Omega(y) - \langle z, y\rangle
+            = \sum_i F(u_i) - \langle u, y\rangle + \sum_i \psi(y_i),
+
+since Φ(z) = Σ_i F(z_i − λ) + kλ and ⟨z, y⟩ = ⟨u, y⟩ + kλ (the kλ cancel).
+F(u) = u f(u) − ψ(f(u)) is the Fenchel equality at p = f(u), an identity in
+u, so L is also Σ [u_i p_i − ψ(p_i)] − ⟨u, y⟩ + Ω(y); F is written below per
+family without logarithms where it can be (softmax: F = p).  A class-index
+target y = e_t reads ⟨u, y⟩ = u_t and Ω(y) = ψ(1) (ψ(0) = 0 for every family).
+Rows filled by the row conventions (at most k finite entries: p = 1 on them)
+take λ as their finite maximum and the same formula with F(u_i) replaced by
+u_i − ψ(1) on the finite entries.
+
+Row conventions, as on the unfused route: a target weighting a masked
+(−inf) class gives +inf (−u_t = +inf), a fully masked row too; a row holding
+NaN or +inf gives NaN and a NaN gradient; exact L ≥ 0, so rounding below 0 is
+clamped.  An ignored row (class index −1 here; the caller maps
+``ignore_index`` to it) skips the search and writes loss 0 and gradient 0.
+
+Memory, beyond the input and the target: the gradient, one buffer shaped
+like the input in the input's dtype (``SCALE`` is folded into it: 1/#kept
+rows for the mean), and the per-row loss in float32 (one float per row).
+Nothing else shaped like the input is made: the row is read in its own dtype
+and every sum is float32 in registers.  The backward then only scales the
+saved gradient by the incoming one (one more buffer of the input's shape,
+the gradient autograd hands on).  ``torch.nn.functional.cross_entropy``
+keeps the same: its log-softmax output (input's shape and dtype) for the
+backward, which makes a new gradient buffer.
+"""
+
+import triton
+import triton.language as tl
+
+from .anchor import _anchor_p, _anchor_refine
+from .family_math import _f, _log1p
+from .frame import _solve
+from .prelude import _cols, _load_z, _row_stats, _scaled
+
+
+@triton.jit
+def _xlogx(v):
+    return tl.where(v > 0, v * tl.log(tl.where(v > 0, v, 1.0)), 0.0)
+
+
+@triton.jit
+def _F(u, p, FAM: tl.constexpr, am1):
+    """F(u) = ∫f, F(−∞) = 0, given p = f(u) (the same formulas as ``Family.F``)."""
+    w = tl.maximum(u, 0.0)
+    if FAM == 0:
+        r = p
+    elif FAM == 1:
+        r = 0.5 * w * w
+    elif FAM == 2:
+        r = p * w / 3.0  # (u/2)² u/3 = u³/12
+    elif FAM == 3:
+        r = p * tl.maximum(am1 * u, 0.0) / (1.0 + am1)
+    elif FAM == 4:
+        r = tl.where(u <= 0, p, 1.0 + u)
+    elif FAM == 5:
+        r = w + _log1p(tl.exp(-tl.abs(u)))  # softplus
+    elif FAM == 6:
+        h = 0.5 * tl.exp(-tl.abs(u))
+        r = tl.where(u >= 0, u + h, h)
+    else:
+        r = tl.where(u >= 1, u - 0.5, 0.5 * w * w)
+    return r
+
+
+@triton.jit
+def _psi(y, FAM: tl.constexpr, am1):
+    """ψ(y), the conjugate of F (the same formulas as ``Family.psi``); ψ(0) = 0."""
+    if FAM == 0 or FAM == 4:
+        r = _xlogx(y) - y
+    elif FAM == 1 or FAM == 7:
+        r = 0.5 * y * y
+    elif FAM == 2:
+        r = y * tl.sqrt(y) / 0.75
+    elif FAM == 3:
+        r = tl.where(y > 0, tl.exp((1.0 + am1) * tl.log(tl.where(y > 0, y, 1.0))), 0.0) / ((1.0 + am1) * am1)
+    elif FAM == 5:
+        r = _xlogx(y) + _xlogx(1.0 - y)
+    else:
+        r = tl.where(y < 0.5, 0.5 * _xlogx(2.0 * y) - y, 0.5 * _xlogx(2.0 * (1.0 - y)) - (1.0 - y))
+    return r
+
+
+@triton.jit
+def _loss_block(T, G, base, rmask, cols, n, z, c, t, A, ell, psi1, am1, scale, active, broken, keep, tgt,
+                FAM: tl.constexpr, DENSE: tl.constexpr, WANT_GRAD: tl.constexpr, ANCHOR: tl.constexpr):
+    """One block of the last pass: the block's terms of L (per lane), and
+    the gradient scale·(p − y)/τ stored (``scale`` includes 1/τ).  With
+    ``ANCHOR`` p comes from the anchor entry A and its log-probability ℓ
+    (λ = c + t = A − e^{aℓ}/a then, for u)."""
+    mask = rmask & (cols < n)
+    fin = z > float("-inf")
+    u = (z - c) - t
+    if ANCHOR:
+        p = tl.where(fin, _anchor_p(z, A, ell, am1, 1.0 / am1, tl.log(am1)), 0.0)
+    else:
+        p = tl.where(fin, _f(u, FAM, am1), 0.0)
+    term = tl.where(active, tl.where(fin, _F(u, p, FAM, am1), 0.0), tl.where(fin, u - psi1, 0.0))
+    p = tl.where(active, p, tl.where(broken, float("nan"), fin.to(tl.float32)))
+    if DENSE:
+        y = tl.load(T + base + cols, mask=mask, other=0.0).to(tl.float32)
+        term -= tl.where(y != 0, u * y, 0.0) - _psi(y, FAM, am1)
+    else:
+        y = (cols == tgt).to(tl.float32)
+        term -= tl.where(cols == tgt, u, 0.0)
+    if WANT_GRAD:
+        gr = tl.where(keep, (p - y) * scale, 0.0)
+        tl.store(G + base + cols, gr.to(G.dtype.element_ty), mask=mask)
+    return term
+
+
+@triton.jit
+def fenchel_young_fwd_kernel(X, T, G, LOSS, SCALE, R, n, k, inv_tau, am1,
+                             FAM: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, ONCHIP: tl.constexpr,
+                             BIG: tl.constexpr, PROBE: tl.constexpr, ANCHOR: tl.constexpr,
+                             NEWTON_CAP: tl.constexpr, MAXIT: tl.constexpr, DENSE: tl.constexpr,
+                             WANT_GRAD: tl.constexpr):
+    """Per row: LOSS[row] = L (float32) and, with WANT_GRAD, G = SCALE·(p − y)/τ
+    in G's dtype.  T is the dense target (R, n) when DENSE, else the class
+    index per row (int64, −1 for an ignored row)."""
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]  # [ROWS, 1]
+    rmask = rows < R
+    base = rows * n
+    xr = X + base
+    if DENSE:
+        tgt = tl.full([ROWS, 1], -1, tl.int64)
+        keep = tl.full([ROWS, 1], 1, tl.int1)
+    else:
+        tgt = tl.load(T + rows, mask=rmask, other=-1).to(tl.int64)
+        keep = tgt >= 0
+
+    # ---- pass 1 (raw x), the frame and the λ search, as in the forward kernel
+    xrow, lanes, xmax, xmin, m, broken, lseS = _row_stats(xr, rmask, n, inv_tau, FAM == 0 or FAM == 4,
+                                                          ROWS, BLOCK, ONCHIP)
+    active = (m > k) & (~broken)
+    search = active & keep  # an ignored row is not searched
+    m = tl.where(search, m, k + 1.0)
+    ref, c, t, it = _solve(xr, rmask, xrow, lanes, n, inv_tau, xmax, xmin, m, lseS, search, k, am1,
+                           FAM, ROWS, BLOCK, ONCHIP, BIG, PROBE, NEWTON_CAP, MAXIT)
+    A = c
+    ell = c
+    if ANCHOR:
+        A, ell, _ = _anchor_refine(xr, rmask, xrow, n, ref, inv_tau, c, t, am1, search, ROWS, BLOCK, ONCHIP, MAXIT)
+        c = A
+        t = -tl.exp(am1 * ell) / am1
+    # λ of a filled row: its finite maximum, 0 in its frame (the maximum)
+    c = tl.where(active, c, 0.0)
+    t = tl.where(active, t, 0.0)
+
+    # ---- last pass: the gradient and the terms of L
+    psi1 = _psi(tl.full((), 1.0, tl.float32), FAM, am1)
+    scale = tl.load(SCALE) * inv_tau
+    if ONCHIP:
+        acc = _loss_block(T, G, base, rmask, _cols(0, BLOCK), n, _scaled(xrow, ref, inv_tau), c, t, A, ell, psi1,
+                          am1, scale, active, broken, keep, tgt, FAM, DENSE, WANT_GRAD, ANCHOR)
+    else:
+        acc = tl.zeros([ROWS, BLOCK], tl.float32)
+        for start in range(0, n, BLOCK):
+            cols = _cols(start, BLOCK)
+            acc += _loss_block(T, G, base, rmask, cols, n, _load_z(xr, rmask, cols, n, ref, inv_tau), c, t, A, ell,
+                               psi1, am1, scale, active, broken, keep, tgt, FAM, DENSE, WANT_GRAD, ANCHOR)
+    loss = tl.sum(acc, 1, keep_dims=True)
+    if not DENSE:
+        loss += psi1
+    # exact L ≥ 0: only rounding goes below (NaN stays NaN)
+    loss = tl.where(loss < 0, 0.0, loss)
+    loss = tl.where(broken, float("nan"), loss)
+    tl.store(LOSS + rows, tl.where(keep, loss, 0.0), mask=rmask)

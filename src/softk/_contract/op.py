@@ -1,0 +1,138 @@
+r"""The one autograd contract of every threshold map, on every backend.
+
+``threshold_map(x, family, k, dim, tau)`` runs p = f(x/τ − λ), Σp = k along
+``dim``.  The backend is resolved once (:func:`softk._backends.dispatch.resolve`) and
+travels with the call, so the backward runs where the forward ran.
+
+What PyTorch expects of a library op, and how it is met:
+
+* eager calls cost what a torch op costs: a plain tensor in plain eager mode
+  (:func:`softk._lean.eager`) runs the backend's kernel directly, under an
+  old-style autograd.Function only when autograd can see the result, and
+  never enters torch.library (whose per-call layers cost more than a small
+  map, and whose first call imports torch._dynamo and triton);
+* ``torch.compile(fullgraph=True)``: the kernels are the custom ops
+  ``softk::threshold`` and ``softk::threshold_backward``
+  (``torch.library.custom_op``, registered on the first call that needs
+  them) with fake kernels, so Dynamo and Inductor see one opaque node per
+  direction, never the ctypes call or the Triton launch (Inductor therefore
+  never re-types a Triton kernel's scalars).
+* reverse mode: the backward is d ⊙ (g − Σ(d⊙g)/Σd)/τ from the saved output
+  (the backend's kernel when no graph is being built);
+* double backward: when a graph is being built (``create_graph=True``) the
+  backward is the same formula written as differentiable tensor code
+  (:func:`softk.threshold.torch_path.vjp`), whose inputs p and g are tracked,
+  so second derivatives (Hessians, ``gradgradcheck``) are exact;
+* forward mode (``jvp``, ``jacfwd``): the Jacobian
+  J = (diag(d) − d dᵀ/Σd)/τ is symmetric, so J·v is the backward applied to v;
+* ``torch.func.vmap``: the custom ops carry vmap rules (the maps act on the
+  last dimension, so a batch dimension just moves to the front), and the
+  autograd function's vmap rule is generated from them.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .. import _lean
+from .._backends import dispatch
+from ..threshold.families import Family
+from .family_keys import family_by_key, family_key
+from .per_row_k import apply_rows_k
+from ..threshold.rows import empty_like_result
+from ..threshold.torch_path import vjp
+
+
+# ------------------------------------------------------------- the custom ops
+def _threshold(x: Tensor, name: str, alpha: float, k: int, tau: float, backend: str) -> Tensor:
+    """p along the last dimension of ``x`` on ``backend`` (arguments validated)."""
+    return dispatch.get(backend).forward(family_by_key(name, alpha), x, k, tau)
+
+
+def _threshold_backward(p: Tensor, g: Tensor, name: str, alpha: float, tau: float, backend: str) -> Tensor:
+    """∂L/∂x from the saved output ``p`` and the incoming gradient ``g``."""
+    return dispatch.get(backend).backward(family_by_key(name, alpha), p, g, tau)
+
+
+threshold_op = threshold_backward_op = None  # softk::threshold(_backward), defined by _library()
+
+
+@_lean.library
+def _library():
+    global threshold_op, threshold_backward_op
+    threshold_op = _lean.custom_op("softk::threshold", _threshold)
+    threshold_backward_op = _lean.custom_op("softk::threshold_backward", _threshold_backward)
+
+
+# -------------------------------------------------------- the autograd contract
+def _kernel(x, family, k, tau, backend):
+    return dispatch.get(backend).forward(family, x, k, tau)
+
+
+class _Threshold(torch.autograd.Function):
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x, family, k, tau, backend):
+        name, alpha = family_key(family)
+        return threshold_op(x, name, alpha, k, tau, backend)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _, family, _, tau, backend = inputs
+        ctx.save_for_backward(output)
+        ctx.save_for_forward(output)
+        ctx.family, ctx.tau, ctx.backend = family, tau, backend
+
+    @staticmethod
+    def backward(ctx, g):
+        (p,) = ctx.saved_tensors
+        if torch.is_grad_enabled():
+            # A graph is being built: differentiable tensor code (double backward).
+            dx = vjp(ctx.family, p, g.to(p.dtype), ctx.tau)
+        elif _lean.eager(p, g):
+            dx = dispatch.get(ctx.backend).backward(ctx.family, p, g, ctx.tau)
+        else:
+            _library()
+            name, alpha = family_key(ctx.family)
+            dx = threshold_backward_op(p, g, name, alpha, ctx.tau, ctx.backend)
+        return dx, None, None, None, None
+
+
+class _ThresholdJvp(_Threshold):
+    # Dynamo does not trace a Function with a custom jvp, so the compiled
+    # route uses the parent (forward-mode AD is not used under compile).
+    @staticmethod
+    def jvp(ctx, v, *_):
+        (p,) = ctx.saved_tensors
+        return vjp(ctx.family, p, v.to(p.dtype), ctx.tau)
+
+
+_ROUTES = _lean.Routes(_ThresholdJvp, _kernel, lambda x, *_: (x,), compiled=_Threshold, register=_library)
+
+
+def apply_rows(x: Tensor, family: Family, k, tau: float, backend: str) -> Tensor:
+    """The contract on rows (dim last), backend already resolved; ``k`` an
+    int, or a tensor shaped x.shape[:-1] + (1,) (see :mod:`.op_rowk`)."""
+    if isinstance(k, Tensor):
+        return apply_rows_k(x, k, family, tau)
+    return _ROUTES.apply(x, family, k, tau, backend)
+
+
+def threshold_map(x: Tensor, family: Family, k, dim: int, tau) -> Tensor:
+    """p = f(x/τ − λ), Σp = k along ``dim`` (arguments already validated).
+
+    ``tau`` is a float, or a one-element tensor that requires grad: then x/τ
+    is formed with autograd (so τ gets its gradient) and the map runs at τ = 1.
+    ``k`` is an int, or a per-row tensor already shaped like the rows
+    (``dim`` moved last, size 1 there).
+    """
+    if x.numel() == 0:
+        return empty_like_result(x)
+    if isinstance(tau, Tensor):
+        x, tau = x / tau.to(x.dtype), 1.0
+    backend = dispatch.resolve(x, family)
+    if dim == x.dim() - 1:
+        return apply_rows(x, family, k, tau, backend)
+    return apply_rows(x.movedim(dim, -1), family, k, tau, backend).movedim(-1, dim)

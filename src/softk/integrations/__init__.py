@@ -1,0 +1,14 @@
+"""softk inside other libraries' models.
+
+* :mod:`softk.integrations.transformers`: :func:`~softk.integrations.transformers.apply_softk`
+  makes a Hugging Face causal language model train on softk's fused linear
+  loss (cross-entropy or a Fenchel–Young loss) without ever holding the
+  N×V logits; :func:`~softk.integrations.transformers.remove_softk` and the
+  :func:`~softk.integrations.transformers.softk_loss` context manager undo it.
+* ``softk.integrations.hf_attention`` (its own module, with a ``register()``
+  function): sparse attention registered with transformers' attention
+  interface.
+
+Nothing here imports transformers at ``import softk`` time; each submodule is
+imported on its own (``pip install "softk[hf]"``).
+"""

@@ -1,0 +1,382 @@
+r"""Hugging Face causal language models trained on softk's fused linear loss.
+
+``apply_softk(model, loss)`` makes ``model(input_ids, labels=labels)`` return
+
+.. math:: \mathcal L = \frac{1}{n}\sum_{b,t\,:\,y_{b,t+1}\ne -100}
+          \ell\big(W h_{b,t} + c,\; y_{b,t+1}\big)
+
+(transformers' label shift: the hidden state at position t predicts label
+t+1), computed by :func:`softk.losses.fused_linear_loss` from the hidden
+states the LM head receives and the head's weight W (V, H) and bias c, a
+chunk of rows at a time: the (B, T, V) logits are never held.  ℓ is
+cross-entropy or a Fenchel–Young loss (sparsemax, entmax15, entmax-α, …);
+n is the number of kept labels, or transformers' ``num_items_in_batch`` when
+the caller passes it (the Trainer does, for gradient accumulation), in which
+case the sum is divided by it exactly as ``ForCausalLMLoss`` does.
+
+**How the patch is applied.** An instance-level ``forward`` wrapper (the
+class and every other instance are untouched).  transformers' own hook,
+``model.loss_function``, is called with the logits already computed, too late
+to avoid them, so it is not used.  When ``labels`` is given the wrapper calls
+the model's forward with ``labels=None`` and, for that call only, replaces
+the LM head's forward by one that records its input (the final hidden
+states) and returns a zero-stride placeholder instead of the logits.  It then
+checks that the head was called exactly once and that the model returned the
+head's output unchanged (so no soft-capping, scale, bias or slice was applied
+that the fused loss would ignore), and computes the loss.  Without labels the
+call goes straight to the model's forward: generation and inference are
+unchanged.  :func:`remove_softk` (or leaving :func:`softk_loss`) undoes it.
+
+**Logits.** When labels are given the output's ``logits`` is None (that is
+the memory saved), unless ``apply_softk(..., return_logits=True)``, which
+lets the head compute them as usual (the N×V tensor is then held, but the
+loss is still softk's); with ``return_dict=False`` the tuple is
+``(loss, *rest)``, as ``ModelOutput.to_tuple()`` drops a None.
+
+Reference: Liger-Kernel's ``apply_liger_kernel_to_*`` (Hsu et al. 2024,
+arXiv:2410.10989) patches each architecture's class forward; this wrapper is
+architecture-agnostic instead.
+
+>>> import torch
+>>> from transformers import GPT2Config, GPT2LMHeadModel
+>>> torch.manual_seed(0) and None
+>>> cfg = GPT2Config(vocab_size=50, n_positions=16, n_embd=8, n_layer=1, n_head=2, bos_token_id=0, eos_token_id=0)
+>>> model = GPT2LMHeadModel(cfg).eval()  # eval: no dropout, so the two calls agree
+>>> ids = torch.randint(0, 50, (2, 6))
+>>> reference = model(ids, labels=ids).loss
+>>> with softk_loss(model, "cross_entropy"):
+...     out = model(ids, labels=ids)
+>>> out.logits is None, bool(torch.isclose(out.loss, reference))
+(True, True)
+>>> apply_softk(model, "sparsemax") is model
+True
+>>> model(ids, labels=ids).loss.backward()
+>>> model.lm_head.weight.grad.shape
+torch.Size([50, 8])
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import inspect
+import types
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from .._validate import check_choice, check_tau
+from ..losses.fused_linear import _check_chunk_size, _check_loss_options, fused_linear_loss
+from ..losses.targets import check_ignore_index
+
+__all__ = ["apply_softk", "remove_softk", "softk_loss", "SUPPORTED_LOSSES"]
+
+# The losses of fused_linear_loss that take one class index per token and
+# honour ignore_index ("soft_topk" needs k-hot targets: not a language model's labels).
+SUPPORTED_LOSSES = ("cross_entropy", "softmax", "sparsemax", "entmax15", "entmax", "topk_softmax_ce")
+_LOSS_OPTIONS = ("alpha", "chunk_size", "ignore_index", "k", "tau")
+# Arguments a causal LM's forward passes on to its loss only (ForCausalLMLoss's keywords).
+_LOSS_ONLY = ("num_items_in_batch", "shift_labels")
+
+# Config fields of transformers models that transform the head's output
+# before the loss, and the value at which they do nothing.  A model that does
+# such a thing without a config field is caught at call time instead (the
+# returned logits are not the head's output).
+_LOGIT_TRANSFORMS = {
+    "final_logit_softcapping": None,  # Gemma 2/3: cap * tanh(logits / cap)
+    "logit_scale": 1,  # Cohere: logits * logit_scale
+    "logits_scaling": 1,  # Granite: logits / logits_scaling
+    "output_multiplier": 1,  # logits * output_multiplier
+}
+
+
+class _Patch(NamedTuple):
+    loss: str
+    options: dict  # keyword arguments of fused_linear_loss
+    return_logits: bool
+    previous_forward: object  # the instance-level forward found at apply time, or None
+
+
+def apply_softk(model: nn.Module, loss: str = "sparsemax", *, return_logits: bool = False, **loss_kwargs) -> nn.Module:
+    """Make ``model``'s training loss softk's fused linear ``loss``; returns ``model`` (patched in place).
+
+    Args:
+        model: a transformers causal LM (``…ForCausalLM``, ``GPT2LMHeadModel``):
+            an ``nn.Linear`` LM head from ``get_output_embeddings()`` (tied to
+            the input embedding or not) and a forward taking ``labels``.
+        loss: one of :data:`SUPPORTED_LOSSES`, as in
+            :func:`softk.losses.fused_linear_loss`.
+        return_logits: also compute and return the logits when labels are
+            given (the N×V tensor is then held); default False (``logits`` is None).
+        **loss_kwargs: ``alpha`` (loss="entmax"), ``k`` (loss="topk_softmax_ce"),
+            ``tau``, ``ignore_index`` (default -100, transformers' value) and
+            ``chunk_size``, passed to :func:`~softk.losses.fused_linear_loss`.
+            The reduction is transformers': mean over kept labels, or sum /
+            ``num_items_in_batch``.
+
+    Applying it to a patched model replaces the previous loss.  Raises
+    TypeError/ValueError naming what it found for an unknown loss or option,
+    a model without an LM head, a head that is not a plain ``nn.Linear``,
+    a config that transforms the logits, or a forward without ``labels``.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module (a transformers causal LM), got {type(model).__name__}")
+    patch = _Patch(_check_loss(loss), _check_options(loss, loss_kwargs), bool(return_logits), None)
+    _lm_head(model)
+    _check_config(model)
+    if _slot(inspect.signature(model.forward), {}, "labels") is None:
+        raise ValueError(f"{type(model).__name__}.forward takes no 'labels' argument: apply_softk needs a causal LM")
+    if _is_patched(model):
+        remove_softk(model)
+    _install(model, patch._replace(previous_forward=model.__dict__.get("forward")))
+    return model
+
+
+def remove_softk(model: nn.Module) -> nn.Module:
+    """Undo :func:`apply_softk`: ``model`` computes its own loss again (a no-op if it is not patched)."""
+    if not _is_patched(model):
+        return model
+    own = model.__dict__.get("forward")
+    if not getattr(getattr(own, "__func__", None), "_softk_wrapper", False):
+        raise ValueError(
+            f"{type(model).__name__}.forward was replaced after apply_softk (found {own!r}); "
+            "undo that wrapper first, then remove_softk"
+        )
+    patch = model.__dict__.pop("_softk_patch")
+    if patch.previous_forward is None:
+        del model.forward
+    else:
+        model.forward = patch.previous_forward
+    return model
+
+
+@contextlib.contextmanager
+def softk_loss(model: nn.Module, loss: str = "sparsemax", **kwargs):
+    """``with softk_loss(model, loss, **kwargs):`` :func:`apply_softk` inside the block, the previous loss after it."""
+    previous = model.__dict__.get("_softk_patch") if isinstance(model, nn.Module) else None
+    apply_softk(model, loss, **kwargs)
+    try:
+        yield model
+    finally:
+        remove_softk(model)
+        if previous is not None:
+            _install(model, previous._replace(previous_forward=model.__dict__.get("forward")))
+
+
+# --- checks made once, at apply time -----------------------------------------------------------
+
+
+def _check_loss(loss):
+    if loss == "soft_topk":
+        raise ValueError(
+            "loss='soft_topk' needs k-hot target rows, not a language model's token labels; "
+            f"apply_softk takes one of {list(SUPPORTED_LOSSES)}"
+        )
+    return check_choice(loss, SUPPORTED_LOSSES, "loss")
+
+
+def _check_options(loss, loss_kwargs):
+    unknown = sorted(set(loss_kwargs) - set(_LOSS_OPTIONS))
+    if unknown:
+        hint = " (the reduction follows transformers: mean, or sum / num_items_in_batch)" if "reduction" in unknown else ""
+        raise TypeError(f"apply_softk got unknown loss option(s) {unknown}; expected some of {list(_LOSS_OPTIONS)}{hint}")
+    options = dict(loss_kwargs)
+    _check_loss_options(loss, options.get("alpha"), options.get("k", 1), "exp")
+    check_tau(options.get("tau", 1.0))
+    check_ignore_index(options.get("ignore_index", -100))
+    _check_chunk_size(options.get("chunk_size"))
+    return options
+
+
+def _lm_head(model) -> nn.Linear:
+    name = type(model).__name__
+    get = getattr(model, "get_output_embeddings", None)
+    head = get() if callable(get) else None
+    if head is None:
+        how = "has no get_output_embeddings()" if not callable(get) else "returned None from get_output_embeddings()"
+        raise ValueError(
+            f"model {name} {how}: it has no LM head; apply_softk needs a causal LM "
+            "(e.g. LlamaForCausalLM, not the base LlamaModel)"
+        )
+    if not isinstance(head, nn.Linear) or type(head).forward is not nn.Linear.forward:
+        raise TypeError(
+            f"{name}'s LM head (get_output_embeddings()) is a {type(head).__name__}, not a plain torch.nn.Linear: "
+            "apply_softk can only fuse logits = hidden @ weight.T + bias"
+        )
+    return head
+
+
+def _check_config(model):
+    config = getattr(model, "config", None)
+    configs = [config]
+    get_text = getattr(config, "get_text_config", None)
+    if callable(get_text):
+        configs.append(get_text())
+    for cfg in configs:
+        for field, neutral in _LOGIT_TRANSFORMS.items():
+            value = getattr(cfg, field, neutral)
+            if value is not None and value != neutral:
+                raise ValueError(
+                    f"{type(model).__name__}'s config has {field}={value!r}: the model transforms its logits "
+                    "after the LM head, which the fused loss cannot apply; apply_softk refuses it"
+                )
+
+
+# --- the forward wrapper ------------------------------------------------------------------------
+
+
+def _is_patched(model) -> bool:
+    return "_softk_patch" in getattr(model, "__dict__", {})
+
+
+def _install(model, patch: _Patch) -> None:
+    def forward(self, *args, **kwargs):
+        return _patched_forward(self, args, kwargs)
+
+    # Name, docstring and signature of the model's forward (the Trainer inspects the signature).
+    functools.update_wrapper(forward, type(model).forward)
+    forward._softk_wrapper = True
+    model._softk_patch = patch
+    # A bound method: copy.deepcopy(model) rebinds it to the copy.
+    model.forward = types.MethodType(forward, model)
+
+
+def _patched_forward(model, args, kwargs):
+    patch = model.__dict__["_softk_patch"]
+    inner = patch.previous_forward or type(model).forward.__get__(model)
+    try:
+        bound = inspect.signature(inner).bind(*args, **kwargs)
+    except TypeError:
+        return inner(*args, **kwargs)  # the model's own error for a bad call
+    where = _slot(bound.signature, bound.arguments, "labels")
+    labels = where.get("labels")
+    if labels is None:
+        return inner(*args, **kwargs)
+    where["labels"] = None
+    num_items, shift_labels = (_take(bound, name) for name in _LOSS_ONLY)
+    head = _lm_head(model)
+    with _capture_head(head, patch.return_logits) as seen:
+        out = inner(*bound.args, **bound.kwargs)
+    hidden, logits = _check_head_calls(model, head, seen, out)
+    loss = _causal_lm_loss(hidden, head, labels, shift_labels, num_items, patch)
+    return _with_loss(out, loss, logits if patch.return_logits else None)
+
+
+def _slot(signature, arguments, name):
+    """The dict of a call's ``arguments`` that holds ``name``: the arguments themselves for a
+    named parameter, the ``**kwargs`` dict otherwise (created if absent); None if neither exists."""
+    if name in signature.parameters:
+        return arguments
+    for p in signature.parameters.values():
+        if p.kind is inspect.Parameter.VAR_KEYWORD:
+            return arguments.setdefault(p.name, {})
+    return None
+
+
+def _take(bound, name):
+    """Remove a loss-only argument from the call and return it (None if absent or not accepted)."""
+    where = _slot(bound.signature, bound.arguments, name)
+    return None if where is None else where.pop(name, None)
+
+
+@contextlib.contextmanager
+def _capture_head(head: nn.Linear, keep_logits: bool):
+    """For one forward: record the head's input and return a placeholder (or the real logits)."""
+    seen = []
+    own = head.__dict__.get("forward")  # e.g. an accelerate hook's wrapper
+    real = head.forward
+
+    def forward(hidden):
+        if keep_logits:
+            out = real(hidden)
+        else:  # zero-stride: shape (..., V), one element of memory
+            out = hidden.new_zeros(()).expand(*hidden.shape[:-1], head.out_features)
+        seen.append((hidden, out))
+        return out
+
+    head.forward = forward
+    try:
+        yield seen
+    finally:
+        if own is None:
+            del head.forward
+        else:
+            head.forward = own
+
+
+def _check_head_calls(model, head, seen, out):
+    name = type(model).__name__
+    if len(seen) != 1:
+        raise ValueError(
+            f"{name}.forward called its LM head ({type(head).__name__}, get_output_embeddings()) {len(seen)} times; "
+            "apply_softk needs exactly one call: a model that computes its logits another way "
+            "(e.g. straight from the input embedding matrix) hides the weight it uses"
+        )
+    hidden, produced = seen[0]
+    returned = out[0] if isinstance(out, tuple) else getattr(out, "logits", None)
+    if returned is not produced:
+        shape = tuple(getattr(returned, "shape", ()))
+        found = "no logits" if returned is None else f"a {type(returned).__name__} of shape {shape}"
+        raise ValueError(
+            f"{name}.forward returned {found} instead of its LM head's output: it transforms the logits "
+            "after the head (soft-capping, a scale, a bias or a vocabulary slice), which the fused loss "
+            "would silently ignore; use the model's own loss (remove_softk)"
+        )
+    return hidden, produced
+
+
+def _causal_lm_loss(hidden, head, labels, shift_labels, num_items, patch):
+    """transformers' ForCausalLMLoss, fused: shift, ignore_index, mean or sum / num_items_in_batch."""
+    weight, bias = head.weight, head.bias
+    if weight.is_meta:
+        raise ValueError("the LM head's weight is on the meta device (offloaded?): apply_softk needs it materialised")
+    x = hidden.to(weight.device)
+    cast = _autocast_dtype(x.device.type)
+    if cast is not None:  # what nn.Linear would compute in under autocast
+        x, weight = x.to(cast), weight.to(cast)
+        bias = None if bias is None else bias.to(cast)
+    ignore_index = patch.options.get("ignore_index", -100)
+    if shift_labels is None:  # position t predicts label t+1; the last position predicts nothing
+        target = nn.functional.pad(labels, (0, 1), value=ignore_index)[..., 1:]
+    else:
+        target = shift_labels
+    target = target.to(x.device)
+    if target.shape != x.shape[:-1]:
+        raise ValueError(
+            f"labels give targets of shape {tuple(target.shape)} but the LM head saw hidden states of shape "
+            f"{tuple(x.shape)} (logits_to_keep must be 0 when labels are given)"
+        )
+    reduction = "mean" if num_items is None else "sum"
+    with torch.autocast(x.device.type, enabled=False):
+        loss = fused_linear_loss(x, weight, target, loss=patch.loss, bias=bias, reduction=reduction, **patch.options)
+    if loss.dtype in (torch.float16, torch.bfloat16):
+        loss = loss.float()  # transformers computes the loss in float32
+    if num_items is not None:
+        loss = loss / (num_items.to(loss.device) if torch.is_tensor(num_items) else num_items)
+    return loss
+
+
+def _autocast_dtype(device_type):
+    try:
+        on = torch.is_autocast_enabled(device_type)
+    except TypeError:  # torch < 2.4 takes no device type
+        on = torch.is_autocast_enabled() if device_type == "cuda" else torch.is_autocast_cpu_enabled()
+    if not on:
+        return None
+    try:
+        return torch.get_autocast_dtype(device_type)
+    except AttributeError:
+        return torch.get_autocast_gpu_dtype() if device_type == "cuda" else torch.get_autocast_cpu_dtype()
+
+
+def _with_loss(out, loss, logits):
+    """The model's output with ``loss`` in front and ``logits`` (None unless kept)."""
+    if isinstance(out, tuple):  # return_dict=False; out[0] was the head's output
+        return (loss, *(() if logits is None else (logits,)), *out[1:])
+    if dataclasses.is_dataclass(out):
+        return dataclasses.replace(out, loss=loss, logits=logits)
+    raise TypeError(
+        f"{type(out).__name__} is neither a transformers ModelOutput nor a tuple: apply_softk cannot set its loss"
+    )

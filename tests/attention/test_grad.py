@@ -1,0 +1,144 @@
+"""softk.attention gradients: q, k, v and a per-head α on every route against the
+NumPy oracle's Jacobian formulas (checked themselves against finite
+differences), gradcheck / gradgradcheck of the reference route, double
+backward refused on the memory-efficient route, fully masked rows."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.autograd import gradcheck, gradgradcheck
+
+import softk
+from softk.attention import scaled_dot_product_attention as sdpa
+
+from ..oracle import attention as ora
+from .test_attention import HEAD_ALPHAS, MAPS, alpha_of, bool_mask, close, one_thread, route, run  # noqa: F401
+
+F64 = torch.float64
+
+
+def leaves(B=1, H=4, Hkv=2, L=13, S=21, E=6, Ev=3, seed=0, dtype=F64):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(*shape, generator=g, dtype=dtype).requires_grad_()
+            for shape in ((B, H, L, E), (B, Hkv, S, E), (B, Hkv, S, Ev))]
+
+
+@pytest.mark.parametrize("name", ["softmax", "sparsemax", "entmax15", "entmax"])
+def test_oracle_jacobian_is_the_finite_difference(name):
+    # The oracle's gradient formulas against central differences of its own forward.
+    rng = np.random.default_rng(1)
+    q, k, v = rng.normal(size=(1, 2, 3, 4)), rng.normal(size=(1, 1, 5, 4)), rng.normal(size=(1, 1, 5, 2))
+    dout = rng.normal(size=(1, 2, 3, 2))
+    alpha = np.array([1.3, 2.4]) if name == "entmax" else None
+    got = ora.grads(q, k, v, dout, None, True, None, name, alpha)
+    eps = 1e-6
+    for t, g in zip((q, k, v), got):
+        fd = np.zeros_like(t)
+        for idx in np.ndindex(t.shape):
+            t[idx] += eps
+            up = (ora.attention(q, k, v, None, True, None, name, alpha)[0] * dout).sum()
+            t[idx] -= 2 * eps
+            down = (ora.attention(q, k, v, None, True, None, name, alpha)[0] * dout).sum()
+            t[idx] += eps
+            fd[idx] = (up - down) / (2 * eps)
+        np.testing.assert_allclose(g, fd, atol=1e-7, rtol=1e-6)
+
+
+@pytest.mark.parametrize("name,alpha", MAPS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_grads_match_oracle(route, name, alpha, causal):
+    q, k, v = leaves()
+    mask = bool_mask(13, 21, dead_rows=(4,))
+    a, a_np = alpha_of(alpha)
+    if isinstance(a, torch.Tensor):
+        a = a.clone().requires_grad_()
+    out = run(route, q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True, map=name, alpha=a)
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(3), dtype=F64)
+    ts = [q, k, v] + ([a] if isinstance(a, torch.Tensor) else [])
+    got = torch.autograd.grad(out, ts, dout)
+    args = (q.detach().numpy(), k.detach().numpy(), v.detach().numpy(), dout.numpy())
+    for g, want in zip(got, ora.grads(*args, mask.numpy(), causal, None, name, a_np)):
+        close(g, want)
+    if isinstance(a, torch.Tensor):  # the finite difference: a looser tolerance
+        close(got[3], ora.dalpha(*args, a_np, mask.numpy(), causal), atol=1e-6, rtol=1e-6)
+    assert (got[0][:, :, 4] == 0).all()  # the fully masked query
+
+
+@pytest.mark.parametrize("L,S", [(1, 1), (2, 2), (64, 65), (65, 63)])
+def test_grads_at_block_edges(route, L, S):
+    q, k, v = leaves(H=2, Hkv=1, L=L, S=S, E=3, Ev=2, seed=L)
+    out = run(route, q, k, v, is_causal=True, enable_gqa=True, map="entmax15")
+    dout = torch.ones_like(out)
+    got = torch.autograd.grad(out, [q, k, v], dout)
+    want = ora.grads(*(t.detach().numpy() for t in (q, k, v, dout)), None, True, None, "entmax15")
+    for g, w in zip(got, want):
+        close(g, w)
+
+
+def test_softmax_grads_are_torch_sdpa(route):
+    q, k, v = leaves(L=17, S=30)
+    mask = bool_mask(17, 30, dead_rows=())
+    out = run(route, q, k, v, attn_mask=mask, enable_gqa=True, map="softmax")
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    torch.testing.assert_close(out, ref)
+    dout = torch.randn_like(out)
+    for a, b in zip(torch.autograd.grad(out, [q, k, v], dout), torch.autograd.grad(ref, [q, k, v], dout)):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("name,alpha", MAPS)
+def test_gradcheck_and_gradgradcheck_reference(name, alpha):
+    q, k, v = leaves(B=1, H=2, Hkv=1, L=3, S=4, E=2, Ev=2)
+    a = torch.tensor(HEAD_ALPHAS[1:3], dtype=F64, requires_grad=True) if alpha == "heads" else alpha
+    mask = torch.tensor([[True, True, False, True], [True, True, True, True], [False, True, True, True]])
+
+    def fn(q, k, v, *a_):
+        return sdpa(q, k, v, attn_mask=mask, enable_gqa=True, map=name, alpha=a_[0] if a_ else a)
+
+    inputs = (q, k, v) + ((a,) if isinstance(a, torch.Tensor) else ())
+    with softk.use_backend("torch"):
+        assert gradcheck(fn, inputs)
+        assert gradgradcheck(fn, inputs)
+
+
+@pytest.mark.parametrize("name,alpha", MAPS)
+def test_gradcheck_blockwise(name, alpha):
+    q, k, v = leaves(B=1, H=2, Hkv=1, L=3, S=5, E=2, Ev=2, seed=4)
+    a = torch.tensor(HEAD_ALPHAS[1:3], dtype=F64, requires_grad=True) if alpha == "heads" else alpha
+    inputs = (q, k, v) + ((a,) if isinstance(a, torch.Tensor) else ())
+
+    def fn(q, k, v, *a_):
+        return run("blockwise", q, k, v, is_causal=True, enable_gqa=True, map=name, alpha=a_[0] if a_ else a)
+
+    assert gradcheck(fn, inputs)
+
+
+def test_double_backward(route):
+    q, k, v = leaves(L=4, S=6)
+    out = run(route, q, k, v, enable_gqa=True, map="entmax15")
+    if route == "reference":
+        (g,) = torch.autograd.grad(out.square().sum(), q, create_graph=True)
+        (h,) = torch.autograd.grad(g.sum(), k)
+        assert torch.isfinite(h).all() and h.abs().sum() > 0
+        return
+    with pytest.raises(NotImplementedError, match="use_backend\\('torch'\\)"):
+        torch.autograd.grad(out.square().sum(), q, create_graph=True)
+
+
+def test_fully_masked_rows_give_zero_gradients(route):
+    q, k, v = leaves(H=2, Hkv=2, L=5, S=7)
+    a = torch.tensor([1.4, 2.2], dtype=F64, requires_grad=True)
+    mask = torch.ones(5, 7, dtype=torch.bool)
+    mask[1] = False
+    mask[3, 1:] = False  # one key: p = 1 there, a constant, so zero gradient too
+    for kw in (dict(map="softmax"), dict(map="sparsemax"), dict(map="entmax", alpha=a)):
+        out = run(route, q, k, v, attn_mask=mask, **kw)
+        assert (out[:, :, 1] == 0).all()
+        torch.testing.assert_close(out[:, :, 3], v[:, :, 0].detach())
+        dq, dk, dv = torch.autograd.grad(out[:, :, [1, 3]].sum(), [q, k, v], retain_graph=True)
+        assert (dq == 0).all() and (dk == 0).all()
+        assert (dv[:, :, 1:] == 0).all() and (dv[:, :, 0] == 1).all()  # the one key of row 3 reads its value
+        if "alpha" in kw:
+            (da,) = torch.autograd.grad(out[:, :, [1, 3]].sum(), a)
+            assert (da == 0).all()

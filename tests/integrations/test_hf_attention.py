@@ -1,0 +1,132 @@
+"""softk's attention in Hugging Face transformers (optional extra "hf"): tiny
+Llama (GQA) and GPT-2 models built from configs, nothing downloaded."""
+
+import numpy as np
+import pytest
+import torch
+
+from softk.integrations import hf_attention as hfa
+
+from ..oracle import attention as ora
+from ..attention.test_attention import one_thread  # noqa: F401
+
+transformers = pytest.importorskip("transformers")
+from transformers import (AttentionInterface, GPT2Config, GPT2LMHeadModel, LlamaConfig,  # noqa: E402
+                          LlamaForCausalLM)
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask  # noqa: E402
+
+
+def _oracle_entmax15(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
+                     **kwargs):
+    """An attention implementation from the NumPy oracle (float64), for comparison."""
+    causal = query.shape[2] > 1 and attention_mask is None and getattr(module, "is_causal", True)
+    mask = None if attention_mask is None else attention_mask.numpy()
+    out, _ = ora.attention(query.detach().double().numpy(), key.detach().double().numpy(),
+                           value.detach().double().numpy(), mask, causal, scaling, "entmax15")
+    return torch.tensor(out, dtype=query.dtype).transpose(1, 2).contiguous(), None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def registered():
+    names = hfa.register()
+    AttentionInterface.register("oracle_entmax15", _oracle_entmax15)
+    AttentionMaskInterface.register("oracle_entmax15", sdpa_mask)
+    return names
+
+
+def llama():
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    return cfg, LlamaForCausalLM(cfg).state_dict()
+
+
+def gpt2():
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=4, attn_pdrop=0.0,
+                     resid_pdrop=0.0, embd_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    return cfg, GPT2LMHeadModel(cfg).state_dict()
+
+
+def build(kind, impl):
+    cfg, state = llama() if kind == "llama" else gpt2()
+    cls = LlamaForCausalLM if kind == "llama" else GPT2LMHeadModel
+    model = cls._from_config(cfg, attn_implementation=impl).eval()
+    model.load_state_dict(state)
+    return model
+
+
+def batch():
+    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(2, 12, dtype=torch.long)
+    mask[1, :3] = 0  # left padding: three query rows with no key at all in the second sequence
+    return ids, mask
+
+
+def test_register_names_the_implementations(registered):
+    assert registered == ("softk_softmax", "softk_sparsemax", "softk_entmax15", "softk_entmax_learned")
+    assert hfa.register() == registered  # idempotent
+    for name in registered:
+        assert name in AttentionInterface._global_mapping and name in AttentionMaskInterface._global_mapping
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_softmax_matches_sdpa_logits(kind):
+    ids, mask = batch()
+    with torch.no_grad():
+        want = build(kind, "sdpa")(ids, attention_mask=mask).logits
+        got = build(kind, "softk_softmax")(ids, attention_mask=mask).logits
+        # without padding, the causal flag path (no mask tensor at all)
+        want_c = build(kind, "sdpa")(ids).logits
+        got_c = build(kind, "softk_softmax")(ids).logits
+    torch.testing.assert_close(got[mask.bool()], want[mask.bool()], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got_c, want_c, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_entmax15_runs_softk_and_matches_the_oracle(kind):
+    ids, mask = batch()
+    with torch.no_grad():
+        got = build(kind, "softk_entmax15")(ids, attention_mask=mask).logits
+        want = build(kind, "oracle_entmax15")(ids, attention_mask=mask).logits
+        sdpa = build(kind, "sdpa")(ids, attention_mask=mask).logits
+    keep = mask.bool()
+    np.testing.assert_allclose(got[keep].numpy(), want[keep].numpy(), atol=2e-5, rtol=1e-4)
+    assert (got[keep] - sdpa[keep]).abs().max() > 2e-4  # ten times the tolerance: not softmax in disguise
+
+
+def test_sparsemax_and_generation():
+    ids, mask = batch()
+    with torch.no_grad():
+        assert torch.isfinite(build("llama", "softk_sparsemax")(ids, attention_mask=mask).logits).all()
+        # greedy decoding with a cache: queries of length 1 against a growing key set
+        want = build("llama", "sdpa").generate(ids[:1], max_new_tokens=4, do_sample=False, pad_token_id=0)
+        got = build("llama", "softk_softmax").generate(ids[:1], max_new_tokens=4, do_sample=False, pad_token_id=0)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_learned_alpha(kind):
+    model = build(kind, "softk_entmax_learned").train()
+    ids, mask = batch()
+    with pytest.raises(ValueError, match="learn_alpha"):
+        model(ids, attention_mask=mask)
+    assert hfa.learn_alpha(model, alpha=1.5) == 2
+    assert hfa.learned_alphas(model) == [[1.5] * 4, [1.5] * 4]
+    out = model(ids, attention_mask=mask, labels=ids)
+    # at α = 1.5 every head is entmax15: the logits are softk_entmax15's
+    with torch.no_grad():
+        ref = build(kind, "softk_entmax15")(ids, attention_mask=mask).logits
+    torch.testing.assert_close(out.logits[mask.bool()], ref[mask.bool()], atol=1e-5, rtol=1e-5)
+    out.loss.backward()
+    grads = [p.grad for n, p in model.named_parameters() if n.endswith("softk_attention.alpha_raw")]
+    assert len(grads) == 2 and all(g is not None and torch.isfinite(g).all() and (g != 0).any() for g in grads)
+
+
+def test_attention_dropout_is_refused_in_training():
+    cfg, _ = gpt2()
+    cfg.attn_pdrop = 0.1
+    model = GPT2LMHeadModel._from_config(cfg, attn_implementation="softk_entmax15").train()
+    with pytest.raises(ValueError, match="attn_pdrop"):
+        model(torch.zeros(1, 4, dtype=torch.long))
+    model.eval()(torch.zeros(1, 4, dtype=torch.long))  # eval passes dropout=0.0

@@ -1,0 +1,55 @@
+"""softk.support: λ and the support size against the NumPy float64 oracle
+(λ from its bisection, p = f(x/τ − λ) recomputed, and the count of p > 0)."""
+
+import numpy as np
+import pytest
+import torch
+
+import softk
+
+from ..oracle import maps as oracle
+
+CASES = [
+    ("sparsemax", 1, {}, oracle._f_relu, None),
+    ("entmax15", 1, {}, oracle._f_entmax(1.5), None),
+    ("entmax", 1, {"alpha": 1.3}, oracle._f_entmax(1.3), None),
+    ("exp", 2, {}, oracle._f_exp, None),
+    ("sigmoid", 3, {}, oracle._f_sigmoid, None),
+    ("laplace", 2, {}, oracle._f_laplace, None),
+    ("sparse", 2, {}, oracle._f_sparse, None),
+]
+
+
+@pytest.mark.parametrize("method,k,kw,f,_", CASES)
+@pytest.mark.parametrize("offset", [0.0, 1e4])
+def test_lambda_and_size_match_oracle(rng, method, k, kw, f, _, offset):
+    x = rng.normal(size=(4, 9)) * 2
+    tau = 0.5
+    s = softk.support(torch.tensor(x + offset), method, k=k, tau=tau, **kw)
+    for i in range(4):
+        z = (x[i] + offset) / tau
+        lam = oracle.solve_lambda(f, z, k)
+        p_ref = f(z - lam)
+        # p = f(x/τ − λ) at softk's λ is the map (λ itself is not unique for
+        # "sparse" at a vertex of the capped simplex, where g is flat)
+        np.testing.assert_allclose(f(z - s.lam[i].item()), p_ref, atol=1e-9 * max(1.0, abs(lam)))
+        if method != "sparse":
+            np.testing.assert_allclose(s.lam[i].item(), lam, rtol=0, atol=1e-9 * max(1.0, abs(lam)))
+        assert s.size[i].item() == int((p_ref > 1e-12).sum())  # the oracle bisects: 1e-16 residues
+
+
+def test_row_conventions():
+    x = torch.tensor([[0.0, float("-inf"), float("-inf")], [1.0, float("nan"), 0.0], [0.1, 1.0, 1.5]])
+    s = softk.support(x, "sparsemax")
+    assert s.lam[0].item() == float("-inf") and np.isnan(s.lam[1].item())
+    assert s.size.tolist() == [1, 0, 2]
+    assert s.lam[2].item() == pytest.approx(0.75, abs=1e-7)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="method"):
+        softk.support(torch.zeros(3), "nope")
+    with pytest.raises(ValueError, match="k = 1 only"):
+        softk.support(torch.zeros(3), "sparsemax", k=2)
+    with pytest.raises(ValueError, match="alpha"):
+        softk.support(torch.zeros(3), "entmax", alpha=0.5)
