@@ -41,13 +41,13 @@ Tile sizes (``BLOCK_M`` × ``BLOCK_N`` and the warps) are UNTUNED: no GPU
 was available when they were chosen; they only compile for sm_90 (see
 tests/backends/triton/test_triton_attention_build.py).  None of this has been timed.
 
->>> import torch
->>> from softk._backends.triton.attention import attention_forward
->>> q = torch.tensor([[[[1.0, 0.0]]]]); k = torch.tensor([[[[1.0, 0.0], [0.0, 0.0]]]])
->>> v = torch.tensor([[[[1.0], [0.0]]]])
->>> out, m, lam = attention_forward(q, k, v, scale=1.0, causal=False, mask=None, fam=1, alpha=None)
->>> out.flatten().tolist(), m.flatten().tolist(), lam.flatten().tolist()   # p = [1, 0]: s = [1, 0]
-([1.0], [1.0], [-1.0])
+The kernels run on CUDA tensors (or CPU tensors under ``TRITON_INTERPRET=1``:
+tests/backends/triton/test_triton_attention.py); head dimensions are padded
+to a power of two ≥ 16 for ``tl.dot``:
+
+>>> from softk._backends.triton.attention import _pad
+>>> _pad(1), _pad(64), _pad(80)
+(16, 64, 128)
 """
 
 from __future__ import annotations
