@@ -10,9 +10,9 @@ The route is chosen once per call from the configured backend
 * ``"blockwise"`` ("native", and "auto" on any device without Triton):
   :mod:`.blockwise` and :mod:`.blockwise_backward`, blocks of keys;
 * ``"triton"`` ("triton", and "auto" on CUDA): the fused kernels of
-  :mod:`softk._backends.triton.attention` where that module exists.  It is
-  not shipped in this release (its backward is not yet verified), so these
-  calls run "blockwise"; float64 inputs always do.
+  :mod:`softk._backends.triton.attention` (forward and backward verified
+  against the float64 oracle in Triton's CPU interpreter; not yet run on a
+  GPU); float64 inputs, or a build without triton, run "blockwise".
 
 The last two share one interface, ``attention_forward`` → (out, m, lam) and
 ``attention_backward`` → (dq, dk, dv, dα), and one autograd contract:

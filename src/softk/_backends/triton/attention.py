@@ -1,0 +1,208 @@
+r"""Launchers for the fused attention kernels (issue 21): the forward
+(:mod:`.attention_kernels`) and the backward (:mod:`.attention_bwd`).
+
+``softk.scaled_dot_product_attention`` calls these on its Triton route; the
+argument checks (shapes, dtypes, devices, α > 1) are its job, this module
+only checks the contract it relies on.
+
+Maths.  Scores s = scale·q·kᵀ + mask (the mask: a boolean keep-mask, True =
+takes part, or an additive float mask; ``causal``: key j takes part for
+query i iff j ≤ i, torch's top-left alignment), and per query row
+
+.. math:: p_j = f(z_j - \lambda), \quad z_j = s_j - \max_i s_i, \qquad \textstyle\sum_j p_j = 1,
+
+with f the family's map (``fam``): 0 softmax (f = exp,
+λ = log Σ e^{z}), 1 sparsemax ([u]_+), 2 entmax15 ([u/2]_+²), 3 entmax
+with a per-head α ([(α−1)u]_+^{1/(α−1)}); out = Σ_j p_j v_j.
+
+The kernels shift before they scale (issue 20): without a float mask and
+with scale > 0, the saved row reference m is the max of the raw q·k and
+z = (q·k − m)·scale, so a far-from-origin offset in q·k cancels exactly
+before the scale multiplies it; with a float mask (or scale ≤ 0) m is the
+row max of s and z = s − m (:mod:`.attention_tiles`).
+
+The backward recomputes p from q, k, m and λ.  With d = f′(z − λ)
+(d = p for softmax, 1 on the support for sparsemax, √p for entmax15,
+p^{2−α} for entmax α) the Jacobian of a row is diag(d) − d dᵀ/Σd, so with
+dP_j = dO·v_j, δ = Σ_j d_j dP_j / Σd and dS_j = d_j (dP_j − δ):
+dq = scale·Σ_j dS_j k_j, dk_j = scale·Σ_i dS_ij q_i, dv_j = Σ_i p_ij dO_i.
+For a learned α (Correia et al. 2019; the entmax package's bisection
+backward), with β = 1/(α−1), p̃ = d/Σd and H = Σ p log p, per row
+∂p_j/∂α = β²(p_j − p̃_j) − β(p_j log p_j − p̃_j H), so
+dα_row = β²(dO·out − δ) − β(Σ_j p_j log p_j dP_j − H δ), summed over the
+rows of the head.
+
+Fully masked rows (no key takes part): out = 0, **m = 0 and λ = +inf**, so
+that f(s − m − λ) = 0 for every key by the same formula (on such a row
+m + λ is not a log-sum-exp); their gradients are 0.  torch's SDPA gives NaN
+there.
+
+Tile sizes (``BLOCK_M`` × ``BLOCK_N`` and the warps) are UNTUNED: no GPU
+was available when they were chosen; they only compile for sm_90 (see
+tests/backends/triton/test_triton_attention_build.py).  None of this has been timed.
+
+The kernels run on CUDA tensors (or CPU tensors under ``TRITON_INTERPRET=1``:
+tests/backends/triton/test_triton_attention.py); head dimensions are padded
+to a power of two ≥ 16 for ``tl.dot``:
+
+>>> from softk._backends.triton.attention import _pad
+>>> _pad(1), _pad(64), _pad(80)
+(16, 64, 128)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .attention_bwd import attn_bwd_dkdv_kernel, attn_bwd_dq_kernel
+from .attention_kernels import attn_fwd_kernel
+
+BLOCK_M = 64
+BLOCK_N = 64
+NEWTON_CAP = 24  # Newton-type steps before pure bisection
+MAXIT = 40  # λ-search passes at most
+_ALPHA = {0: 1.5, 1: 2.0, 2: 1.5, 3: 1.5}  # α of the fixed maps (entmax α reads its tensor)
+
+
+def _empty(shape, dtype, device) -> Tensor:
+    # every output is allocated here (tests fill it with NaN, so that an
+    # element the kernels fail to write cannot pass)
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _pad(n: int) -> int:
+    # a power of two ≥ 16 (tl.dot's smallest operand width)
+    return max(16, 1 << max(0, n - 1).bit_length())
+
+
+def _warps(e: int) -> int:
+    return 4 if e <= 64 else 8
+
+
+def _check(q: Tensor, k: Tensor, v: Tensor, mask, fam: int, alpha) -> None:
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"q, k, v must be 4-D (B, H, L, E), got {q.dim()}, {k.dim()}, {v.dim()} dimensions")
+    B, H, L, E = q.shape
+    if k.shape[0] != B or v.shape[:3] != k.shape[:3] or k.shape[3] != E or H % max(k.shape[1], 1):
+        raise ValueError(f"shapes do not fit: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise TypeError(f"q, k, v must share a float32/float16/bfloat16 dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if fam not in (0, 1, 2, 3):
+        raise ValueError(f"fam must be 0 (softmax), 1 (sparsemax), 2 (entmax15) or 3 (entmax α), got {fam}")
+    if mask is not None and tuple(mask.shape) != (B, H, L, k.shape[2]):
+        raise ValueError(f"mask must be expanded to {(B, H, L, k.shape[2])}, got {tuple(mask.shape)}")
+    if fam == 3 and (not isinstance(alpha, Tensor) or alpha.shape != (H,) or alpha.dtype != torch.float32):
+        raise ValueError(f"alpha must be a float32 tensor of shape ({H},) for fam 3")
+
+
+def _mask_args(mask, like: Tensor, scale: float):
+    """(tensor, MASK_KIND, 4 strides): 0 none, 1 boolean keep-mask (read as
+    bytes), 2 additive float mask; 3 and 4 are 0 and 1 for scale ≤ 0, where
+    the kernels cannot shift by the raw max q·k before scaling (see
+    :mod:`.attention_tiles`)."""
+    late = 0 if scale > 0 else 3
+    if mask is None:
+        return like, late, (0, 0, 0, 0)
+    if mask.dtype == torch.bool:
+        return mask.view(torch.uint8), 1 + late, mask.stride()
+    return mask, 2, mask.stride()
+
+
+def _alpha_arg(alpha, fam: int, like: Tensor) -> Tensor:
+    return alpha.contiguous() if fam == 3 else like
+
+
+def attention_forward(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: bool, mask, fam: int, alpha,
+                      block_m: int | None = None, block_n: int | None = None, skip: bool = True,
+                      stats: dict | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """(out (B, H, L, Ev) in q's dtype, m (B, H, L) float32 (the row
+    reference: see the module docstring), λ (B, H, L) float32) for q (B, H, L, E), k (B, Hkv, S, E), v (B, Hkv, S, Ev); see
+    the module docstring.  ``block_m``/``block_n`` override the tile
+    (powers of two ≥ 16), ``skip=False`` recomputes every block in every
+    pass (for tests), and a ``stats`` dict receives the per-program counts
+    (int64 tensors, one entry per query block and head): ``blocks`` (key
+    blocks in range), ``passes`` (λ-search passes, besides the max pass and
+    the p·V pass), ``visited`` (blocks recomputed over the search passes)
+    and ``pv`` (blocks that took a p·V product)."""
+    _check(q, k, v, mask, fam, alpha)
+    B, H, L, E = q.shape
+    Hkv, S, Ev = k.shape[1], k.shape[2], v.shape[3]
+    out = _empty((B, H, L, Ev), q.dtype, q.device)
+    m = _empty((B, H, L), torch.float32, q.device)
+    lam = _empty((B, H, L), torch.float32, q.device)
+    if B * H * L == 0:
+        return out, m, lam
+    BM, BN = block_m or BLOCK_M, block_n or BLOCK_N
+    nqb, nkb = -(-L // BM), max(1, -(-S // BN))
+    tiles = torch.empty(B * H * nqb * nkb if fam else 1, dtype=torch.int8, device=q.device)
+    st = torch.zeros((B * H * nqb * 4) if stats is not None else 1, dtype=torch.int32, device=q.device)
+    mk, kind, ms = _mask_args(mask, q, scale)
+    attn_fwd_kernel[(nqb, B * H)](
+        q, k, v, mk, _alpha_arg(alpha, fam, q), out, m, lam, tiles, st,
+        *q.stride(), *k.stride(), *v.stride(), *ms,
+        H, H // Hkv, L, S, E, Ev, nkb, float(scale), _ALPHA[fam],
+        FAM=fam, MASK_KIND=kind, CAUSAL=bool(causal), SKIP=bool(skip), WITH_STATS=stats is not None,
+        BM=BM, BN=BN, EP=_pad(E), EVP=_pad(Ev), NEWTON_CAP=NEWTON_CAP, MAXIT=MAXIT,
+        num_warps=_warps(max(E, Ev)),
+    )
+    if stats is not None:
+        st = st.view(B * H * nqb, 4).long()
+        stats.update(blocks=st[:, 0], passes=st[:, 1], visited=st[:, 2], pv=st[:, 3])
+    return out, m, lam
+
+
+def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tensor, m: Tensor, lam: Tensor, *,
+                       scale: float, causal: bool, mask, fam: int, alpha, need_dalpha: bool,
+                       block_m: int | None = None, block_n: int | None = None, skip: bool = True,
+                       stats: dict | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """(dq, dk (B, Hkv, S, E), dv (B, Hkv, S, Ev), dα (H,) float32 or None)
+    from the forward's inputs, its (out, m, λ) and dout = ∂L/∂out; dα only
+    for ``fam`` 3 with ``need_dalpha``.  Fully masked rows get zero
+    gradients.  ``block_m``/``block_n``/``skip`` as in
+    :func:`attention_forward`; a ``stats`` dict receives ``live`` (int8, per
+    query block and head, per key block: 1 where the tile took part)."""
+    _check(q, k, v, mask, fam, alpha)
+    if need_dalpha and fam != 3:
+        raise ValueError(f"need_dalpha needs fam 3 (entmax with a per-head alpha), got fam {fam}")
+    B, H, L, E = q.shape
+    Hkv, S, Ev = k.shape[1], k.shape[2], v.shape[3]
+    if out.shape != (B, H, L, Ev) or dout.shape != out.shape or m.shape != (B, H, L) or lam.shape != m.shape:
+        raise ValueError(f"out, dout must be {(B, H, L, Ev)} and m, lam {(B, H, L)}, got {tuple(out.shape)}, "
+                         f"{tuple(dout.shape)}, {tuple(m.shape)}, {tuple(lam.shape)}")
+    dq = _empty((B, H, L, E), q.dtype, q.device)
+    dk = _empty((B, Hkv, S, E), k.dtype, k.device)
+    dv = _empty((B, Hkv, S, Ev), v.dtype, v.device)
+    dalpha = None
+    if B * H * L == 0 or S == 0:  # nothing takes part: every gradient is 0
+        for t in (dq, dk, dv):
+            t.zero_()
+        return dq, dk, dv, (torch.zeros(H, dtype=torch.float32, device=q.device) if need_dalpha else None)
+    BM, BN = block_m or BLOCK_M, block_n or BLOCK_N
+    nqb, nkb = -(-L // BM), -(-S // BN)
+    m, lam = m.contiguous().float(), lam.contiguous().float()
+    dout = dout.to(q.dtype)
+    delta = _empty((B, H, L), torch.float32, q.device)
+    darow = _empty((B, H, L) if need_dalpha else (1,), torch.float32, q.device)
+    tiles = torch.empty(B * H * nqb * nkb if fam else 1, dtype=torch.int8, device=q.device)
+    mk, kind, ms = _mask_args(mask, q, scale)
+    al = _alpha_arg(alpha, fam, q)
+    warps = _warps(max(E, Ev))
+    common = dict(FAM=fam, MASK_KIND=kind, CAUSAL=bool(causal), BM=BM, BN=BN, EP=_pad(E), EVP=_pad(Ev),
+                  num_warps=warps)
+    attn_bwd_dq_kernel[(nqb, B * H)](
+        q, k, v, mk, al, out, dout, m, lam, dq, delta, darow, tiles,
+        *q.stride(), *k.stride(), *v.stride(), *ms, *out.stride(), *dout.stride(),
+        H, H // Hkv, L, S, E, Ev, nkb, float(scale), _ALPHA[fam],
+        SKIP=bool(skip), NEED_DALPHA=bool(need_dalpha), **common,
+    )
+    attn_bwd_dkdv_kernel[(nkb, B * Hkv)](
+        q, k, v, mk, al, dout, m, lam, delta, dk, dv, tiles,
+        *q.stride(), *k.stride(), *v.stride(), *ms, *dout.stride(),
+        H, Hkv, H // Hkv, L, S, E, Ev, nqb, nkb, float(scale), _ALPHA[fam], **common,
+    )
+    if need_dalpha:
+        dalpha = darow.sum(dim=(0, 2))
+    if stats is not None and fam:
+        stats.update(live=tiles.view(B * H * nqb, nkb).clone())
+    return dq, dk, dv, dalpha

@@ -1,0 +1,175 @@
+r"""The fused attention backward kernels: p recomputed from q, k, m and λ
+(p = f(z − λ), z = s − m formed by :func:`.attention_tiles._shift`), d = f′ read off p (:func:`.family_math._d_from_p`), and
+dS_j = d_j (dP_j − δ) with dP_j = dO·v_j, δ = Σ_j d_j dP_j / Σ_j d_j (the
+Jacobian diag(d) − d dᵀ/Σd of each row; softmax: d = p, δ = dO·out).  The
+maths and the learned-α term are in :mod:`.attention`.
+
+Two kernels, sharing the tile size (BM queries × BN keys):
+
+* ``attn_bwd_dq_kernel``, one program per query block and head: for the
+  sparse maps a first sweep over the key blocks recomputes p, marks the
+  blocks where p > 0 somewhere (``TILES``, one byte per block; the others
+  are skipped from then on) and sums Σd and Σ d·dP (and, for a learned α,
+  Σ p log p and Σ p log p·dP) on the live ones; then δ (written for the
+  other kernel), the row's dα term, and a second sweep over the live blocks
+  for dq.
+* ``attn_bwd_dkdv_kernel``, one program per key block and kv head: the
+  query heads of its group and their query blocks (causal: from the
+  diagonal on), live tiles only, accumulating dk and dv without atomics;
+  the tile is computed transposed ([keys, queries]), so that its products
+  with dO and q need no transposes of the large operands.
+"""
+
+import triton
+import triton.language as tl
+
+from .attention_tiles import _any, _dot, _key_blocks, _load_2d, _qk_tile, _scores, _shift
+from .family_math import _d_from_p, _f
+
+
+@triton.jit
+def _p_d(z, lam, alpha, FAM: tl.constexpr):
+    # p = f(z − λ) and d = f′ on a tile of z = s − m (0 where z = −inf)
+    p = tl.where(z > float("-inf"), _f(z - lam, FAM, alpha - 1.0), 0.0)
+    return p, _d_from_p(p, FAM, alpha - 1.0)
+
+
+@triton.jit
+def _xlogx(p):
+    return tl.where(p > 0, p * tl.log(tl.where(p > 0, p, 1.0)), 0.0)
+
+
+@triton.jit
+def attn_bwd_dq_kernel(Q, K, V, MASK, ALPHA, OUT, DO, M, LAM, DQ, DELTA, DAROW, TILES,
+                       sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, smb, smh, smm, smn,
+                       sob, soh, som, sod, sdb, sdh, sdm, sdd,
+                       H, GROUP, L, S, E, EV, NKB, scale, alpha_f,
+                       FAM: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, SKIP: tl.constexpr,
+                       NEED_DALPHA: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, EP: tl.constexpr,
+                       EVP: tl.constexpr):
+    pid = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // H).to(tl.int64)
+    h = bh % H
+    hk = (h // GROUP).to(tl.int64)
+    h64 = h.to(tl.int64)
+    Kb = K + b * skb + hk * skh
+    Vb = V + b * svb + hk * svh
+    Mb = MASK + b * smb + h64 * smh
+    qstart = pid * BM
+    rows = qstart + tl.arange(0, BM)[:, None]  # [BM, 1]
+    q = _load_2d(Q + b * sqb + h64 * sqh, rows, sqm, sqd, L, E, EP)
+    do = _load_2d(DO + b * sdb + h64 * sdh, rows, sdm, sdd, L, EV, EVP)
+    o = _load_2d(OUT + b * sob + h64 * soh, rows, som, sod, L, EV, EVP).to(tl.float32)
+    ob = bh.to(tl.int64) * L
+    m = tl.load(M + ob + rows, mask=rows < L, other=0.0)
+    lam = tl.load(LAM + ob + rows, mask=rows < L, other=float("inf"))
+    nkb = _key_blocks(qstart, S, CAUSAL, BM, BN)
+    FL = TILES + (bh.to(tl.int64) * tl.num_programs(0) + pid) * NKB
+    alpha = tl.full((), 0.0, tl.float32) + alpha_f
+    if FAM == 3:
+        alpha = tl.load(ALPHA + h).to(tl.float32)
+    od = tl.sum(do.to(tl.float32) * o, 1, keep_dims=True)  # dO·out = Σ_j p_j dP_j
+    if FAM == 0:
+        delta = od
+    else:
+        sd = tl.zeros([BM, 1], tl.float32)
+        sdp = tl.zeros([BM, 1], tl.float32)
+        hs = tl.zeros([BM, 1], tl.float32)
+        gs = tl.zeros([BM, 1], tl.float32)
+        for j in range(0, nkb):
+            t = _qk_tile(q, Kb, skn, skd, j * BN, rows, L, S, E, scale, Mb, smm, smn, MASK_KIND, CAUSAL, BN, EP)
+            z = _shift(t, m, scale, MASK_KIND)
+            p, d = _p_d(z, lam, alpha, FAM)
+            live = _any(p > 0)
+            if not SKIP:
+                live = nkb >= 0
+            tl.store(FL + j, tl.where(live, 1, 0).to(tl.int8))
+            if live:
+                v = _load_2d(Vb, j * BN + tl.arange(0, BN)[:, None], svn, svd, S, EV, EVP)
+                dp = _dot(do, tl.trans(v))
+                sd += tl.sum(d, 1, keep_dims=True)
+                sdp += tl.sum(d * dp, 1, keep_dims=True)
+                if NEED_DALPHA:
+                    pl = _xlogx(p)
+                    hs += tl.sum(pl, 1, keep_dims=True)
+                    gs += tl.sum(pl * dp, 1, keep_dims=True)
+        delta = tl.where(sd > 0, sdp / tl.where(sd > 0, sd, 1.0), 0.0)
+        if NEED_DALPHA:
+            beta = 1.0 / (alpha - 1.0)
+            dar = beta * beta * (od - delta) - beta * (gs - hs * delta)
+            tl.store(DAROW + ob + rows, dar, mask=rows < L)
+    tl.store(DELTA + ob + rows, delta, mask=rows < L)
+    dq = tl.zeros([BM, EP], tl.float32)
+    for j in range(0, nkb):
+        live = nkb >= 0
+        if FAM != 0:
+            live = tl.load(FL + j) != 0
+        if live:
+            kidx = j * BN + tl.arange(0, BN)[:, None]
+            k = _load_2d(Kb, kidx, skn, skd, S, E, EP)
+            t = _scores(_dot(q, tl.trans(k)), rows, j * BN + tl.arange(0, BN)[None, :],
+                        L, S, scale, Mb, smm, smn, MASK_KIND, CAUSAL)
+            z = _shift(t, m, scale, MASK_KIND)
+            p, d = _p_d(z, lam, alpha, FAM)
+            v = _load_2d(Vb, kidx, svn, svd, S, EV, EVP)
+            dp = _dot(do, tl.trans(v))
+            ds = d * (dp - delta)
+            dq += _dot(ds.to(k.dtype), k)
+    c = tl.arange(0, EP)[None, :]
+    tl.store(DQ + (ob + rows) * E + c, (dq * scale).to(DQ.dtype.element_ty), mask=(rows < L) & (c < E))
+
+
+@triton.jit
+def attn_bwd_dkdv_kernel(Q, K, V, MASK, ALPHA, DO, M, LAM, DELTA, DK, DV, TILES,
+                         sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, smb, smh, smm, smn,
+                         sdb, sdh, sdm, sdd,
+                         H, HKV, GROUP, L, S, E, EV, NQB, NKB, scale, alpha_f,
+                         FAM: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr,
+                         BM: tl.constexpr, BN: tl.constexpr, EP: tl.constexpr, EVP: tl.constexpr):
+    kb = tl.program_id(0)
+    bhk = tl.program_id(1)
+    b = (bhk // HKV).to(tl.int64)
+    hk = bhk % HKV
+    kstart = kb * BN
+    kidx = kstart + tl.arange(0, BN)[:, None]  # [BN, 1]: the keys, as rows of the tile
+    k = _load_2d(K + b * skb + hk.to(tl.int64) * skh, kidx, skn, skd, S, E, EP)
+    v = _load_2d(V + b * svb + hk.to(tl.int64) * svh, kidx, svn, svd, S, EV, EVP)
+    dk = tl.zeros([BN, EP], tl.float32)
+    dv = tl.zeros([BN, EVP], tl.float32)
+    qb0 = 0
+    if CAUSAL:
+        qb0 = kstart // BM  # earlier query blocks lie wholly above the diagonal
+    for g in range(0, GROUP):
+        h = hk * GROUP + g
+        h64 = h.to(tl.int64)
+        bh = b * H + h64
+        alpha = tl.full((), 0.0, tl.float32) + alpha_f
+        if FAM == 3:
+            alpha = tl.load(ALPHA + h).to(tl.float32)
+        Mb = MASK + b * smb + h64 * smh
+        for qb in range(qb0, NQB):
+            live = qb >= 0
+            if FAM != 0:
+                live = tl.load(TILES + (bh * NQB + qb) * NKB + kb) != 0
+            if live:
+                ridx = qb * BM + tl.arange(0, BM)[:, None]
+                rows = qb * BM + tl.arange(0, BM)[None, :]  # [1, BM]: the queries, as columns
+                q = _load_2d(Q + b * sqb + h64 * sqh, ridx, sqm, sqd, L, E, EP)
+                do = _load_2d(DO + b * sdb + h64 * sdh, ridx, sdm, sdd, L, EV, EVP)
+                ob = bh * L
+                m = tl.load(M + ob + rows, mask=rows < L, other=0.0)
+                lam = tl.load(LAM + ob + rows, mask=rows < L, other=float("inf"))
+                delta = tl.load(DELTA + ob + rows, mask=rows < L, other=0.0)
+                tt = _scores(_dot(k, tl.trans(q)), rows, kidx, L, S, scale, Mb, smm, smn, MASK_KIND, CAUSAL)
+                zt = _shift(tt, m, scale, MASK_KIND)  # [BN, BM]
+                pt, dt = _p_d(zt, lam, alpha, FAM)
+                dv += _dot(pt.to(do.dtype), do)
+                dpt = _dot(v, tl.trans(do))
+                dst = dt * (dpt - delta)
+                dk += _dot(dst.to(q.dtype), q)
+    base = bhk.to(tl.int64) * S + kidx
+    ce = tl.arange(0, EP)[None, :]
+    cv = tl.arange(0, EVP)[None, :]
+    tl.store(DK + base * E + ce, (dk * scale).to(DK.dtype.element_ty), mask=(kidx < S) & (ce < E))
+    tl.store(DV + base * EV + cv, dv.to(DV.dtype.element_ty), mask=(kidx < S) & (cv < EV))

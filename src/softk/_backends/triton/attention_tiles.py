@@ -1,0 +1,114 @@
+r"""Tile helpers shared by the attention kernels (:mod:`.attention_kernels`,
+:mod:`.attention_search`, :mod:`.attention_bwd`).
+
+A tile is the scores of a block of queries against a block of keys.  The
+helpers take the query and key indices as broadcastable index tensors
+(``rows`` and ``cols``), so the same code builds a [queries, keys] tile
+(the forward and the dq kernel: rows [BM, 1], cols [1, BN]) and a
+[keys, queries] tile (the dk/dv kernel: rows [1, BM], cols [BN, 1]).
+
+Scores are s = scale·(q·k) + mask in float32 (``tl.dot`` with
+``input_precision="ieee"``, so float32 inputs are not rounded to TF32), and
+−inf where a key does not take part: past the end of the sequence, above the
+causal diagonal (key j takes part for query i iff j ≤ i, torch's top-left
+alignment), or False in a boolean mask.
+
+Shift before scale (issue 20).  A tile holds t, the value whose row max is
+the reference m, and every kernel works with z = s − max_j s_j formed by
+:func:`_shift` from t and m:
+
+* ``MASK_KIND`` 0 (no mask) and 1 (boolean mask), scale > 0: t = q·k, raw
+  (pass 1 reads raw scores, m = max_j q·k_j) and z = (t − m)·scale, so the
+  subtraction of two nearby float32 values is exact and a far-from-origin
+  offset in q·k is never multiplied by the scale before it cancels;
+* ``MASK_KIND`` 2 (additive float mask), and 3 / 4 (no mask / boolean mask
+  with scale ≤ 0, where max q·k is not the row max of s): t = s and
+  z = t − m.
+"""
+
+import os
+
+import triton
+import triton.language as tl
+
+# Triton's CPU interpreter multiplies bfloat16 tiles wrongly in tl.dot (their
+# bits, not their values; triton 3.9): there, and only there, the operands
+# are widened to float32 first, which is exact (a bf16·bf16 product fits in
+# float32), so the interpreter computes what the GPU's float32 accumulation does.
+_WIDEN = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+
+
+@triton.jit
+def _dot(a, b):
+    """a @ b accumulated in float32, float32 operands not rounded to TF32."""
+    if _WIDEN:
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    return tl.dot(a, b, input_precision="ieee")
+
+
+@triton.jit
+def _shift(t, m, scale, MASK_KIND: tl.constexpr):
+    """z = s − (row max of s) from a tile of t and the row reference m (module docstring)."""
+    if MASK_KIND < 2:
+        return (t - m) * scale
+    return t - m
+
+
+@triton.jit
+def _load_2d(base, idx, sr, sc, n, width, WIDTH: tl.constexpr):
+    """The rows ``idx`` (a [R, 1] column of indices, < n) of a (n, width)
+    matrix with strides (sr, sc), padded with zeros to WIDTH columns."""
+    c = tl.arange(0, WIDTH)[None, :]
+    return tl.load(base + idx * sr + c * sc, mask=(idx < n) & (c < width), other=0.0)
+
+
+@triton.jit
+def _keep(rows, cols, L, S, Mb, smm, smn, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr):
+    """Whether key ``cols`` takes part for query ``rows`` (before a float mask)."""
+    keep = (rows < L) & (cols < S)
+    if CAUSAL:
+        keep = keep & (cols <= rows)
+    if MASK_KIND == 1 or MASK_KIND == 4:
+        keep = keep & (tl.load(Mb + rows * smm + cols * smn, mask=keep, other=0) != 0)
+    return keep
+
+
+@triton.jit
+def _scores(raw, rows, cols, L, S, scale, Mb, smm, smn, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr):
+    """t (module docstring): raw, or s = scale·raw (+ the float mask); −inf
+    where the key does not take part; ``raw`` is the float32 tile of q·k."""
+    keep = _keep(rows, cols, L, S, Mb, smm, smn, MASK_KIND, CAUSAL)
+    s = raw
+    if MASK_KIND >= 2:
+        s = raw * scale
+    if MASK_KIND == 2:
+        s = s + tl.load(Mb + rows * smm + cols * smn, mask=keep, other=0.0).to(tl.float32)
+    return tl.where(keep, s, float("-inf"))
+
+
+@triton.jit
+def _qk_tile(q, Kb, skn, skd, start, rows, L, S, E, scale, Mb, smm, smn,
+             MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, BN: tl.constexpr, EP: tl.constexpr):
+    """The [BM, BN] tile t (see :func:`_scores`) of the loaded query block
+    ``q`` against keys start … start + BN − 1 (rows: the [BM, 1] query indices)."""
+    kidx = start + tl.arange(0, BN)[:, None]
+    k = _load_2d(Kb, kidx, skn, skd, S, E, EP)
+    raw = _dot(q, tl.trans(k))
+    return _scores(raw, rows, start + tl.arange(0, BN)[None, :], L, S, scale, Mb, smm, smn, MASK_KIND, CAUSAL)
+
+
+@triton.jit
+def _key_blocks(qstart, S, CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """How many key blocks the query block starting at ``qstart`` can see
+    (causal: none past the diagonal of its last row)."""
+    kend = S
+    if CAUSAL:
+        kend = tl.minimum(S, qstart + BM)
+    return tl.cdiv(kend, BN)
+
+
+@triton.jit
+def _any(cond):
+    # a scalar: whether any entry of a 2-D block holds
+    return tl.max(tl.max(cond.to(tl.int32), 1), 0) > 0

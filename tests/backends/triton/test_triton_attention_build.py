@@ -1,0 +1,52 @@
+"""The fused attention kernels build for sm_90 (ptxas included), in a
+process where TRITON_INTERPRET is unset: the interpreter accepts code that
+the compiler rejects (see gpu_build)."""
+
+from . import gpu_build
+
+_COMPILE = r"""
+from softk._backends.triton.attention import BLOCK_M, BLOCK_N, MAXIT, NEWTON_CAP, _pad, _warps
+from softk._backends.triton.attention_bwd import attn_bwd_dkdv_kernel, attn_bwd_dq_kernel
+from softk._backends.triton.attention_kernels import attn_fwd_kernel
+
+def strides(*names):
+    return {n + s: "i32" for n in names for s in ("b", "h", "m", "d")}
+
+# every family, with the three mask kinds and both causal settings taking
+# turns, at E = Ev = 64 and 128 (padded from 80) and the dtypes in turn;
+# the backward with and without dα for entmax α
+dtypes = ("*bf16", "*fp16", "*fp32")
+masks = ("*u8", "*u8", "*fp32")  # (none: the q pointer, typed as the mask slot's)
+ints = {n: "i32" for n in ("H", "GROUP", "L", "S", "E", "EV", "NKB")}
+built = 0
+for fam in range(4):
+    for i, e in enumerate((64, 80)):
+        ty = dtypes[(fam + i) % 3]
+        kind = (fam + i) % 3
+        mty = ty if kind == 0 else masks[kind]
+        causal = bool((fam + i) % 2)
+        ptrs = dict(Q=ty, K=ty, V=ty, MASK=mty, ALPHA="*fp32", M="*fp32", LAM="*fp32", TILES="*i8")
+        base = dict(ints, scale="fp32", alpha_f="fp32")
+        sq = {"sq" + c: "i32" for c in "bhmd"} | {"sk" + c: "i32" for c in "bhnd"} | {"sv" + c: "i32" for c in "bhnd"} \
+            | {"sm" + c: "i32" for c in ("b", "h", "m", "n")}
+        cs = dict(FAM=fam, MASK_KIND=kind, CAUSAL=causal, BM=BLOCK_M, BN=BLOCK_N, EP=_pad(e), EVP=_pad(e))
+        w = _warps(e)
+        build(attn_fwd_kernel, dict(ptrs, OUT=ty, STATS="*i32", **sq, **base),
+              dict(cs, SKIP=True, WITH_STATS=i == 1, NEWTON_CAP=NEWTON_CAP, MAXIT=MAXIT), w)
+        for need in ((False, True) if fam == 3 else (False,)):
+            so = {"so" + c: "i32" for c in "bhmd"} | {"sd" + c: "i32" for c in "bhmd"}
+            build(attn_bwd_dq_kernel, dict(ptrs, OUT=ty, DO=ty, DQ=ty, DELTA="*fp32", DAROW="*fp32", **sq, **so, **base),
+                  dict(cs, SKIP=True, NEED_DALPHA=need), w)
+            built += 1
+        sd = {"sd" + c: "i32" for c in "bhmd"}
+        b2 = dict(base, HKV="i32", NQB="i32")
+        build(attn_bwd_dkdv_kernel, dict(ptrs, DO=ty, DELTA="*fp32", DK=ty, DV=ty, **sq, **sd, **b2), cs, w)
+        built += 2
+assert built == 26, built
+print("OK")
+"""
+
+
+def test_attention_kernels_compile_for_a_gpu():
+    # about a minute with an empty Triton cache on the shared 2-core machine
+    gpu_build.compile_for_gpu(_COMPILE, timeout=600)
