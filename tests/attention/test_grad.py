@@ -142,3 +142,55 @@ def test_fully_masked_rows_give_zero_gradients(route):
         if "alpha" in kw:
             (da,) = torch.autograd.grad(out[:, :, [1, 3]].sum(), a)
             assert (da == 0).all()
+
+
+@pytest.mark.parametrize("dtype,ends,tol", [(torch.float32, (1.05, 2.0), (5e-5, 2e-3)),
+                                            (F64, (1.001, 3.0), (1e-8, 1e-6))])
+def test_alpha_at_the_ends_of_its_range(route, dtype, ends, tol):
+    # The ends of softk.attention.checks.ALPHA_RANGE on the memory-efficient
+    # route, against the float64 oracle.  Outside them the route is off by
+    # far more than these tolerances (float32: dα 12 % at α = 1.01, dq 9 % at
+    # α = 4), which is why the range is refused beyond them.
+    if route == "reference":
+        pytest.skip("the reference route runs softk.entmax on whole rows: exact for every α")
+    q, k, v = leaves(H=4, Hkv=2, L=16, S=40, E=8, Ev=5, seed=5)
+    with torch.no_grad():
+        q.mul_(3)
+    a_np = np.array([ends[0], ends[1], ends[0], ends[1]])
+    a = torch.tensor(a_np, dtype=dtype, requires_grad=True)
+    qs, ks, vs = (t.detach().to(dtype).requires_grad_() for t in (q, k, v))
+    out = run(route, qs, ks, vs, enable_gqa=True, map="entmax", alpha=a)
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(3), dtype=F64)
+    got = torch.autograd.grad(out, [qs, ks, vs, a], dout.to(dtype))
+    args = (q.detach().numpy(), k.detach().numpy(), v.detach().numpy())
+    want = [ora.attention(*args, None, False, None, "entmax", a_np)[0]]
+    want += list(ora.grads(*args, dout.numpy(), None, False, None, "entmax", a_np))
+    if dtype == F64:
+        # the oracle's central difference is too coarse at α = 1.001 (its third
+        # derivative grows like (α−1)^−4); dα of the reference route instead,
+        # softk.entmax's own α-gradient on whole rows (tested against the oracle
+        # in tests/autograd), an independent formula from the blockwise one
+        ar = a.detach().clone().requires_grad_()
+        ref = run("reference", q, k, v, enable_gqa=True, map="entmax", alpha=ar)
+        want.append(torch.autograd.grad(ref, ar, dout)[0].numpy())
+    else:
+        want.append(ora.dalpha(*args, dout.numpy(), a_np))
+    for i, (g, w) in enumerate(zip([out] + list(got), want)):
+        err = np.abs(g.detach().double().numpy() - w).max() / np.abs(w).max()
+        assert err <= tol[i == 4], (i, err)
+
+
+@pytest.mark.parametrize("alpha", [2.0, 1.05])
+def test_alpha_end_with_an_entry_at_the_support_edge(route, alpha):
+    # Two keys where the second gets p = 0.01: w₂ = p₂^(α−1) is 1e-2 at α = 2
+    # (1e-6 at α = 4, below float32's grid at s = 3, where the route loses that
+    # entry).  float32 route against the float64 oracle.
+    a = alpha - 1
+    d = (0.99 ** a - 0.01 ** a) / a  # s₁ − s₂ that gives p = (0.99, 0.01)
+    q = torch.ones(1, 1, 1, 1)
+    k = torch.tensor([3.0, 3.0 - d, -5.0], dtype=torch.float64).reshape(1, 1, 3, 1)
+    v = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.5, 0.5]], dtype=torch.float64).reshape(1, 1, 3, 2)
+    out = run(route, q, k.float(), v.float(), scale=1.0, map="entmax", alpha=torch.tensor([alpha]))
+    want = ora.attention(q.double().numpy(), k.float().double().numpy(), v.numpy(), None, False, 1.0, "entmax",
+                         np.array([alpha]))[0]
+    np.testing.assert_allclose(out.double().numpy(), want, atol=2e-6, rtol=0)

@@ -21,25 +21,29 @@ def test_module_is_the_function():
 
 def test_learnable_alpha_per_head():
     torch.manual_seed(0)
-    attn = ScaledDotProductAttention("entmax", alpha=[1.2, 1.5, 2.5], num_heads=3, learnable=True)
-    torch.testing.assert_close(attn.alpha, torch.tensor([1.2, 1.5, 2.5]))
+    attn = ScaledDotProductAttention("entmax", alpha=[1.2, 1.5, 1.9], num_heads=3, learnable=True)
+    torch.testing.assert_close(attn.alpha, torch.tensor([1.2, 1.5, 1.9]))
     q = torch.randn(2, 3, 6, 4, requires_grad=True)
     out = attn(q, q, q)
-    torch.testing.assert_close(out, sdpa(q, q, q, map="entmax", alpha=torch.tensor([1.2, 1.5, 2.5])))
+    torch.testing.assert_close(out, sdpa(q, q, q, map="entmax", alpha=torch.tensor([1.2, 1.5, 1.9])))
     (out * torch.randn_like(out)).sum().backward()
     assert attn.alpha_raw.grad is not None and (attn.alpha_raw.grad != 0).all()
-    # a large step downhill still keeps every α above 1 (α = 1.01 + softplus(ρ)), and the call runs
-    with torch.no_grad():
-        attn.alpha_raw -= 1e4 * attn.alpha_raw.grad.abs()
-    torch.testing.assert_close(attn.alpha, torch.full((3,), 1.01))
-    assert torch.isfinite(attn(q, q, q)).all()
+    # a large step either way keeps every α inside [1.05, 2] (α = 1.05 + 0.95·sigmoid(ρ)), and the call runs
+    for step, end in ((-1e4, 1.05), (1e4, 2.0)):
+        with torch.no_grad():
+            attn.alpha_raw.fill_(step)
+        torch.testing.assert_close(attn.alpha, torch.full((3,), end))
+        assert torch.isfinite(attn(q, q, q)).all()
     assert "learnable=True" in repr(attn)
 
 
 @pytest.mark.parametrize("kwargs,match", [
     (dict(map="sparsemax", num_heads=2, learnable=True), "map must be 'entmax'"),
     (dict(map="entmax", learnable=True), "num_heads must be an int"),
-    (dict(map="entmax", alpha=1.0, num_heads=2, learnable=True), "alpha must be finite and > 1.01"),
+    (dict(map="entmax", alpha=1.0, num_heads=2, learnable=True), "alpha must lie strictly between 1.05 and 2"),
+    (dict(map="entmax", alpha=2.0, num_heads=2, learnable=True), "alpha must lie strictly between 1.05 and 2"),
+    (dict(map="entmax", alpha=float("nan"), num_heads=2, learnable=True), "alpha must lie strictly between"),
+    (dict(map="entmax", alpha=2.5), r"alpha must lie in \[1.05, 2.0\]"),
     (dict(map="entmax", alpha=[1.5, 1.5, 1.5], num_heads=2, learnable=True), "one per head"),
     (dict(map="entmax", alpha=0.9), "alpha must be a finite float > 1"),
     (dict(map="hardmax"), "map must be one of"),

@@ -53,9 +53,16 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
             h reads key/value head h // (H / H_kv).  Without it H_kv must be
             H or 1.
         map: "softmax", "sparsemax", "entmax15" (default) or "entmax".
-        alpha: α of map="entmax": a float > 1 (default 1.5), or a tensor of
-            shape (H,) with every α > 1, one per head; a tensor that requires
-            grad gets its gradient.
+        alpha: α of map="entmax": a float (default 1.5), or a tensor of
+            shape (H,), one α per head; a tensor that requires grad gets its
+            gradient.  α must lie in [1.05, 2] for float32, float16 and
+            bfloat16 inputs and in [1.001, 3] for float64
+            (:func:`softk.attention.checks.alpha_range`; the range Correia
+            et al. and AdaSplash learn α in is (1, 2]).  Beyond it the
+            attention routes lose precision: near 1 the α-gradient cancels,
+            above 2 the map is not Lipschitz at the support's edge and the
+            rounding of q·k moves p and the gradients; use
+            :func:`softk.entmax` on the scores there.
 
     Returns:
         (…, H, L, Ev) in the query's dtype.  ``map="softmax"`` is torch's
@@ -66,10 +73,11 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     Routes (chosen from ``softk.backend()``, see :mod:`softk.attention.op`):
     "torch" materialises the (…, H, L, S) scores and supports double
     backward; "auto" and "native" on the CPU, or any device without Triton,
-    run blocks of keys and never hold the L×S scores; CUDA tensors run the
-    same blocks of keys in this release (the fused Triton kernels are not
-    shipped yet).  The memory-efficient route raises NotImplementedError on
-    double backward.
+    run blocks of keys and never hold the L×S scores; "auto" on CUDA and
+    "triton" run the fused Triton kernels (verified in Triton's CPU
+    interpreter; not yet run on a GPU), float64 inputs the blocks of keys.
+    The memory-efficient routes raise NotImplementedError on double
+    backward.
 
     Example (a query that attends to one of three keys):
 

@@ -103,6 +103,40 @@ def _heads(h: int, hkv: int, hv: int, gqa: bool) -> None:
                          "pass enable_gqa=True for grouped-query attention")
 
 
+# α-entmax attention is exact to the compute dtype's precision only on a
+# range of α, which the attention routes therefore refuse to leave:
+# * near 1 the α-gradient is a difference of two terms of size 1/(α−1)²
+#   that cancel (float32 at α = 1.01: dα 12 % off the float64 oracle);
+# * above 2 the map is not Lipschitz at the edge of the support: p_j grows
+#   like u^(1/(α−1)) and the Jacobian's p_j^(2−α) is unbounded as p_j → 0,
+#   so the rounding of the scores q·k themselves moves p by up to
+#   (ε|s|)^(1/(α−1)) and the gradients without bound (float32 at α = 3: dk
+#   2.6e-4 off on random rows; at α = 4 a key with p = 0.01 lost half a
+#   percent of it; at α = 10 a row's p summed to 0.994, because λ per row
+#   cannot carry such p at all).  softk.entmax on a whole row of given
+#   scores is exact for every α (its anchor form): that is the route for
+#   other α.
+# Measured against the float64 oracle (tests/attention/test_grad.py):
+# float32 ≤ 2e-4 relative on dα and ≤ 1e-5 on out, dq, dk, dv on
+# [1.05, 2]; float64 ≤ 1e-7 on [1.001, 3].
+ALPHA_RANGE = {torch.float32: (1.05, 2.0), torch.float64: (1.001, 3.0)}
+_WHY = "outside it the blockwise and Triton routes lose precision; use softk.entmax on the scores for other α"
+
+
+def alpha_range(dtype: torch.dtype) -> tuple[float, float]:
+    """The α the attention routes take for inputs of ``dtype`` (half and
+    bfloat16 compute in float32).
+
+    >>> alpha_range(torch.bfloat16), alpha_range(torch.float64)
+    ((1.05, 2.0), (1.001, 3.0))
+    """
+    return ALPHA_RANGE[torch.float64 if dtype == torch.float64 else torch.float32]
+
+
+def _ct_name(dtype: torch.dtype) -> str:
+    return "float64" if dtype == torch.float64 else "float32-compute"
+
+
 def _alpha(name: str, alpha, h: int, q: Tensor):
     """(fam, per-head α tensor or None, the α the reference passes on)."""
     if name not in MAPS:
@@ -124,14 +158,18 @@ def _alpha(name: str, alpha, h: int, q: Tensor):
             raise ValueError(f"alpha must be a float or a tensor of shape (H,) = ({h},), one α per head, "
                              f"got shape {tuple(alpha.shape)}")
         a = unwrapped(alpha.detach())
-        require(torch.isfinite(a) & (a > 1), lambda: f"alpha must be finite and > 1 for every head "
-                f"(use map='softmax' for α = 1), got {a.tolist()}")
+        lo, hi = alpha_range(q.dtype)
+        require((a >= lo) & (a <= hi), lambda: f"alpha must lie in [{lo}, {hi}] for every head with "
+                f"{_ct_name(q.dtype)} attention ({_WHY}), got {a.tolist()}")
         return ENTMAX_ID, alpha, alpha
     if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
         raise TypeError(f"alpha must be a float > 1 or a tensor of shape (H,), got {type(alpha).__name__}")
     alpha = float(alpha)
     if not (alpha > 1 and math.isfinite(alpha)):
         raise ValueError(f"alpha must be a finite float > 1 (use map='softmax' for α = 1), got {alpha}")
+    lo, hi = alpha_range(q.dtype)
+    if not lo <= alpha <= hi:
+        raise ValueError(f"alpha must lie in [{lo}, {hi}] with {_ct_name(q.dtype)} attention ({_WHY}), got {alpha}")
     fam = family_id("entmax", alpha, False)
     ct = torch.float64 if q.dtype == torch.float64 else torch.float32
     return fam, (torch.full((h,), alpha, dtype=ct, device=q.device) if fam == ENTMAX_ID else None), alpha

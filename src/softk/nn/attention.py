@@ -10,14 +10,16 @@ from torch import nn
 
 from ..attention import MAPS, scaled_dot_product_attention
 from .._validate import check_choice
+from ..attention.checks import ALPHA_RANGE
 
 
-ALPHA_FLOOR = 1.01
+# The learnable α stays inside the range every attention route takes in
+# float32 (softk.attention.checks.ALPHA_RANGE), by a sigmoid between its ends.
+ALPHA_MIN, ALPHA_MAX = ALPHA_RANGE[torch.float32]
 
 
-def _inverse_softplus(y: torch.Tensor) -> torch.Tensor:
-    # log(e^y − 1) without overflow: y + log(1 − e^−y).
-    return y + torch.log(-torch.expm1(-y))
+def _logit(y: torch.Tensor) -> torch.Tensor:
+    return torch.log(y) - torch.log1p(-y)
 
 
 class ScaledDotProductAttention(nn.Module):
@@ -33,11 +35,12 @@ class ScaledDotProductAttention(nn.Module):
         alpha: α of map="entmax": a float > 1 (default 1.5), or with
             ``learnable=True`` the initial α, a float or one float per head.
         num_heads: H, needed with ``learnable=True`` (one α per head).
-        learnable: learn α per head, kept above 1 by the parametrisation
-            α_h = 1.01 + softplus(ρ_h) (ρ is the stored parameter
-            ``alpha_raw``; the floor 1.01, ``ALPHA_FLOOR``, because 1 +
-            softplus(ρ) rounds to exactly 1 in float32 once ρ < −17, and
-            α = 1 is softmax, not an α-entmax the kernels take).
+        learnable: learn α per head, kept inside [1.05, 2] by the
+            parametrisation α_h = 1.05 + 0.95·sigmoid(ρ_h) (ρ is the stored
+            parameter ``alpha_raw``; the ends ``ALPHA_MIN`` and
+            ``ALPHA_MAX`` are the range the attention routes take in
+            float32, :data:`softk.attention.checks.ALPHA_RANGE`).  Correia et
+            al. and AdaSplash learn α in (1, 2].
 
     >>> import torch
     >>> attn = ScaledDotProductAttention("entmax", alpha=1.5, num_heads=2, learnable=True)
@@ -68,15 +71,16 @@ class ScaledDotProductAttention(nn.Module):
         if tuple(init.shape) != (num_heads,):
             raise ValueError(f"alpha must be a float or {num_heads} floats (one per head), got shape "
                              f"{tuple(init.shape)}")
-        if not bool((init > ALPHA_FLOOR).all() & torch.isfinite(init).all()):
-            raise ValueError(f"alpha must be finite and > {ALPHA_FLOOR} with learnable=True, got {init.tolist()}")
-        self.alpha_raw = nn.Parameter(_inverse_softplus(init - ALPHA_FLOOR).clone())
+        if not bool(((init > ALPHA_MIN) & (init < ALPHA_MAX)).all()):
+            raise ValueError(f"alpha must lie strictly between {ALPHA_MIN} and {ALPHA_MAX} with learnable=True, "
+                             f"got {init.tolist()}")
+        self.alpha_raw = nn.Parameter(_logit((init - ALPHA_MIN) / (ALPHA_MAX - ALPHA_MIN)).clone())
 
     @property
     def alpha(self):
         """α: a per-head tensor (learnable), else the constructor's value."""
         if self.learnable:
-            return ALPHA_FLOOR + nn.functional.softplus(self.alpha_raw)
+            return ALPHA_MIN + (ALPHA_MAX - ALPHA_MIN) * torch.sigmoid(self.alpha_raw)
         return self._alpha
 
     def forward(self, query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False,

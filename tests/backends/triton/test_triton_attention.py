@@ -160,3 +160,15 @@ def test_triton_backend_reaches_the_kernels_on_cpu(monkeypatch):
     close32(out, ref)
     with softk.use_backend("auto"):
         assert op.route(q) == "blockwise"
+
+
+@pytest.mark.parametrize("alpha", [2.0, 1.05])
+def test_triton_alpha_range_ends(alpha):
+    # The ends of softk.attention.checks.ALPHA_RANGE for float32 on the Triton
+    # route: a row whose second key sits at p = 0.01
+    # and the gradients of random rows, α included, against the oracle.
+    from ...attention.test_grad import test_alpha_at_the_ends_of_its_range, \
+        test_alpha_end_with_an_entry_at_the_support_edge
+    test_alpha_end_with_an_entry_at_the_support_edge("triton", alpha)
+    if alpha == 2.0:
+        test_alpha_at_the_ends_of_its_range("triton", F32, (1.05, 2.0), (5e-5, 2e-3))
