@@ -244,3 +244,26 @@ def test_shapes_one_d_size_one_and_classes_on_dim_1(rng):
     np.testing.assert_allclose(loss.detach().double().numpy().reshape(-1), rows, rtol=4e-6, atol=1e-6)
     expect = np.moveaxis((grad * np.arange(6.0)[:, None]).reshape(2, 3, 5), -1, 1)
     np.testing.assert_allclose(x3.grad.double().numpy(), expect, rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize("alpha", [1.3, 1.5, 2.0, 3.0])
+def test_one_hot_at_the_target_is_exactly_zero(alpha):
+    """The fused Triton loss of a sparse map whose p is e_t is 0 exactly, not
+    the ulp its sum leaves (entmax15 gave 1.19e-7), with a zero gradient;
+    through the public loss, and on the looped variant (blocks of 2 lanes)."""
+    x = torch.tensor([[0.0, 20.0, 0.5, -3.0], [7.0, -13.0, -12.5, 1.0], [5.0, 0.0, -1.0, 0.3]])
+    y = torch.tensor([1, 0, 0])
+    fam = softk.families.entmax(alpha)
+    with softk.use_backend("triton"):
+        xg = x.clone().requires_grad_()
+        loss = fenchel_young_loss(xg, y, fam, reduction="none")
+        loss.sum().backward()
+    assert loss.tolist() == [0.0, 0.0, 0.0]
+    assert xg.grad.abs().max().item() == 0.0
+    from softk._backends.triton.loss import fenchel_young_fused_rows
+    fid = KERNEL_IDS[fam.name]
+    looped, grad = fenchel_young_fused_rows(x, y, torch.ones(1), fid, 1, 1.0, fam.alpha_value, onchip=False, block=2)
+    assert looped.tolist() == [0.0, 0.0, 0.0] and grad.abs().max().item() == 0.0
+    x2 = torch.tensor([[0.0, 1.0 / (alpha - 1) - 0.25, 0.0, -3.0]])  # not one-hot: L > 0
+    with softk.use_backend("triton"):
+        assert fenchel_young_loss(x2, torch.tensor([1]), fam).item() > 0

@@ -120,7 +120,7 @@ def _loss_block(T, G, base, rmask, cols, n, z, c, t, A, ell, psi1, am1, scale, a
     if WANT_GRAD:
         gr = tl.where(keep, (p - y) * scale, 0.0)
         tl.store(G + base + cols, gr.to(G.dtype.element_ty), mask=mask)
-    return term
+    return term, tl.where(cols == tgt, p, 0.0)
 
 
 @triton.jit
@@ -165,17 +165,26 @@ def fenchel_young_fwd_kernel(X, T, G, LOSS, SCALE, R, n, k, inv_tau, am1,
     psi1 = _psi(tl.full((), 1.0, tl.float32), FAM, am1)
     scale = tl.load(SCALE) * inv_tau
     if ONCHIP:
-        acc = _loss_block(T, G, base, rmask, _cols(0, BLOCK), n, _scaled(xrow, ref, inv_tau), c, t, A, ell, psi1,
-                          am1, scale, active, broken, keep, tgt, FAM, DENSE, WANT_GRAD, ANCHOR)
+        acc, pt = _loss_block(T, G, base, rmask, _cols(0, BLOCK), n, _scaled(xrow, ref, inv_tau), c, t, A, ell,
+                              psi1, am1, scale, active, broken, keep, tgt, FAM, DENSE, WANT_GRAD, ANCHOR)
     else:
         acc = tl.zeros([ROWS, BLOCK], tl.float32)
+        pt = tl.zeros([ROWS, BLOCK], tl.float32)
         for start in range(0, n, BLOCK):
             cols = _cols(start, BLOCK)
-            acc += _loss_block(T, G, base, rmask, cols, n, _load_z(xr, rmask, cols, n, ref, inv_tau), c, t, A, ell,
-                               psi1, am1, scale, active, broken, keep, tgt, FAM, DENSE, WANT_GRAD, ANCHOR)
+            a_blk, p_blk = _loss_block(T, G, base, rmask, cols, n, _load_z(xr, rmask, cols, n, ref, inv_tau), c, t,
+                                       A, ell, psi1, am1, scale, active, broken, keep, tgt, FAM, DENSE, WANT_GRAD,
+                                       ANCHOR)
+            acc += a_blk
+            pt += p_blk
     loss = tl.sum(acc, 1, keep_dims=True)
     if not DENSE:
         loss += psi1
+        if FAM == 1 or FAM == 2 or FAM == 3:
+            # p = e_t exactly (a sparse map's one-hot at the target): L is 0,
+            # where the sum above leaves an ulp of its cancellation (as in
+            # the native kernel, kernels_loss.h)
+            loss = tl.where(tl.sum(pt, 1, keep_dims=True) == 1.0, 0.0, loss)
     # exact L ≥ 0: only rounding goes below (NaN stays NaN)
     loss = tl.where(loss < 0, 0.0, loss)
     loss = tl.where(broken, float("nan"), loss)
