@@ -82,3 +82,39 @@ def test_tensor_alpha_loss_under_vmap(rng):
     got = torch.vmap(lambda u: entmax_loss(u, y, alpha=alpha, reduction="sum"))(x)
     want = torch.stack([entmax_loss(u, y, alpha=alpha, reduction="sum") for u in x])
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("dense", [False, True])
+def test_per_sample_gradients_under_vmap_of_grad(rng, dense):
+    # torch.func per-sample gradients in x and in a shared tensor α against the
+    # oracle (central differences in α).  vmap(grad(...)) with a tensor α hit a
+    # torch internal assert ("wrapper == nullptr") while the α-family travelled
+    # inside the value op instead of as its tensor input.
+    from torch.func import grad, vmap
+
+    x = rng.normal(size=(4, 5)) * 1.5
+    idx = np.array([0, 2, 4, 1])
+    y = np.eye(5)[idx]
+    if dense:
+        y = 0.6 * y + 0.4 * np.eye(5)[(idx + 2) % 5]
+    target = torch.tensor(y) if dense else torch.tensor(idx)
+    a0 = 1.7
+
+    def loss(a, xr, tr):
+        return entmax_loss(xr[None], tr[None], alpha=a, tau=0.8, reduction="sum")
+
+    a = torch.tensor(a0, dtype=torch.float64)
+    dx = vmap(grad(loss, argnums=1), in_dims=(None, 0, 0))(a, torch.tensor(x), target)
+    da = vmap(grad(loss, argnums=0), in_dims=(None, 0, 0))(a, torch.tensor(x), target)
+    eps = 1e-6
+    for i in range(4):
+        up = ol.fy_loss("entmax", x[i : i + 1], y[i : i + 1], alpha=a0 + eps, tau=0.8)[0]
+        down = ol.fy_loss("entmax", x[i : i + 1], y[i : i + 1], alpha=a0 - eps, tau=0.8)[0]
+        np.testing.assert_allclose(da[i].item(), (up - down) / (2 * eps), rtol=1e-5, atol=1e-8)
+        fd = np.zeros(5)
+        for j in range(5):
+            e = np.zeros(5)
+            e[j] = eps
+            fd[j] = (ol.fy_loss("entmax", (x[i] + e)[None], y[i : i + 1], alpha=a0, tau=0.8)[0]
+                     - ol.fy_loss("entmax", (x[i] - e)[None], y[i : i + 1], alpha=a0, tau=0.8)[0]) / (2 * eps)
+        np.testing.assert_allclose(dx[i].numpy(), fd, rtol=1e-5, atol=1e-8)

@@ -67,13 +67,21 @@ class _FenchelYoungValue(torch.autograd.Function):
     """L(x/τ; y) on the last dimension (keepdim) given p = map(x/τ), in p's dtype.
 
     Exactly one of ``y`` (a dense target shaped like ``x``) and ``index`` (class
-    indices shaped ``x.shape[:-1] + (1,)``) is given.
+    indices shaped ``x.shape[:-1] + (1,)``) is given.  ``alpha``, a tensor α
+    per row, replaces ``family`` by that entmax family: it travels as a tensor
+    input, not inside the family, so that torch.func transforms unwrap it
+    with the other inputs (a wrapped α held by the family broke
+    vmap(grad(...)) with an internal assert).
     """
 
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(x: Tensor, p: Tensor, y, index, family: Family, tau: float) -> Tensor:
+    def forward(x: Tensor, p: Tensor, y, index, family: Family, tau: float, alpha) -> Tensor:
+        if alpha is not None:
+            from ..threshold.families import entmax_family
+
+            family = entmax_family(alpha)
         # L is invariant to a per-row shift of z (Φ(z + c) = Φ(z) + ck and
         # ⟨z + c, y⟩ = ⟨z, y⟩ + ck).  Shifting the row max to 0 keeps the terms
         # z_i·p_i of the entries that carry the mass near 0, so their rounding
@@ -93,7 +101,7 @@ class _FenchelYoungValue(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        _, p, y, index, _, tau = inputs
+        _, p, y, index, _, tau, _ = inputs
         ctx.save_for_backward(p, y, index)
         ctx.save_for_forward(p, y, index)
         ctx.tau = tau
@@ -101,7 +109,7 @@ class _FenchelYoungValue(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g: Tensor):
         p, y, index = ctx.saved_tensors
-        return g * _diff(p, y, index) / ctx.tau, None, None, None, None, None
+        return g * _diff(p, y, index) / ctx.tau, None, None, None, None, None, None
 
 
 class _FenchelYoungValueJvp(_FenchelYoungValue):
@@ -173,7 +181,7 @@ def _alpha_correction(p: Tensor, y, index, a: Tensor) -> Tensor:
     """Zero in value; its gradient in α is ∂L/∂α = ∂Ω_α(y)/∂α − ∂Ω_α(p)/∂α
     at fixed p (the envelope theorem: Φ_α's own dependence through p vanishes)."""
     if y is None:
-        y = torch.zeros_like(p).scatter_(-1, index, 1.0)
+        y = torch.zeros_like(p).scatter(-1, index, 1.0)  # out of place: vmap has a batching rule for it
     return _AlphaTerm.apply(p, y, a)
 
 
@@ -187,19 +195,17 @@ def fenchel_young_rows(x: Tensor, y, index, family: Family, k: int, tau: float) 
     fn = _FenchelYoungValue if torch.compiler.is_compiling() else _FenchelYoungValueJvp
     if isinstance(family.alpha, Tensor):
         from ..threshold.entmax_alpha import entmax_alpha
-        from ..threshold.families import entmax_family
 
         a = family.alpha.to(xc.dtype)
         p = entmax_alpha(xc, a, tau)
-        value_family = entmax_family(torch.where(a == 1, 2.0, a.detach()))
-        loss = fn.apply(xc, p, yc, index, value_family, tau)
+        loss = fn.apply(xc, p, yc, index, None, tau, torch.where(a == 1, 2.0, a.detach()))
         # ψ of α = 1 rows: the softmax loss's Shannon term (off the CPU always
         # formed and selected: asking whether any row has α = 1 would wait for the device)
         if not a.is_cpu or bool((a == 1).any()):
-            loss = torch.where(a.detach() == 1, fn.apply(xc, p, yc, index, SOFTMAX, tau), loss)
+            loss = torch.where(a.detach() == 1, fn.apply(xc, p, yc, index, SOFTMAX, tau, None), loss)
         return loss + _alpha_correction(p, yc, index, a)
     p = apply_rows(xc, family, k, tau, dispatch.resolve(xc, family))
-    return fn.apply(xc, p, yc, index, family, tau)
+    return fn.apply(xc, p, yc, index, family, tau, None)
 
 
 def fenchel_young_loss(
