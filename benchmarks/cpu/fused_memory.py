@@ -27,19 +27,12 @@ import sys
 import time
 
 
-def _status(field: str) -> int:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"{field} not in /proc/self/status (Linux only)")
-
-
 def child(args) -> None:
     import torch
 
     import softk
     from softk import losses as L
+    from softk._cli.harness import PeakRSS
 
     torch.set_num_threads(args.threads)
     g = torch.Generator().manual_seed(0)
@@ -59,14 +52,12 @@ def child(args) -> None:
     xs, ws, bs = (a.detach()[:8, :].clone().requires_grad_() for a in (x, w, b[:, None]))
     step(xs, ws, bs[:, 0], t[:8] % 8).backward()
     del xs, ws, bs
-    with open("/proc/self/clear_refs", "w") as fh:
-        fh.write("5")  # reset VmHWM to the current RSS
-    base = _status("VmRSS")
-    t0 = time.perf_counter()
-    out = step(x, w, b, t)
-    out.backward()
-    secs = time.perf_counter() - t0
-    peak = _status("VmHWM") - base
+    with PeakRSS() as mem:
+        t0 = time.perf_counter()
+        out = step(x, w, b, t)
+        out.backward()
+        secs = time.perf_counter() - t0
+    peak = mem.extra
     torch.save({"loss": out.detach(), "gx": x.grad, "gw": w.grad, "gb": b.grad}, args.save)
     print(json.dumps({"variant": args.variant, "peak_extra_bytes": peak, "seconds": secs, "loss": float(out)}))
 

@@ -141,7 +141,6 @@ def _softk(name):
 
 
 def _sdpa(backend):
-    import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -221,18 +220,11 @@ def gpu_table(a) -> list:
 
 
 # ----------------------------------------------------------------- CPU side
-def _status(field: str) -> int:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"{field} not in /proc/self/status (Linux only)")
-
-
 def cpu_child(args) -> None:
     """Child process: one (impl, map, L, mode) on the CPU; prints one JSON line."""
     import torch
 
+    from softk._cli.harness import PeakRSS
     from softk.attention import checks, op
 
     torch.set_num_threads(args.threads)
@@ -245,11 +237,9 @@ def cpu_child(args) -> None:
 
     step(call, *make_inputs(1, 4, 70, args.E, torch.float32, "cpu", grad=True), args.mode)  # warm up
     q, k, v = make_inputs(1, 4, args.L, args.E, torch.float32, "cpu", grad=args.mode == "fwdbwd")
-    with open("/proc/self/clear_refs", "w") as fh:
-        fh.write("5")
-    base = _status("VmRSS")
-    step(call, q, k, v, args.mode)
-    peak = _status("VmHWM") - base
+    with PeakRSS() as mem:
+        step(call, q, k, v, args.mode)
+    peak = mem.extra
     times = []
     for _ in range(args.reps):
         for t in (q, k, v):

@@ -147,24 +147,16 @@ def measured_step(model, opt, ids, args):
     return seconds, float(loss), peak
 
 
-def _status(field):
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
 def child_memory(args):
     """In a fresh process: one warm-up step, then the peak RSS of one step (bytes)."""
+    from softk._cli.harness import PeakRSS
+
     model, opt, ids = build(args)
     use(model, args.child_memory)
     step(model, opt, ids, args)
-    with open("/proc/self/clear_refs", "w") as fh:
-        fh.write("5")  # reset VmHWM to the current RSS
-    base = _status("VmRSS")
-    step(model, opt, ids, args)
-    print(json.dumps({"peak_extra_bytes": _status("VmHWM") - base}))
+    with PeakRSS() as mem:
+        step(model, opt, ids, args)
+    print(json.dumps({"peak_extra_bytes": mem.extra}))
 
 
 def cpu_memory(args, variant):

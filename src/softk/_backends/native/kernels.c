@@ -33,6 +33,30 @@ SIMD_DECL double log(double);
 SIMD_DECL double pow(double, double);
 #endif
 
+/* Inside a parallel region: this thread's share [*lo, *hi) of `rows` (the
+ * whole range without OpenMP), and its index. */
+static inline int thread_rows(int64_t rows, int64_t *lo, int64_t *hi)
+{
+    int t = 0, nt = 1;
+#ifdef _OPENMP
+    t = omp_get_thread_num();
+    nt = omp_get_num_threads();
+#endif
+    *lo = rows * t / nt;
+    *hi = rows * (t + 1) / nt;
+    return t;
+}
+
+/* The sum of the per-thread partial sums, in thread order (deterministic),
+ * and the buffer freed. */
+static inline double sum_parts(double *part, int nthreads)
+{
+    double tot = 0;
+    for (int t = 0; t < nthreads; t++) tot += part[t];
+    free(part);
+    return tot;
+}
+
 /* Candidate buffers are processed in whole chunks of PAD entries (one or two
  * vectors) so no pow/exp falls into a scalar remainder loop. */
 #define PAD 16

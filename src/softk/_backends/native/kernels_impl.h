@@ -161,12 +161,8 @@ int FN(softk_forward_threads)(int fam, const T *z, T *p, int64_t rows, int64_t n
 #pragma omp parallel num_threads(nthreads) reduction(| : rc) reduction(max : worst)
 #endif
     {
-        int t = 0, nt = 1;
-#ifdef _OPENMP
-        t = omp_get_thread_num();
-        nt = omp_get_num_threads();
-#endif
-        int64_t lo = rows * t / nt, hi = rows * (t + 1) / nt, it = 0;
+        int64_t lo, hi, it = 0;
+        thread_rows(rows, &lo, &hi);
         if (hi > lo) rc |= FN(softk_forward)(fam, z + lo * n, p + lo * n, hi - lo, n, kd, alphad, &it);
         worst = it > worst ? it : worst;
     }
@@ -182,12 +178,8 @@ int FN(softk_backward_threads)(int fam, const T *p, const T *g, T *dx, int64_t r
 #pragma omp parallel num_threads(nthreads) reduction(| : rc)
 #endif
     {
-        int t = 0, nt = 1;
-#ifdef _OPENMP
-        t = omp_get_thread_num();
-        nt = omp_get_num_threads();
-#endif
-        int64_t lo = rows * t / nt, hi = rows * (t + 1) / nt;
+        int64_t lo, hi;
+        thread_rows(rows, &lo, &hi);
         if (hi > lo) rc |= FN(softk_backward)(fam, p + lo * n, g + lo * n, dx + lo * n, hi - lo, n, inv_taud, alphad);
     }
     return rc;

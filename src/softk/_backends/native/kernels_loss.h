@@ -251,19 +251,13 @@ int FN(softk_fy_loss_threads)(int fam, const T *z, const int64_t *tidx, const T 
 #pragma omp parallel num_threads(nthreads) reduction(| : rc, ybad)
 #endif
     {
-        int th = 0, nt = 1;
-#ifdef _OPENMP
-        th = omp_get_thread_num();
-        nt = omp_get_num_threads();
-#endif
-        int64_t lo = rows * th / nt, hi = rows * (th + 1) / nt;
+        int64_t lo, hi;
+        int th = thread_rows(rows, &lo, &hi);
         if (hi > lo)
             rc |= FN(fy_rows)(fam, z, tidx, ty, krow, grad, loss, lo, hi, n, (T)kd, (T)alphad, ignore_index, s,
                               ycap, tol, &ybad, part + th);
     }
-    double tot = 0;
-    for (int th = 0; th < (nthreads > 0 ? nthreads : 1); th++) tot += part[th];
-    free(part);
+    double tot = sum_parts(part, nthreads > 0 ? nthreads : 1);
     if (total) *total = (T)(mean ? tot / (double)nk : tot);
     return rc ? -1 : (ybad && check ? 2 : 0);
 }

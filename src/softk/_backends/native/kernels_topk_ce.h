@@ -162,17 +162,11 @@ int FN(softk_topk_ce_threads)(const T *x, const int64_t *tidx, T *grad, T *loss,
 #pragma omp parallel num_threads(nthr) reduction(| : rc)
 #endif
     {
-        int th = 0, nt = 1;
-#ifdef _OPENMP
-        th = omp_get_thread_num();
-        nt = omp_get_num_threads();
-#endif
-        int64_t lo = rows * th / nt, hi = rows * (th + 1) / nt;
+        int64_t lo, hi;
+        int th = thread_rows(rows, &lo, &hi);
         if (hi > lo) rc |= FN(topk_ce_rows)(x, tidx, grad, loss, lo, hi, n, k, inv_tau, ignore_index, s, part + th);
     }
-    double tot = 0;
-    for (int th = 0; th < nthr; th++) tot += part[th];
-    free(part);
+    double tot = sum_parts(part, nthr);
     if (total) *total = (T)(mean ? tot / (double)nk : tot);
     return rc ? -1 : 0;
 }
