@@ -194,3 +194,25 @@ def test_alpha_end_with_an_entry_at_the_support_edge(route, alpha):
     want = ora.attention(q.double().numpy(), k.float().double().numpy(), v.numpy(), None, False, 1.0, "entmax",
                          np.array([alpha]))[0]
     np.testing.assert_allclose(out.double().numpy(), want, atol=2e-6, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["softmax", "sparsemax", "entmax15"])
+@pytest.mark.parametrize("dtype,tol", [(torch.float16, 3e-3), (torch.bfloat16, 2.5e-2)])
+def test_half_precision_grads_with_keys_sharing_an_offset(route, name, dtype, tol):
+    # Keys with a large common component (harmless in the forward: it adds the
+    # same q·c to a whole row).  dq = Σ_j ds_j k_j cancels it exactly, so any
+    # rounding of ds or of δ = Σ_j p_j dP_j is multiplied by |c|: taking δ from
+    # the half-precision output put dq 6 % (float16) and 30 % (bfloat16) off.
+    # Against the float64 oracle on the same rounded inputs.
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(*s, generator=g, dtype=F64) for s in ((1, 2, 33, 16), (1, 2, 65, 16), (1, 2, 65, 8)))
+    k[..., 0] += 300 / q[..., 0].abs().mean()
+    q, k, v = (t.to(dtype) for t in (q, k, v))
+    qs, ks, vs = (t.clone().requires_grad_() for t in (q, k, v))
+    out = run(route, qs, ks, vs, map=name)
+    dout = torch.randn(out.shape, generator=g, dtype=F64)
+    got = torch.autograd.grad(out, [qs, ks, vs], dout.to(dtype))
+    want = ora.grads(*(t.double().numpy() for t in (q, k, v)), dout.numpy(), None, False, None, name)
+    for which, gg, w in zip("qkv", got, want):
+        err = np.abs(gg.double().numpy() - w).max() / np.abs(w).max()
+        assert err <= tol, (which, err)

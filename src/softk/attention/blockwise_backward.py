@@ -68,9 +68,10 @@ def _chunk(blk: Blocks, out, dout, m, lam, dk, dv, fam, alpha, need_dalpha, bloc
     need_dalpha = need_dalpha and a is not None
     spans = blk.spans(block)
 
-    if fam == SOFTMAX_ID:
-        c = (do * blk.rows(out.to(ct))).sum(-1, keepdim=True)
-    else:  # pass A
+    if fam == SOFTMAX_ID and out.dtype == ct:
+        c = (do * blk.rows(out)).sum(-1, keepdim=True)  # Σ_j p_j dP_j = dO·out
+    else:  # pass A (and softmax with a half-precision out: its rounding in c = dO·out
+        # is multiplied by |k| in dq, a large error when the keys share an offset)
         sd = torch.zeros_like(m)
         sdv = torch.zeros_like(do)
         if need_dalpha:

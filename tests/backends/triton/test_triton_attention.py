@@ -172,3 +172,13 @@ def test_triton_alpha_range_ends(alpha):
     test_alpha_end_with_an_entry_at_the_support_edge("triton", alpha)
     if alpha == 2.0:
         test_alpha_at_the_ends_of_its_range("triton", F32, (1.05, 2.0), (5e-5, 2e-3))
+
+
+@pytest.mark.parametrize("name", ["softmax", "sparsemax", "entmax15"])
+@pytest.mark.parametrize("dtype,tol", [(torch.float16, 3e-3), (torch.bfloat16, 2.5e-2)])
+def test_triton_half_precision_grads_with_keys_sharing_an_offset(name, dtype, tol):
+    # the CPU routes' test on the Triton route: δ recomputed in float32 for a
+    # half-precision out, and dq from centred keys (ds is rounded to the keys'
+    # dtype for the product there)
+    from ...attention.test_grad import test_half_precision_grads_with_keys_sharing_an_offset as case
+    case("triton", name, dtype, tol)

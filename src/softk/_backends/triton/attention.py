@@ -194,7 +194,8 @@ def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tenso
         q, k, v, mk, al, out, dout, m, lam, dq, delta, darow, tiles,
         *q.stride(), *k.stride(), *v.stride(), *ms, *out.stride(), *dout.stride(),
         H, H // Hkv, L, S, E, Ev, nkb, float(scale), _ALPHA[fam],
-        SKIP=bool(skip), NEED_DALPHA=bool(need_dalpha), **common,
+        SKIP=bool(skip), NEED_DALPHA=bool(need_dalpha), DELTA_FROM_OUT=fam == 0 and out.dtype == torch.float32,
+        **common,
     )
     attn_bwd_dkdv_kernel[(nkb, B * Hkv)](
         q, k, v, mk, al, dout, m, lam, delta, dk, dv, tiles,

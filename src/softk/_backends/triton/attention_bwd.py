@@ -46,7 +46,7 @@ def attn_bwd_dq_kernel(Q, K, V, MASK, ALPHA, OUT, DO, M, LAM, DQ, DELTA, DAROW, 
                        H, GROUP, L, S, E, EV, NKB, scale, alpha_f,
                        FAM: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, SKIP: tl.constexpr,
                        NEED_DALPHA: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, EP: tl.constexpr,
-                       EVP: tl.constexpr):
+                       EVP: tl.constexpr, DELTA_FROM_OUT: tl.constexpr):
     pid = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
@@ -70,9 +70,9 @@ def attn_bwd_dq_kernel(Q, K, V, MASK, ALPHA, OUT, DO, M, LAM, DQ, DELTA, DAROW, 
     if FAM == 3:
         alpha = tl.load(ALPHA + h).to(tl.float32)
     od = tl.sum(do.to(tl.float32) * o, 1, keep_dims=True)  # dO·out = Σ_j p_j dP_j
-    if FAM == 0:
+    if DELTA_FROM_OUT:  # softmax with a float32 out: δ = Σ_j p_j dP_j = dO·out
         delta = od
-    else:
+    else:  # recomputed (a half-precision out's rounding in δ would be multiplied by |k| in dq)
         sd = tl.zeros([BM, 1], tl.float32)
         sdp = tl.zeros([BM, 1], tl.float32)
         hs = tl.zeros([BM, 1], tl.float32)
@@ -101,6 +101,11 @@ def attn_bwd_dq_kernel(Q, K, V, MASK, ALPHA, OUT, DO, M, LAM, DQ, DELTA, DAROW, 
             tl.store(DAROW + ob + rows, dar, mask=rows < L)
     tl.store(DELTA + ob + rows, delta, mask=rows < L)
     dq = tl.zeros([BM, EP], tl.float32)
+    # dq = Σ_j ds_j k_j = Σ_j ds_j (k_j − k_0) since Σ_j ds_j = 0 on every row:
+    # centred keys keep the rounding of ds (cast to the keys' dtype for the
+    # product) from being multiplied by an offset the keys share
+    ec = tl.arange(0, EP)[None, :]
+    kref = tl.load(Kb + ec * skd, mask=ec < E, other=0.0).to(tl.float32)
     for j in range(0, nkb):
         live = nkb >= 0
         if FAM != 0:
@@ -115,7 +120,8 @@ def attn_bwd_dq_kernel(Q, K, V, MASK, ALPHA, OUT, DO, M, LAM, DQ, DELTA, DAROW, 
             v = _load_2d(Vb, kidx, svn, svd, S, EV, EVP)
             dp = _dot(do, tl.trans(v))
             ds = d * (dp - delta)
-            dq += _dot(ds.to(k.dtype), k)
+            kc = tl.where(kidx < S, k.to(tl.float32) - kref, 0.0)
+            dq += _dot(ds.to(k.dtype), kc.to(k.dtype))
     c = tl.arange(0, EP)[None, :]
     tl.store(DQ + (ob + rows) * E + c, (dq * scale).to(DQ.dtype.element_ty), mask=(rows < L) & (c < E))
 
