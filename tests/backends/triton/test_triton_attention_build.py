@@ -36,7 +36,7 @@ for fam in range(4):
         for need in ((False, True) if fam == 3 else (False,)):
             so = {"so" + c: "i32" for c in "bhmd"} | {"sd" + c: "i32" for c in "bhmd"}
             build(attn_bwd_dq_kernel, dict(ptrs, OUT=ty, DO=ty, DQ=ty, DELTA="*fp32", DAROW="*fp32", **sq, **so, **base),
-                  dict(cs, SKIP=True, NEED_DALPHA=need, DELTA_FROM_OUT=fam == 0 and ty == "*fp32"), w)
+                  dict(cs, SKIP=True, NEED_DALPHA=need, OUT_F32=ty == "*fp32"), w)
             built += 1
         sd = {"sd" + c: "i32" for c in "bhmd"}
         b2 = dict(base, HKV="i32", NQB="i32")

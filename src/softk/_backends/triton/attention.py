@@ -184,7 +184,10 @@ def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tenso
     dout = dout.to(q.dtype)
     delta = _empty((B, H, L), torch.float32, q.device)
     darow = _empty((B, H, L) if need_dalpha else (1,), torch.float32, q.device)
-    tiles = torch.empty(B * H * nqb * nkb if fam else 1, dtype=torch.int8, device=q.device)
+    out_f32 = out.dtype == torch.float32
+    # the live-tile flags: written by the dq kernel's δ pass (every family but
+    # softmax with a float32 out), read by the dk/dv kernel (fam ≠ 0)
+    tiles = torch.empty(1 if fam == 0 and out_f32 else B * H * nqb * nkb, dtype=torch.int8, device=q.device)
     mk, kind, ms = _mask_args(mask, q, scale)
     al = _alpha_arg(alpha, fam, q)
     warps = _warps(max(E, Ev))
@@ -194,7 +197,7 @@ def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tenso
         q, k, v, mk, al, out, dout, m, lam, dq, delta, darow, tiles,
         *q.stride(), *k.stride(), *v.stride(), *ms, *out.stride(), *dout.stride(),
         H, H // Hkv, L, S, E, Ev, nkb, float(scale), _ALPHA[fam],
-        SKIP=bool(skip), NEED_DALPHA=bool(need_dalpha), DELTA_FROM_OUT=fam == 0 and out.dtype == torch.float32,
+        SKIP=bool(skip), NEED_DALPHA=bool(need_dalpha), OUT_F32=out_f32,
         **common,
     )
     attn_bwd_dkdv_kernel[(nkb, B * Hkv)](

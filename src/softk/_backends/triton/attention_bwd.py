@@ -46,7 +46,7 @@ def attn_bwd_dq_kernel(Q, K, V, MASK, ALPHA, OUT, DO, M, LAM, DQ, DELTA, DAROW, 
                        H, GROUP, L, S, E, EV, NKB, scale, alpha_f,
                        FAM: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, SKIP: tl.constexpr,
                        NEED_DALPHA: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, EP: tl.constexpr,
-                       EVP: tl.constexpr, DELTA_FROM_OUT: tl.constexpr):
+                       EVP: tl.constexpr, OUT_F32: tl.constexpr):
     pid = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
@@ -60,7 +60,6 @@ def attn_bwd_dq_kernel(Q, K, V, MASK, ALPHA, OUT, DO, M, LAM, DQ, DELTA, DAROW, 
     rows = qstart + tl.arange(0, BM)[:, None]  # [BM, 1]
     q = _load_2d(Q + b * sqb + h64 * sqh, rows, sqm, sqd, L, E, EP)
     do = _load_2d(DO + b * sdb + h64 * sdh, rows, sdm, sdd, L, EV, EVP)
-    o = _load_2d(OUT + b * sob + h64 * soh, rows, som, sod, L, EV, EVP).to(tl.float32)
     ob = bh.to(tl.int64) * L
     m = tl.load(M + ob + rows, mask=rows < L, other=0.0)
     lam = tl.load(LAM + ob + rows, mask=rows < L, other=float("inf"))
@@ -69,14 +68,18 @@ def attn_bwd_dq_kernel(Q, K, V, MASK, ALPHA, OUT, DO, M, LAM, DQ, DELTA, DAROW, 
     alpha = tl.full((), 0.0, tl.float32) + alpha_f
     if FAM == 3:
         alpha = tl.load(ALPHA + h).to(tl.float32)
-    od = tl.sum(do.to(tl.float32) * o, 1, keep_dims=True)  # dO·out = Σ_j p_j dP_j
-    if DELTA_FROM_OUT:  # softmax with a float32 out: δ = Σ_j p_j dP_j = dO·out
+    od = tl.zeros([BM, 1], tl.float32)
+    if OUT_F32:  # dO·out = Σ_j p_j dP_j, read off a float32 out (a half one's rounding is too coarse)
+        o = _load_2d(OUT + b * sob + h64 * soh, rows, som, sod, L, EV, EVP).to(tl.float32)
+        od = tl.sum(do.to(tl.float32) * o, 1, keep_dims=True)
+    if FAM == 0 and OUT_F32:
         delta = od
     else:  # recomputed (a half-precision out's rounding in δ would be multiplied by |k| in dq)
         sd = tl.zeros([BM, 1], tl.float32)
         sdp = tl.zeros([BM, 1], tl.float32)
         hs = tl.zeros([BM, 1], tl.float32)
         gs = tl.zeros([BM, 1], tl.float32)
+        pdp = tl.zeros([BM, 1], tl.float32)  # Σ_j p_j dP_j recomputed, for a half out
         for j in range(0, nkb):
             t = _qk_tile(q, Kb, skn, skd, j * BN, rows, L, S, E, scale, Mb, smm, smn, MASK_KIND, CAUSAL, BN, EP)
             z = _shift(t, m, scale, MASK_KIND)
@@ -94,10 +97,14 @@ def attn_bwd_dq_kernel(Q, K, V, MASK, ALPHA, OUT, DO, M, LAM, DQ, DELTA, DAROW, 
                     pl = _xlogx(p)
                     hs += tl.sum(pl, 1, keep_dims=True)
                     gs += tl.sum(pl * dp, 1, keep_dims=True)
+                    if not OUT_F32:
+                        pdp += tl.sum(p * dp, 1, keep_dims=True)
         delta = tl.where(sd > 0, sdp / tl.where(sd > 0, sd, 1.0), 0.0)
         if NEED_DALPHA:
             beta = 1.0 / (alpha - 1.0)
-            dar = beta * beta * (od - delta) - beta * (gs - hs * delta)
+            if OUT_F32:
+                pdp = od
+            dar = beta * beta * (pdp - delta) - beta * (gs - hs * delta)
             tl.store(DAROW + ob + rows, dar, mask=rows < L)
     tl.store(DELTA + ob + rows, delta, mask=rows < L)
     dq = tl.zeros([BM, EP], tl.float32)
