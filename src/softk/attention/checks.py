@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from .._validate import FLOAT_DTYPES, require, unwrapped
+from ..threshold.rows import compute_dtype
 from .maps import ENTMAX_ID, MAPS, family_id
 
 
@@ -130,7 +131,7 @@ def alpha_range(dtype: torch.dtype) -> tuple[float, float]:
     >>> alpha_range(torch.bfloat16), alpha_range(torch.float64)
     ((1.05, 2.0), (1.001, 3.0))
     """
-    return ALPHA_RANGE[torch.float64 if dtype == torch.float64 else torch.float32]
+    return ALPHA_RANGE[compute_dtype(dtype)]
 
 
 def _ct_name(dtype: torch.dtype) -> str:
@@ -171,7 +172,7 @@ def _alpha(name: str, alpha, h: int, q: Tensor):
     if not lo <= alpha <= hi:
         raise ValueError(f"alpha must lie in [{lo}, {hi}] with {_ct_name(q.dtype)} attention ({_WHY}), got {alpha}")
     fam = family_id("entmax", alpha, False)
-    ct = torch.float64 if q.dtype == torch.float64 else torch.float32
+    ct = compute_dtype(q.dtype)
     return fam, (torch.full((h,), alpha, dtype=ct, device=q.device) if fam == ENTMAX_ID else None), alpha
 
 
