@@ -171,7 +171,7 @@ def adasplash_row(a, L, E, causal, mode, name):
            "--sharpness", str(a.sharpness), "--locality", str(a.locality), "--window", str(a.window)] + (
                ["--is-causal"] if causal else [])
     try:
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=min(900.0, max(60.0, a.deadline - time.monotonic() + 60)))
     except subprocess.TimeoutExpired:
         return {"error": "timed out"}
     if res.returncode != 0:
@@ -180,7 +180,8 @@ def adasplash_row(a, L, E, causal, mode, name):
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-def gpu_table(a) -> list:
+def gpu_table(a, flush=lambda rows: None) -> list:
+    """Every case's rows; cases not started within ``--budget-s`` say so; ``flush(rows)`` after each case."""
     import torch
 
     from softk.attention import op
@@ -188,10 +189,14 @@ def gpu_table(a) -> list:
     device, dtype = ("cpu", torch.float32) if a.smoke else ("cuda", torch.bfloat16)
     measure = wall_measure if a.smoke else cuda_measure
     rows = []
+    a.deadline = time.monotonic() + a.budget_s
     for L in a.lengths:
         for E in a.dims:
             for causal in a.causal:
                 for mode in a.modes:
+                    if time.monotonic() > a.deadline:
+                        rows.append(dict(L=L, E=E, causal=causal, mode=mode, impl="all", error="skipped: time budget"))
+                        continue
                     q, k, v = make_inputs(a.batch, a.heads, L, E, dtype, device, a.sharpness, grad=mode == "fwdbwd",
                                           locality=a.locality, window=a.window)
                     case = dict(L=L, E=E, causal=causal, mode=mode)
@@ -213,6 +218,7 @@ def gpu_table(a) -> list:
                         row = dict(case, impl=f"adasplash-{name}", **adasplash_row(a, L, E, causal, mode, name))
                         rows.append(row)
                         report(row)
+                    flush(rows)
                     del q, k, v
                     if device == "cuda":
                         torch.cuda.empty_cache()
@@ -299,7 +305,8 @@ def main(argv=None) -> int:
     p.add_argument("--no-adasplash", dest="adasplash", action="store_false")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--json", metavar="OUT")
+    p.add_argument("--json", metavar="OUT", help="rewritten after each case")
+    p.add_argument("--budget-s", type=float, default=float("inf"), help="GPU table: cases not started by then are skipped")
     # child processes
     p.add_argument("--child-adasplash", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--child-cpu", action="store_true", help=argparse.SUPPRESS)
@@ -310,7 +317,7 @@ def main(argv=None) -> int:
     p.add_argument("--map", help=argparse.SUPPRESS)
     p.add_argument("--is-causal", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
-    sys.path.insert(0, os.path.join(HERE, "..", "src"))
+    sys.path.insert(0, os.path.join(HERE, "..", "..", "src"))
     if a.child_adasplash:
         return adasplash_child(a) or 0
     if a.child_cpu:
@@ -329,11 +336,15 @@ def main(argv=None) -> int:
         if not (a.smoke or torch.cuda.is_available()):
             p.error("no CUDA device: use --cpu for the CPU table (or --smoke to check the script)")
         a.lengths = a.lengths or [1024, 4096, 16384]
-        rows = gpu_table(a)
-    if a.json:
-        with open(a.json, "w") as fh:
-            json.dump({"argv": sys.argv[1:], "rows": rows}, fh, indent=1)
+        rows = gpu_table(a, lambda rows: write(a.json, rows))
+    write(a.json, rows)
     return 0
+
+
+def write(path, rows) -> None:
+    if path:
+        with open(path, "w") as fh:
+            json.dump({"argv": sys.argv[1:], "rows": rows}, fh, indent=1)
 
 
 if __name__ == "__main__":

@@ -270,6 +270,8 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description="Adversarial GPU correctness check of softk (see the module docstring).")
     ap.add_argument("--quick", action="store_true", help="widths 5 and 1000 only")
     ap.add_argument("--families", default=",".join(FAMILY_NAMES), help="comma-separated families (default: all 8)")
+    ap.add_argument("--widths", type=int, nargs="+", help=f"row widths (default {WIDTHS}; --quick {QUICK_WIDTHS})")
+    ap.add_argument("--dtypes", nargs="+", choices=DTYPES, default=DTYPES, help="input dtypes (default: all 3)")
     ap.add_argument("--json", metavar="PATH", help="write every case, the peer checks and the summary as JSON")
     ap.add_argument("--no-peers", action="store_true", help="skip the peers' failure checks")
     ap.add_argument("--budget-s", type=float, default=540.0, help="the whole run, warm-up and peers included (default 540); cases not reached are 'skipped'")
@@ -300,7 +302,7 @@ def main(argv=None) -> int:
     t0 = time.monotonic()
     deadline = t0 + args.budget_s
     peer_reserve = 0.0 if args.no_peers else min(args.peer_timeout_s, 0.3 * args.budget_s)
-    widths = QUICK_WIDTHS if args.quick else WIDTHS
+    widths = args.widths or (QUICK_WIDTHS if args.quick else WIDTHS)
     families = args.families.split(",")
     meta = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu (dry run)", "torch": torch.__version__,
             "triton": _triton_version(), "date": datetime.date.today().isoformat()}  # fmt: skip
@@ -312,11 +314,11 @@ def main(argv=None) -> int:
                 f.write("\n")
 
     if args.warm_jobs > 0:
-        items = [f"{f}|{w}|{d}" for d in DTYPES for f in families for w in widths]
+        items = [f"{f}|{w}|{d}" for d in args.dtypes for f in families for w in widths]
         got = run_parallel([sys.executable, os.path.abspath(__file__), "--device", args.device, "--warm"], items, args.warm_jobs, 0.4 * args.budget_s)
         print(f"warm-up: {sum('status' not in v for v in got.values())} of {len(items)} compiled ({time.monotonic() - t0:.0f} s)", flush=True)
     cases = []
-    for dtype in DTYPES:
+    for dtype in args.dtypes:
         for family in families:
             for width in widths:
                 for kind in KINDS:

@@ -1,0 +1,239 @@
+"""Every GPU measurement in one run: correctness first, then speed, memory and the training step.
+
+Run on a machine with a CUDA GPU, from the repository root::
+
+    python benchmarks/gpu/run_all.py --out OUT_DIR [--budget-s 440] [--wheels .whl]
+    python benchmarks/gpu/run_all.py --dry-run --out /tmp/dry     # the same flow on the CPU, tiny sizes
+
+Stages, in order, each a child process with its share of ``--budget-s``
+(a stage that overruns is killed and the next one starts):
+
+==================  ====================================================================
+correctness         ``gpu_correctness.py``: every map's kernels against the float64
+                    bisection reference (ties, masks, offsets, τ, α), and the peers'
+                    known failures
+attention_check     ``attention_check.py``: the fused attention forward, backward and
+                    dα against the NumPy float64 oracle
+tune                ``tune.py``: the threshold kernels under every tile / warp /
+                    rows-per-program configuration, against ``torch.softmax``
+speed               ``gpu.py``: the maps and losses against ``torch.softmax``,
+                    ``F.cross_entropy``, the entmax package, AdaSplash and Liger, with
+                    peak memory
+fused_linear        ``fused_linear.py``: the fused linear losses against torch,
+                    ``F.linear_cross_entropy`` and Liger, by chunk size
+e2e                 ``e2e_step.py``: one GPT-2-small training step with each loss
+attention           ``attention.py``: attention against SDPA (flash, efficient) and
+                    AdaSplash at L = 4096, with block sparsity and peak memory
+==================  ====================================================================
+
+``--wheels DIR`` installs the peers' wheels found there (``pip download
+--no-deps entmax adasplash liger-kernel``) into a private folder first, with
+no network.  The output folder gets three files: ``run_all.json`` (the
+device, versions, date, and every stage's exit status, time and JSON),
+``summary.md`` (the tables) and ``log.txt`` (every stage's output); the JSON
+and the summary are rewritten after each stage, so a run cut short keeps
+what it measured.  ``--dry-run`` runs every stage on the CPU at tiny sizes
+(the Triton stages in Triton's interpreter), which is what
+``tests/benchmarks/test_run_all.py`` does.  Exit status: 1 when a
+correctness stage found a failure, else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+# The speed table's cases (gpu_cases keys): the widest bf16 shape, the narrow fp32 ones, every router width, both loss shapes.
+SPEED_CASES = r"^(wide/[^/]+/(8192x32768/bfloat16|32768x1024|65536x128)|router/|loss/)"
+# name, script, share of the budget, arguments on a GPU, arguments for --dry-run; "{json}" is the stage's JSON path.
+STAGES = [
+    ("correctness", "gpu_correctness.py", 0.26,
+     ["--no-peers", "--widths", "5", "1000", "3000", "8192", "70001", "--dtypes", "float32", "bfloat16", "--json", "{json}"],
+     ["--device", "cpu", "--quick", "--no-peers", "--families", "sparsemax,entmax15", "--warm-jobs", "0", "--json", "{json}"]),
+    ("attention_check", "attention_check.py", 0.08, ["--json", "{json}"], ["--device", "cpu", "--quick", "--jobs", "0", "--json", "{json}"]),
+    ("tune", "tune.py", 0.12, ["--json", "{json}"], ["--device", "cpu", "--quick", "--jobs", "0", "--json", "{json}"]),
+    ("speed", "gpu.py", 0.30, ["--only", SPEED_CASES, "--warm-timeout-s", "40", "--json", "{json}", "--markdown", "{md}"],
+     ["--device", "cpu", "--quick", "--max-rows", "4", "--min-reps", "1", "--warm-jobs", "0", "--impls", "torch,softk", "--json", "{json}", "--markdown", "{md}"]),
+    ("fused_linear", "fused_linear.py", 0.10, ["--json", "{json}"], ["--device", "cpu", "--quick", "--json", "{json}"]),
+    ("e2e", "e2e_step.py", 0.08, ["--device", "cuda", "--size", "gpt2", "--steps", "3", "--warmup", "1", "--json", "{json}", "--md", "{md}"],
+     ["--device", "cpu", "--size", "tiny", "--steps", "1", "--warmup", "0", "--memory", "none", "--json", "{json}", "--md", "{md}"]),
+    ("attention", "attention.py", 0.12, ["--lengths", "4096", "--dims", "64", "128", "--causal", "no", "yes", "--json", "{json}"],
+     ["--smoke", "--lengths", "32", "--maps", "softmax", "sparsemax", "--modes", "fwd", "--causal", "yes", "--json", "{json}"]),
+]
+# Stages whose own option bounds their time; the others are bounded only by the kill.
+BUDGET_FLAG = {"correctness": "--budget-s", "attention_check": "--budget-s", "tune": "--budget-s", "speed": "--budget-s",
+               "attention": "--budget-s", "fused_linear": "--budget-s"}
+CORRECTNESS = ("correctness", "attention_check")
+
+
+def install_wheels(folder: str, log) -> str | None:
+    """pip-install every wheel in ``folder`` into a private directory (no index, no deps); that directory."""
+    wheels = sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".whl"))
+    if not wheels:
+        return None
+    target = tempfile.mkdtemp(prefix="softk-peers-")
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--target", target, *wheels]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    log(f"$ pip install {' '.join(os.path.basename(w) for w in wheels)} -> exit {res.returncode}\n{res.stderr[-2000:]}")
+    return target if res.returncode == 0 else None
+
+
+def meta_info(dry_run: bool) -> dict:
+    import torch
+
+    versions = {}
+    for name in ("triton", "transformers", "entmax", "adasplash", "liger_kernel"):
+        try:
+            mod = __import__(name)
+            versions[name] = getattr(mod, "__version__", "installed")
+        except Exception:  # noqa: BLE001 - a missing peer is a row, not a crash
+            versions[name] = None
+    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    device = "cpu (dry run)" if dry_run else torch.cuda.get_device_name()
+    return {"device": device, "torch": torch.__version__, "python": sys.version.split()[0], "softk_commit": rev.stdout.strip() or None,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), **versions}
+
+
+def run_stage(name, script, argv, timeout_s, env, log) -> dict:
+    t0 = time.monotonic()
+    cmd = [sys.executable, os.path.join(HERE, script), *argv]
+    log(f"\n===== {name}: {' '.join(cmd[1:])} (up to {timeout_s:.0f} s)")
+    try:
+        res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
+        rc, out = res.returncode, res.stdout + res.stderr
+    except subprocess.TimeoutExpired as exc:
+        rc = "killed: time budget"
+        out = (exc.stdout or b"").decode(errors="replace") + (exc.stderr or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "") + (exc.stderr or "")
+    log(out)
+    seconds = time.monotonic() - t0
+    log(f"===== {name}: exit {rc} in {seconds:.0f} s")
+    return {"argv": argv, "exit": rc, "seconds": round(seconds, 1), "output_tail": out[-3000:]}
+
+
+def _load(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def summary(meta, stages) -> str:
+    """The Markdown report: one section per stage."""
+    lines = [f"# GPU run: {meta['device']}", "",
+             f"torch {meta['torch']}, triton {meta['triton']}, Python {meta['python']}, softk {meta['softk_commit']}, "
+             f"{meta['date']}; peers: entmax {meta['entmax']}, adasplash {meta['adasplash']}, liger_kernel {meta['liger_kernel']}", ""]
+    for name, st in stages.items():
+        lines += [f"## {name} (exit {st['exit']}, {st['seconds']:.0f} s)", ""]
+        res = st.get("result")
+        if name in CORRECTNESS and res:
+            lines.append(f"summary: {res.get('summary')}")
+            bad = [c for c in res.get("cases", []) if c.get("verdict") not in ("pass", "ambiguous", "skipped")]
+            lines += [f"- {json.dumps(c)[:400]}" for c in bad[:30]]
+            for p in (res.get("peers") or [])[:40]:
+                lines.append(f"- peer {json.dumps(p)[:300]}")
+        elif name == "tune" and res:
+            lines += ["| shape | kernel | default config | ms | × torch | best config | ms | × torch |", "|---|---|---|---:|---:|---|---:|---:|"]
+            lines += [f"| {b['shape']} | {b['kernel']} | {b['default_config']} | {b['default_ms']:.4f} | {b['default_x_torch']:.2f} | "
+                      f"{b['best_config']} | {b['best_ms']:.4f} | {b['best_x_torch']:.2f} |" for b in res.get("best", [])]
+        elif name == "fused_linear" and res:
+            lines += ["| shape | impl | ms fwd+bwd | × torch | peak extra MiB | loss |", "|---|---|---:|---:|---:|---:|"]
+            for r in res["rows"]:
+                if "ms" not in r:
+                    lines.append(f"| {r['shape']} | {r['impl']} | {r.get('status')} | | | |")
+                    continue
+                ratio = r.get("x_torch")
+                lines.append(f"| {r['shape']} | {r['impl']} | {r['ms']:.2f} | {'' if ratio is None else f'{ratio:.2f}'} | "
+                             f"{r.get('peak_extra_mib', float('nan')):.0f} | {r.get('loss', float('nan')):.4f} |")
+        elif name == "attention" and res:
+            lines += ["| L | E | causal | mode | impl | ms p50 | × sdpa-flash | peak MiB | block sparsity |", "|---:|---:|---|---|---|---:|---:|---:|---:|"]
+            flash = {(r["L"], r["E"], r["causal"], r["mode"]): r.get("p50") for r in res["rows"] if r["impl"] == "sdpa-flash"}
+            for r in res["rows"]:
+                if "p50" not in r:
+                    lines.append(f"| {r['L']} | {r['E']} | {r['causal']} | {r['mode']} | {r['impl']} | {r.get('error')} | | | |")
+                    continue
+                base = flash.get((r["L"], r["E"], r["causal"], r["mode"]))
+                sp = r.get("block_sparsity")
+                lines.append(f"| {r['L']} | {r['E']} | {r['causal']} | {r['mode']} | {r['impl']} | {r['p50']:.3f} | "
+                             f"{r['p50'] / base if base else float('nan'):.2f} | {r.get('peak_mib', float('nan')):.0f} | {'' if sp is None else f'{sp:.1%}'} |")
+        elif st.get("markdown"):
+            lines.append(st["markdown"])
+        elif not res:
+            lines += ["```", st["output_tail"][-1500:], "```"]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True, help="folder for run_all.json, summary.md and log.txt")
+    ap.add_argument("--budget-s", type=float, default=440.0, help="the whole run (default 440 s); each stage gets its share")
+    ap.add_argument("--wheels", metavar="DIR", help="install the peers' wheels in DIR first (no network)")
+    ap.add_argument("--only", nargs="+", choices=[s[0] for s in STAGES], help="run these stages only")
+    ap.add_argument("--dry-run", action="store_true", help="every stage on the CPU at tiny sizes (Triton in its interpreter)")
+    args = ap.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    log_path = os.path.join(args.out, "log.txt")
+    open(log_path, "w").close()
+
+    def log(text):
+        print(text, flush=True)
+        with open(log_path, "a") as f:
+            f.write(text + "\n")
+
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    paths = [os.path.join(ROOT, "src"), ROOT]
+    if args.wheels and os.path.isdir(args.wheels):
+        site = install_wheels(args.wheels, log)
+        if site:
+            paths.insert(0, site)
+            sys.path.insert(0, site)
+    env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in [env.get("PYTHONPATH")] if p])
+    if args.dry_run:
+        env.update(TRITON_INTERPRET="1", SOFTK_BACKEND="triton")
+    else:
+        import torch
+
+        if not torch.cuda.is_available():
+            print("run_all.py: no CUDA device here; --dry-run runs the flow on the CPU", file=sys.stderr)
+            return 2
+    meta = meta_info(args.dry_run)
+    log(json.dumps(meta))
+    chosen = [s for s in STAGES if not args.only or s[0] in args.only]
+    stages, work = {}, tempfile.mkdtemp(prefix="softk-run-all-")
+    t_end = time.monotonic() + args.budget_s
+    for i, (name, script, frac, gpu_argv, dry_argv) in enumerate(chosen):
+        left = t_end - time.monotonic()
+        rest = sum(s[2] for s in chosen[i:])
+        budget = max(20.0, left * frac / rest) if not args.dry_run else 600.0
+        paths_ = {"json": os.path.join(work, f"{name}.json"), "md": os.path.join(work, f"{name}.md")}
+        argv_ = [a.format(**paths_) for a in (dry_argv if args.dry_run else gpu_argv)]
+        if name in BUDGET_FLAG:  # the stage stops starting work at 85 % of its share; the kill comes after it all
+            argv_ += [BUDGET_FLAG[name], f"{0.85 * budget:.0f}"]
+        st = run_stage(name, script, argv_, budget + 30.0, env, log)
+        st["result"] = _load(paths_["json"])
+        if os.path.exists(paths_["md"]):
+            with open(paths_["md"]) as f:
+                st["markdown"] = f.read()
+        stages[name] = st
+        with open(os.path.join(args.out, "run_all.json"), "w") as f:
+            json.dump({"meta": meta, "budget_s": args.budget_s, "stages": stages}, f, indent=1, default=str)
+        with open(os.path.join(args.out, "summary.md"), "w") as f:
+            f.write(summary(meta, stages))
+    failed = [n for n in CORRECTNESS if n in stages and stages[n]["exit"] != 0]
+    log(f"run_all: {len(stages)} stages, {args.budget_s - (t_end - time.monotonic()):.0f} s"
+        + (f"; correctness not clean in {failed}" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,221 @@
+"""Tile, warp and rows-per-program sweep of the Triton threshold kernels.
+
+Run (CUDA GPU, repository root)::
+
+    PYTHONPATH=src python benchmarks/gpu/tune.py --json tune.json
+    TRITON_INTERPRET=1 PYTHONPATH=src python benchmarks/gpu/tune.py --device cpu --quick   # a dry run
+
+For each shape of ``SHAPES`` (the widths of BENCHMARKS.md's GPU targets) it
+times the forward kernel (sparsemax, entmax15) and the backward kernel
+(sparsemax) of ``softk._backends.triton.function`` under every launch
+configuration of ``configs`` — on chip or looped, the block, the warps and
+the rows per program — with ``triton.testing.do_bench`` (median, L2
+flushed), next to ``torch.softmax`` forward and backward at the same shape.
+The configuration the launcher picks today is marked ``default``; the
+report gives, per (shape, kernel), the fastest configuration and both as
+multiples of torch.
+
+Every configuration is compiled first in ``--jobs`` processes at once (the
+on-disk cache keeps the binaries), so the timed process does not compile
+serially.  ``--budget-s`` bounds the run; the JSON is rewritten after each
+shape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+if os.path.join(ROOT, "src") not in sys.path:
+    sys.path.insert(0, os.path.join(ROOT, "src"))
+
+# name: (rows, width, dtype)
+SHAPES = {
+    "router64": (2**25 // 64, 64, "bfloat16"),
+    "router256": (2**25 // 256, 256, "bfloat16"),
+    "w128": (65536, 128, "float32"),
+    "w1024": (32768, 1024, "float32"),
+    "w2048": (16384, 2048, "float32"),
+    "w4096": (8192, 4096, "float32"),
+    "w8192": (16384, 8192, "float32"),
+    "w32768": (8192, 32768, "bfloat16"),
+}
+QUICK = {"router64": (64, 64, "float32"), "w1024": (8, 1024, "float32"), "w16384": (2, 16384, "float32")}
+KERNELS = [("fwd", "sparsemax"), ("fwd", "entmax15"), ("bwd", "sparsemax")]
+
+
+def configs(n: int, kind: str = "fwd"):
+    """(onchip, block, warps, rows) to try at width ``n``: on chip, tiles of
+    512–2048 entries for narrow rows and a row alone from 1024 up; looped,
+    blocks of 512–2048 (the backward also 4096); 4–32 entries per thread."""
+    out = []
+    blk = max(16, 1 << (n - 1).bit_length())
+    if n <= 8192:
+        if blk < 1024:
+            out += [(True, blk, t // (32 * e), t // blk) for t in (512, 1024, 2048) for e in (4, 8, 16) if t >= blk]
+        else:
+            out += [(True, blk, blk // (32 * e), 1) for e in (8, 16, 32) if 1 <= blk // (32 * e) <= 32]
+    if n >= 2048:
+        blocks = (512, 1024, 2048, 4096) if kind == "bwd" else (512, 1024, 2048)
+        out += [(False, b, b // (32 * e), 1) for b in blocks for e in (4, 8, 16) if b < n and 1 <= b // (32 * e) <= 32]
+    return [c for c in dict.fromkeys(out) if c[2] >= 1]
+
+
+def _launch(kind, fam_name, x, g, cfg):
+    """One launch of a kernel under a forced configuration (None: the launcher's own)."""
+    from softk._backends.triton import function as fn
+    from softk.threshold.families import KERNEL_IDS
+
+    fam = KERNEL_IDS[fam_name]
+    saved = fn._config
+    if cfg is not None:
+        fn._config = lambda n, onchip, block, rows=None, backward=False: cfg
+    try:
+        if kind == "fwd":
+            return fn.forward_rows(x, fam, 1.0, 1.0, 1.5)
+        return fn.backward_rows(x, g, fam, 1.0, 1.5)
+    finally:
+        fn._config = saved
+
+
+def _inputs(rows, n, dtype, device):
+    import torch
+
+    gen = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(rows, n, generator=gen, device=device).to(getattr(torch, dtype))
+    return x, torch.randn(rows, n, generator=gen, device=device).to(x.dtype)
+
+
+def _compile_one(item):
+    """Child process: compile one (shape, kernel, config) on a small batch of rows of the same width."""
+    name, kind, fam, cfg, device, shapes = item
+    rows, n, dtype = shapes[name]
+    x, g = _inputs(min(rows, 32), n, dtype, device)
+    p = _launch("fwd", fam, x, None, tuple(cfg) if cfg else None)
+    if kind == "bwd":
+        _launch("bwd", fam, p, g, tuple(cfg) if cfg else None)
+    return True
+
+
+def _timer(device):
+    if device == "cuda":
+        from triton.testing import do_bench
+
+        return lambda f: do_bench(f, warmup=10, rep=40, return_mode="median")
+
+    def wall(f):
+        t0 = time.perf_counter()
+        f()
+        return 1e3 * (time.perf_counter() - t0)
+
+    return wall
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--quick", action="store_true", help="three tiny shapes (a dry run)")
+    ap.add_argument("--only", nargs="+", help="shape names from SHAPES")
+    ap.add_argument("--jobs", type=int, default=min(14, os.cpu_count() or 1), help="compiling processes (0: compile in the timed process)")
+    ap.add_argument("--budget-s", type=float, default=120.0)
+    ap.add_argument("--json", metavar="PATH")
+    args = ap.parse_args(argv)
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("tune.py: no CUDA device here; use --device cpu with TRITON_INTERPRET=1 for a dry run", file=sys.stderr)
+        return 2
+    from softk._backends.triton import function as fn
+
+    t0 = time.monotonic()
+    shapes = QUICK if args.quick else {k: v for k, v in SHAPES.items() if not args.only or k in args.only}
+    plan = []  # (shape, kind, fam, cfg or None for the default)
+    for name, (rows, n, dtype) in shapes.items():
+        for kind, fam in KERNELS:
+            default = fn._config(n, None, None, backward=kind == "bwd")
+            tried = [c for c in configs(n, kind) if c != default][: 2 if args.quick else None]
+            plan += [(name, kind, fam, cfg) for cfg in [None] + tried]
+    if args.jobs > 0:
+        import concurrent.futures as cf
+        import multiprocessing as mp
+
+        items = [(s, k, f, c, args.device, shapes) for s, k, f, c in plan]
+        done = 0
+        pool = cf.ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn"))
+        futs = [pool.submit(_compile_one, it) for it in items]
+        try:
+            for fut in cf.as_completed(futs, timeout=max(10.0, 0.5 * args.budget_s)):
+                done += fut.exception() is None
+        except cf.TimeoutError:  # what is left compiles in the timed pass
+            pass
+        pool.shutdown(wait=False, cancel_futures=True)
+        print(f"compiled {done} of {len(items)} in {args.jobs} processes ({time.monotonic() - t0:.0f} s)", flush=True)
+    timer = _timer(args.device)
+    meta = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu (dry run)",
+            "torch": torch.__version__, "date": datetime.date.today().isoformat()}
+    rows_out = []
+
+    def write():
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"meta": meta, "rows": rows_out, "best": best(rows_out)}, f, indent=1)
+
+    for name, (rows, n, dtype) in shapes.items():
+        x, g = _inputs(rows, n, dtype, args.device)
+        ref = {"fwd": timer(lambda: torch.softmax(x, -1))}
+        y = torch.softmax(x, -1)
+        ref["bwd"] = timer(lambda: torch._softmax_backward_data(g, y, -1, x.dtype))
+        p = {fam: fn.forward_rows(x, fn.FAMILY_IDS[fam], 1.0, 1.0, 1.5) for fam in ("sparsemax", "entmax15")}
+        for s, kind, fam, cfg in plan:
+            if s != name:
+                continue
+            if time.monotonic() - t0 > args.budget_s:
+                rows_out.append({"shape": name, "kernel": f"{kind}-{fam}", "config": cfg, "status": "skipped: time budget"})
+                continue
+            default = fn._config(n, None, None, backward=kind == "bwd")
+            row = {"shape": name, "rows": rows, "n": n, "dtype": dtype, "kernel": f"{kind}-{fam}",
+                   "config": list(cfg or default), "default": cfg is None, "torch_ms": ref[kind]}
+            try:
+                call = (lambda: _launch(kind, fam, x, None, cfg)) if kind == "fwd" else (lambda: _launch(kind, fam, p[fam], g, cfg))
+                row["ms"] = timer(call)
+                row["x_torch"] = row["ms"] / ref[kind]
+            except Exception as exc:  # noqa: BLE001 - a row that says why
+                row["status"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+            rows_out.append(row)
+        write()
+        x = g = p = None  # free the shape before the next one
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
+    write()
+    for b in best(rows_out):
+        print(f"{b['shape']:10s} {b['kernel']:15s} default {b['default_config']} {b['default_ms']:.4f} ms ({b['default_x_torch']:.2f}x torch)"
+              f"  best {b['best_config']} {b['best_ms']:.4f} ms ({b['best_x_torch']:.2f}x)", flush=True)
+    print(f"tune: {len(rows_out)} rows in {time.monotonic() - t0:.0f} s", flush=True)
+    return 0
+
+
+def best(rows):
+    """Per (shape, kernel): the default configuration's time and the fastest one's."""
+    out = []
+    keyed = {}
+    for r in rows:
+        if "ms" in r:
+            keyed.setdefault((r["shape"], r["kernel"]), []).append(r)
+    for (shape, kernel), rs in keyed.items():
+        d = next((r for r in rs if r["default"]), None)
+        b = min(rs, key=lambda r: r["ms"])
+        if d is None:
+            continue
+        out.append({"shape": shape, "kernel": kernel, "default_config": d["config"], "default_ms": d["ms"], "default_x_torch": d["x_torch"],
+                    "best_config": b["config"], "best_ms": b["ms"], "best_x_torch": b["x_torch"]})
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
