@@ -182,11 +182,11 @@ _COMPILE = r"""
 from softk._backends.triton.function import MAXIT, NEWTON_CAP, ONCHIP_MAX, _config
 from softk._backends.triton.loss_kernel import fenchel_young_fwd_kernel
 
-# every family (α > 2, with the anchor form, as well) on chip, looped and 32 rows per program (width
+# every family (α > 2, with the anchor form, as well) on chip, looped and 8 rows per program (width
 # 64), at the launcher's settings; the input dtypes and the kind of target take turns
 dtypes = ("*fp32", "*bf16", "*fp16")
 variants = [_config(ONCHIP_MAX, None, None), _config(ONCHIP_MAX + 1, None, None), _config(64, None, None)]
-assert [v[3] for v in variants] == [1, 1, 32]
+assert [v[3] for v in variants] == [1, 1, 8]
 built = 0
 for fam in range(8):
     for i, (onchip, blk, warps, rows) in enumerate(variants):

@@ -193,11 +193,16 @@ def test_fused_loss_rows_do_not_depend_on_their_neighbours(rng, name, fam, alpha
 
 
 def test_launcher_rows_per_program():
-    # narrow on-chip rows share a program: a tile of about TILE entries
-    for n, rows in ((1, 128), (16, 128), (64, 32), (100, 16), (256, 8), (1024, 2), (2048, 1), (tf.ONCHIP_MAX, 1)):
-        onchip, blk, warps, got = tf._config(n, None, None)
-        assert onchip and got == rows and blk * rows <= max(tf.TILE, blk), n
-    assert tf._config(tf.ONCHIP_MAX + 1, None, None)[3] == 1  # the looped variant: one row
+    # narrow on-chip rows share a program: a tile of TILE entries in the
+    # forward, BWD_TILE in the backward; from the tile's width up, one row
+    for backward, tile, top in ((False, tf.TILE, tf.ONCHIP_MAX), (True, tf.BWD_TILE, tf.BWD_ONCHIP_MAX)):
+        for n in (n for n in (1, 16, 64, 100, 256, 1000, 1024, 2048, top) if n <= top):
+            onchip, blk, warps, got = tf._config(n, None, None, backward=backward)
+            assert onchip and blk == max(16, 1 << (n - 1).bit_length()), n
+            assert got == max(1, min(tf.ROWS_MAX, tile // blk)) and 32 * warps <= max(32, got * blk), n
+        onchip, blk, warps, rows = tf._config(top + 1, None, None, backward=backward)  # the looped variant: one row
+        assert not onchip and rows == 1 and blk == (tf.BWD_LOOP_BLOCK if backward else tf.SHORT_BLOCK)
+    assert tf._config(tf.SHORT_MAX, None, None)[1] == tf.SHORT_BLOCK and tf._config(tf.SHORT_MAX + 1, None, None)[1] == tf.LOOP_BLOCK
     assert tf._config(64, None, None, 4)[3] == 4
     x = torch.zeros(2, 8)
     with pytest.raises(ValueError, match="rows_per_program"):

@@ -276,16 +276,19 @@ def test_backward_loop_variant_matches_oracle_jacobian(rng, fam):
 
 
 _COMPILE = r"""
-from softk._backends.triton.function import LOOP_BLOCK, MAXIT, NEWTON_CAP, ONCHIP_MAX, _config
+from softk._backends.triton.function import (BWD_LOOP_BLOCK, BWD_ONCHIP_MAX, MAXIT, NEWTON_CAP, ONCHIP_MAX, SHORT_BLOCK,
+                                             _config)
 from softk._backends.triton.kernels import threshold_bwd_kernel, threshold_fwd_kernel
 
 # every family (α > 2 as well) in three variants, at the launcher's settings
-# for the widest on-chip row, a looped one and 64-wide rows (32 rows per
-# program); the dtypes take turns
+# (the forward's and the backward's) for the widest on-chip row, a looped one
+# and 64-wide rows (several rows per program); the dtypes take turns
 dtypes = ("*fp32", "*bf16", "*fp16")
 variants = [_config(ONCHIP_MAX, None, None), _config(ONCHIP_MAX + 1, None, None), _config(64, None, None)]
-assert [v[0] for v in variants] == [True, False, True] and variants[1][1] == LOOP_BLOCK
-assert [v[3] for v in variants] == [1, 1, 32]
+bwd_variants = [_config(n, None, None, backward=True) for n in (BWD_ONCHIP_MAX, BWD_ONCHIP_MAX + 1, 64)]
+assert [v[0] for v in variants] == [v[0] for v in bwd_variants] == [True, False, True]
+assert variants[1][1] == SHORT_BLOCK and bwd_variants[1][1] == BWD_LOOP_BLOCK
+assert [v[3] for v in variants] == [1, 1, 8] and [v[3] for v in bwd_variants] == [1, 1, 32]
 fwd = {"X": "", "Y": "", "ITS": "*i32", "R": "i32", "n": "i32", "k": "fp32", "inv_tau": "fp32", "am1": "fp32"}
 bwd = {"P": "", "G": "", "DX": "", "R": "i32", "n": "i32", "inv_tau": "fp32", "am1": "fp32"}
 built = 0
@@ -297,6 +300,7 @@ for fam in range(8):
             build(threshold_fwd_kernel, dict(fwd, X=ty, Y=ty), dict(FAM=fam, ROWS=rows, BLOCK=blk, ONCHIP=onchip, BIG=big,
                   PROBE=fam >= 4 or big, ANCHOR=anchor, NEWTON_CAP=NEWTON_CAP, MAXIT=MAXIT, WRITE_ITS=i != 1), warps)
             built += 1
+        onchip, blk, warps, rows = bwd_variants[i]
         for logd in ((False, True) if fam == 3 else (False,)):  # α > 2: the log-slope backward
             ty = dtypes[(fam + i + 1 + logd) % 3]
             build(threshold_bwd_kernel, dict(bwd, P=ty, G=ty, DX=ty), dict(FAM=fam, ROWS=rows, BLOCK=blk, ONCHIP=onchip,

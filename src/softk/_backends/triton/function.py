@@ -3,31 +3,28 @@
 :class:`softk._backends.dispatch.TritonBackend` calls them inside the custom ops of
 :mod:`softk._contract.op`, which hold the one autograd contract.
 
-Rows of at most :data:`ONCHIP_MAX` entries run "on chip": the kernel loads the
-row once into registers (a block of the next power of two) and runs every
-pass of the λ search on that copy.  8192 float32 entries are 32 KiB, 16 per
-thread at 16 warps, so the row plus the per-entry temporaries of one pass fit
-in the register file: compiled for sm_90 (ptxas), every family stays within
-128 registers without spilling at 8192 except sigmoid (24 bytes); at 16384
-(32 entries per thread) most families spill 40–380 bytes.  Wider rows loop
-over blocks of :data:`LOOP_BLOCK` in every pass (any width); their later
-passes re-read the row, from L2 when the rows in flight fit there.
+The forward (the λ search) and the backward (one streaming pass) have
+their own launch settings (:func:`_config`), chosen from the sweep of
+``benchmarks/gpu/tune.py`` on an H200 (BENCHMARKS.md has the table):
 
-Narrow rows share a program: an on-chip block of BLOCK < :data:`TILE` lanes
-holds ROWS = TILE // BLOCK rows (at most :data:`ROWS_MAX`), a [ROWS, BLOCK]
-tile, so a 64-wide router row gets 1/32 of a program instead of a program
-of its own (width 16: 128 rows; 256: 8; 1024: 2; ≥ 2048: 1, and the looped
-variant always 1).  The warps give each thread 4 entries of the tile (16
-warps for a 2048 tile; 8 at BLOCK 1024, where 16 warps made ptxas stop at 64
-registers and spill).  Compiled for sm_90a with triton 3.9's ptxas, that
-keeps every family at 128 registers or fewer (the backward at 40); the few
-spills are 8–40 bytes of spill stores + loads (sparsemax and entmax α at
-width 16, entmax α at 32 and 512, entmax α > 2 at 1024); 8 entries per
-thread took 140–255 registers and sigmoid spilled 1–2 KB.  One row per
-program took 20–65 registers at these widths.  These choices
-are UNTUNED: no GPU was available when they were made, so TILE, ROWS_MAX and
-the warps are only what compiles without spilling, not what runs fastest.
-None of this has been timed on a GPU yet.
+* Forward.  Rows of at most :data:`ONCHIP_MAX` entries run "on chip": the
+  kernel loads the row once into registers (a block of the next power of
+  two) and runs every pass of the λ search on that copy.  Narrow rows share
+  a program: a [ROWS, BLOCK] tile of :data:`TILE` entries (ROWS = TILE //
+  BLOCK), 8 entries per thread, so a 64-wide router row gets 1/8 of a
+  program; a 1024-wide row has one warp to itself.  Wider rows loop over
+  blocks in every pass, their later passes re-reading the row from L1/L2:
+  blocks of 512 at one warp up to 2048 entries and two up to 4096, then
+  blocks of :data:`LOOP_BLOCK` at four warps.  Few warps per row leave
+  room for many rows in flight on each SM, which hides the latency of the
+  search's reductions.  The looped search starts from the maxima of the
+  block's lanes, so a wider block gives a better start and fewer passes:
+  :data:`LOOP_BLOCK` weighs that against the rows in flight (the pass
+  counts of ``tests/backends/triton/test_triton_passes.py`` hold at it).
+* Backward.  On chip up to :data:`BWD_ONCHIP_MAX` entries in tiles of
+  :data:`BWD_TILE` entries, 4 per thread (16 warps for a 2048 tile; 8 at
+  BLOCK 1024, where 16 warps made ptxas stop at 64 registers and spill);
+  wider rows loop over blocks of :data:`BWD_LOOP_BLOCK` at 32 warps.
 """
 
 from __future__ import annotations
@@ -41,12 +38,19 @@ from .kernels import threshold_bwd_kernel, threshold_fwd_kernel
 from ...threshold.entmax_anchor import needs_anchor
 from ...threshold.families import KERNEL_IDS as FAMILY_IDS  # one table for every backend
 
-ONCHIP_MAX = 8192
-LOOP_BLOCK = 2048
-# On-chip rows narrower than TILE share a program: ROWS = TILE // BLOCK rows,
-# at most ROWS_MAX (untuned, see the module docstring).
-TILE = 2048
+# The forward: on chip up to ONCHIP_MAX entries, narrow rows in tiles of
+# TILE entries (at most ROWS_MAX rows); wider ones in blocks of SHORT_BLOCK
+# up to SHORT_MAX entries, else of LOOP_BLOCK.
+ONCHIP_MAX = 1024
+TILE = 512
 ROWS_MAX = 128
+SHORT_MAX = 4096
+SHORT_BLOCK = 512
+LOOP_BLOCK = 2048
+# The backward: on chip up to BWD_ONCHIP_MAX, tiles of BWD_TILE, else blocks of BWD_LOOP_BLOCK.
+BWD_ONCHIP_MAX = 8192
+BWD_TILE = 2048
+BWD_LOOP_BLOCK = 4096
 # Newton-type steps allowed before the search falls back to pure bisection,
 # and the hard cap on search passes (bisection then has MAXIT - NEWTON_CAP
 # halvings of a bracket that Newton has already shrunk).
@@ -107,30 +111,36 @@ def _pow2(n: int) -> int:
     return max(16, 1 << (n - 1).bit_length())
 
 
-def _rows_per_program(blk: int) -> int:
-    """Rows per program for an on-chip block of ``blk`` lanes: a tile of
-    about :data:`TILE` entries, at most :data:`ROWS_MAX` rows."""
-    return max(1, min(ROWS_MAX, TILE // blk))
+def _config(n: int, onchip: bool | None, block: int | None, rows: int | None = None, *, backward: bool = False):
+    """(onchip, BLOCK, num_warps, ROWS) for rows of ``n`` entries, for the
+    forward (λ search) or the ``backward`` kernel; ``onchip``, ``block`` and
+    ``rows`` (a power of two) override the automatic choice.
 
-
-def _config(n: int, onchip: bool | None, block: int | None, rows: int | None = None):
-    """(onchip, BLOCK, num_warps, ROWS) for rows of ``n`` entries; ``rows``
-    overrides ROWS (a power of two)."""
+    >>> _config(64, None, None), _config(1024, None, None), _config(3000, None, None), _config(32768, None, None)
+    ((True, 64, 2, 8), (True, 1024, 1, 1), (False, 512, 2, 1), (False, 2048, 4, 1))
+    >>> _config(64, None, None, backward=True), _config(32768, None, None, backward=True)
+    ((True, 64, 16, 32), (False, 4096, 32, 1))
+    """
+    on_max, tile = (BWD_ONCHIP_MAX, BWD_TILE) if backward else (ONCHIP_MAX, TILE)
     if onchip is None:
-        onchip = n <= ONCHIP_MAX
+        onchip = n <= on_max
     if onchip:
         blk = _pow2(n)
-        rows = rows or _rows_per_program(blk)
-        if rows == 1:
-            warps = 4 if blk <= 512 else 8 if blk <= 2048 else 16
-        elif blk < 1024:  # 4 entries per thread (see the module docstring)
-            warps = min(16, max(4, rows * blk // 128))
-        else:
-            warps = 8
+        rows = rows or max(1, min(ROWS_MAX, tile // blk))
+        if backward:  # 4 entries per thread (see the module docstring)
+            if rows == 1:
+                warps = 4 if blk <= 512 else 8 if blk <= 2048 else 16
+            else:
+                warps = min(16, max(4, rows * blk // 128)) if blk < 1024 else 8
+        else:  # 8 entries per thread in a tile of rows; a row alone: one warp per 1024 entries
+            warps = max(1, min(16, rows * blk // 256)) if rows > 1 else max(1, min(16, blk // 1024))
+    elif backward:
+        blk, rows = block or BWD_LOOP_BLOCK, rows or 1
+        warps = max(1, min(32, blk // 128))
     else:
-        blk = block or LOOP_BLOCK
-        rows = rows or 1
-        warps = 16
+        blk, rows = block or (SHORT_BLOCK if n <= SHORT_MAX else LOOP_BLOCK), rows or 1
+        # 16 entries per thread, 8 in the blocks of rows of 2049–SHORT_MAX entries
+        warps = max(1, min(16, blk // (256 if 2048 < n <= SHORT_MAX else 512)))
     if rows & (rows - 1):
         raise ValueError(f"rows_per_program must be a power of two, got {rows}")
     return onchip, blk, warps, rows
@@ -182,7 +192,7 @@ def backward_rows(p: Tensor, g: Tensor, fam: int, tau: float, alpha: float = 1.5
     dx = _out(out, p)
     r, n = p.shape
     if r:
-        oc, blk, warps, rpp = _config(n, onchip, block, rows_per_program)
+        oc, blk, warps, rpp = _config(n, onchip, block, rows_per_program, backward=True)
         am1, big, _ = _entmax_flags(fam, alpha)
         threshold_bwd_kernel[(triton.cdiv(r, rpp),)](p, g, dx, r, n, 1.0 / tau, am1, FAM=fam, ROWS=rpp,
                                                      BLOCK=blk, ONCHIP=oc, LOGD=big, num_warps=warps)

@@ -1,15 +1,15 @@
 r"""The kernels: forward p = f(z − λ), Σp = k, and backward from the saved p.
 
-A program holds ``ROWS`` rows as a [ROWS, BLOCK] tile (function.py picks
-ROWS = 2048 // BLOCK, at most 128, for narrow rows: a 64-wide row shares its
-program with 31 others; 1 for rows of 2048 or more).  Every per-row quantity
+A program holds ``ROWS`` rows as a [ROWS, BLOCK] tile (the launcher,
+:func:`.function._config`, gives narrow rows a tile of a fixed number of
+entries: a 64-wide row shares its program with 15 others in the forward).  Every per-row quantity
 below (max, counts, λ, the bracket, the pass count) is a [ROWS, 1] column,
 every reduction runs along the row, and the λ search loops while any row of
 the program still searches, the others keeping their λ: a row's result and
 pass count are those it would get in a program of its own (bit for bit in
 the interpreter; on a GPU the order of a row's float sums follows the
 compiled layout, so another ROWS may round them differently).  Rows of up to
-``ONCHIP_MAX`` (8192, function.py) entries are loaded once into registers
+the launcher's on-chip limit (:func:`.function._config`) entries are loaded once into registers
 (``ONCHIP``: the block is the next power of two ≥ n) and every pass below
 runs on that copy; wider rows are read in blocks of ``BLOCK`` in a loop, one
 row per program, so any width works (no 65,536 limit).  Arithmetic is
