@@ -136,7 +136,7 @@ def vocab_parallel_fused_linear_loss(
             raise ValueError(f"{what} differs between ranks: {table[:, col].tolist()} (input must be the same on every rank)")
     info = table[:, 1].max()
     n, h = input.shape
-    chunk = chunk_size or auto_chunk_size(n, h, int(info))
+    chunk = chunk_size or auto_chunk_size(n, h, int(info), input.device.type)
     if target.is_floating_point():
         n_kept = n
     else:

@@ -30,23 +30,33 @@ LOSSES = ("cross_entropy", "softmax", "sparsemax", "entmax15", "entmax", "soft_t
 # per-chunk matmuls get so small that their overhead dominates; above it the
 # chunk is still a small fraction of the N×V logits of any large vocabulary.
 MIN_CHUNK_ELEMENTS = 1 << 22
+# On a GPU the floor is 128 Mi logits (256 MiB in bfloat16).  Every chunk
+# adds its V×H weight-gradient product into the float32 accumulator, a pass
+# over V×H that costs as much as the chunk's matmuls when the chunk has a few
+# hundred rows; with this floor a chunk has about a thousand rows or more at
+# the vocabularies of today's language models, and is still a small part of
+# the N×V logits.
+MIN_CHUNK_ELEMENTS_GPU = 1 << 27
 
 
-def auto_chunk_size(rows: int, hidden: int, vocab: int) -> int:
-    """Rows per chunk: the largest power of two C with C·V ≤ max(N·H, 2²²), clamped to [1, N].
+def auto_chunk_size(rows: int, hidden: int, vocab: int, device_type: str = "cpu") -> int:
+    """Rows per chunk: the largest power of two C with C·V ≤ max(N·H, floor), clamped to [1, N].
 
     The budget is Liger-Kernel's (its fused linear cross-entropy takes the
     next power of two ≥ N / ⌈V/H⌉): one chunk of logits costs about as much
     memory as the input X itself.  Here the power of two is rounded down, so
-    the chunk stays within the budget, and the budget has a floor of 4 Mi
-    logits so that small hidden sizes do not give tiny matmuls.
+    the chunk stays within the budget, and the budget has a floor so that
+    small hidden sizes do not give tiny matmuls: 4 Mi logits on the CPU,
+    128 Mi on any other device (``device_type`` other than "cpu").
 
     >>> auto_chunk_size(4096, 256, 65536)   # max(2^20, 2^22) / 2^16
     64
     >>> auto_chunk_size(8192, 4096, 131072)  # Liger's rule gives the same 256
     256
+    >>> auto_chunk_size(8192, 768, 50257, "cuda")  # GPT-2 on a GPU: 2^27 / 50257 → 2048
+    2048
     """
-    budget = max(rows * hidden, MIN_CHUNK_ELEMENTS)
+    budget = max(rows * hidden, MIN_CHUNK_ELEMENTS if device_type == "cpu" else MIN_CHUNK_ELEMENTS_GPU)
     c = max(1, budget // max(vocab, 1))
     c = 1 << (c.bit_length() - 1)  # largest power of two <= c
     return max(1, min(c, rows))
@@ -81,7 +91,10 @@ def chunked_pass(x, weight, bias, target, fn, chunk: int, row_weight, grads):
     float32 (float64 for float64 input) and the gradients of Σ_i w_i L_i
     (``row_weight`` w (M,), or all ones when None) for the entries of
     ``grads = (want_x, want_w, want_b)``, None for the others.  Weight and bias
-    gradients are accumulated in float32 for half inputs.
+    gradients are accumulated in float32 for half inputs.  On a GPU each
+    chunk's weight-gradient product Gᵀ X runs in the inputs' half precision
+    (tensor cores, float32 accumulation inside the product, rounded once to
+    the inputs' dtype before it is added); on the CPU it runs in float32.
     """
     m = x.shape[0]
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
@@ -92,6 +105,7 @@ def chunked_pass(x, weight, bias, target, fn, chunk: int, row_weight, grads):
     gw = torch.zeros(weight.shape, dtype=acc, device=x.device) if want_w else None
     gb = torch.zeros(weight.shape[0], dtype=acc, device=x.device) if want_b else None
     wt = weight.t()
+    half_product = acc == torch.float32 and x.dtype != torch.float32 and x.device.type != "cpu"
     for s in range(0, m, chunk):
         e = min(s + chunk, m)
         xc = x[s:e]
@@ -110,7 +124,10 @@ def chunked_pass(x, weight, bias, target, fn, chunk: int, row_weight, grads):
         if want_x:
             torch.mm(g, weight, out=gx[s:e])
         if want_w:
-            gw.addmm_(g.t().to(acc), xc.to(acc))
+            if half_product:
+                gw += torch.mm(g.t().to(x.dtype), xc)
+            else:
+                gw.addmm_(g.t().to(acc), xc.to(acc))
         if want_b:
             gb += g.sum(0, dtype=acc)
         del g

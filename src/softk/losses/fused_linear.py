@@ -69,11 +69,22 @@ class _FusedLinearLoss(torch.autograd.Function):
             gx, gw, gb = ctx.saved_tensors
             n_kept = ctx.n_kept.clamp(min=1) if isinstance(ctx.n_kept, Tensor) else max(ctx.n_kept, 1)
             scale = go if ctx.reduction == "sum" else go / n_kept
-            gx = None if gx is None else gx * scale.to(gx.dtype)
-            gw = None if gw is None else gw * scale.to(gw.dtype)
-            gb = None if gb is None else gb * scale.to(gb.dtype)
+            gx, gw, gb = (None if g is None else _scaled(g, scale, go.dtype) for g in (gx, gw, gb))
         cast = lambda g, ref: None if g is None else g.to(ref.dtype)  # noqa: E731
         return cast(gx, go), cast(gw, go), cast(gb, go), None, None, None, None, None, None
+
+
+def _scaled(g: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:
+    """g · scale, rounded once to ``dtype``: the product is computed in g's
+    (accumulation) precision and written straight into a ``dtype`` tensor, so
+    a half-precision weight gradient needs no float32 temporary of its size
+    (the float32 accumulator is the only one: V×H float32 at the peak, not 2×).
+    Under ``create_graph`` with a ``scale`` that needs a gradient, the plain
+    differentiable product."""
+    if scale.requires_grad and torch.is_grad_enabled():
+        return (g * scale.to(g.dtype)).to(dtype)
+    out = torch.empty(g.shape, dtype=dtype, device=g.device)
+    return torch.mul(g, scale.to(g.dtype), out=out)
 
 
 def _check_linear(input, weight, bias):
@@ -156,8 +167,9 @@ def fused_linear_loss(
         reduction: "mean" (over rows whose target is not ``ignore_index``),
             "sum" or "none" (shape ``input.shape[:-1]``).
         chunk_size: rows of logits held at once; None picks the largest power
-            of two C with C·V ≤ max(N·H, 2²²) (:func:`~softk.losses.chunking.auto_chunk_size`):
-            a chunk of logits then costs about what the input does.
+            of two C with C·V ≤ max(N·H, 2²²) on the CPU, max(N·H, 2²⁷) on a GPU
+            (:func:`~softk.losses.chunking.auto_chunk_size`): a chunk of logits then
+            costs about what the input does.
 
     Returns the loss, with gradients for ``input``, ``weight`` and ``bias``
     (not for ``target``).  Memory beyond the inputs: the gradients (N×H, V×H,
@@ -201,7 +213,7 @@ def fused_linear_loss(
         n_kept = (t != ignore_index).sum() if loss != "soft_topk" else x.shape[0]
     fn = chunk_loss_fn(loss, alpha=alpha, k=k, method=method, tau=tau, ignore_index=ignore_index)
     if chunk is None:
-        chunk = auto_chunk_size(x.shape[0], x.shape[1], vocab)
+        chunk = auto_chunk_size(x.shape[0], x.shape[1], vocab, x.device.type)
     if x.shape[0] == 0:
         # No rows: the unfused loss of an empty batch (mean is NaN, as in torch).
         out = fn(x @ weight.t(), t).sum() * 0
