@@ -1,0 +1,90 @@
+"""benchmarks/gpu/run_all.py without a GPU: the whole flow as a dry run.
+
+The device run is one short, prepared call; a typo in any stage would waste
+it.  ``--dry-run`` runs every stage's script on the CPU at tiny sizes (the
+Triton kernels in Triton's interpreter), and this checks that each stage
+ran, wrote the JSON its section of the report reads, and that what the
+stages compare agrees (the correctness stages pass, the fused losses equal
+torch's).  Nothing here measures or asserts on time.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ..paths import REPO
+
+BENCH = os.path.join(str(REPO), "benchmarks", "gpu")
+sys.path.insert(0, BENCH)
+
+import run_all  # noqa: E402
+
+
+def test_without_cuda_it_refuses_with_exit_2(tmp_path):
+    pytest.importorskip("torch")
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the refusal is for machines without one")
+    r = subprocess.run([sys.executable, os.path.join(BENCH, "run_all.py"), "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "no CUDA device" in r.stderr
+
+
+def test_every_stage_has_a_script_and_a_share():
+    names = [s[0] for s in run_all.STAGES]
+    assert len(names) == len(set(names))
+    for name, script, share, gpu_argv, dry_argv in run_all.STAGES:
+        assert os.path.exists(os.path.join(BENCH, script)), script
+        assert 0 < share < 1 and "{json}" in gpu_argv and "{json}" in dry_argv, name
+
+
+def test_summary_renders_each_section_from_its_json():
+    meta = {k: "x" for k in ("device", "torch", "triton", "python", "softk_commit", "date", "entmax", "adasplash", "liger_kernel")}
+    stages = {
+        "correctness": {"exit": 1, "seconds": 3.0, "output_tail": "", "result": {
+            "summary": {"total": 2, "pass": 1}, "cases": [{"verdict": "pass"}, {"verdict": "fail", "family": "sparsemax"}]}},
+        "tune": {"exit": 0, "seconds": 1.0, "output_tail": "", "result": {"best": [
+            {"shape": "w64", "kernel": "fwd-sparsemax", "default_config": [True, 64, 2, 8], "default_ms": 0.2, "default_x_torch": 3.0,
+             "best_config": [True, 64, 1, 8], "best_ms": 0.1, "best_x_torch": 1.5}]}},
+        "fused_linear": {"exit": 0, "seconds": 1.0, "output_tail": "", "result": {"rows": [
+            {"shape": "s", "impl": "torch", "ms": 2.0, "x_torch": 1.0, "peak_extra_mib": 5.0, "loss": 1.0},
+            {"shape": "s", "impl": "liger", "status": "skipped: time budget"}]}},
+        "e2e": {"exit": "killed: time budget", "seconds": 9.0, "output_tail": "the last words", "result": None},
+    }
+    text = run_all.summary(meta, stages)
+    assert '"family": "sparsemax"' in text  # a failed case is listed
+    assert "| w64 | fwd-sparsemax | [True, 64, 2, 8] | 0.2000 | 3.00 | [True, 64, 1, 8] | 0.1000 | 1.50 |" in text
+    assert "| s | torch | 2.00 | 1.00 | 5 | 1.0000 |" in text and "skipped: time budget" in text
+    assert "## e2e (exit killed: time budget, 9 s)" in text and "the last words" in text
+
+
+@pytest.mark.slow
+def test_dry_run_runs_every_stage(tmp_path):
+    pytest.importorskip("triton", reason="the dry run runs the Triton kernels in the interpreter")
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if k not in ("SOFTK_BACKEND", "TRITON_INTERPRET")}
+    r = subprocess.run([sys.executable, os.path.join(BENCH, "run_all.py"), "--dry-run", "--out", str(out)],
+                       capture_output=True, text=True, env=env, timeout=1800)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert sorted(os.listdir(out)) == ["log.txt", "run_all.json", "summary.md"]
+    report = json.loads((out / "run_all.json").read_text())
+    assert report["meta"]["device"] == "cpu (dry run)"
+    stages = report["stages"]
+    assert list(stages) == [s[0] for s in run_all.STAGES]
+    for name, st in stages.items():
+        assert st["exit"] == 0, (name, st["output_tail"])
+        assert st["result"], name  # every stage wrote the JSON its section reads
+    for name in run_all.CORRECTNESS:
+        summary = stages[name]["result"]["summary"]
+        assert summary["pass"] > 0 and summary.get("fail", 0) == 0 and summary.get("skipped", 0) == 0, (name, summary)
+    assert all(r["backend"] == "triton" for r in stages["attention_check"]["result"]["cases"])  # the device's kernels, interpreted
+    assert stages["tune"]["result"]["best"] and stages["speed"]["result"]
+    fused = {r["impl"]: r for r in stages["fused_linear"]["result"]["rows"]}
+    assert fused["softk-cross_entropy"]["loss"] == pytest.approx(fused["torch"]["loss"], rel=1e-6)
+    assert stages["e2e"]["result"]["variants"] and stages["attention"]["result"]["rows"]
+    text = (out / "summary.md").read_text()
+    assert all(f"## {name} (exit 0," in text for name in stages)
