@@ -74,8 +74,8 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     "torch" materialises the (…, H, L, S) scores and supports double
     backward; "auto" and "native" on the CPU, or any device without Triton,
     run blocks of keys and never hold the L×S scores; "auto" on CUDA and
-    "triton" run the fused Triton kernels (verified in Triton's CPU
-    interpreter; not yet run on a GPU), float64 inputs the blocks of keys.
+    "triton" run the fused Triton kernels, float64 inputs the blocks of
+    keys.
     The memory-efficient routes raise NotImplementedError on double
     backward.
 

@@ -37,9 +37,9 @@ that f(s − m − λ) = 0 for every key by the same formula (on such a row
 m + λ is not a log-sum-exp); their gradients are 0.  torch's SDPA gives NaN
 there.
 
-Tile sizes (``BLOCK_M`` × ``BLOCK_N`` and the warps) are UNTUNED: no GPU
-was available when they were chosen; they only compile for sm_90 (see
-tests/backends/triton/test_triton_attention_build.py).  None of this has been timed.
+Tile sizes (``BLOCK_M`` × ``BLOCK_N`` and the warps) have not been tuned:
+they are what compiles for sm_90 (tests/backends/triton/test_triton_attention_build.py);
+BENCHMARKS.md has their times.
 
 The kernels run on CUDA tensors (or CPU tensors under ``TRITON_INTERPRET=1``:
 tests/backends/triton/test_triton_attention.py); head dimensions are padded
