@@ -15,13 +15,6 @@ from ._maps.routing import Route, route
 from ._maps.properties import properties, property_violations
 from .attention import scaled_dot_product_attention
 from . import families, losses, nn
-from . import _moved
-
-_moved.install()
-
-
-def __getattr__(name):  # softk.dispatch, softk.topk, ...: the old module paths, for one release
-    return _moved.attribute(name)
 
 __version__ = "0.1.0"
 

@@ -282,3 +282,48 @@ def unwrapped(t: torch.Tensor) -> torch.Tensor:
     while torch._C._functorch.is_functorch_wrapped_tensor(t):
         t = torch._C._functorch.get_unwrapped(t)
     return t
+
+
+# The loss names every entry point that takes a loss by name reads
+# (fused_linear_loss, nn.FusedLinearLoss, vocab_parallel_loss,
+# vocab_parallel_fused_linear_loss, apply_softk): each is the function of
+# that name in softk.losses, "topk_softmax_ce" its top-k softmax cross-entropy.
+LOSSES = ("cross_entropy", "softmax", "sparsemax", "entmax15", "entmax", "soft_topk", "topk_softmax_ce")
+
+
+def check_loss_options(loss, alpha, k, method) -> None:
+    """``loss`` a name of :data:`LOSSES`, with the options it takes: ``alpha``
+    for "entmax" only, ``k`` for "soft_topk" and "topk_softmax_ce" only, and a
+    smooth top-k ``method``."""
+    from .threshold.families import THRESHOLD_METHODS  # the core's table; imported here, not at the top, to keep this module a leaf
+
+    check_choice(loss, LOSSES, "loss")
+    if loss == "entmax":
+        if alpha is None:
+            raise ValueError("loss='entmax' needs alpha, a float >= 1, got None")
+        check_alpha(alpha, None, -1)
+    elif alpha is not None:
+        raise ValueError(f"alpha applies to loss='entmax' only, got alpha={alpha!r} with loss={loss!r}")
+    if loss not in ("soft_topk", "topk_softmax_ce") and k != 1:
+        raise ValueError(f"k applies to loss='soft_topk' and 'topk_softmax_ce' only, got k={k!r} with loss={loss!r}")
+    check_choice(method, tuple(THRESHOLD_METHODS), "method")
+
+
+def check_chunk_size(chunk_size):
+    """None, or rows per chunk: an int >= 1."""
+    if chunk_size is None:
+        return None
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be None or an int >= 1 (rows per chunk), got {chunk_size!r}")
+    return int(chunk_size)
+
+
+def check_smoothing(label_smoothing) -> float:
+    """A label smoothing in [0, 1], as a float."""
+    if type(label_smoothing) is float and 0.0 <= label_smoothing <= 1.0:  # the common case
+        return label_smoothing
+    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, numbers.Real):
+        raise TypeError(f"label_smoothing must be a float in [0, 1], got {type(label_smoothing).__name__}")
+    if not 0.0 <= float(label_smoothing) <= 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
+    return float(label_smoothing)

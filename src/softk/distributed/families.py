@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import zlib
 
-from .._validate import check_alpha
+from .._validate import LOSSES, check_alpha
 from ..threshold.families import ENTMAX15, SOFTMAX, SPARSE, SPARSEMAX, Family, entmax_by_alpha
 
 MAPS = ("softmax", "sparsemax", "entmax15", "entmax", "sparse", "exp")
-LOSSES = ("cross_entropy", "softmax", "sparsemax", "entmax15", "entmax", "soft_topk", "topk_softmax_ce")
 
 _REFUSED = (
     "{what} is not available vocab-parallel: its map gives every class a positive share, so λ depends "

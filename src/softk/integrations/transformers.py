@@ -68,14 +68,16 @@ import torch
 from torch import nn
 
 from .._validate import check_choice, check_tau
-from ..losses.fused_linear import _check_chunk_size, _check_loss_options, fused_linear_loss
+from .._validate import LOSSES, check_chunk_size, check_loss_options
+from ..losses.fused_linear import fused_linear_loss
 from ..losses.targets import check_ignore_index
 
 __all__ = ["apply_softk", "remove_softk", "softk_loss", "SUPPORTED_LOSSES"]
 
 # The losses of fused_linear_loss that take one class index per token and
 # honour ignore_index ("soft_topk" needs k-hot targets: not a language model's labels).
-SUPPORTED_LOSSES = ("cross_entropy", "softmax", "sparsemax", "entmax15", "entmax", "topk_softmax_ce")
+# every loss name but "soft_topk": a causal LM's labels are one class per token
+SUPPORTED_LOSSES = tuple(name for name in LOSSES if name != "soft_topk")
 _LOSS_OPTIONS = ("alpha", "chunk_size", "ignore_index", "k", "tau")
 # Arguments a causal LM's forward passes on to its loss only (ForCausalLMLoss's keywords).
 _LOSS_ONLY = ("num_items_in_batch", "shift_labels")
@@ -183,10 +185,10 @@ def _check_options(loss, loss_kwargs):
         hint = " (the reduction follows transformers: mean, or sum / num_items_in_batch)" if "reduction" in unknown else ""
         raise TypeError(f"apply_softk got unknown loss option(s) {unknown}; expected some of {list(_LOSS_OPTIONS)}{hint}")
     options = dict(loss_kwargs)
-    _check_loss_options(loss, options.get("alpha"), options.get("k", 1), "exp")
+    check_loss_options(loss, options.get("alpha"), options.get("k", 1), "exp")
     check_tau(options.get("tau", 1.0))
     check_ignore_index(options.get("ignore_index", -100))
-    _check_chunk_size(options.get("chunk_size"))
+    check_chunk_size(options.get("chunk_size"))
     return options
 
 

@@ -6,15 +6,15 @@ All take scores (N, C, d1, ...) with classes on dim 1 (or (C,)), like
 ``torch.nn.functional.cross_entropy``.
 """
 
-from .cross_entropy import cross_entropy
-from .feature_incay import feature_incay
+from ._cross_entropy import cross_entropy
+from ._feature_incay import feature_incay
 from .fenchel_young import fenchel_young_loss
 from .normmax_fy import normmax_loss
 from .margins import cross_entropy_floor, cross_entropy_margin
 from .normface import cosine_logits, normface_loss_bound, normface_min_scale
 from .simplex_losses import entmax15_loss, entmax_loss, softmax_loss, sparsemax_loss
 from .topk_loss import soft_topk_loss
-from .topk_softmax_ce import topk_softmax_cross_entropy
+from ._topk_softmax_ce import topk_softmax_cross_entropy
 
 from .fused_linear import fused_linear_loss
 

@@ -19,12 +19,10 @@ import functools
 
 import torch
 
-from .cross_entropy import cross_entropy
+from ._cross_entropy import cross_entropy
 from .simplex_losses import entmax15_loss, entmax_loss, softmax_loss, sparsemax_loss
 from .topk_loss import soft_topk_loss
-from .topk_softmax_ce import topk_softmax_cross_entropy
-
-LOSSES = ("cross_entropy", "softmax", "sparsemax", "entmax15", "entmax", "soft_topk", "topk_softmax_ce")
+from ._topk_softmax_ce import topk_softmax_cross_entropy
 
 # Below this many logits per chunk (4 Mi elements, 16 MiB in float32) the
 # per-chunk matmuls get so small that their overhead dominates; above it the

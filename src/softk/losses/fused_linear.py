@@ -33,14 +33,11 @@ the PyTorch route otherwise.
 
 from __future__ import annotations
 
-import numbers
-
 import torch
 from torch import Tensor
 
-from .._validate import check_alpha, check_choice, check_input
-from ..threshold.families import THRESHOLD_METHODS
-from .chunking import LOSSES, auto_chunk_size, chunk_loss_fn, chunked_pass
+from .._validate import check_chunk_size, check_input, check_loss_options
+from .chunking import auto_chunk_size, chunk_loss_fn, chunked_pass
 from .targets import check_ignore_index, check_reduction, check_target_tensor
 
 
@@ -112,27 +109,6 @@ def _check_linear(input, weight, bias):
             raise TypeError(f"bias must have input's dtype and device ({input.dtype}, {input.device}), got ({bias.dtype}, {bias.device})")
 
 
-def _check_loss_options(loss, alpha, k, method):
-    check_choice(loss, LOSSES, "loss")
-    if loss == "entmax":
-        if alpha is None:
-            raise ValueError("loss='entmax' needs alpha, a float >= 1, got None")
-        check_alpha(alpha, None, -1)
-    elif alpha is not None:
-        raise ValueError(f"alpha applies to loss='entmax' only, got alpha={alpha!r} with loss={loss!r}")
-    if loss not in ("soft_topk", "topk_softmax_ce") and k != 1:
-        raise ValueError(f"k applies to loss='soft_topk' and 'topk_softmax_ce' only, got k={k!r} with loss={loss!r}")
-    check_choice(method, tuple(THRESHOLD_METHODS), "method")
-
-
-def _check_chunk_size(chunk_size):
-    if chunk_size is None:
-        return None
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be None or an int >= 1 (rows per chunk), got {chunk_size!r}")
-    return int(chunk_size)
-
-
 def fused_linear_loss(
     input: Tensor,
     weight: Tensor,
@@ -186,10 +162,10 @@ def fused_linear_loss(
     True
     """
     _check_linear(input, weight, bias)
-    _check_loss_options(loss, alpha, k, method)
+    check_loss_options(loss, alpha, k, method)
     reduction = check_reduction(reduction)
     ignore_index = check_ignore_index(ignore_index)
-    chunk = _check_chunk_size(chunk_size)
+    chunk = check_chunk_size(chunk_size)
     check_target_tensor(target)
     lead = input.shape[:-1]
     x = input.reshape(-1, input.shape[-1])

@@ -8,7 +8,8 @@ import numbers
 import torch
 from torch import nn
 
-from ..losses.fused_linear import _check_chunk_size, _check_loss_options, fused_linear_loss
+from .._validate import check_chunk_size, check_loss_options
+from ..losses.fused_linear import fused_linear_loss
 from ..losses.targets import check_ignore_index, check_reduction
 from .._validate import check_tau
 
@@ -56,13 +57,13 @@ class FusedLinearLoss(nn.Module):
         for name, v in (("in_features", in_features), ("num_classes", num_classes)):
             if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
-        _check_loss_options(loss, alpha, k, method)
+        check_loss_options(loss, alpha, k, method)
         self.in_features, self.num_classes = int(in_features), int(num_classes)
         self.loss, self.alpha, self.k, self.method = loss, alpha, k, method
         self.tau = check_tau(tau)
         self.ignore_index = check_ignore_index(ignore_index)
         self.reduction = check_reduction(reduction)
-        self.chunk_size = _check_chunk_size(chunk_size)
+        self.chunk_size = check_chunk_size(chunk_size)
         kw = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty(num_classes, in_features, **kw))
         self.bias = nn.Parameter(torch.empty(num_classes, **kw)) if bias else None

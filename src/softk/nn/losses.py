@@ -8,7 +8,7 @@ from torch import nn
 from .. import losses as L
 from .._validate import check_alpha, check_choice, check_k, check_module_k, check_tau
 from ..threshold.families import THRESHOLD_METHODS
-from ..losses.cross_entropy import _check_smoothing
+from .._validate import check_smoothing
 from ..losses.targets import check_ignore_index, check_reduction
 
 
@@ -66,7 +66,7 @@ class CrossEntropyLoss(_ClassLoss):
 
     def __init__(self, weight=None, ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0, tau: float = 1.0):
         super().__init__(ignore_index, reduction, tau)
-        self.label_smoothing = _check_smoothing(label_smoothing)
+        self.label_smoothing = check_smoothing(label_smoothing)
         if weight is not None and not isinstance(weight, torch.Tensor):
             raise TypeError(f"weight must be a 1-D floating tensor or None, got {type(weight).__name__}")
         self.register_buffer("weight", weight)

@@ -12,12 +12,6 @@ from .families import ENTMAX15, EXP, LAPLACE, SIGMOID, SOFTMAX, SPARSE, SPARSEMA
 from .families import Family, entmax_family  # noqa: F401
 from .solve import solve_lambda
 
-
-def __getattr__(name):  # threshold_map moved to softk._contract.op: an alias for one release
-    from .._moved import moved_name
-
-    return moved_name(__name__, name)
-
 __all__ = [
     "Family",
     "EXP",

@@ -21,10 +21,9 @@ their own launch settings (:func:`_config`), chosen from the sweep of
   block's lanes, so a wider block gives a better start and fewer passes:
   :data:`LOOP_BLOCK` weighs that against the rows in flight (the pass
   counts of ``tests/backends/triton/test_triton_passes.py`` hold at it).
-* Backward.  On chip up to :data:`BWD_ONCHIP_MAX` entries in tiles of
-  :data:`BWD_TILE` entries, 4 per thread (16 warps for a 2048 tile; 8 at
-  BLOCK 1024, where 16 warps made ptxas stop at 64 registers and spill);
-  wider rows loop over blocks of :data:`BWD_LOOP_BLOCK` at 32 warps.
+* Backward.  On chip up to :data:`BWD_ONCHIP_MAX` entries, narrow rows in
+  tiles of :data:`BWD_TILE` entries; wider rows loop over blocks of
+  :data:`BWD_LOOP_BLOCK` at 32 warps.
 """
 
 from __future__ import annotations

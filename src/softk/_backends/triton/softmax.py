@@ -10,9 +10,7 @@ slower on narrow ones).
 
 * Rows of at most :data:`SINGLE_MAX` entries are read once: BLOCK is the
   next power of two ≥ n (at least 4); 16,384 entries at 16 warps are 32 per
-  thread.  Compiled for sm_90 (ptxas, bfloat16, every OUT mode and the
-  log_softmax backward at widths 16, 64, 1024, 8192, 16,384 and 16,385),
-  no variant spills registers.  Wider rows loop over blocks of
+  thread.  Wider rows loop over blocks of
   :data:`LOOP_BLOCK` (two reads of x).
 * Narrow rows share a program: ROWS = TILE // BLOCK rows per program
   (at most the row count, rounded up to a power of two), so that a program

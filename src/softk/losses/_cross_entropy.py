@@ -36,14 +36,12 @@ cross-entropy itself.
 
 from __future__ import annotations
 
-import numbers
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 
-from .._validate import require
+from .._validate import check_smoothing, require
 from . import targets as tg
 
 # The kernel under F.cross_entropy (its Python wrapper only maps the reduction
@@ -64,16 +62,6 @@ def _check_weight(weight, n_classes: int, device) -> Tensor:
     weight = weight.to(device)
     require(torch.isfinite(weight), "weight must be finite")  # off the CPU: a device assertion
     return weight
-
-
-def _check_smoothing(label_smoothing) -> float:
-    if type(label_smoothing) is float and 0.0 <= label_smoothing <= 1.0:  # the common case
-        return label_smoothing
-    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, numbers.Real):
-        raise TypeError(f"label_smoothing must be a float in [0, 1], got {type(label_smoothing).__name__}")
-    if not 0.0 <= float(label_smoothing) <= 1.0:
-        raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
-    return float(label_smoothing)
 
 
 def cross_entropy(
@@ -128,7 +116,7 @@ def cross_entropy(
                 raise
     tau, reduction, ignore_index = tg.check_loss_args(input, target, tau, reduction, ignore_index)
     if type(label_smoothing) is not float or not 0.0 <= label_smoothing <= 1.0:
-        label_smoothing = _check_smoothing(label_smoothing)
+        label_smoothing = check_smoothing(label_smoothing)
     shape, dtype = input.shape, input.dtype
     cdim = 0 if len(shape) == 1 else 1
     n_classes = shape[cdim]
