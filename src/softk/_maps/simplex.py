@@ -23,7 +23,7 @@ from .. import _lean
 from .._validate import check_alpha, check_dim, check_input, check_tau
 from ..threshold import ENTMAX15, SOFTMAX, SPARSEMAX
 from ..threshold.families import entmax_by_alpha
-from ..threshold.entmax_alpha import entmax_alpha
+from .._contract.entmax_alpha import entmax_alpha
 from .._contract.op import threshold_map
 from ..threshold.rows import compute_dtype, empty_like_result
 from .simplex_triton_ops import log_softmax_rows, logsumexp_rows, on_triton

@@ -194,7 +194,7 @@ def fenchel_young_rows(x: Tensor, y, index, family: Family, k: int, tau: float) 
     yc = None if y is None else y.to(xc.dtype)
     fn = _FenchelYoungValue if torch.compiler.is_compiling() else _FenchelYoungValueJvp
     if isinstance(family.alpha, Tensor):
-        from ..threshold.entmax_alpha import entmax_alpha
+        from .._contract.entmax_alpha import entmax_alpha
 
         a = family.alpha.to(xc.dtype)
         p = entmax_alpha(xc, a, tau)

@@ -3,7 +3,7 @@
 ``families`` says what each map is, ``solve`` finds λ, ``rows`` holds the row
 prelude and conventions, ``torch_path`` the reference forward and backward
 (``fast_paths``, ``entmax_anchor`` their exact special cases) and
-``entmax_alpha`` the gradient in a tensor α.  Nothing here picks a backend:
+``entmax_alpha`` the map and ∂p/∂α for a tensor α.  Nothing here picks a backend:
 :mod:`softk._backends` runs these maths, and :mod:`softk._contract` is the
 one autograd contract every backend runs under (``threshold_map``).
 """

@@ -11,11 +11,9 @@ z gives (Peters et al. 2019, §3.2; the same expression as the entmax package's
 At α = 1 exactly (softmax) both terms are 0/0; their limit, from a second-order
 expansion in α−1, is  ∂p_i/∂α = p_i (Σ_j p_j log²p_j − log²p_i) / 2.
 
-The autograd contract is the one of :mod:`.op`: a custom op
-``softk::entmax_alpha`` (fake kernel, vmap rule) for the forward, the backward
-as differentiable tensor code (so double backward works), and forward mode
-from the same derivatives (J_x is symmetric; ∂p/∂α is the vector above).  It
-runs on the PyTorch path on every device (the kernels take one α per call).
+This module is the mathematics: p (:func:`entmax_rows`), log f′ through p
+(:func:`entmax_log_d`) and ∂p/∂α (:func:`dp_dalpha`).  Its autograd rule and
+the custom op ``softk::entmax_alpha`` are :mod:`softk._contract.entmax_alpha`'s.
 """
 
 from __future__ import annotations
@@ -23,16 +21,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .. import _lean
 from .families import entmax_family
 from .rows import compute_dtype, row_status
-from .torch_path import vjp_from_log_slope
 from .entmax_anchor import entmax_probs, needs_anchor
 from .fast_paths import solve_on_candidates
 from .solve import solve_probs
 
 
-def _entmax_log_d(p: Tensor, a: Tensor) -> Tensor:
+def entmax_log_d(p: Tensor, a: Tensor) -> Tensor:
     # log f'(u) through p: (2 − α) log p on the support, −inf off it.  Kept in
     # log space: p^(2−α) overflows for small p at large α.
     logp = torch.log(torch.where(p > 0, p, 1.0))
@@ -73,26 +69,8 @@ def entmax_rows(x: Tensor, alpha: Tensor, tau: float) -> Tensor:
     return torch.where(active, p, filled)
 
 
-def _kernel(x: Tensor, alpha: Tensor, tau: float) -> Tensor:
-    return entmax_rows(x, alpha, tau).to(x.dtype)
-
-
-def _entmax_alpha(x: Tensor, alpha: Tensor, tau: float) -> Tensor:
-    """p of α-entmax along the last dimension, α shaped x.shape[:-1] + (1,)."""
-    return _kernel(x, alpha, tau)
-
-
-entmax_alpha_op = None  # softk::entmax_alpha, defined by _library()
-
-
-@_lean.library
-def _library():
-    global entmax_alpha_op
-    entmax_alpha_op = _lean.custom_op("softk::entmax_alpha", _entmax_alpha)
-
-
-def _dp_dalpha(p: Tensor, a: Tensor, logd: Tensor) -> Tensor:
-    """∂p/∂α (module docstring), from the output p, α and log d (d = f′ through p)."""
+def dp_dalpha(p: Tensor, a: Tensor, logd: Tensor) -> Tensor:
+    """∂p/∂α (the module docstring's formula and its α = 1 limit), from the output p, α and log d (d = f′ through p)."""
     logp = torch.log(torch.where(p > 0, p, 1.0))
     plogp = p * logp
     am1 = torch.where(a == 1, 1.0, a - 1)
@@ -101,54 +79,3 @@ def _dp_dalpha(p: Tensor, a: Tensor, logd: Tensor) -> Tensor:
     general = (p - skew) / am1**2 - (plogp - skew * plogp.sum(-1, keepdim=True)) / am1
     limit = 0.5 * p * ((plogp * logp).sum(-1, keepdim=True) - logp**2)
     return torch.where(a == 1, limit, general)
-
-
-class EntmaxAlphaFunction(torch.autograd.Function):
-    """x: (..., n), alpha: (..., 1) (already broadcast and checked), both along the last dim."""
-
-    generate_vmap_rule = True
-
-    @staticmethod
-    def forward(x: Tensor, alpha: Tensor, tau: float) -> Tensor:
-        return entmax_alpha_op(x, alpha, tau)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        _, alpha, tau = inputs
-        ctx.save_for_backward(output, alpha)
-        ctx.save_for_forward(output, alpha)
-        ctx.tau = tau
-
-    @staticmethod
-    def backward(ctx, g: Tensor):
-        out, alpha = ctx.saved_tensors
-        ct = compute_dtype(out.dtype)
-        p, a, g = out.to(ct), alpha.to(ct), g.to(ct)
-        logd = _entmax_log_d(p, a)
-        gx = vjp_from_log_slope(logd, g, ctx.tau).to(out.dtype)
-        ga = None
-        if ctx.needs_input_grad[1]:
-            ga = (g * _dp_dalpha(p, a, logd)).sum(-1, keepdim=True).to(alpha.dtype)
-        return gx, ga, None
-
-
-class EntmaxAlphaFunctionJvp(EntmaxAlphaFunction):
-    @staticmethod
-    def jvp(ctx, vx, va, _):
-        out, alpha = ctx.saved_tensors
-        ct = compute_dtype(out.dtype)
-        p, a = out.to(ct), alpha.to(ct)
-        logd = _entmax_log_d(p, a)
-        t = vjp_from_log_slope(logd, vx.to(ct), ctx.tau) if vx is not None else torch.zeros_like(p)
-        if va is not None:
-            t = t + va.to(ct) * _dp_dalpha(p, a, logd)
-        return t.to(out.dtype)
-
-
-_ROUTES = _lean.Routes(EntmaxAlphaFunctionJvp, _kernel, lambda x, alpha, _: (x, alpha),
-                       compiled=EntmaxAlphaFunction, register=_library)
-
-
-def entmax_alpha(x: Tensor, alpha: Tensor, tau: float) -> Tensor:
-    """The contract on rows (dim last), α shaped x.shape[:-1] + (1,)."""
-    return _ROUTES.apply(x, alpha, tau)
