@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 
 import softk
-from softk.attention import blocks, blockwise, checks, op, scaled_dot_product_attention as sdpa
+from softk._backends.blockwise import blocks, forward as blockwise
+from softk.attention import checks, op, scaled_dot_product_attention as sdpa
 
 from ..oracle import attention as ora
 

@@ -4,7 +4,7 @@ attention weights, at any length.
 
 See :func:`scaled_dot_product_attention`; the routes are described in
 :mod:`softk.attention.op`, the memory-efficient one in
-:mod:`softk.attention.blockwise`.
+:mod:`softk._backends.blockwise`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from .checks import check_call
-from .maps import MAPS
+from ..threshold.attention_maps import MAPS
 from .op import attention as _attention
 
 __all__ = ["scaled_dot_product_attention", "MAPS"]

@@ -30,7 +30,7 @@ from torch import Tensor
 
 from .._validate import FLOAT_DTYPES, require, unwrapped
 from ..threshold.rows import compute_dtype
-from .maps import ENTMAX_ID, MAPS, family_id
+from ..threshold.attention_maps import ENTMAX_ID, MAPS, family_id
 
 
 @dataclass

@@ -8,7 +8,7 @@ The route is chosen once per call from the configured backend
   materialised and softk's maps applied; autograd differentiates it, twice
   too (``gradgradcheck``);
 * ``"blockwise"`` ("native", and "auto" on any device without Triton):
-  :mod:`.blockwise` and :mod:`.blockwise_backward`, blocks of keys;
+  :mod:`softk._backends.blockwise`, blocks of keys;
 * ``"triton"`` ("triton", and "auto" on CUDA): the fused kernels of
   :mod:`softk._backends.triton.attention` (forward and backward verified
   against the float64 oracle in Triton's CPU interpreter; not yet run on a
@@ -39,9 +39,10 @@ from torch import Tensor
 from .._backends import registry as _backend
 from .. import _lean
 from ..threshold.rows import compute_dtype
-from . import blockwise, blockwise_backward, reference
+from .._backends.blockwise import backward as blockwise_backward, forward as blockwise
+from . import reference
 from .checks import Call
-from .maps import ENTMAX_ID
+from ..threshold.attention_maps import ENTMAX_ID
 
 ROUTES = ("reference", "blockwise", "triton")
 

@@ -18,7 +18,7 @@ from torch import Tensor
 from .._maps import simplex
 from ..threshold.rows import compute_dtype
 from .checks import Call
-from .maps import ENTMAX_ID
+from ..threshold.attention_maps import ENTMAX_ID
 
 
 def scores(q: Tensor, k: Tensor, mask, scale: float, causal: bool) -> Tensor:

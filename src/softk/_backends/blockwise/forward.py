@@ -6,7 +6,7 @@ Same interface as the Triton launcher (:mod:`softk._backends.triton.attention`):
 relative to it, so that p_j = f(s_j − m − lam).  It never holds more than
 a block of scores per row at once (``BLOCK`` keys, plus up to ``CAP``
 candidates), for a chunk of queries at a time
-(:func:`softk.attention.blocks.query_chunks`), whatever L and S.
+(:func:`.blocks.query_chunks`), whatever L and S.
 
 **softmax** (id 0): one pass, the online logsumexp: the running maximum m,
 Σ e^{s−m} and Σ e^{s−m} v rescaled whenever m grows; lam = log Σ e^{s−m}.
@@ -36,10 +36,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..threshold.solve import solve_lambda
-from ..threshold.rows import compute_dtype
+from ...threshold.solve import solve_lambda
+from ...threshold.rows import compute_dtype
 from .blocks import NEG_INF, Blocks, query_chunks
-from .maps import SOFTMAX_ID, family, unit_offset
+from ...threshold.attention_maps import SOFTMAX_ID, family, unit_offset
 
 BLOCK = 256  # keys per block of scores
 CAP = 256  # candidates kept per row before the row is solved on whole score rows

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from ..threshold.families import ENTMAX15, SOFTMAX, SPARSEMAX, Family, entmax_family
+from .families import ENTMAX15, SOFTMAX, SPARSEMAX, Family, entmax_family
 
 MAPS = ("softmax", "sparsemax", "entmax15", "entmax")
 SOFTMAX_ID, SPARSEMAX_ID, ENTMAX15_ID, ENTMAX_ID = 0, 1, 2, 3

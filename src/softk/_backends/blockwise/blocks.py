@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..threshold.rows import compute_dtype
+from ...threshold.rows import compute_dtype
 
 NEG_INF = float("-inf")
 

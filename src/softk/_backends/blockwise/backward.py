@@ -24,11 +24,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..threshold.rows import compute_dtype
+from ...threshold.rows import compute_dtype
 from .blocks import NEG_INF, Blocks, query_chunks
-from . import blockwise
-from .blockwise import probs
-from .maps import SOFTMAX_ID, family
+from . import forward as blockwise
+from .forward import probs
+from ...threshold.attention_maps import SOFTMAX_ID, family
 
 
 def _slope(fam: int, a, s: Tensor, m: Tensor, lam: Tensor, p: Tensor) -> Tensor:
