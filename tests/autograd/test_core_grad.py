@@ -163,7 +163,7 @@ def test_half_precision_backward_is_finite_and_close():
 
 def test_potential_keeps_nan_rows_nan_and_ignores_masks():
     from softk.threshold import SIGMOID, SPARSE
-    from softk._contract.potential import potential
+    from softk._ops.potential import potential
 
     x = torch.tensor([[0.0, float("nan"), 1.0], [0.0, 1.0, 2.0], [float("-inf"), 1.0, 2.0]], dtype=torch.float64)
     for fam in (SIGMOID, SPARSE):

@@ -1,4 +1,4 @@
-"""The lean eager route (softk._lean): plain eager calls skip torch.library.
+"""The lean eager route (softk._ops.lean): plain eager calls skip torch.library.
 
 What must hold: in plain eager mode a call runs the backend's kernel
 directly (no custom op is registered or called, neither torch._dynamo nor

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from softk.distributed import threshold as T
 from softk.threshold import ENTMAX15, SOFTMAX, SPARSE, SPARSEMAX, entmax_family
 from softk.threshold.torch_path import forward as threshold_forward
-from softk._contract.potential import value_at
+from softk._ops.potential import value_at
 
 D = torch.float64
 

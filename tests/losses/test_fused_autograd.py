@@ -15,7 +15,7 @@ from torch.overrides import TorchFunctionMode
 from torch.profiler import ProfilerActivity, profile
 
 import softk
-import softk._contract.op
+import softk._ops.op
 from softk.losses import targets as tg
 from softk.losses.fenchel_young import fenchel_young_loss
 
@@ -90,7 +90,7 @@ def test_create_graph_gives_the_map_jacobian_as_hessian(rng, label):
         (g,) = torch.autograd.grad(fenchel_young_loss(x, t, fam, tau=tau), x, create_graph=True)
         hess = torch.stack([torch.autograd.grad(g[i], x, retain_graph=True)[0] for i in range(6)])
         jac = torch.autograd.functional.jacobian(
-            lambda v: softk._contract.op.threshold_map(v, fam, 1, 0, tau), x.detach())
+            lambda v: softk._ops.op.threshold_map(v, fam, 1, 0, tau), x.detach())
     np.testing.assert_allclose(g.detach().numpy(), p_oracle(label, xn[None], 1, tau)[0] / tau - np.eye(6)[4] / tau,
                                atol=1e-12)
     np.testing.assert_allclose(hess.numpy(), jac.numpy() / tau, rtol=0, atol=1e-12)
@@ -224,7 +224,7 @@ def test_eager_losses_import_neither_dynamo_nor_triton():
     import subprocess
     import sys
 
-    if not hasattr(softk._contract.op, "_ROUTES"):
+    if not hasattr(softk._ops.op, "_ROUTES"):
         pytest.skip("the maps' op layer here registers torch.library ops on first use (before the lean route)")
     code = (
         "import sys, torch, softk\n"

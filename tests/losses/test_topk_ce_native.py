@@ -130,7 +130,7 @@ def test_reductions_ignore_index_and_k_equal_c(rng):
         topk_ce(x, torch.tensor([0, 1, 2, 3, 9, 5, 6]), 3)
 
 
-def test_autograd_contract(rng):
+def test_autograd_ops(rng):
     x = torch.tensor(rng.normal(size=(3, 8)) * 2, requires_grad=True)
     t = torch.tensor([1, 7, -100])
     v = torch.tensor(rng.normal(size=(3, 8)))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import softk
-from softk._contract.op import threshold_map
+from softk._ops.op import threshold_map
 from softk.threshold import EXP
 
 from ..oracle import maps as oracle, topk as ref

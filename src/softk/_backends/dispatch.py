@@ -4,7 +4,7 @@ Every public map, loss and potential reaches λ through :func:`resolve`, which
 turns the configured backend (:mod:`softk._backends.registry`: ``"auto"``, ``"torch"``,
 ``"native"`` or ``"triton"``) and the input (device, dtype) into the concrete
 backend that runs this call.  The name is recorded by the autograd contract
-(:mod:`softk._contract.op`) so that the backward runs where the forward ran.
+(:mod:`softk._ops.op`) so that the backward runs where the forward ran.
 
 Each backend implements the same two functions on *rows* (the map's
 dimension last, any leading shape):

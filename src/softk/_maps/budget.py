@@ -24,7 +24,7 @@ from torch import Tensor
 
 from .._validate import check_dim, check_input, check_tau, per_row, require, unwrapped
 from ..threshold.families import SPARSE
-from .._contract.op import threshold_map
+from .._ops.op import threshold_map
 from ..threshold.rows import compute_dtype
 
 __all__ = ["budget_sparsemax"]

@@ -60,7 +60,7 @@ import math
 import torch
 from torch import Tensor
 
-from .. import _lean
+from .._ops import lean as _lean
 from .gradtopk_scan import solve_scan
 from .gradtopk_tree import solve_tree
 from ..threshold.rows import row_status

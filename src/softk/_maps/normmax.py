@@ -43,7 +43,7 @@ import numbers
 import torch
 from torch import Tensor
 
-from .. import _lean
+from .._ops import lean as _lean
 from .._validate import check_dim, check_input, check_tau, per_row, require, unwrapped
 from ..threshold.families import entmax_by_alpha, entmax_family
 from ..threshold.rows import compute_dtype, finite_max, row_status

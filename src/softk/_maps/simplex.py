@@ -19,14 +19,14 @@ import math
 import torch
 from torch import Tensor
 
-from .. import _lean
+from .._ops import lean as _lean
 from .._validate import check_alpha, check_dim, check_input, check_tau
 from ..threshold import ENTMAX15, SOFTMAX, SPARSEMAX
 from ..threshold.families import entmax_by_alpha
-from .._contract.entmax_alpha import entmax_alpha
-from .._contract.op import threshold_map
+from .._ops.entmax_alpha import entmax_alpha
+from .._ops.op import threshold_map
 from ..threshold.rows import compute_dtype, empty_like_result
-from .simplex_triton_ops import log_softmax_rows, logsumexp_rows, on_triton
+from .._ops.softmax_triton import log_softmax_rows, logsumexp_rows, on_triton
 
 
 def _prepare(x, dim, tau):

@@ -40,7 +40,7 @@ from .._validate import check_topk_args
 from .gradtopk import gradtopk
 from .iterative import su_iterative, weighted
 from ..threshold import THRESHOLD_METHODS
-from .._contract.op import threshold_map
+from .._ops.op import threshold_map
 
 
 def _threshold(family):

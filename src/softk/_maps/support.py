@@ -14,7 +14,7 @@ from torch import Tensor
 
 from .._validate import check_alpha, check_choice, check_dim, check_input, check_k, check_tau
 from ..threshold.families import THRESHOLD_METHODS, by_name
-from .._contract.op import threshold_map
+from .._ops.op import threshold_map
 from ..threshold.rows import compute_dtype, row_status, scaled_rows
 from ..threshold.solve import lambda_reference, solve_relative
 

@@ -1,6 +1,6 @@
 r"""Smooth sum of the k largest entries, whose gradient is ``soft_topk``.
 
-Threshold methods use the potential of :mod:`softk._contract.potential`,
+Threshold methods use the potential of :mod:`softk._ops.potential`,
 
 .. math:: \Phi(z) = \max_{p \in C_k} \langle z, p\rangle - \Omega(p), \qquad
           \Omega(p) = \sum_i \psi(p_i),
@@ -29,7 +29,7 @@ from torch import Tensor
 from .._validate import check_topk_args
 from .gradtopk import log_ek
 from ..threshold import THRESHOLD_METHODS
-from .._contract.potential import potential
+from .._ops.potential import potential
 from ..threshold.rows import compute_dtype
 
 SUM_METHODS = tuple(THRESHOLD_METHODS) + ("grad",)
@@ -45,7 +45,7 @@ def topk_sum(
     .. math:: \mathrm{topk\_sum}(x) = \tau \max_{0 \le p \le 1,\ \sum p = k}
               \Bigl(\langle x/\tau, p\rangle - \sum_i [\psi(p_i) - \psi(1)\,p_i]\Bigr)
 
-    (the potential Φ of :mod:`softk._contract.potential` plus τψ(1)k, so the
+    (the potential Φ of :mod:`softk._ops.potential` plus τψ(1)k, so the
     regulariser is 0 on k-hot masks); for "grad" it is
     τ·log Σ_{|S|=k} exp(Σ_{i∈S} x_i/τ).  In every case the gradient with
     respect to x is ``soft_topk(x, k, dim, tau, method)``, the value is at

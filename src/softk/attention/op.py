@@ -17,7 +17,7 @@ The route is chosen once per call from the configured backend
 The last two share one interface, ``attention_forward`` → (out, m, lam) and
 ``attention_backward`` → (dq, dk, dv, dα), and one autograd contract:
 
-* plain eager calls (:func:`softk._lean.eager`) run the kernels directly,
+* plain eager calls (:func:`softk._ops.lean.eager`) run the kernels directly,
   under an old-style ``torch.autograd.Function`` only when autograd can see
   the result;
 * everything else (``torch.compile``, ``torch.func``, subclasses, modes)
@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from .._backends import registry as _backend
-from .. import _lean
+from .._ops import lean as _lean
 from ..threshold.rows import compute_dtype
 from .._backends.blockwise import backward as blockwise_backward, forward as blockwise
 from . import reference

@@ -48,7 +48,7 @@ from torch import Tensor
 from ..threshold.families import Family
 from ..threshold.rows import row_status
 from ..threshold.torch_path import forward as threshold_forward
-from .._contract.potential import value_at
+from .._ops.potential import value_at
 from ..threshold.solve import solve_lambda
 
 NEG_INF = float("-inf")

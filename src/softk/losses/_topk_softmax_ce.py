@@ -25,7 +25,7 @@ from torch import Tensor
 from torch.autograd import forward_ad
 
 from .._backends import registry as _backend
-from .. import _lean
+from .._ops import lean as _lean
 from .._validate import check_k
 from .._backends.native.loss import BadTarget
 from ..threshold.rows import compute_dtype
@@ -124,7 +124,7 @@ def _native(z: Tensor, target: Tensor, k: int, tau: float, reduction: str, ignor
 
 class _FusedTopkCE(torch.autograd.Function):
     """The compiled kernel's loss, its saved gradient scaled by the backward
-    (old style: eager calls only, see :mod:`softk._lean`)."""
+    (old style: eager calls only, see :mod:`softk._ops.lean`)."""
 
     @staticmethod
     def forward(ctx, z, target, k, tau, reduction, ignore_index):

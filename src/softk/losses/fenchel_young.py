@@ -1,7 +1,7 @@
 r"""The one Fenchel–Young loss from which every named loss here is derived.
 
 For a threshold map p(z) = argmax_{p ∈ C_k} ⟨z, p⟩ − Ω(p) with potential
-Φ(z) = ⟨z, p(z)⟩ − Ω(p(z)) (:mod:`softk._contract.potential`) and
+Φ(z) = ⟨z, p(z)⟩ − Ω(p(z)) (:mod:`softk._ops.potential`) and
 Ω(y) = Σ_i ψ(y_i) from the map's :class:`~softk.threshold.Family`,
 
 .. math:: L(z; y) = \Phi(z) + \Omega(y) - \langle z, y\rangle \;\ge 0, \qquad
@@ -13,7 +13,7 @@ With a temperature, z = x/τ and the gradient with respect to x is (p − y)/τ,
 exactly as for ``cross_entropy(x / tau, ...)``.
 
 The map's output p comes from its own autograd contract
-(:mod:`softk._contract.op`, through the one dispatch) and enters the value as
+(:mod:`softk._ops.op`, through the one dispatch) and enters the value as
 an input whose partial derivative is 0 (p maximises ⟨z, p⟩ − Ω(p): the
 envelope theorem).  So the gradient is p − y with no second solve, and its
 derivative, the Hessian, is the map's Jacobian (double backward, ``hessian``).
@@ -44,13 +44,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .. import _lean
+from .._ops import lean as _lean
 from .._backends import dispatch
 from .._validate import check_k_rows
 from .._backends.native.loss import BadTarget
 from ..threshold.families import SOFTMAX, Family
-from .._contract.op import apply_rows
-from .._contract.potential import value_at
+from .._ops.op import apply_rows
+from .._ops.potential import value_at
 from ..threshold.rows import compute_dtype, finite_max
 from . import targets as tg
 from .fused_op import fused_backend, fused_fenchel_young
@@ -194,7 +194,7 @@ def fenchel_young_rows(x: Tensor, y, index, family: Family, k: int, tau: float) 
     yc = None if y is None else y.to(xc.dtype)
     fn = _FenchelYoungValue if torch.compiler.is_compiling() else _FenchelYoungValueJvp
     if isinstance(family.alpha, Tensor):
-        from .._contract.entmax_alpha import entmax_alpha
+        from .._ops.entmax_alpha import entmax_alpha
 
         a = family.alpha.to(xc.dtype)
         p = entmax_alpha(xc, a, tau)

@@ -9,15 +9,15 @@ the input's dtype; the backward only multiplies it by the incoming gradient
 (nothing at all on the CPU when that is 1).  What PyTorch expects of it, and
 how it is met:
 
-* plain eager calls (:func:`softk._lean.eager`): the kernel alone when
+* plain eager calls (:func:`softk._ops.lean.eager`): the kernel alone when
   autograd cannot see the result, else an old-style autograd.Function
-  around it (:class:`softk._lean.Routes`), never the torch.library layer;
+  around it (:class:`softk._ops.lean.Routes`), never the torch.library layer;
 * ``torch.compile(fullgraph=True)``: the kernel launch is inside the custom
   op ``softk::fenchel_young_fused`` (registered on first use, with a fake
   kernel), so Dynamo sees one opaque node;
 * double backward (``create_graph=True``): the backward recomputes the
   gradient through the unfused differentiable route (p from the map's own
-  contract, :func:`softk._contract.op.apply_rows`), so second derivatives
+  contract, :func:`softk._ops.op.apply_rows`), so second derivatives
   are exact, not derivatives of the saved buffer;
 * forward mode (``torch.autograd.forward_ad``): the tangent is ⟨G, v⟩ per
   row (G the saved gradient, which is then always written);
@@ -37,11 +37,11 @@ import torch
 from torch import Tensor
 from torch.autograd import forward_ad
 
-from .. import _lean
+from .._ops import lean as _lean
 from .._backends import dispatch
 from .._backends.native import loss as native_loss
 from ..threshold.families import Family
-from .._contract.family_keys import family_by_key, family_key
+from .._ops.family_keys import family_by_key, family_key
 from ..threshold.rows import compute_dtype, scaled_rows
 from .targets import sum_tolerance
 
@@ -171,7 +171,7 @@ def _library():
 def recomputed_grad(x, target, k_rows, family, k, tau, reduction, ignore_index, backend) -> Tensor:
     """s·(p − y) as differentiable tensor code through the map's contract
     (double backward: its derivative is the map's Jacobian)."""
-    from .._contract.op import apply_rows
+    from .._ops.op import apply_rows
 
     xc = x.to(compute_dtype(x.dtype))
     p = apply_rows(xc, family, k if k_rows is None else k_rows.to(xc.dtype), tau, backend)
@@ -248,7 +248,7 @@ def fused_fenchel_young(x: Tensor, target: Tensor, family: Family, k, tau: float
     ``target`` is dense (x's shape) or class indices (x's shape without the
     last dimension; ``ignore_index`` marks ignored rows); ``k`` an int or
     one integral k per row (shaped x.shape[:-1] + (1,)).  ``eager``: the
-    caller's :func:`softk._lean.eager` of these tensors, when it has it.  On
+    caller's :func:`softk._ops.lean.eager` of these tensors, when it has it.  On
     the eager CPU route the kernel checks the target and raises
     :class:`softk._backends.native.loss.BadTarget`; elsewhere the caller has checked it."""
     k_rows = k if isinstance(k, Tensor) else None

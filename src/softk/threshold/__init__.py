@@ -4,7 +4,7 @@
 prelude and conventions, ``torch_path`` the reference forward and backward
 (``fast_paths``, ``entmax_anchor`` their exact special cases) and
 ``entmax_alpha`` the map and ∂p/∂α for a tensor α.  Nothing here picks a backend:
-:mod:`softk._backends` runs these maths, and :mod:`softk._contract` is the
+:mod:`softk._backends` runs these maths, and :mod:`softk._ops` is the
 one autograd contract every backend runs under (``threshold_map``).
 """
 

@@ -13,7 +13,7 @@ expansion in α−1, is  ∂p_i/∂α = p_i (Σ_j p_j log²p_j − log²p_i) / 2
 
 This module is the mathematics: p (:func:`entmax_rows`), log f′ through p
 (:func:`entmax_log_d`) and ∂p/∂α (:func:`dp_dalpha`).  Its autograd rule and
-the custom op ``softk::entmax_alpha`` are :mod:`softk._contract.entmax_alpha`'s.
+the custom op ``softk::entmax_alpha`` are :mod:`softk._ops.entmax_alpha`'s.
 """
 
 from __future__ import annotations

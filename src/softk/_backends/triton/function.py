@@ -1,7 +1,7 @@
 """Launchers for the Triton kernels, on contiguous (rows, n) tensors.
 
 :class:`softk._backends.dispatch.TritonBackend` calls them inside the custom ops of
-:mod:`softk._contract.op`, which hold the one autograd contract.
+:mod:`softk._ops.op`, which hold the one autograd contract.
 
 The forward (the λ search) and the backward (one streaming pass) have
 their own launch settings (:func:`_config`), chosen from the sweep of

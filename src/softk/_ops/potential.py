@@ -16,7 +16,7 @@ gradient with respect to x is the map p(x/τ).  It is the building block of
 :func:`value_at` the same way.
 
 Autograd (the envelope theorem): the value takes p as an input computed by the
-map's own autograd contract (:mod:`softk._contract.op`) and declares ∂Φ/∂p = 0
+map's own autograd contract (:mod:`softk._ops.op`) and declares ∂Φ/∂p = 0
 (p is the maximiser), so the gradient is p and its derivative, the Hessian, is
 the map's Jacobian.
 """

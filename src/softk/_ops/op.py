@@ -7,7 +7,7 @@ travels with the call, so the backward runs where the forward ran.
 What PyTorch expects of a library op, and how it is met:
 
 * eager calls cost what a torch op costs: a plain tensor in plain eager mode
-  (:func:`softk._lean.eager`) runs the backend's kernel directly, under an
+  (:func:`softk._ops.lean.eager`) runs the backend's kernel directly, under an
   old-style autograd.Function only when autograd can see the result, and
   never enters torch.library (whose per-call layers cost more than a small
   map, and whose first call imports torch._dynamo and triton);
@@ -35,7 +35,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .. import _lean
+from . import lean as _lean
 from .._backends import dispatch
 from ..threshold.families import Family
 from .family_keys import family_by_key, family_key

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .. import _lean
+from . import lean as _lean
 from .._backends import dispatch
 from .family_keys import family_by_key, family_key
 from ..threshold.rows import compute_dtype, scaled_rows

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .. import _lean
+from . import lean as _lean
 from ..threshold.entmax_alpha import dp_dalpha, entmax_log_d, entmax_rows
 from ..threshold.rows import compute_dtype
 from ..threshold.torch_path import vjp_from_log_slope

@@ -4,7 +4,8 @@ Where dispatch picks "triton" (a CUDA tensor, or the interpreter), the two
 run the kernels under the autograd functions below: directly in plain eager
 mode, and through custom ops (fake kernels, so torch.compile(fullgraph=True)
 sees one opaque node per direction; vmap rules: the ops act on the last
-dimension, so a batch dimension leads) otherwise (:mod:`softk._lean`).  :mod:`softk._maps.simplex` calls :func:`on_triton`, :func:`log_softmax_rows`
+dimension, so a batch dimension leads) otherwise (:mod:`.lean`).
+:mod:`softk._maps.simplex` calls :func:`on_triton`, :func:`log_softmax_rows`
 and :func:`logsumexp_rows`; everywhere else it keeps its tensor code.
 """
 
@@ -13,10 +14,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .. import _lean
+from . import lean as _lean
 from .._backends import dispatch
 from ..threshold import SOFTMAX
-from .._contract.op import threshold_map
+from .op import threshold_map
 
 
 def _rows(x: Tensor) -> Tensor:
@@ -74,7 +75,7 @@ def _softmax_rows(x: Tensor, tau: float) -> Tensor:
     return threshold_map(x, SOFTMAX, 1, -1, tau)
 
 
-# The autograd functions (as in softk._contract.op): the kernels' backward
+# The autograd functions (as in softk._ops.op): the kernels' backward
 # when no graph is being built, tensor code when one is (exact double
 # backward); forward mode through jvp (J v = (v − Σ p v)/τ for log p, Σ p v
 # for the smooth max); vmap rules generated from the custom ops' rules.
