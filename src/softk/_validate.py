@@ -327,3 +327,21 @@ def check_smoothing(label_smoothing) -> float:
     if not 0.0 <= float(label_smoothing) <= 1.0:
         raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
     return float(label_smoothing)
+
+
+_EPS = {dt: torch.finfo(dt).eps for dt in (torch.float32, torch.float64, torch.float16, torch.bfloat16)}
+
+
+def sum_tolerance(k, n: int, dtype: torch.dtype):
+    """How far a target row's sum may be from k: rounding only.
+
+    A row normalised in its own dtype is off by at most ~n/2 ulps, and a map's
+    own output (λ solved to a few ulps, e.g. by Newton) by far less than
+    sqrt(eps).  The floor is float32's rounding, n ulps of it: a target
+    normalised in float32 and then cast to float64 (the usual way a float64
+    model gets its labels) is off by float32 rounding, not float64's.  A
+    multi-hot row that was not normalised is off by at least 1, and one
+    normalised over the wrong dimension by far more than n·2⁻²³ for any n
+    below millions."""
+    eps = _EPS.get(dtype) or torch.finfo(dtype).eps
+    return k * max(eps**0.5, 2 * n * eps, n * _EPS[torch.float32])

@@ -1,4 +1,4 @@
-"""The fused Fenchel–Young loss on the CPU (softk.losses.fused_op with the
+"""The fused Fenchel–Young loss on the CPU (softk._ops.fused_loss with the
 native kernels) beyond its values: the eager route reaches the kernel and
 runs no elementwise torch pass over the scores; gradcheck/gradgradcheck in
 float64; create_graph gives the map's Jacobian as the Hessian; forward-mode

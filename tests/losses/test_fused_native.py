@@ -1,5 +1,5 @@
 """The fused Fenchel–Young loss on the CPU's compiled kernels
-(softk._backends.native.loss through softk.losses.fused_op): loss values and gradients
+(softk._backends.native.loss through softk._ops.fused_loss): loss values and gradients
 against the NumPy float64 oracle for every family the kernels serve × class
 index / dense / multi-hot targets with one k per row × the reductions × the
 float dtypes, with ignore_index, ties, −inf masks, fully masked rows, NaN and

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .._validate import check_input, check_k, check_tau
+from .._validate import check_input, check_k, check_tau, sum_tolerance
 from ..losses import targets as tg
 from ..threshold.rows import compute_dtype
 from .checks import exchange, resolve_group
@@ -201,7 +201,7 @@ def vocab_parallel_loss(
         fwd = distributed_forward(family, z, k, group, rank, world, **extra)
         if dense:
             ysum = fwd.sum_extra[:, 1]
-            tol = tg.sum_tolerance(k, agreed.vocab, target.dtype)
+            tol = sum_tolerance(k, agreed.vocab, target.dtype)
             if bool(((ysum - k).abs() > tol).any()):
                 raise ValueError(
                     f"target row sums over the whole vocabulary lie in [{float(ysum.min()):.6g}, {float(ysum.max()):.6g}]; "

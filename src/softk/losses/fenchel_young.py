@@ -21,11 +21,11 @@ For a class-index target y = e_t the loss is Φ(z) − z_t + ψ(1) (ψ(0) = 0 fo
 every family), so no one-hot tensor is built.
 
 Where the dispatch picks the compiled CPU kernels ("native") or Triton and
-the family has a fused kernel there (:func:`softk.losses.fused_op.fused_backend`:
+the family has a fused kernel there (:func:`softk._ops.fused_loss.fused_backend`:
 softmax, sparsemax, entmax15, entmax with 1 < α ≤ 2 and soft top-k "exp" on
 the CPU, every family with a float α on Triton) with an int k (on the CPU
 also one integral k per row, e.g. multi-hot targets), the fused route
-serves the call instead (:mod:`softk.losses.fused_op`): one kernel per row
+serves the call instead (:mod:`softk._ops.fused_loss`): one kernel per row
 finds λ as the map's forward does and writes the loss and the gradient of
 the reduced loss in the input's dtype, which the backward only scales
 (double backward recomputes through the map's contract, so it stays
@@ -53,7 +53,7 @@ from .._ops.op import apply_rows
 from .._ops.potential import value_at
 from ..threshold.rows import compute_dtype, finite_max
 from . import targets as tg
-from .fused_op import fused_backend, fused_fenchel_young
+from .._ops.fused_loss import fused_backend, fused_fenchel_young
 
 
 def _diff(p: Tensor, y, index) -> Tensor:

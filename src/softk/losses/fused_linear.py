@@ -25,7 +25,7 @@ Reductions:
 
 The chunk loss is the public loss function itself, so each chunk takes the
 route that loss takes on the chunk's logits: the fused loss kernels
-(:mod:`softk.losses.fused_op`: one pass per row writes the loss and its
+(:mod:`softk._ops.fused_loss`: one pass per row writes the loss and its
 gradient) on the CPU's compiled kernels and on Triton where softk has them
 (see :mod:`softk._backends.registry`), torch's own cross-entropy for "cross_entropy",
 the PyTorch route otherwise.

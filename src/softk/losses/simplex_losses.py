@@ -11,7 +11,7 @@ outputs y, with gradient (p − y)/τ.  With a one-hot target e_t:
 
 On the CPU's compiled kernels and on Triton each of these takes the fused
 loss kernel (one pass per row writes L and its gradient, see
-:mod:`softk.losses.fused_op`); see :func:`fenchel_young_loss` for what falls
+:mod:`softk._ops.fused_loss`); see :func:`fenchel_young_loss` for what falls
 back to the unfused route.
 
 Targets: class indices, or a float tensor shaped like ``input`` whose rows are
@@ -107,7 +107,7 @@ def entmax_loss(
     ∂L/∂α = ∂Ω_α(y)/∂α − ∂Ω_α(p)/∂α (the envelope theorem), so α can be
     learnt with the loss (it runs on the PyTorch path).  Other α solve the map by safeguarded Newton to
     the working precision.  On the CPU's compiled kernels a float 1 < α ≤ 2 takes the fused loss
-    kernel (:mod:`softk.losses.fused_op`); α > 2 and a tensor α take the unfused route.
+    kernel (:mod:`softk._ops.fused_loss`); α > 2 and a tensor α take the unfused route.
     {args}
     >>> import torch
     >>> x, t = torch.tensor([[0.0, 0.5, 2.0]]), torch.tensor([1])

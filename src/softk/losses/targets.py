@@ -17,7 +17,7 @@ Checks on *values* (a class index in range, a row in the map's domain) follow
 one convention, so that no call waits for a device in the hot path:
 
 * on CPU tensors they raise softk's ValueError, before any arithmetic, or,
-  on the fused CPU route (:mod:`softk.losses.fused_op`), from the kernel's
+  on the fused CPU route (:mod:`softk._ops.fused_loss`), from the kernel's
   own pass over the target (the message is then built by the same checks);
   :func:`softk.losses.cross_entropy` leaves the class indices to torch's
   kernel and turns its IndexError into the same message;
@@ -35,7 +35,7 @@ import numbers
 import torch
 from torch import Tensor
 
-from .._validate import check_input, check_tau, require, unwrapped
+from .._validate import check_input, check_tau, require, sum_tolerance, unwrapped
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -64,7 +64,6 @@ def check_ignore_index(ignore_index) -> int:
 ACCEPTS = ("index or distribution", "index", "distribution")
 _ORDINARY = frozenset((torch.int64, torch.int32, torch.float32, torch.float64, torch.float16, torch.bfloat16))
 _INF = float("inf")
-_EPS = {dt: torch.finfo(dt).eps for dt in (torch.float32, torch.float64, torch.float16, torch.bfloat16)}
 _FLOATS = frozenset((torch.float32, torch.float64, torch.float16, torch.bfloat16))
 
 
@@ -251,21 +250,6 @@ def distribution_target(
     require((sums - k).abs() <= tol,
             lambda: _sum_message(sums, _k_text(k), n, cdim, name, capped))
     return target
-
-
-def sum_tolerance(k, n: int, dtype: torch.dtype):
-    """How far a target row's sum may be from k: rounding only.
-
-    A row normalised in its own dtype is off by at most ~n/2 ulps, and a map's
-    own output (λ solved to a few ulps, e.g. by Newton) by far less than
-    sqrt(eps).  The floor is float32's rounding, n ulps of it: a target
-    normalised in float32 and then cast to float64 (the usual way a float64
-    model gets its labels) is off by float32 rounding, not float64's.  A
-    multi-hot row that was not normalised is off by at least 1, and one
-    normalised over the wrong dimension by far more than n·2⁻²³ for any n
-    below millions."""
-    eps = _EPS.get(dtype) or torch.finfo(dtype).eps
-    return k * max(eps**0.5, 2 * n * eps, n * _EPS[torch.float32])
 
 
 def _k_text(k):

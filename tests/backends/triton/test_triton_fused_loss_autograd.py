@@ -1,4 +1,4 @@
-"""The fused Fenchel–Young loss on Triton (softk.losses.fused_op) beyond its values:
+"""The fused Fenchel–Young loss on Triton (softk._ops.fused_loss) beyond its values:
 that the public losses reach the kernel and keep a half input half (no
 float32 tensor of its size), double backward against the torch route in
 float64, forward AD and torch.func, torch.compile(fullgraph=True), and a
@@ -14,7 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import softk
 from softk.losses.fenchel_young import fenchel_young_loss
 from ...oracle import maps as oracle
-from softk.losses import fused_op
+from softk._ops import fused_loss as fused_op
 from .test_triton_fused_loss import FAMS, _assert_close, _oracle_rows, _rows
 
 fused_op._library()  # registers softk::fenchel_young_fused (done on first use otherwise)

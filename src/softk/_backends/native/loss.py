@@ -9,7 +9,7 @@ forward's to the bit), then in one pass writes the loss
 and the gradient s·(p − y) (s = 1/τ, times 1/#kept rows for the mean), in
 z's dtype.  The target is checked on the way (class indices in range, dense
 rows in the map's domain); a bad one comes back as a status for the caller
-to explain (:func:`softk.losses.fused_op`).  Rows are split between OpenMP
+to explain (:func:`softk._ops.fused_loss`).  Rows are split between OpenMP
 threads as in the forward.
 
 >>> import torch

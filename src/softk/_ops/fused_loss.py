@@ -37,13 +37,13 @@ import torch
 from torch import Tensor
 from torch.autograd import forward_ad
 
-from .._ops import lean as _lean
+from . import lean as _lean
 from .._backends import dispatch
 from .._backends.native import loss as native_loss
 from ..threshold.families import Family
-from .._ops.family_keys import family_by_key, family_key
+from .family_keys import family_by_key, family_key
 from ..threshold.rows import compute_dtype, scaled_rows
-from .targets import sum_tolerance
+from .._validate import sum_tolerance
 
 _HALF = (torch.float16, torch.bfloat16)
 _NO_GRAD = torch.empty(0)  # the gradient output when none is wanted (the lean route only; see _op_kernel)
@@ -171,7 +171,7 @@ def _library():
 def recomputed_grad(x, target, k_rows, family, k, tau, reduction, ignore_index, backend) -> Tensor:
     """s·(p − y) as differentiable tensor code through the map's contract
     (double backward: its derivative is the map's Jacobian)."""
-    from .._ops.op import apply_rows
+    from .op import apply_rows
 
     xc = x.to(compute_dtype(x.dtype))
     p = apply_rows(xc, family, k if k_rows is None else k_rows.to(xc.dtype), tau, backend)
