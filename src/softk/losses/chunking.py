@@ -1,23 +1,19 @@
 r"""The per-chunk pieces of :func:`softk.losses.fused_linear_loss`.
 
 * :func:`auto_chunk_size`: how many rows of logits to hold at once;
-* :func:`chunk_loss_fn`: the public loss named by ``loss``, per row;
-* :func:`chunked_pass`: logits = X_c Wᵀ + b one chunk of rows at a time, the
-  per-row loss, and (optionally) the gradients G = ∂(Σ_i w_i L_i)/∂logits
-  pushed straight into grad_X = G W, grad_W += Gᵀ X_c, grad_b += Σ_rows G,
-  so no more than one chunk's (rows × V) logits ever exist.
+* :func:`chunk_loss_fn`: the public loss named by ``loss``, per row.
 
-The gradient of each chunk comes from the public loss itself
-(``torch.autograd.grad`` on the chunk's logits), so the chunk runs on whatever
-backend that loss dispatches to (compiled CPU kernels, Triton on CUDA, or the
-PyTorch reference); for the Fenchel–Young losses it is (p − y)/τ.
+The pass over the chunks and its autograd rule are
+:mod:`softk._ops.fused_linear`'s.  The gradient of each chunk comes from the
+public loss itself (``torch.autograd.grad`` on the chunk's logits), so the
+chunk runs on whatever backend that loss dispatches to (compiled CPU
+kernels, Triton on CUDA, or the PyTorch reference); for the Fenchel–Young
+losses it is (p − y)/τ.
 """
 
 from __future__ import annotations
 
 import functools
-
-import torch
 
 from ._cross_entropy import cross_entropy
 from .simplex_losses import entmax15_loss, entmax_loss, softmax_loss, sparsemax_loss
@@ -80,53 +76,3 @@ def chunk_loss_fn(loss: str, *, alpha, k: int, method: str, tau: float, ignore_i
 
 def _call_ce(z, t, ignore_index, tau):
     return cross_entropy(z, t, ignore_index=ignore_index, reduction="none", tau=tau)
-
-
-def chunked_pass(x, weight, bias, target, fn, chunk: int, row_weight, grads):
-    """One pass over the rows of ``x`` (M, H) in chunks of ``chunk`` rows.
-
-    Returns ``(loss (M,), grad_x, grad_w, grad_b)`` with the per-row losses in
-    float32 (float64 for float64 input) and the gradients of Σ_i w_i L_i
-    (``row_weight`` w (M,), or all ones when None) for the entries of
-    ``grads = (want_x, want_w, want_b)``, None for the others.  Weight and bias
-    gradients are accumulated in float32 for half inputs.  On a GPU each
-    chunk's weight-gradient product Gᵀ X runs in the inputs' half precision
-    (tensor cores, float32 accumulation inside the product, rounded once to
-    the inputs' dtype before it is added); on the CPU it runs in float32.
-    """
-    m = x.shape[0]
-    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-    losses = torch.empty(m, dtype=acc, device=x.device)
-    want_x, want_w, want_b = grads
-    any_grad = want_x or want_w or want_b
-    gx = torch.empty_like(x) if want_x else None
-    gw = torch.zeros(weight.shape, dtype=acc, device=x.device) if want_w else None
-    gb = torch.zeros(weight.shape[0], dtype=acc, device=x.device) if want_b else None
-    wt = weight.t()
-    half_product = acc == torch.float32 and x.dtype != torch.float32 and x.device.type != "cpu"
-    for s in range(0, m, chunk):
-        e = min(s + chunk, m)
-        xc = x[s:e]
-        with torch.no_grad():
-            logits = xc @ wt if bias is None else torch.addmm(bias, xc, wt)
-        with torch.enable_grad():
-            logits.requires_grad_(any_grad)
-            lrow = fn(logits, target[s:e])
-            if any_grad:
-                w = torch.ones_like(lrow) if row_weight is None else row_weight[s:e].to(lrow.dtype)
-                (g,) = torch.autograd.grad(lrow, logits, grad_outputs=w)
-        losses[s:e] = lrow.detach()
-        del logits, lrow
-        if not any_grad:
-            continue
-        if want_x:
-            torch.mm(g, weight, out=gx[s:e])
-        if want_w:
-            if half_product:
-                gw += torch.mm(g.t().to(x.dtype), xc)
-            else:
-                gw.addmm_(g.t().to(acc), xc.to(acc))
-        if want_b:
-            gb += g.sum(0, dtype=acc)
-        del g
-    return losses, gx, gw, gb

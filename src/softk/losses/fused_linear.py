@@ -37,51 +37,9 @@ import torch
 from torch import Tensor
 
 from .._validate import check_chunk_size, check_input, check_loss_options
-from .chunking import auto_chunk_size, chunk_loss_fn, chunked_pass
+from .._ops.fused_linear import FusedLinearLoss
+from .chunking import auto_chunk_size, chunk_loss_fn
 from .targets import check_ignore_index, check_reduction, check_target_tensor
-
-
-class _FusedLinearLoss(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, bias, target, fn, chunk, reduction, n_kept, want):
-        ctx.fn, ctx.chunk, ctx.reduction, ctx.n_kept = fn, chunk, reduction, n_kept
-        if reduction == "none":
-            losses, *_ = chunked_pass(x, weight, bias, target, fn, chunk, None, (False, False, False))
-            ctx.save_for_backward(x, weight, bias, target)
-            ctx.want = want
-            return losses.to(x.dtype)
-        losses, gx, gw, gb = chunked_pass(x, weight, bias, target, fn, chunk, None, want)
-        ctx.save_for_backward(gx, gw, gb)
-        total = losses.sum()
-        if reduction == "mean":
-            total = total / n_kept
-        return total.to(x.dtype)
-
-    @staticmethod
-    def backward(ctx, go):
-        if ctx.reduction == "none":
-            x, weight, bias, target = ctx.saved_tensors
-            _, gx, gw, gb = chunked_pass(x, weight, bias, target, ctx.fn, ctx.chunk, go, ctx.want)
-        else:
-            gx, gw, gb = ctx.saved_tensors
-            n_kept = ctx.n_kept.clamp(min=1) if isinstance(ctx.n_kept, Tensor) else max(ctx.n_kept, 1)
-            scale = go if ctx.reduction == "sum" else go / n_kept
-            gx, gw, gb = (None if g is None else _scaled(g, scale, go.dtype) for g in (gx, gw, gb))
-        cast = lambda g, ref: None if g is None else g.to(ref.dtype)  # noqa: E731
-        return cast(gx, go), cast(gw, go), cast(gb, go), None, None, None, None, None, None
-
-
-def _scaled(g: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:
-    """g · scale, rounded once to ``dtype``: the product is computed in g's
-    (accumulation) precision and written straight into a ``dtype`` tensor, so
-    a half-precision weight gradient needs no float32 temporary of its size
-    (the float32 accumulator is the only one: V×H float32 at the peak, not 2×).
-    Under ``create_graph`` with a ``scale`` that needs a gradient, the plain
-    differentiable product."""
-    if scale.requires_grad and torch.is_grad_enabled():
-        return (g * scale.to(g.dtype)).to(dtype)
-    out = torch.empty(g.shape, dtype=dtype, device=g.device)
-    return torch.mul(g, scale.to(g.dtype), out=out)
 
 
 def _check_linear(input, weight, bias):
@@ -196,5 +154,5 @@ def fused_linear_loss(
         return out / 0 if reduction == "mean" else (out if reduction == "sum" else x.new_zeros(lead))
     grad_on = torch.is_grad_enabled()
     want = tuple(grad_on and a is not None and a.requires_grad for a in (input, weight, bias))
-    out = _FusedLinearLoss.apply(x, weight, bias, t, fn, chunk, reduction, n_kept, want)
+    out = FusedLinearLoss.apply(x, weight, bias, t, fn, chunk, reduction, n_kept, want)
     return out.reshape(lead) if reduction == "none" else out

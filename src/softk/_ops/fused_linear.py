@@ -1,0 +1,108 @@
+r"""The fused linear loss's pass over chunks of rows and its autograd rule.
+
+:func:`chunked_pass` forms logits = X_c Wᵀ + b one chunk of rows at a time,
+the per-row loss, and (optionally) the gradients G = ∂(Σ_i w_i L_i)/∂logits
+pushed straight into grad_X = G W, grad_W += Gᵀ X_c, grad_b += Σ_rows G, so no
+more than one chunk's (rows × V) logits ever exist.  :class:`FusedLinearLoss`
+is the autograd rule of :func:`softk.losses.fused_linear_loss` around it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def chunked_pass(x, weight, bias, target, fn, chunk: int, row_weight, grads):
+    """One pass over the rows of ``x`` (M, H) in chunks of ``chunk`` rows.
+
+    Returns ``(loss (M,), grad_x, grad_w, grad_b)`` with the per-row losses in
+    float32 (float64 for float64 input) and the gradients of Σ_i w_i L_i
+    (``row_weight`` w (M,), or all ones when None) for the entries of
+    ``grads = (want_x, want_w, want_b)``, None for the others.  Weight and bias
+    gradients are accumulated in float32 for half inputs.  On a GPU each
+    chunk's weight-gradient product Gᵀ X runs in the inputs' half precision
+    (tensor cores, float32 accumulation inside the product, rounded once to
+    the inputs' dtype before it is added); on the CPU it runs in float32.
+    """
+    m = x.shape[0]
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    losses = torch.empty(m, dtype=acc, device=x.device)
+    want_x, want_w, want_b = grads
+    any_grad = want_x or want_w or want_b
+    gx = torch.empty_like(x) if want_x else None
+    gw = torch.zeros(weight.shape, dtype=acc, device=x.device) if want_w else None
+    gb = torch.zeros(weight.shape[0], dtype=acc, device=x.device) if want_b else None
+    wt = weight.t()
+    half_product = acc == torch.float32 and x.dtype != torch.float32 and x.device.type != "cpu"
+    for s in range(0, m, chunk):
+        e = min(s + chunk, m)
+        xc = x[s:e]
+        with torch.no_grad():
+            logits = xc @ wt if bias is None else torch.addmm(bias, xc, wt)
+        with torch.enable_grad():
+            logits.requires_grad_(any_grad)
+            lrow = fn(logits, target[s:e])
+            if any_grad:
+                w = torch.ones_like(lrow) if row_weight is None else row_weight[s:e].to(lrow.dtype)
+                (g,) = torch.autograd.grad(lrow, logits, grad_outputs=w)
+        losses[s:e] = lrow.detach()
+        del logits, lrow
+        if not any_grad:
+            continue
+        if want_x:
+            torch.mm(g, weight, out=gx[s:e])
+        if want_w:
+            if half_product:
+                gw += torch.mm(g.t().to(x.dtype), xc)
+            else:
+                gw.addmm_(g.t().to(acc), xc.to(acc))
+        if want_b:
+            gb += g.sum(0, dtype=acc)
+        del g
+    return losses, gx, gw, gb
+
+
+class FusedLinearLoss(torch.autograd.Function):
+    """loss(x Wᵀ + b, target) over chunks of rows, the gradients written during the forward (reductions "mean" and "sum") or recomputed in the backward ("none"); see :func:`softk.losses.fused_linear_loss`."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, target, fn, chunk, reduction, n_kept, want):
+        ctx.fn, ctx.chunk, ctx.reduction, ctx.n_kept = fn, chunk, reduction, n_kept
+        if reduction == "none":
+            losses, *_ = chunked_pass(x, weight, bias, target, fn, chunk, None, (False, False, False))
+            ctx.save_for_backward(x, weight, bias, target)
+            ctx.want = want
+            return losses.to(x.dtype)
+        losses, gx, gw, gb = chunked_pass(x, weight, bias, target, fn, chunk, None, want)
+        ctx.save_for_backward(gx, gw, gb)
+        total = losses.sum()
+        if reduction == "mean":
+            total = total / n_kept
+        return total.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, go):
+        if ctx.reduction == "none":
+            x, weight, bias, target = ctx.saved_tensors
+            _, gx, gw, gb = chunked_pass(x, weight, bias, target, ctx.fn, ctx.chunk, go, ctx.want)
+        else:
+            gx, gw, gb = ctx.saved_tensors
+            n_kept = ctx.n_kept.clamp(min=1) if isinstance(ctx.n_kept, Tensor) else max(ctx.n_kept, 1)
+            scale = go if ctx.reduction == "sum" else go / n_kept
+            gx, gw, gb = (None if g is None else _scaled(g, scale, go.dtype) for g in (gx, gw, gb))
+        cast = lambda g, ref: None if g is None else g.to(ref.dtype)  # noqa: E731
+        return cast(gx, go), cast(gw, go), cast(gb, go), None, None, None, None, None, None
+
+
+def _scaled(g: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:
+    """g · scale, rounded once to ``dtype``: the product is computed in g's
+    (accumulation) precision and written straight into a ``dtype`` tensor, so
+    a half-precision weight gradient needs no float32 temporary of its size
+    (the float32 accumulator is the only one: V×H float32 at the peak, not 2×).
+    Under ``create_graph`` with a ``scale`` that needs a gradient, the plain
+    differentiable product."""
+    if scale.requires_grad and torch.is_grad_enabled():
+        return (g * scale.to(g.dtype)).to(dtype)
+    out = torch.empty(g.shape, dtype=dtype, device=g.device)
+    return torch.mul(g, scale.to(g.dtype), out=out)
