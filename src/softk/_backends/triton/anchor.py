@@ -50,6 +50,7 @@ from .prelude import _cols, _finite_or_zero, _load_z, _scaled
 from .search import EPS
 
 TINY = tl.constexpr(1.1754943508222875e-38)  # the smallest normal float32
+TRIAL_MOVES = tl.constexpr(2)  # anchor moves allowed from the lanes' anchor
 
 
 @triton.jit
@@ -129,9 +130,10 @@ def _anchor_refine(xr, rmask, xrow, n, ref, inv_tau, c, t, am1, active, A0, ell0
 
     Rows ``given`` start from the anchor A0 at ℓ0 instead (no candidate
     pass), which must be the solution on a subset of the row (the lane
-    maxima); where A0 is not in the row's support such a row stops and is
-    ``failed``, for the caller to search, and where support entries lie
-    below A0 it moves its anchor down to them (below)."""
+    maxima); where support entries lie below A0 such a row moves its anchor
+    down to them, and where its anchor is out of the support up, as any
+    row; after ``TRIAL_MOVES`` moves it stops and is ``failed``, for the
+    caller to search (below)."""
     a = am1
     beta = 1.0 / a
     log_a = tl.log(a)
@@ -155,6 +157,7 @@ def _anchor_refine(xr, rmask, xrow, n, ref, inv_tau, c, t, am1, active, A0, ell0
     lo = tl.full([ROWS, 1], float("-inf"), tl.float32)
     hi = tl.zeros([ROWS, 1], tl.float32)
     failed = tl.zeros([ROWS, 1], tl.int32)
+    moves = tl.zeros([ROWS, 1], tl.int32)
     cnt = tl.zeros([ROWS, 1], tl.float32)
     done = tl.where(active, 0, 1)
     run = (done == 0) & (it < MAXIT)
@@ -179,21 +182,22 @@ def _anchor_refine(xr, rmask, xrow, n, ref, inv_tau, c, t, am1, active, A0, ell0
         cnt = tl.where(run, _rsum(acc[4]), cnt)
         bot = tl.min(acc[5], 1, keep_dims=True)
         it += run.to(tl.int32)
-        # the anchor is out of the support: move it up, restart ℓ there (a
-        # given row stops instead, failed: more of the row's mass lies
-        # above A0 than the lanes hold).  A given row's first pass also
-        # checks for support entries below A0: ℓ0 lies at or above the row's
-        # root (A0 and ℓ0 solve a subset of the row), so an entry in the
-        # support at the root is inside at ℓ0; none there means A0 is the
-        # smallest support entry.  Else the smallest entry inside becomes
-        # the anchor (the support's smallest entry, or one below it, which
-        # moves up as any anchor does), ℓ there from ℓ0, and the row goes
-        # on as a searched row's: an anchor above support entries cannot
-        # resolve them (log1p of a difference far below an ulp of w_j).
+        # the anchor is out of the support: move it up, restart ℓ there.
+        # A given row's first pass also checks for support entries below
+        # A0: ℓ0 lies at or above the row's root (A0 and ℓ0 solve a subset
+        # of the row), so an entry in the support at the root is inside at
+        # ℓ0; none there means A0 is the smallest support entry.  Else the
+        # smallest entry inside becomes the anchor (the support's smallest
+        # entry, or one below it, which moves up as any anchor does), ℓ
+        # there from ℓ0: an anchor above support entries cannot resolve them
+        # (log1p of a difference far below an ulp of w_j).  A given row
+        # moves its anchor at most TRIAL_MOVES times, down or up: where the
+        # lanes are that far off, it stops, failed, for the caller to search
+        # (a move costs a pass; the search's anchor is off by rounding only).
         out = (G0 >= 1.0) & (nxt < float("inf"))
-        fail = given & out
-        out = out & (~given)
-        lower = given & (~fail) & (it == 1) & (bot < float("inf"))
+        lower = given & (~out) & (it == 1) & (bot < float("inf"))
+        fail = given & out & (moves >= TRIAL_MOVES)
+        out = out & (~fail)
         # Newton on G(ℓ) = 1 inside [lo, hi], bisection (or halving towards
         # −∞ while no lower end is known) where a step leaves it
         hi = tl.where(G >= 1.0, tl.minimum(hi, ell), hi)
@@ -224,7 +228,7 @@ def _anchor_refine(xr, rmask, xrow, n, ref, inv_tau, c, t, am1, active, A0, ell0
         lo = tl.where(run & (out | lower), float("-inf"), lo)
         hi = tl.where(run & (out | lower), 0.0, hi)
         A = tl.where(run, An, A)
-        given = given & (~(run & lower))
+        moves = tl.where(run & (out | lower), moves + 1, moves)
         failed = tl.where(run & fail, 1, failed)
         done = tl.where(run & (stop | fail), 1, done)
         run = (done == 0) & (it < MAXIT)
