@@ -30,15 +30,17 @@ pass finds G = 1.  The lanes' ℓ is at or above the row's (more entries,
 more mass), so an entry of the row's support below that anchor would be
 inside at the lanes' ℓ; where the first pass sees none and the anchor is
 in the support, it is the support's smallest entry, as the search would
-have found; where it sees some, the smallest of them becomes the anchor,
-moved up from there as above while it is out of the support.  A row where
-the lanes' anchor itself is out of the support (more of the row's mass
-above it than the lanes hold), or whose lanes' support is too wide to lie
-on distinct lanes (α near 1), is searched and refined as above.  Every
-quantity is a difference of
-nearby entries, a log or a softplus, so p keeps its relative precision
-whatever its w; a·ℓ and log(a d) stay finite for any float32 α (the
-launcher routes α above 1e30 away, see :func:`.function.serves`).
+have found; where it sees some, the smallest of them becomes the anchor.
+An anchor out of the support (the lanes' own, where the row holds more
+mass above it than the lanes do, or the one moved down to) moves up as
+above; a row whose anchor would move more than twice in all, or whose
+lanes' support is too wide to lie on distinct lanes (α near 1), is searched
+and refined as above.
+
+Every quantity is a difference of nearby entries, a log or a softplus, so p
+keeps its relative precision whatever its w; a·ℓ and log(a d) stay finite
+for any float32 α (the launcher routes α above 1e30 away, see
+:func:`.function.serves`).
 """
 
 import triton
@@ -188,12 +190,13 @@ def _anchor_refine(xr, rmask, xrow, n, ref, inv_tau, c, t, am1, active, A0, ell0
         # of the row), so an entry in the support at the root is inside at
         # ℓ0; none there means A0 is the smallest support entry.  Else the
         # smallest entry inside becomes the anchor (the support's smallest
-        # entry, or one below it, which moves up as any anchor does), ℓ
-        # there from ℓ0: an anchor above support entries cannot resolve them
-        # (log1p of a difference far below an ulp of w_j).  A given row
-        # moves its anchor at most TRIAL_MOVES times, down or up: where the
-        # lanes are that far off, it stops, failed, for the caller to search
-        # (a move costs a pass; the search's anchor is off by rounding only).
+        # entry, or one below it, which moves up as any anchor does), its ℓ
+        # from this pass: an anchor above support entries cannot resolve
+        # them (log1p of a difference far below an ulp of w_j).  A given
+        # row moves its anchor at most TRIAL_MOVES times, down or up: where
+        # the lanes are that far off, it stops, failed, for the caller to
+        # search (a move costs a pass; the search's anchor is off by
+        # rounding only).
         out = (G0 >= 1.0) & (nxt < float("inf"))
         lower = given & (~out) & (it == 1) & (bot < float("inf"))
         fail = given & out & (moves >= TRIAL_MOVES)
@@ -250,9 +253,10 @@ def _solve_anchor(xr, rmask, xrow, lanes, n, inv_tau, xmax, xmin, m, lseS, activ
     pass finds G = 1 and the row is done in that one pass (support entries
     above A_S that shared a lane with another only cost Newton steps, those
     below A_S a move of the anchor down to them, :func:`_anchor_refine`).
-    A row whose first pass shows A_S out of its support, a row whose lanes'
-    support is too wide to lie on distinct lanes, and every on-chip row, is
-    searched (:func:`.frame._solve`) and refined from the search's λ."""
+    A row whose anchor would move more than ``TRIAL_MOVES`` times, a row
+    whose lanes' support is too wide to lie on distinct lanes, and every
+    on-chip row, is searched (:func:`.frame._solve`) and refined from the
+    search's λ."""
     ref = _finite_or_zero(xmax)
     zero = tl.zeros([ROWS, 1], tl.float32)
     nogiven = active & (zero > 1.0)
