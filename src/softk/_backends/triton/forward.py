@@ -4,8 +4,10 @@ Program i holds rows i·ROWS … i·ROWS + ROWS − 1 of the ``R`` rows (the las
 program may hold fewer: its missing rows are masked off); every per-row value
 is a [ROWS, 1] column and every block a [ROWS, BLOCK] tile.  Pass 1 over the
 raw rows (:func:`.prelude._row_stats`), the frame and the λ search
-(:func:`.frame._solve`; entmax α outside [1.125, 2] then refines p on an
-anchor entry, :mod:`.anchor`), and the pass writing p.  The on-chip and
+(:func:`.frame._solve`; entmax α outside [1.125, 2] solves for an anchor
+entry's log-probability instead, :func:`.anchor._solve_anchor`, which
+searches the row only where the lane maxima's anchor does not serve it),
+and the pass writing p.  The on-chip and
 looped variants run the same body; ``ONCHIP`` only decides whether each
 pass reads the register copy of the rows or loops over blocks.
 """
@@ -13,7 +15,7 @@ pass reads the register copy of the rows or loops over blocks.
 import triton
 import triton.language as tl
 
-from .anchor import _anchor_refine, _write_p_anchor
+from .anchor import _solve_anchor, _write_p_anchor
 from .frame import _solve
 from .passes import _write_p
 from .prelude import _row_stats
@@ -36,13 +38,13 @@ def threshold_fwd_kernel(X, Y, ITS, R, n, k, inv_tau, am1,
     m = tl.where(active, m, k + 1.0)  # keeps the brackets finite on rows filled below
 
     # ---- the frame and passes 2..: λ = c + t in z = (x − ref)/τ
-    ref, c, t, it = _solve(xr, rmask, xrow, lanes, n, inv_tau, xmax, xmin, m, lseS, active, k, am1,
-                           FAM, ROWS, BLOCK, ONCHIP, BIG, PROBE, NEWTON_CAP, MAXIT)
     if ANCHOR:
         # α-entmax far from 1.5: p from the anchor entry's log-probability
-        A, ell, ita = _anchor_refine(xr, rmask, xrow, n, ref, inv_tau, c, t, am1, active, ROWS, BLOCK, ONCHIP,
-                                     MAXIT)
-        it += ita
+        ref, A, ell, it = _solve_anchor(xr, rmask, xrow, lanes, n, inv_tau, xmax, xmin, m, lseS, active, k, am1,
+                                        FAM, ROWS, BLOCK, ONCHIP, BIG, PROBE, NEWTON_CAP, MAXIT)
+    else:
+        ref, c, t, it = _solve(xr, rmask, xrow, lanes, n, inv_tau, xmax, xmin, m, lseS, active, k, am1,
+                               FAM, ROWS, BLOCK, ONCHIP, BIG, PROBE, NEWTON_CAP, MAXIT)
     if WRITE_ITS:
         tl.store(ITS + rows, it, mask=rmask)
 

@@ -29,8 +29,9 @@ the [ROWS, BLOCK] lane array, no memory traffic) and gives the row search its
 lower bracket end and first iterate (Newton from the left for sparsemax,
 entmax15 and entmax α ≤ 2; the first point for sigmoid, laplace and sparse;
 the lower end, under exp's iterate from above, for exp), and the top-k
-families their frame.  The lane sweeps are not counted as passes: they read
-no memory.
+families their frame.  For α-entmax outside [1.125, 2] the lanes also give
+the anchor that the row's refinement starts from (:mod:`.anchor`).  The
+lane sweeps are not counted as passes: they read no memory.
 """
 
 import triton
@@ -57,8 +58,8 @@ def _lane_start(xr, rmask, lanes, ref, inv_tau, active, k, am1,
                 FAM: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, BIG: tl.constexpr,
                 PROBE: tl.constexpr, NEWTON_CAP: tl.constexpr, MAXIT: tl.constexpr):
     """λ_S on the lane maxima (frame ``ref``, the row maximum), a lower bound
-    of λ less a margin for its rounding, and whether the lanes could be
-    solved (more than k finite lanes); −inf where not."""
+    of λ less a margin for its rounding (−inf where not solved), whether the
+    lanes could be solved (more than k finite lanes), and λ_S = c + t."""
     zl = _scaled(lanes, ref, inv_tau)
     fin = zl > float("-inf")
     ml = tl.sum(fin.to(tl.float32), 1, keep_dims=True)
@@ -73,7 +74,7 @@ def _lane_start(xr, rmask, lanes, ref, inv_tau, active, k, am1,
     c, t, _ = _find_lambda(xr, rmask, lanes, BLOCK, ref, inv_tau, zmax, zmin, tl.where(la, ml, k + 1.0), lz, la,
                            k, am1, none, nan, FAM, ROWS, BLOCK, True, BIG, PROBE, NEWTON_CAP, MAXIT)
     lam = c + t
-    return tl.where(la, lam - 16.0 * EPS * (tl.abs(lam) + 1.0), float("-inf")), la
+    return tl.where(la, lam - 16.0 * EPS * (tl.abs(lam) + 1.0), float("-inf")), la, c, t
 
 
 @triton.jit
@@ -93,8 +94,8 @@ def _solve(xr, rmask, xrow, lanes, n, inv_tau, xmax, xmin, m, lseS, active, k, a
         hlo = tl.full([ROWS, 1], float("-inf"), tl.float32)
         hx0 = tl.full([ROWS, 1], float("nan"), tl.float32)
         if not ONCHIP:
-            hlo, la = _lane_start(xr, rmask, lanes, ref, inv_tau, active, k, am1, FAM, ROWS, BLOCK, BIG, PROBE,
-                                  NEWTON_CAP, MAXIT)
+            hlo, la, _, _ = _lane_start(xr, rmask, lanes, ref, inv_tau, active, k, am1, FAM, ROWS, BLOCK, BIG,
+                                        PROBE, NEWTON_CAP, MAXIT)
             if FAM >= 4:
                 # the top-k families move their frame to the lanes' λ
                 lam = hlo

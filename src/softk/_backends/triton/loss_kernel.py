@@ -5,7 +5,8 @@ masked off; the launcher's ROWS and warps are the forward's, see
 :func:`.function._config`).
 
 The first pass and the λ search are the forward kernel's own
-(:func:`.passes._row_stats`, :func:`.search._find_lambda`); the last pass,
+(:func:`.passes._row_stats`, :func:`.search._find_lambda`, and for α-entmax
+outside [1.125, 2] :func:`.anchor._solve_anchor`); the last pass,
 instead of writing p, writes the gradient and sums the value.  With
 u = z − λ (λ = c + t, so u = (z − c) − t keeps its precision far from the
 origin) and Σy = Σp = k,
@@ -42,7 +43,7 @@ backward, which makes a new gradient buffer.
 import triton
 import triton.language as tl
 
-from .anchor import _anchor_p, _anchor_refine
+from .anchor import _anchor_p, _solve_anchor
 from .family_math import _f, _log1p
 from .frame import _solve
 from .prelude import _cols, _load_z, _row_stats, _scaled
@@ -149,14 +150,16 @@ def fenchel_young_fwd_kernel(X, T, G, LOSS, SCALE, R, n, k, inv_tau, am1,
     active = (m > k) & (~broken)
     search = active & keep  # an ignored row is not searched
     m = tl.where(search, m, k + 1.0)
-    ref, c, t, it = _solve(xr, rmask, xrow, lanes, n, inv_tau, xmax, xmin, m, lseS, search, k, am1,
-                           FAM, ROWS, BLOCK, ONCHIP, BIG, PROBE, NEWTON_CAP, MAXIT)
-    A = c
-    ell = c
     if ANCHOR:
-        A, ell, _ = _anchor_refine(xr, rmask, xrow, n, ref, inv_tau, c, t, am1, search, ROWS, BLOCK, ONCHIP, MAXIT)
+        ref, A, ell, _ = _solve_anchor(xr, rmask, xrow, lanes, n, inv_tau, xmax, xmin, m, lseS, search, k, am1,
+                                       FAM, ROWS, BLOCK, ONCHIP, BIG, PROBE, NEWTON_CAP, MAXIT)
         c = A
         t = -tl.exp(am1 * ell) / am1
+    else:
+        ref, c, t, _ = _solve(xr, rmask, xrow, lanes, n, inv_tau, xmax, xmin, m, lseS, search, k, am1,
+                              FAM, ROWS, BLOCK, ONCHIP, BIG, PROBE, NEWTON_CAP, MAXIT)
+        A = c
+        ell = c
     # λ of a filled row: its finite maximum, 0 in its frame (the maximum)
     c = tl.where(active, c, 0.0)
     t = tl.where(active, t, 0.0)
