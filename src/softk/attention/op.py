@@ -10,9 +10,8 @@ The route is chosen once per call from the configured backend
 * ``"blockwise"`` ("native", and "auto" on any device without Triton):
   :mod:`softk._backends.blockwise`, blocks of keys;
 * ``"triton"`` ("triton", and "auto" on CUDA): the fused kernels of
-  :mod:`softk._backends.triton.attention` (forward and backward verified
-  against the float64 oracle in Triton's CPU interpreter; not yet run on a
-  GPU); float64 inputs, or a build without triton, run "blockwise".
+  :mod:`softk._backends.triton.attention`; float64 inputs, or a build
+  without triton, run "blockwise".
 
 The last two share one interface, ``attention_forward`` → (out, m, lam) and
 ``attention_backward`` → (dq, dk, dv, dα), and one autograd contract:
