@@ -7,6 +7,7 @@
 * ``per_row_k``: the same with one k per row;
 * ``entmax_alpha``: α-entmax with a tensor α, and α's gradient;
 * ``softmax_triton``: log_softmax and logsumexp on the Triton kernels;
+* ``normmax``: α-normmax on rows, with its α-gradient;
 * ``fused_loss``: the fused Fenchel–Young loss (the loss and its gradient
   in one kernel per row);
 * ``fused_linear``: the fused linear loss's pass over chunks of rows;

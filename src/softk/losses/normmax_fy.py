@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .._maps.normmax import check_normmax_alpha, normmax_apply
+from .._maps.normmax import check_normmax_alpha
+from .._ops.normmax import normmax_apply
 from ..threshold.rows import compute_dtype, finite_max
 from . import targets as tg
 
