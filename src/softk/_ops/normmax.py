@@ -8,7 +8,6 @@ torch.compile and vmap), with double backward from differentiable tensor code.
 
 from __future__ import annotations
 
-
 import torch
 from torch import Tensor
 
