@@ -4,7 +4,6 @@ through /proc/self/clear_refs) in a fresh process, not by time."""
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -42,13 +41,14 @@ print(json.dumps({"reference_2048": measure("reference", "entmax15", 2048, False
 """
 
 
+from .. import safety_net
 from ..paths import REPO
 
 
 def _peaks(name):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "src"),
                                                        os.environ.get("PYTHONPATH", "")]))
-    res = subprocess.run([sys.executable, "-c", SCRIPT, name], capture_output=True, text=True, env=env, timeout=600)
+    res = safety_net.run([sys.executable, "-c", SCRIPT, name], capture_output=True, text=True, env=env)
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout.strip().splitlines()[-1])
 

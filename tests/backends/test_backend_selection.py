@@ -3,7 +3,6 @@ kernels ("native") when a C compiler works and on "torch" otherwise, and
 "triton" on a CPU tensor without the interpreter is a clear error."""
 
 import os
-import subprocess
 import sys
 
 import pytest
@@ -11,6 +10,8 @@ import torch
 
 import softk
 from softk._backends import registry as _backend
+
+from .. import safety_net
 
 
 def test_auto_runs_cpu_tensors_natively_when_compiled():
@@ -50,7 +51,7 @@ def test_triton_on_cpu_without_interpreter_is_a_clear_error():
         "with softk.use_backend('triton'):\n"
         "    softk.sparsemax(torch.zeros(3))\n"
     )
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    r = safety_net.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert r.returncode != 0
     assert "ValueError: backend 'triton' runs CUDA tensors" in r.stderr
 

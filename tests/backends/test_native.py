@@ -10,7 +10,6 @@ forgets to write cannot pass.
 
 import math
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -21,6 +20,7 @@ import softk
 from softk._backends import native
 from softk.threshold import ENTMAX15, EXP, SOFTMAX, SPARSEMAX, entmax_family
 
+from .. import safety_net
 from ..oracle import maps as oracle
 
 pytestmark = pytest.mark.skipif(not softk._backends.registry.native_available(), reason="needs a C compiler")
@@ -221,7 +221,7 @@ def test_uncovered_families_run_on_torch_under_native():
 
 def _run(code, **env):
     full = {**os.environ, **env}
-    return subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=120)
+    return safety_net.run([sys.executable, "-c", code], env=full, capture_output=True, text=True)
 
 
 def test_disabled_or_missing_compiler_falls_back_to_torch(tmp_path):

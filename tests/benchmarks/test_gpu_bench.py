@@ -6,7 +6,6 @@ time; the CUDA-only paths are checked for their clean exit without CUDA.
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 
@@ -16,6 +15,7 @@ import torch
 
 from tests.oracle import maps as oracle
 
+from .. import safety_net
 from ..paths import REPO
 
 ROOT = str(REPO)
@@ -343,7 +343,7 @@ def test_peer_check_runs_on_the_cpu_for_softk():
 
 def _run(script, *args):
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONPATH=os.path.join(ROOT, "src"))
-    return subprocess.run([sys.executable, os.path.join(BENCH, script), *args], capture_output=True, text=True, env=env, timeout=300)
+    return safety_net.run([sys.executable, os.path.join(BENCH, script), *args], capture_output=True, text=True, env=env)
 
 
 @pytest.mark.parametrize("script", ["gpu.py", "gpu_correctness.py"])

@@ -10,11 +10,11 @@ torch's).  Nothing here measures or asserts on time.
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
+from .. import safety_net
 from ..paths import REPO
 
 BENCH = os.path.join(str(REPO), "benchmarks", "gpu")
@@ -29,8 +29,8 @@ def test_without_cuda_it_refuses_with_exit_2(tmp_path):
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is here: the refusal is for machines without one")
-    r = subprocess.run([sys.executable, os.path.join(BENCH, "run_all.py"), "--out", str(tmp_path)],
-                       capture_output=True, text=True, timeout=120)
+    r = safety_net.run([sys.executable, os.path.join(BENCH, "run_all.py"), "--out", str(tmp_path)],
+                       capture_output=True, text=True)
     assert r.returncode == 2 and "no CUDA device" in r.stderr
 
 
@@ -67,8 +67,8 @@ def test_dry_run_runs_every_stage(tmp_path):
     pytest.importorskip("triton", reason="the dry run runs the Triton kernels in the interpreter")
     out = tmp_path / "out"
     env = {k: v for k, v in os.environ.items() if k not in ("SOFTK_BACKEND", "TRITON_INTERPRET")}
-    r = subprocess.run([sys.executable, os.path.join(BENCH, "run_all.py"), "--dry-run", "--out", str(out)],
-                       capture_output=True, text=True, env=env, timeout=1800)
+    r = safety_net.run([sys.executable, os.path.join(BENCH, "run_all.py"), "--dry-run", "--out", str(out)],
+                       capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert sorted(os.listdir(out)) == ["log.txt", "run_all.json", "summary.md"]
     report = json.loads((out / "run_all.json").read_text())

@@ -1,18 +1,18 @@
 """The `softk` command, run as a user would: subprocesses, exit codes, key numbers."""
 
 import json
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+from .. import safety_net
 from ..oracle import maps as oracle
 
 
 def softk(*args, stdin=None):
-    return subprocess.run(
-        [sys.executable, "-m", "softk", *args], input=stdin, capture_output=True, text=True, timeout=300
+    return safety_net.run(
+        [sys.executable, "-m", "softk", *args], input=stdin, capture_output=True, text=True
     )
 
 

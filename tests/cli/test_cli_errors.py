@@ -8,7 +8,6 @@ softk`` to check the exit status a shell sees."""
 import argparse
 import io
 import json
-import subprocess
 import sys
 
 import numpy as np
@@ -17,6 +16,8 @@ import torch
 
 from softk._cli import harness as bench
 from softk._cli import build_parser, main
+
+from .. import safety_net
 
 
 def cli(argv, capsys, monkeypatch=None, stdin=None):
@@ -232,7 +233,7 @@ def test_bench_help_lists_every_op():
 
 
 def softk(*args, stdin=None):
-    return subprocess.run([sys.executable, "-m", "softk", *args], input=stdin, capture_output=True, text=True, timeout=300)
+    return safety_net.run([sys.executable, "-m", "softk", *args], input=stdin, capture_output=True, text=True)
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,6 @@ choices, where the multi-label data comes from, and bench's progress and its
 warning that timings on a shared machine are noisy."""
 
 import importlib
-import subprocess
 import sys
 
 import pytest
@@ -16,6 +15,7 @@ from softk._cli.experiment import CHOICES, NETWORKS
 from softk._experiments.multilabel import CV_SCORES, FOLD_SCHEMES, FOLD_SIZES
 from softk._experiments.objectives import LOSSES
 
+from .. import safety_net
 from .test_cli_errors import _walk
 
 
@@ -33,7 +33,7 @@ def test_version_in_process(capsys):
 
 
 def test_version_in_a_shell():
-    r = subprocess.run([sys.executable, "-m", "softk", "--version"], capture_output=True, text=True, timeout=300)
+    r = safety_net.run([sys.executable, "-m", "softk", "--version"], capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.startswith(f"softk {softk.__version__} ")
 
 

@@ -13,7 +13,6 @@ import importlib.util
 import os
 import pathlib
 import shutil
-import subprocess
 import sys
 
 import pytest
@@ -36,6 +35,7 @@ def _installed_entmax_tests():
     return sorted(pathlib.Path(list(spec.submodule_search_locations)[0]).glob("test_*.py"))
 
 
+from .. import safety_net
 from ..paths import REPO
 
 
@@ -48,8 +48,8 @@ def test_entmax_test_suite_passes_against_the_compat_layer(tmp_path):
         shutil.copy(f, tmp_path / f"test_entmax_{f.name[len('test_'):]}")
     src = REPO / "src"  # this checkout's softk first
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(src), os.environ.get("PYTHONPATH")]))}
-    result = subprocess.run([sys.executable, "-c", RUNNER, str(tmp_path)], capture_output=True, text=True,
-                            cwd=tmp_path, timeout=900, env=env)
+    result = safety_net.run([sys.executable, "-c", RUNNER, str(tmp_path)], capture_output=True, text=True,
+                            cwd=tmp_path, env=env)
     summary = (result.stdout.strip().splitlines() or [""])[-1]
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert " passed" in summary and "failed" not in summary and "error" not in summary, summary

@@ -1,11 +1,11 @@
 """The vocab-parallel λ search (softk.distributed.threshold) on many random splits, without processes.
 
-Each "rank" is a thread and the collectives are a fake in-process group (a
-barrier and shared slots), so hypothesis can try hundreds of rows: ties,
+Each "rank" is a thread and the collectives are a fake in-process group (shared
+slots and a condition variable), so hypothesis can try hundreds of rows: ties,
 flat rows, -inf masks, fully masked slices, wide and narrow slices, k > 1.
 The result must equal softk's single-device map on the concatenated row (p)
 and its potential Φ = ⟨z, p⟩ − Σψ(p) (checked against the NumPy oracle's λ
-in tests/test_losses_fenchel_young.py).
+in tests/losses/test_fenchel_young.py).
 """
 
 from __future__ import annotations
@@ -28,21 +28,39 @@ D = torch.float64
 
 
 class FakeGroup:
-    """all_reduce / all_gather between `world` threads (rank from a thread-local)."""
+    """all_reduce / all_gather between `world` threads (rank from a thread-local).
+
+    No time limit: an exchange completes when every rank has brought its
+    tensor, and fails at once when a rank has already left (returned or
+    raised), since that rank can never arrive."""
 
     def __init__(self, world):
         self.world = world
-        self.barrier = threading.Barrier(world, timeout=30)
+        self.cond = threading.Condition()
         self.slots = [None] * world
+        self.arrived, self.round, self.got = 0, 0, None
+        self.left = set()
         self.local = threading.local()
         self.ReduceOp = types.SimpleNamespace(SUM="sum", MAX="max")
 
     def _exchange(self, t):
-        self.slots[self.local.rank] = t.clone()
-        self.barrier.wait()
-        got = list(self.slots)
-        self.barrier.wait()
-        return got
+        with self.cond:
+            rank, round_ = self.local.rank, self.round
+            self.slots[rank] = t.clone()
+            self.arrived += 1
+            if self.arrived == self.world:
+                self.got, self.arrived, self.round = list(self.slots), 0, round_ + 1
+                self.cond.notify_all()
+            while self.round == round_:
+                if self.left:
+                    raise AssertionError(f"rank {rank} waits at a collective that rank(s) {sorted(self.left)} left")
+                self.cond.wait()
+            return self.got
+
+    def leave(self, rank):
+        with self.cond:
+            self.left.add(rank)
+            self.cond.notify_all()
 
     def all_reduce(self, t, op, group=None):
         got = self._exchange(t)
@@ -64,7 +82,8 @@ def run_ranks(world, fn):
             results[r] = fn(r)
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
-            fake.barrier.abort()
+        finally:
+            fake.leave(r)
 
     saved = T.dist
     T.dist = fake
@@ -73,7 +92,7 @@ def run_ranks(world, fn):
         for th in threads:
             th.start()
         for th in threads:
-            th.join(60)
+            th.join()
     finally:
         T.dist = saved
     if errors:

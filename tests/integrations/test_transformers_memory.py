@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 
@@ -89,6 +88,7 @@ _PEAK_SCRIPT = textwrap.dedent(
 )
 
 
+from .. import safety_net
 from ..paths import REPO
 
 
@@ -100,7 +100,7 @@ def test_peak_memory_of_a_step_stays_below_the_logits():
     src = str(REPO / "src")
     env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(src), env.get("PYTHONPATH", "")])
     cmd = [sys.executable, "-c", _PEAK_SCRIPT, json.dumps(_LLAMA_32K)]
-    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    run = safety_net.run(cmd, env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-2000:]
     peaks = json.loads(run.stdout.strip().splitlines()[-1])
     logits_bytes = 4 * 256 * 32000 * 4

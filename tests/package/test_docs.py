@@ -14,13 +14,13 @@ import doctest
 import importlib
 import os
 import re
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
+from .. import safety_net
 from ..paths import REPO
 
 ROOT = REPO
@@ -75,7 +75,7 @@ def test_script_examples_run(tmp_path, page, line, code):
     script = tmp_path / "example.py"
     script.write_text(code)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
+    done = safety_net.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert done.returncode == 0, f"{_name(page)}:{line}\n{done.stderr[-3000:]}"
 
 
@@ -123,8 +123,8 @@ def test_site_builds_strictly(tmp_path):
     pytest.importorskip("mkdocs")
     pytest.importorskip("mkdocstrings")
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-                          capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    done = safety_net.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+                          capture_output=True, text=True, cwd=ROOT, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "site" / "api" / "maps" / "index.html").is_file()
 

@@ -5,13 +5,13 @@ kernels build and run from it with an empty cache."""
 
 import os
 import shutil
-import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
 import pytest
 
+from .. import safety_net
 from ..paths import REPO
 
 ROOT = REPO
@@ -39,8 +39,8 @@ def test_wheel_carries_the_kernel_sources_and_runs_them(tmp_path):
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, project / name)
     shutil.copytree(ROOT / "src", project / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "*.so"))
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "dist"), str(project)],
-                           capture_output=True, text=True, timeout=600)
+    built = safety_net.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "dist"), str(project)],
+                           capture_output=True, text=True)
     assert built.returncode == 0, built.stderr[-2000:]
     (wheel,) = (tmp_path / "dist").glob("softk-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
@@ -52,7 +52,7 @@ def test_wheel_carries_the_kernel_sources_and_runs_them(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(site), "SOFTK_CACHE_DIR": str(tmp_path / "cache"),
            "SOFTK_BACKEND": "auto"}
     env.pop("SOFTK_NATIVE", None)
-    ran = subprocess.run([sys.executable, "-c", CHECK, str(site)], capture_output=True, text=True, timeout=600,
+    ran = safety_net.run([sys.executable, "-c", CHECK, str(site)], capture_output=True, text=True,
                          cwd=tmp_path, env=env)
     assert ran.returncode == 0, ran.stderr[-2000:]
     assert ran.stdout.startswith("ok ")
