@@ -61,8 +61,8 @@ def check_budget(budget, x: Tensor, dim: int):
 def budget_sparsemax(x: Tensor, budget, dim: int = -1, tau=1.0) -> Tensor:
     r"""Budget sparsemax: p = clip(x/τ − λ, 0, 1) with Σp = ``budget`` along ``dim``.
 
-    The closest point to x/τ in the capped simplex {0 ≤ p ≤ 1, Σp = B}
-    (module docstring): exact zeros and exact ones, piecewise linear in x.
+    The closest point to x/τ in the capped simplex {0 ≤ p ≤ 1, Σp = B}:
+    exact zeros and exact ones, piecewise linear in x.
 
     Args:
         x: scores, any shape, floating point (half computed in float32).

@@ -72,8 +72,12 @@ def check_normmax_alpha(alpha, x, dim: int):
 def normmax(x: Tensor, alpha=2.0, dim: int = -1, tau=1.0) -> Tensor:
     r"""α-normmax: :math:`\arg\max_{p\in\Delta}\ \langle x/\tau, p\rangle - \|p\|_\alpha`, exactly.
 
-    p_i = (z_i − μ)_+^{1/(α−1)} / Σ_j (z_j − μ)_+^{1/(α−1)} with μ such that
-    Σ_i (z_i − μ)_+^{α/(α−1)} = 1 (module docstring); sparse, with exact zeros.
+    .. math:: p_i = \frac{(z_i-\mu)_+^{1/(\alpha-1)}}{\sum_j (z_j-\mu)_+^{1/(\alpha-1)}},
+              \qquad \sum_i (z_i-\mu)_+^{\alpha/(\alpha-1)} = 1, \qquad z = x/\tau,
+
+    from the KKT conditions on the support; μ is α'-entmax's threshold with
+    α' = 2 − 1/α on the rows scaled by α/(α−1), found by softk's solver.
+    Sparse, with exact zeros.
 
     Args:
         x: scores, any shape, floating point (half computed in float32).
@@ -85,7 +89,7 @@ def normmax(x: Tensor, alpha=2.0, dim: int = -1, tau=1.0) -> Tensor:
         tau: temperature > 0 (a float, or a one-element tensor that may require grad).
 
     Returns:
-        p shaped like ``x``: -inf entries get 0, a fully masked row gives zeros,
+        p, shaped like ``x``.  -inf entries get 0, a fully masked row gives zeros,
         a row with one finite entry gives 1 there (all with zero gradient), a
         NaN or +inf makes its row NaN.
 

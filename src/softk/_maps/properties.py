@@ -158,7 +158,8 @@ def properties(method: str, seed: int = 0, tol: float = 1e-6, limit_tol: float =
     top-k, is softmax at k = 1), measured on generated inputs.
 
     Args:
-        method: a ``soft_topk`` method (``softk._maps.soft_topk.METHODS``).
+        method: a ``soft_topk`` method: "exp", "sigmoid", "laplace", "sparse",
+            "grad", "iterative" or "weighted".
         seed: seed of the generated inputs (the result is deterministic).
         tol: largest violation still counted as "holds" (computations are in
             float64; the exact methods are within ~1e-12).
@@ -166,9 +167,13 @@ def properties(method: str, seed: int = 0, tol: float = 1e-6, limit_tol: float =
             is 4.5e-5 and "laplace" 2.3e-5 from the mask; "weighted" 1.0).
 
     Returns:
-        ``{name: bool}`` for the names ``sum_k``, ``range``, ``monotone``,
-        ``shift_invariant``, ``limit_hard_topk``, ``k1_softmax`` (see the
-        module docstring for what each measures).
+        A dict from each property's name to a bool, True where the property
+        holds.  The names, with what each demands of p = soft_topk(x, k):
+        ``sum_k`` (Σp = k on every row), ``range`` (0 ≤ p ≤ 1), ``monotone``
+        (x_i > x_j ⇒ p_i ≥ p_j), ``shift_invariant`` (p(x + c) = p(x) for
+        constants c up to ±2^−6/eps of float64), ``limit_hard_topk`` (at
+        τ = 1/20, scores at least 1 apart, p is within ``limit_tol`` of the
+        k-hot mask) and ``k1_softmax`` (k = 1 gives softmax(x/τ)).
 
     >>> import softk
     >>> softk.properties("exp")["range"], softk.properties("iterative")["range"]

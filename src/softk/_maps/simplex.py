@@ -185,19 +185,21 @@ def sparsemax(x: Tensor, dim: int = -1, tau: float = 1.0) -> Tensor:
 
     .. math:: p = \arg\min_{p\in\Delta} \|p - x/\tau\|^2, \qquad p_i = [z_i - \lambda]_+,
 
-    with λ exact: (Σ_{i∈S} z_i − 1)/|S| on the support S.  Entries below λ get
-    exactly zero.  Equals α-entmax with α = 2 and
-    ``soft_topk(x, 1, method="sparse")``.
+    with z = x/τ and λ exact, :math:`\lambda = (\sum_{i\in S} z_i - 1)/|S|` on the
+    support S.  Entries below λ get exactly zero.  Equals α-entmax with α = 2
+    and ``soft_topk(x, 1, method="sparse")``.
 
     How S is found depends on the backend.  The compiled CPU kernels and the
-    Triton kernels do not sort the row: the CPU kernels take a lower bound on λ
-    from the row's block maxima and iterate on the few entries above it, the
-    Triton kernels iterate λ ← (Σ_{z_i>λ} z_i − 1)/#{z_i > λ} from max(z) − 1,
-    one pass over the row per step, until the support stops changing.  The
-    PyTorch path sorts: with z_(1) ≥ z_(2) ≥ … the sorted row, S is its j
-    largest entries for the largest j with z_(j) > (Σ_{i≤j} z_(i) − 1)/j,
-    read off the cumulative sums (Martins & Astudillo's rule); on rows of 64 entries or more it sorts only
-    the entries above the lower bound from the block maxima.
+    Triton kernels do not sort the row: the CPU kernels take a lower bound on
+    λ from the row's block maxima and iterate on the few entries above it;
+    the Triton kernels iterate
+    :math:`\lambda \leftarrow (\sum_{z_i>\lambda} z_i - 1)/\#\{i : z_i > \lambda\}`
+    from max(z) − 1, one pass over the row per step, until the support stops
+    changing.  The PyTorch path sorts: with :math:`z_{(1)} \ge z_{(2)} \ge \dots`
+    the sorted row, S is its j largest entries for the largest j with
+    :math:`z_{(j)} > (\sum_{i\le j} z_{(i)} - 1)/j`, read off the cumulative
+    sums (Martins & Astudillo's rule); on rows of 64 entries or more it sorts
+    only the entries above the lower bound from the block maxima.
 
     >>> import torch, softk
     >>> softk.sparsemax(torch.tensor([0.1, 1.0, 1.5]))

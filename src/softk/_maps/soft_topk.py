@@ -68,10 +68,10 @@ def soft_topk(x: Tensor, k: int | float | Tensor, dim: int = -1, tau: float = 1.
     set) and found by safeguarded Newton to the dtype's precision for "sigmoid".
     As τ → 0 the threshold methods, "grad" and "iterative" tend to the hard
     top-k multi-hot (on rows without ties at the k-th place); "weighted" does
-    not (see the module docstring).  "grad" is the gradient of
-    log Σ_{|S|=k} exp(Σ_{i∈S} x_i/τ), computed by a log-space recurrence with
-    an explicit Hessian–vector-product backward (:mod:`softk._maps.gradtopk`;
-    first derivatives only).
+    not (its limit is not the top-k: it is kept for comparison only).  "grad"
+    is the gradient of :math:`\log \sum_{|S|=k} \exp(\sum_{i\in S} x_i/\tau)`,
+    computed by a log-space recurrence with an explicit Hessian–vector-product
+    backward (first derivatives only).
 
     Args:
         x: scores, any shape, floating point (half computed in float32).

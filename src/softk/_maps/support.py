@@ -22,7 +22,14 @@ MAPS = ("softmax", "sparsemax", "entmax15", "entmax") + tuple(THRESHOLD_METHODS)
 
 
 class Support(NamedTuple):
-    """λ (x/τ units, ``dim`` reduced) and the support size (int64, ``dim`` reduced)."""
+    """What ``softk.support`` returns: a named tuple ``(lam, size)``.
+
+    Attributes:
+        lam: the threshold λ, in the units of x/τ, shaped like ``x`` without
+            ``dim`` (−inf on a row with at most k finite entries, NaN on a row
+            with a NaN or +inf).
+        size: the number of entries with p > 0 (int64), shaped like ``lam``.
+    """
 
     lam: Tensor
     size: Tensor

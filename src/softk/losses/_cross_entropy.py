@@ -86,11 +86,14 @@ def cross_entropy(
         label_smoothing: ε in [0, 1], mixing the target with the uniform 1/C.
         tau: temperature > 0.
 
-    See the module docstring for the formula and the few inputs refused where
-    torch accepts them.  The Fenchel–Young view: for one-hot targets this is
+    The arithmetic is ``torch.nn.functional.cross_entropy``'s (label smoothing
+    mixes the target with the uniform 1/C), after checks that refuse, with
+    softk's messages, inputs torch accepts silently or with a terse message: a
+    ``target`` of the wrong shape, a probability target that is not a
+    distribution, and ``ignore_index`` set together with a probability target.  The Fenchel–Young view: for one-hot targets this is
     :func:`softmax_loss`.  With ``-inf`` (masked) scores and a probability
     target the result is NaN, as in torch (0·log 0 at the masked class), where
-    :func:`softmax_loss` stays finite; see the module docstring.
+    :func:`softmax_loss` stays finite.
 
     >>> import torch
     >>> x, y = torch.tensor([[0.0, -float("inf"), 1.0]]), torch.tensor([[0.5, 0.0, 0.5]])

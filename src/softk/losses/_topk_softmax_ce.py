@@ -35,7 +35,12 @@ from . import targets as tg
 def topk_softmax_cross_entropy(
     input: Tensor, target: Tensor, k: int, ignore_index: int = -100, reduction: str = "mean", tau: float = 1.0
 ) -> Tensor:
-    r"""Su's sparse-softmax cross-entropy, log Σ_{top-k} e^{s_i} − s_t (see the module docstring).
+    r"""Su's sparse-softmax cross-entropy: :math:`\log \sum_{i \in \Omega_k(s)} e^{s_i} - s_t`.
+
+    s = x/τ and Ω_k(s) the indices of the k largest scores: the cross-entropy
+    of the softmax over the top k when the target t is among them, and still
+    defined and ≥ 0 when it is not.  Its gradient is that softmax minus e_t;
+    k = C is :func:`cross_entropy`.
 
     Args:
         input: scores (N, C, d1, ...) with classes on dim 1, or (C,).

@@ -22,7 +22,14 @@ from .targets import check_target_tensor
 
 
 def soft_topk_loss(input: Tensor, target: Tensor, k: int, method: str = "exp", tau: float = 1.0, reduction: str = "mean") -> Tensor:
-    r"""Fenchel–Young loss of :func:`softk.soft_topk` (see the module docstring).
+    r"""Fenchel–Young loss of :func:`softk.soft_topk`, for multi-label and top-k targets.
+
+    .. math:: L(x; y) = \Phi_k(x/\tau) + \Omega(y) - \langle x/\tau, y\rangle \ge 0,
+              \qquad \nabla_x L = (p - y)/\tau,
+
+    with p = soft_topk(x, k, method, tau), Ω(p) = Σψ(p_i) its regulariser and
+    Φ_k the smooth sum of the k largest scores: zero exactly when soft_topk
+    outputs y.
 
     Args:
         input: scores (N, C, d1, ...) with classes on dim 1, or (C,).

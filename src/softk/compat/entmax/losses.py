@@ -155,7 +155,8 @@ class _GenericLoss(nn.Module):
 
 
 class SparsemaxLoss(_GenericLoss):
-    """:func:`sparsemax_loss` reduced as entmax's modules are (module docstring)."""
+    """:func:`sparsemax_loss` reduced as entmax's modules reduce: "elementwise_mean"
+    (default), "sum" or "none", and ``ignore_index`` acting only when >= 0."""
 
     def __init__(self, k=None, ignore_index=-100, reduction="elementwise_mean", return_support_size=False):
         check_k_hint(k)
