@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import sys
@@ -14,6 +15,18 @@ from . import UsageError, finite_number, one_line
 
 DEFAULT_VALUES = [1.0, 2.0, 3.0, 4.0]
 DEFAULT_K = 2  # capped at n, so a single score still runs
+# soft_topk's constructions kept for comparison with the literature: Σp = k is
+# all they keep (their entries can exceed 1); the table marks their rows.
+COMPARISON_ONLY = ("iterative", "weighted")
+
+
+def k_number(text: str) -> int | float:
+    """--k: a whole number (as an int) or a fractional one (the threshold methods take it)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    return int(value) if value.is_integer() else value
 
 
 def register(sub):
@@ -29,8 +42,10 @@ def register(sub):
         "with its shape (run compare once per row, e.g. on x[i]).",
     )
     p.add_argument("values", nargs="*", metavar="VALUES", help="the scores (default: 1 2 3 4)")
-    p.add_argument("--k", type=int, default=None,
-                   help="k for the top-k maps, in [1, n] (default: 2, or 1 for a single score)")
+    p.add_argument("--k", type=k_number, default=None,
+                   help="k for the top-k maps: a whole number in [1, n] (default: 2, or 1 for a single score), "
+                   "or a fractional one in (0, n), which only the threshold methods of soft_topk take "
+                   "(exp, sigmoid, laplace, sparse: the other top-k rows are left out)")
     p.add_argument("--tau", type=float, default=1.0, help="temperature, a finite number > 0 (default 1)")
     p.add_argument("--alpha", type=float, default=1.3, help="α >= 1 of the extra entmax row (default 1.3)")
     p.add_argument("--input", metavar="PATH|-",
@@ -135,7 +150,7 @@ def check_scores(values: np.ndarray, source: str) -> np.ndarray:
     return values
 
 
-def operators(k: int, tau: float, alpha: float):
+def operators(k, tau: float, alpha: float):
     """(name, function of a 1-D float64 tensor) for every operator, in display order."""
     import softk
 
@@ -152,18 +167,34 @@ def operators(k: int, tau: float, alpha: float):
     return ops
 
 
+def takes_fractional_k(name: str) -> bool:
+    """Whether the operator ``name`` takes a fractional k: the k = 1 maps ignore
+    k, and of the top-k maps only soft_topk's threshold methods take one."""
+    from ..threshold import THRESHOLD_METHODS
+
+    if not name.startswith(("topk_softmax", "soft_topk[")):
+        return True
+    return name.startswith("soft_topk[") and name[len("soft_topk["):-1] in THRESHOLD_METHODS
+
+
 def compute(values: np.ndarray, k, tau: float, alpha: float) -> dict:
-    """Every operator on ``values``; ``k=None`` is min(DEFAULT_K, n)."""
+    """Every operator on ``values``; ``k=None`` is min(DEFAULT_K, n).  A
+    fractional k leaves out the operators that need a whole one."""
     n = values.size
     if k is None:
         k = min(DEFAULT_K, n)
-    if not 1 <= k <= n:
-        raise UsageError(f"--k must be in [1, n] = [1, {n}] for {n} value{'s' * (n != 1)}, got {k}")
+    whole = isinstance(k, int)
+    if not (1 <= k <= n if whole else 0 < k < n):
+        raise UsageError(f"--k must be a whole number in [1, n] = [1, {n}] or a fractional one in (0, {n}) "
+                         f"for {n} value{'s' * (n != 1)}, got {k}")
     finite_number(tau, "--tau", low=0)
     finite_number(alpha, "--alpha", low=1, strict=False)
     x = torch.tensor(values, dtype=torch.float64)
-    rows = {}
+    rows, left_out = {}, []
     for name, fn in operators(k, tau, alpha):
+        if not whole and not takes_fractional_k(name):
+            left_out.append(name)
+            continue
         p = fn(x)
         rows[name] = {
             "values": [float(v) for v in p],
@@ -178,6 +209,7 @@ def compute(values: np.ndarray, k, tau: float, alpha: float) -> dict:
         "tau": tau,
         "logsumexp": float(softk.logsumexp(x, tau=tau)),
         "rows": rows,
+        "left_out": left_out,
     }
 
 
@@ -192,15 +224,34 @@ def number(v: float) -> str:
     return f"{v:.5g}"
 
 
+def cell(v: float) -> str:
+    """An entry of p: four decimals, so 0.0000 is an exact zero; a non-zero entry
+    that would round to it in scientific notation (the support counts it).
+
+    >>> cell(0.02341), cell(0.0), cell(6.1e-05), cell(4.1e-06)
+    ('0.0234', '0.0000', '0.0001', '4.1e-06')
+    """
+    text = f"{v:.4f}"
+    return f"{v:.1e}" if v != 0 and float(text) == 0 else text
+
+
+def _marked(name: str) -> str:
+    return name + "*" if any(name == f"soft_topk[{m}]" for m in COMPARISON_ONLY) else name
+
+
 def format_table(result: dict) -> str:
     n = len(result["input"])
     head = ["operator"] + [f"x={v:g}" for v in result["input"]] + ["sum", "support"]
-    lines = [[name] + [f"{v:.4f}" for v in r["values"]] + [f"{r['sum']:.4f}", str(r["support"])]
+    lines = [[_marked(name)] + [cell(v) for v in r["values"]] + [f"{r['sum']:.4f}", str(r["support"])]
              for name, r in result["rows"].items()]
     widths = [max(len(row[i]) for row in [head] + lines) for i in range(n + 3)]
     fmt = lambda row: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))  # noqa: E731
-    out = [f"k = {result['k']}, tau = {result['tau']:g}  (top-k maps use k; softmax, sparsemax, entmax have k = 1)"]
+    out = [f"k = {result['k']:g}, tau = {result['tau']:g}  (top-k maps use k; softmax, sparsemax, entmax have k = 1)"]
+    if result["left_out"]:
+        out.append(f"k = {result['k']:g} is fractional: left out {', '.join(result['left_out'])} (they take a whole k)")
     out += [fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in lines]
+    if any(name.endswith("*") for name, *_ in lines):
+        out.append("* kept for comparison only: entries can exceed 1 (Σp = k is the one constraint they keep)")
     out.append(f"logsumexp (smooth max) = {number(result['logsumexp'])}")
     return "\n".join(out)
 
