@@ -3,6 +3,7 @@ choices, where the multi-label data comes from, and bench's progress and its
 warning that timings on a shared machine are noisy."""
 
 import importlib
+import re
 import sys
 
 import pytest
@@ -107,3 +108,10 @@ def test_bench_quiet_is_silent(tmp_path, capsys):
                  "--format", "csv", "--output", str(tmp_path / "b.csv")]) == 0
     assert capsys.readouterr().err == ""
     assert "noisy" not in (tmp_path / "b.csv").read_text()  # csv and json stay machine-readable
+
+
+def test_no_help_names_a_private_module():
+    """--help is for users: it explains, and does not send them into softk's private modules."""
+    for prog, parser in _walk(build_parser()):
+        private = re.findall(r"\bsoftk\._\w[\w.]*", parser.format_help())
+        assert not private, f"{prog} --help names {private}"

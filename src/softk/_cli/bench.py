@@ -30,7 +30,8 @@ def register(sub):
         "bench",
         help="time softk vs torch.softmax and the entmax package",
         description="Time forward, backward and both for each op and provider, interleaved round by round "
-        "(see softk._cli.harness); prints p20/p50/p80 ms, the ratio to torch.softmax and GB/s. Progress goes to "
+        "(so that drift on a shared machine hits every provider alike); prints p20/p50/p80 ms, the ratio to "
+        "torch.softmax and GB/s (the bytes each pass must read and write, over its time). Progress goes to "
         f"stderr, one line per shape. Note: {NOISE_NOTE}.",
     )
     p.add_argument("--shapes", nargs="+", default=["64x4096", "256x1024"], metavar="ROWSxCOLS",
