@@ -7,10 +7,24 @@ import os
 # where the "triton" backend is asked for; "auto" picks Triton for CUDA tensors.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, settings
+
+# torch's forward-mode AD (forward_ad.make_dual, torch.func.jvp) loads its jvp
+# decompositions on first use, and that module compiles them with
+# torch.jit.script, which warns that it is deprecated, about twenty times per
+# process.  The warnings are torch's, not softk's (softk does not script
+# anything): load the module here, once per process, with exactly that warning
+# ignored, so that every later torch.jit.script call still warns.
+with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message=r"`torch\.jit\.script` is deprecated", category=DeprecationWarning)
+    _load_jvp_decompositions = getattr(torch.autograd.forward_ad, "_maybe_load_decompositions", None)
+    if _load_jvp_decompositions is not None:
+        _load_jvp_decompositions()
 
 settings.register_profile(
     "ci",

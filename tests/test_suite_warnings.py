@@ -1,0 +1,21 @@
+"""The suite's output is not buried in warnings that are not softk's: the
+first forward-mode AD call of a process makes torch script its jvp
+decompositions, each with a DeprecationWarning about torch.jit.script;
+tests/conftest.py loads them quietly first."""
+
+import os
+import sys
+
+from . import safety_net
+from .paths import REPO
+
+DUAL = "tests/autograd/test_lean_route.py::test_forward_mode_ad_on_the_lean_route"
+
+
+def test_forward_mode_ad_raises_no_torch_jit_warning():
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
+    env.pop("PYTORCH_JIT", None)  # torch skips the decompositions when it is 0
+    done = safety_net.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                           "-W", "error::DeprecationWarning", DUAL], capture_output=True, text=True, cwd=REPO, env=env)
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "jit.script" not in done.stdout
