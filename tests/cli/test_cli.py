@@ -107,3 +107,29 @@ def test_compare_json_is_strict_with_masked_input():
     out = json.loads(r.stdout, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
     assert out["input"][2] == "-inf"
     assert out["rows"]["softmax"]["values"][2] == 0.0
+
+
+def test_simplex_figure_labels_clear_the_titles():
+    """Each corner label of simplex.png lies inside its panel and clear of the panel's title."""
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    import softk
+    from softk._cli.plot import _simplex
+
+    fig = _simplex(plt, softk)
+    try:
+        renderer = fig.canvas.get_renderer()
+        fig.canvas.draw()
+        for ax in fig.axes[:3]:
+            title, panel = ax.title.get_window_extent(renderer), ax.get_window_extent(renderer)
+            labels = [t for t in ax.texts if t.get_text().startswith("class")]
+            assert len(labels) == 3
+            for t in labels:
+                box = t.get_window_extent(renderer)
+                assert not box.overlaps(title), (ax.get_title(), t.get_text())
+                assert panel.x0 <= box.x0 and box.x1 <= panel.x1 and panel.y0 <= box.y0 and box.y1 <= panel.y1, \
+                    (ax.get_title(), t.get_text())
+    finally:
+        plt.close(fig)

@@ -47,7 +47,8 @@ def _simplex(plt, softk):
         nnz = (p > 0).sum(1)
         sc = ax.scatter(xy[:, 0], xy[:, 1], c=nnz, cmap="viridis", vmin=1, vmax=3, s=6)
         ax.plot(*np.vstack([corners, corners[:1]]).T, color="k", lw=0.8)
-        ax.set(title=name, xticks=[], yticks=[], aspect="equal")
+        # room inside the axes for the corner labels, so that "class 3" stays clear of the title
+        ax.set(title=name, xticks=[], yticks=[], aspect="equal", xlim=(-0.15, 1.15), ylim=(-0.14, 1.0))
         for c, lab in zip(corners, ["class 1", "class 2", "class 3"]):
             ax.annotate(lab, c, textcoords="offset points", xytext=(0, -12 if c[1] == 0 else 4), ha="center")
     fig.colorbar(sc, ax=axes, label="support size", ticks=[1, 2, 3], shrink=0.8)
