@@ -56,3 +56,12 @@ def test_wheel_carries_the_kernel_sources_and_runs_them(tmp_path):
                          cwd=tmp_path, env=env)
     assert ran.returncode == 0, ran.stderr[-2000:]
     assert ran.stdout.startswith("ok ")
+
+
+def test_the_cpu_test_extra_leaves_out_only_triton():
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
+    assert not [r for r in extras["test-cpu"] if r.startswith("triton")], extras["test-cpu"]
+    assert sorted(extras["test"]) == sorted(["softk[test-cpu]", *[r for r in extras["test"] if r.startswith("triton")]])
+    assert any(r.startswith("triton") for r in extras["test"])
