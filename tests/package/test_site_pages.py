@@ -1,0 +1,33 @@
+"""What a reader of the built site sees in its examples: no doctest
+machinery, and a copy button that copies the code of a ```pycon block
+without its prompts and outputs (so that a paste runs as a script)."""
+
+from __future__ import annotations
+
+import html
+import re
+
+
+def pages(site):
+    return sorted(p for p in site.rglob("index.html") if "assets" not in p.parts)
+
+
+def test_no_page_shows_doctest_machinery(site):
+    for path in pages(site):
+        text = html.unescape(re.sub(r"<[^>]+>", "", path.read_text(encoding="utf-8")))
+        hits = re.findall(r"# doctest:.*|<torch\._C\.\w+ object at", text)
+        assert not hits, f"{path.relative_to(site)}: {hits}"
+
+
+def test_copy_leaves_out_prompts_and_outputs(site):
+    page = (site / "getting-started" / "index.html").read_text(encoding="utf-8")
+    # the examples mark prompts and outputs as Pygments' .gp and .go ...
+    assert '<span class="gp">&gt;&gt;&gt; </span>' in page and '<span class="go">' in page
+    # ... and while Material's copy button reads a block (data-md-copying), they are not displayed
+    sheets = [site / href.replace("../", "") for href in re.findall(r'<link rel="stylesheet" href="([^"]+)"', page)]
+    rules = "".join(s.read_text(encoding="utf-8") for s in sheets if s.is_file() and "extra" in s.name)
+    rules = re.sub(r"/\*.*?\*/", "", rules, flags=re.DOTALL)
+    hidden = re.search(r"([^{}]*)\{\s*display:\s*none;?\s*\}", rules)
+    assert hidden, rules
+    selectors = {" ".join(s.split()) for s in hidden.group(1).split(",")}
+    assert {"[data-md-copying] .gp", "[data-md-copying] .go"} <= selectors, selectors
