@@ -14,17 +14,21 @@ import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
-# torch's forward-mode AD (forward_ad.make_dual, torch.func.jvp) loads its jvp
-# decompositions on first use, and that module compiles them with
-# torch.jit.script, which warns that it is deprecated, about twenty times per
-# process.  The warnings are torch's, not softk's (softk does not script
-# anything): load the module here, once per process, with exactly that warning
-# ignored, so that every later torch.jit.script call still warns.
+# Two modules of torch warn, while they load, that torch.jit.script (or
+# script_method) is deprecated, about twenty times per process: the jvp
+# decompositions that forward-mode AD (forward_ad.make_dual, torch.func.jvp)
+# loads on first use, and torch.utils.mkldnn, which torch.compile's Inductor
+# imports.  The warnings are torch's, not softk's (softk scripts nothing): load
+# both here, once per process, with exactly those warnings ignored, so that
+# any other torch.jit.script call still warns.
 with warnings.catch_warnings():
-    warnings.filterwarnings("ignore", message=r"`torch\.jit\.script` is deprecated", category=DeprecationWarning)
+    warnings.filterwarnings("ignore", message=r"`torch\.jit\.script(_method)?` is deprecated",
+                            category=DeprecationWarning)
     _load_jvp_decompositions = getattr(torch.autograd.forward_ad, "_maybe_load_decompositions", None)
     if _load_jvp_decompositions is not None:
         _load_jvp_decompositions()
+    import torch.utils.mkldnn  # noqa: F401
+
 
 settings.register_profile(
     "ci",
