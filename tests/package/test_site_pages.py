@@ -31,3 +31,16 @@ def test_copy_leaves_out_prompts_and_outputs(site):
     assert hidden, rules
     selectors = {" ".join(s.split()) for s in hidden.group(1).split(",")}
     assert {"[data-md-copying] .gp", "[data-md-copying] .go"} <= selectors, selectors
+
+
+WORKSHOP = re.compile(r"\b[Ii]ssue \d+|\b[Ii]ssue's\b|\bsessions?\b|device tool|can_start_another|"
+                      r"\bcarry: ")
+
+
+def test_no_page_speaks_of_how_the_project_was_built(site):
+    """The site (the included BENCHMARKS.md and EXPERIMENTS.md too) speaks of the
+    project: no issue numbers, sessions or the tools of the place it was built in."""
+    for path in pages(site):
+        text = html.unescape(re.sub(r"<[^>]+>", " ", path.read_text(encoding="utf-8")))
+        hits = [m.group(0) for m in WORKSHOP.finditer(text)]
+        assert not hits, f"{path.relative_to(site)}: {hits}"
