@@ -91,3 +91,9 @@ def test_the_hook_turns_sphinx_math_into_arithmatex():
     assert md(r"A :math:`\lambda_i` and :math:`a +" "\n" r"   b`.") == r"A $\lambda_i$ and $a + b$."
     assert md("Text.\n\n.. math:: p = q,\n          r = s\n\nMore.").splitlines() == \
         ["Text.", "", "", "$$", "p = q,", "r = s", "$$", "", "More."]
+
+
+def test_no_page_sends_the_reader_into_a_private_module(site):
+    for path in api_pages(site):
+        private = sorted(set(re.findall(r"\bsoftk\._\w[\w.]*", text_of(path.read_text(encoding="utf-8")))))
+        assert not private, f"{path.parent.name}: {private}"

@@ -114,9 +114,8 @@ def softmax(x: Tensor, dim: int = -1, tau: float = 1.0) -> Tensor:
     Returns:
         A tensor shaped like ``x`` in ``x.dtype``.  A row whose entries are all
         ``-inf`` gives zeros (``torch.softmax`` gives NaN).  On the "triton"
-        backend the forward is one dedicated kernel
-        (:mod:`softk._backends.triton.softmax`: several narrow rows per program, each
-        row read once up to 16,384 entries).
+        backend (CUDA tensors) the forward is one dedicated kernel that reads
+        each row once, up to 16,384 entries.
 
     Example:
 
