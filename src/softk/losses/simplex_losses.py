@@ -107,7 +107,8 @@ def entmax_loss(
     ∂L/∂α = ∂Ω_α(y)/∂α − ∂Ω_α(p)/∂α (the envelope theorem), so α can be
     learnt with the loss (it runs on the PyTorch path).  Other α solve the map by safeguarded Newton to
     the working precision.  On the CPU's compiled kernels a float 1 < α ≤ 2 takes the fused loss
-    kernel (:mod:`softk._ops.fused_loss`); α > 2 and a tensor α take the unfused route.
+    kernel (one pass per row writes the loss and its gradient); α > 2 and a tensor α take the
+    unfused route.
     {args}
     >>> import torch
     >>> x, t = torch.tensor([[0.0, 0.5, 2.0]]), torch.tensor([1])
