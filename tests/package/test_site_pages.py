@@ -1,11 +1,16 @@
-"""What a reader of the built site sees in its examples: no doctest
-machinery, and a copy button that copies the code of a ```pycon block
-without its prompts and outputs (so that a paste runs as a script)."""
+"""What a reader of the built site sees: examples without doctest machinery,
+a copy button that copies the code of a ```pycon block without its prompts
+and outputs (so that a paste runs as a script), code lines that fit the
+column on the first pages, and pages that speak of the project only."""
 
 from __future__ import annotations
 
 import html
 import re
+
+import pytest
+
+from ..paths import REPO
 
 
 def pages(site):
@@ -44,3 +49,19 @@ def test_no_page_speaks_of_how_the_project_was_built(site):
         text = html.unescape(re.sub(r"<[^>]+>", " ", path.read_text(encoding="utf-8")))
         hits = [m.group(0) for m in WORKSHOP.finditer(text)]
         assert not hits, f"{path.relative_to(site)}: {hits}"
+
+
+# About what a code block shows without scrolling in the site's content column at 1400 px.
+CODE_WIDTH = 88
+
+
+@pytest.mark.parametrize("page", ["getting-started.md", "guides/attention.md"])
+def test_code_fits_the_column(page):
+    """The first pages a new reader opens show every code line whole."""
+    long, fenced = [], False
+    for number, line in enumerate((REPO / "docs" / page).read_text(encoding="utf-8").splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif fenced and len(line) > CODE_WIDTH:
+            long.append(f"{number}: {line}")
+    assert not long, f"docs/{page}: code lines wider than {CODE_WIDTH}:\n" + "\n".join(long)
