@@ -2,7 +2,8 @@
 
 README.md, BENCHMARKS.md, EXPERIMENTS.md and docs/**/*.md point readers at
 tests, sources and benchmark scripts by path (``tests/...py``,
-``src/softk/...``, ``benchmarks/...``, ``docs/...``); a file that moves leaves
+``src/softk/...``, ``benchmarks/...``, ``docs/...``, and ``softk/...``, a
+path under ``src/``); a file that moves leaves
 such a pointer stale, and nothing else would notice.  ``{a,b}`` in a path
 stands for each alternative, ``*`` for any name, as a shell reads them."""
 
@@ -18,7 +19,7 @@ from ..paths import REPO
 PAGES = [REPO / "README.md", REPO / "BENCHMARKS.md", REPO / "EXPERIMENTS.md", *sorted((REPO / "docs").rglob("*.md"))]
 # a path from the repository's root: not inside another path (../shared/...)
 # nor a URL, and its last character not the sentence's full stop or comma
-PATH = re.compile(r"(?<![\w./~-])(?:tests|src/softk|benchmarks|docs)/[\w./{},*-]*[\w/*}]")
+PATH = re.compile(r"(?<![\w./~-])(?:tests|src/softk|softk|benchmarks|docs)/[\w./{},*-]*[\w/*}]")
 
 
 def _expand(path: str) -> list[str]:
@@ -34,6 +35,8 @@ def named_paths(text: str) -> list[str]:
 
 
 def exists(path: str, root: Path = REPO) -> bool:
+    if path.startswith("softk/"):
+        root = root / "src"
     return any(root.glob(path.rstrip("/"))) if "*" in path else (root / path).exists()
 
 
@@ -51,3 +54,5 @@ def test_the_paths_are_found_as_a_reader_writes_them():
                                  "benchmarks/results/run2.md"]
     assert exists("tests/maps/test_edges.py") and exists("src/softk/_cli/") and exists("tests/*/test_edges.py")
     assert not exists("tests/test_edges.py") and not exists("tests/*/test_no_such_file.py")
+    assert named_paths("in `softk/_cli/compare.py`") == ["softk/_cli/compare.py"]
+    assert exists("softk/_cli/compare.py") and not exists("softk/_cli/no_such_module.py")
