@@ -1,5 +1,5 @@
 """GradTopK at scale: soft_topk(method="grad") forward + backward, float32,
-by each route (softk._maps.gradtopk.ROUTE: the sequential scan, the tree of
+by each route (softk._ops.gradtopk.ROUTE: the sequential scan, the tree of
 log-space polynomial products, the automatic choice), next to soft_topk "exp".
 
 Run:
@@ -17,7 +17,7 @@ import time
 import torch
 
 import softk
-from softk._maps import gradtopk
+from softk._ops import gradtopk
 
 COMPARE_SHAPES = [(8, 4096, 256), (256, 1024, 32)]
 SWEEP = [(8, 4096), (64, 1024), (256, 256), (512, 64), (1024, 16)]
@@ -74,7 +74,7 @@ def count_ops(batch: int, n: int, k: int, route: str) -> int:
     backward, with the tree's products unblocked as on a GPU."""
     from torch.profiler import ProfilerActivity, profile
 
-    from softk._maps import gradtopk_tree
+    from softk._backends.gradtopk import tree as gradtopk_tree
 
     gen = torch.Generator().manual_seed(0)
     x = (torch.randn(batch, n, generator=gen) * 3).requires_grad_()

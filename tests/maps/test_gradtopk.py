@@ -1,8 +1,8 @@
 """GradTopK (soft_topk(method="grad")): exactness against mpmath and subset
 enumeration, stability where the seed's recursion breaks, the explicit HVP
 backward against finite differences.  Every test runs once per route (the
-sequential scan and the tree, forced through softk._maps.gradtopk.ROUTE); the routes'
-own tests are in tests/test_gradtopk_tree.py."""
+sequential scan and the tree, forced through softk._ops.gradtopk.ROUTE); the routes'
+own tests are in tests/maps/test_gradtopk_tree.py."""
 
 import math
 
@@ -20,7 +20,7 @@ from ..oracle import topk as ref
 @pytest.fixture(autouse=True, scope="module", params=["scan", "tree"])
 def route(request):
     # module scope: the hypothesis test below may not take a function-scoped fixture
-    from softk._maps import gradtopk
+    from softk._ops import gradtopk
 
     saved, gradtopk.ROUTE = gradtopk.ROUTE, request.param
     yield request.param
@@ -262,7 +262,7 @@ def test_errors_name_the_parameter():
 def test_row_chunks_give_the_same_result(rng, monkeypatch):
     # Large batches run in chunks of rows (bounded table memory): force tiny
     # chunks and compare with one chunk, forward and backward.
-    from softk._maps import gradtopk
+    from softk._ops import gradtopk
 
     x = torch.tensor(rng.normal(size=(5, 9)) * 3, requires_grad=True)
     g = torch.tensor(rng.normal(size=(5, 9)))

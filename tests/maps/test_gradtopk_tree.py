@@ -1,6 +1,6 @@
 """GradTopK's two routes, each forced on the same inputs: the tree of log-space
-polynomial products (softk._maps.gradtopk_tree) and the sequential scan
-(softk._maps.gradtopk_scan), against the mpmath oracle (tests/oracle_topk.py), the
+polynomial products (softk._backends.gradtopk.tree) and the sequential scan
+(softk._backends.gradtopk.scan), against the mpmath oracle (tests/oracle_topk.py), the
 subset enumeration and each other, forward, backward and log e_k."""
 
 import math
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import softk
-from softk._maps import gradtopk
+from softk._ops import gradtopk
 
 from ..oracle import topk as ref
 
@@ -239,7 +239,7 @@ def test_jacfwd_jacrev_and_vmap_agree(rng, monkeypatch, route):
 
 
 def test_cpu_blocks_give_the_same_products(rng, monkeypatch):
-    from softk._maps import gradtopk_tree
+    from softk._backends.gradtopk import tree as gradtopk_tree
 
     z = torch.tensor(rng.normal(size=(5, 300)) * 4)
     z[2, ::4] = -INF

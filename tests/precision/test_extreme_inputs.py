@@ -99,7 +99,7 @@ def test_gradtopk_any_float64_scale():
         # 1e-13: the tables hold log-weights up to k·(130 + log 2nk) ≈ 270 (eps·270 ≈ 6e-14)
         close(p, [1, 0.2689414213699951, 0.7310585786300049], 1e-13)
     p = softk.soft_topk(t([0.3, 0.1, 0.2], dtype=torch.float64), 1, method="grad", tau=1e-300)
-    close(p, [1, 0, 0], 1e-55)  # the documented floor 2nk·e^-130 (softk._maps.gradtopk._clamp_margin)
+    close(p, [1, 0, 0], 1e-55)  # the documented floor 2nk·e^-130 (softk._ops.gradtopk._clamp_margin)
 
 
 # ---------------------------------------------------------------- entmax

@@ -26,7 +26,7 @@ for entmax (p = e^{β·log w}, β = 1/(α−1)).  The test allows 8× this bound
     tol_i = 8·eps·[d_i (|s_i| + W + 4k/Σd) + κ_i p_i] + 2^-1074
 
 (plus GradTopK's documented absolute floor 2nk·e^-130, see
-softk._maps.gradtopk._clamp_margin).
+softk._ops.gradtopk._clamp_margin).
 
 A wrong λ by one ulp of the offset (what the unshifted path did) is d_i·ulp(c)
 ≫ tol_i, so every failure listed in issue 12 fails here.  |Σp − k| is also
@@ -175,7 +175,7 @@ def test_map_is_exact_for_the_rounded_input(map_id, case_id, k, backend):
         p = call(x, k, tau).double().numpy()
     ref = _reference(map_id, case_id, k)
     eps = float(np.finfo(dt).eps)
-    # grad: entries e^130 above the (k+1)-th are lowered to it (softk._maps.gradtopk._clamp_margin),
+    # grad: entries e^130 above the (k+1)-th are lowered to it (softk._ops.gradtopk._clamp_margin),
     # an absolute error of at most 2nk·e^-130 by design
     # and its tables hold log-weights up to k·(130 + log 2nk): their rounding is eps·k·140 in log p
     floor = 2 * N * k * math.exp(-130) if map_id == "topk-grad" else 5e-324

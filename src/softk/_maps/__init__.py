@@ -1,7 +1,6 @@
 """The maps behind softk's public functions, one file per concept:
 ``simplex`` (softmax, sparsemax, entmax), ``soft_topk``, ``hard`` (hard top-k,
-top-k softmax), ``iterative``, ``gradtopk`` (with its ``gradtopk_scan`` and
-``gradtopk_tree`` routes), ``topk_sum``, ``normmax``, ``budget``,
+top-k softmax), ``iterative``, ``topk_sum``, ``normmax``, ``budget``,
 ``routing``, ``support`` and ``properties`` (the checks of what each map
 promises).  Import them from :mod:`softk`.
 """

@@ -20,7 +20,7 @@ and three more constructions:
 
 =============  ===============================================================
 "grad"         GradTopK: p = ∇ log e_k(exp(x/τ)), the k-subset marginals
-               (:mod:`softk._maps.gradtopk`); 0 < p < 1, k = 1 is softmax
+               (:mod:`softk._ops.gradtopk`); 0 < p < 1, k = 1 is softmax
 "iterative"    Su 2019: k rounds of p += softmax((1 − p) ⊙ z), z ≥ 0
                (:mod:`softk._maps.iterative`); p can exceed 1, not monotone
 "weighted"     k rounds of p += softmax of z weighted by 1 − p; flawed (its
@@ -37,7 +37,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from .._validate import check_topk_args
-from .gradtopk import gradtopk
+from .._ops.gradtopk import gradtopk
 from .iterative import su_iterative, weighted
 from ..threshold import THRESHOLD_METHODS
 from .._ops.op import threshold_map

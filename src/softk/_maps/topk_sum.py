@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from .._validate import check_topk_args
-from .gradtopk import log_ek
+from .._ops.gradtopk import log_ek
 from ..threshold import THRESHOLD_METHODS
 from .._ops.potential import potential
 from ..threshold.rows import compute_dtype

@@ -8,6 +8,8 @@
 * ``entmax_alpha``: α-entmax with a tensor α, and α's gradient;
 * ``softmax_triton``: log_softmax and logsumexp on the Triton kernels;
 * ``normmax``: α-normmax on rows, with its α-gradient;
+* ``gradtopk``: GradTopK's marginals, their Hessian-vector product and
+  log e_k, on the scan or the tree of :mod:`softk._backends.gradtopk`;
 * ``fused_loss``: the fused Fenchel–Young loss (the loss and its gradient
   in one kernel per row);
 * ``fused_linear``: the fused linear loss's pass over chunks of rows;

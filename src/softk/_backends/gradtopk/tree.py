@@ -1,6 +1,6 @@
 r"""GradTopK by a balanced tree of truncated log-space polynomial products.
 
-The same quantities as the sequential scan (:mod:`softk._maps.gradtopk_scan`), with
+The same quantities as the sequential scan (:mod:`.scan`), with
 O(log n) levels of a few batched tensor ops each instead of n steps: the
 route for long rows and large k, and the one that suits a GPU.
 

@@ -16,9 +16,9 @@ cancels catastrophically (in log space: log(a − b) with a ≈ b, NaN once
 rounding gives b > a).  Here everything is a *sum of non-negative terms*,
 by one of two routes that compute the same quantities (float64 throughout):
 
-* the scan (:mod:`softk._maps.gradtopk_scan`): prefix and suffix tables of
+* the scan (:mod:`softk._backends.gradtopk.scan`): prefix and suffix tables of
   log e_j over the row, n sequential steps of small ops;
-* the tree (:mod:`softk._maps.gradtopk_tree`): log e_j of the row as a balanced
+* the tree (:mod:`softk._backends.gradtopk.tree`): log e_j of the row as a balanced
   tree of truncated log-space polynomial products, and log e_{k−1}(w_{−i}) by
   the tree's outside pass; 2·log2(n) levels of a few large ops each.
 
@@ -26,7 +26,7 @@ by one of two routes that compute the same quantities (float64 throughout):
 measured faster (k ≥ 32, or at most 16 rows, where the scan's n steps are
 overhead-bound); ``ROUTE`` forces one.  Both were measured within 7e-12
 (relative) of the mpmath oracle in p and 2e-11 (absolute) in H g up to
-n = 257, k = 256, the tree the closer of the two; tests/test_gradtopk_tree.py
+n = 257, k = 256, the tree the closer of the two; tests/maps/test_gradtopk_tree.py
 holds them to 1e-10 and 3e-11.
 
 Scale.  Rows are shifted by their (k+1)-th largest entry r and entries more
@@ -61,8 +61,8 @@ import torch
 from torch import Tensor
 
 from .._ops import lean as _lean
-from .gradtopk_scan import solve_scan
-from .gradtopk_tree import solve_tree
+from .._backends.gradtopk.scan import solve_scan
+from .._backends.gradtopk.tree import solve_tree
 from ..threshold.rows import row_status
 
 _WORK = torch.float64
@@ -87,7 +87,7 @@ def route(rows: int, n: int, k: int, device: torch.device) -> str:
     """
     if ROUTE != "auto":
         if ROUTE not in ROUTES:
-            raise ValueError(f"softk._maps.gradtopk.ROUTE must be 'auto', 'scan' or 'tree', got {ROUTE!r}")
+            raise ValueError(f"softk._ops.gradtopk.ROUTE must be 'auto', 'scan' or 'tree', got {ROUTE!r}")
         return ROUTE
     if device.type != "cpu" or k >= 32 or rows <= 16:
         return "tree"
@@ -126,7 +126,7 @@ def _clamp_margin(n: int, k: int) -> float:
     moves every other marginal by at most 2 (n − k) e^{−T}; with at most k
     such entries, T = 130 + log(2nk) keeps the total below e^−130 ≈ 4e−57
     (absolute: far below float64's resolution of p near 1, and below the
-    e^−100 tails that tests/test_gradtopk.py checks at 1e−40).  The price is
+    e^−100 tails that tests/maps/test_gradtopk.py checks at 1e−40).  The price is
     the tables' range, ≈ k·T: their rounding stays ~1e−14 relative."""
     return 130.0 + math.log(2.0 * n * k)
 

@@ -1,7 +1,7 @@
 r"""GradTopK by a sequential scan over the row (the O(n)-step route).
 
 Prefix and suffix tables of log elementary symmetric polynomials, every update
-a sum of two non-negative terms (see :mod:`softk._maps.gradtopk` for the quantity):
+a sum of two non-negative terms (see :mod:`softk._ops.gradtopk` for the quantity):
 
 * prefix tables  A[i, j] = log e_j(w_1..w_i)  by
   A[i, j] = logaddexp(A[i−1, j], z_i + A[i−1, j−1]), truncated at j ≤ k;
