@@ -23,7 +23,6 @@ difference of the oracle's forward, in float32).  Exit 1 when a case fails.
 from __future__ import annotations
 
 import argparse
-import datetime
 import itertools
 import json
 import os
@@ -156,8 +155,9 @@ def main(argv=None) -> int:
         if r["verdict"] not in ("pass", "skipped"):
             print(f"{r['verdict'].upper():7s} {r}", flush=True)
     counts = {v: sum(r["verdict"] == v for r in rows) for v in ("pass", "fail", "error", "skipped")}
-    meta = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu (dry run)",
-            "torch": torch.__version__, "date": datetime.date.today().isoformat()}
+    from gpu import meta_info
+
+    meta = meta_info(args.device)
     print(f"attention: {counts['pass']} of {len(rows)} passed, {counts['fail']} failed, {counts['error']} errors, "
           f"{counts['skipped']} not reached ({time.monotonic() - t0:.0f} s)", flush=True)
     if args.json:

@@ -24,7 +24,6 @@ Times are reported with their ratio to ``torch`` at the same shape.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import sys
@@ -81,8 +80,9 @@ def main(argv=None) -> int:
     cuda = args.device == "cuda"
     dtype = torch.bfloat16 if cuda else torch.float32
     t0, rows = time.monotonic(), []
-    meta = {"device": torch.cuda.get_device_name() if cuda else "cpu (dry run)", "torch": torch.__version__,
-            "date": datetime.date.today().isoformat(), "dtype": str(dtype)}
+    from gpu import meta_info
+
+    meta = dict(meta_info(args.device), dtype=str(dtype))
 
     def write():
         if args.json:

@@ -91,18 +91,20 @@ def install_wheels(folder: str, log) -> str | None:
 
 
 def meta_info(dry_run: bool) -> dict:
-    import torch
+    """``gpu.meta_info`` (device, torch, triton, date) with the time, Python, the commit and the peers' versions."""
+    if HERE not in sys.path:
+        sys.path.insert(0, HERE)
+    from gpu import meta_info as device_info
 
     versions = {}
-    for name in ("triton", "transformers", "entmax", "adasplash", "liger_kernel"):
+    for name in ("transformers", "entmax", "adasplash", "liger_kernel"):
         try:
             mod = __import__(name)
             versions[name] = getattr(mod, "__version__", "installed")
         except Exception:  # noqa: BLE001 - a missing peer is a row, not a crash
             versions[name] = None
     rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    device = "cpu (dry run)" if dry_run else torch.cuda.get_device_name()
-    return {"device": device, "torch": torch.__version__, "python": sys.version.split()[0], "softk_commit": rev.stdout.strip() or None,
+    return {**device_info("cpu" if dry_run else "cuda"), "python": sys.version.split()[0], "softk_commit": rev.stdout.strip() or None,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), **versions}
 
 

@@ -24,7 +24,6 @@ shape.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import sys
@@ -157,8 +156,9 @@ def main(argv=None) -> int:
         pool.shutdown(wait=False, cancel_futures=True)
         print(f"compiled {done} of {len(items)} in {args.jobs} processes ({time.monotonic() - t0:.0f} s)", flush=True)
     timer = _timer(args.device)
-    meta = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu (dry run)",
-            "torch": torch.__version__, "date": datetime.date.today().isoformat()}
+    from gpu import meta_info
+
+    meta = meta_info(args.device)
     rows_out = []
 
     def write():

@@ -72,7 +72,7 @@ def test_dry_run_runs_every_stage(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert sorted(os.listdir(out)) == ["log.txt", "run_all.json", "summary.md"]
     report = json.loads((out / "run_all.json").read_text())
-    assert report["meta"]["device"] == "cpu (dry run)"
+    assert report["meta"]["device"] == "cpu (no GPU)"
     stages = report["stages"]
     assert list(stages) == [s[0] for s in run_all.STAGES]
     for name, st in stages.items():
