@@ -29,6 +29,14 @@ with d_i < 0 vanish and p tends to the argmax (uniform on ties); a·ℓ and
 log(a·d) stay finite for every finite α, so no ceiling on α is needed
 (α = inf is refused by the callers).
 
+Near α = 1 (α − 1 < 1/8) the anchor is the row's maximum instead.  The
+smallest support entry can then sit hundreds of units below the rest (an
+entry 500 below three zeros at α = 1.0001 has ℓ ≈ −514), and ℓ's own float
+resolution, ulp(ℓ), becomes a relative error of every p; at the maximum
+ℓ = log p_max lies in [−log m, 0] (m finite entries, each p_i ≤ p_max), every
+d_i ≤ 0 takes the log1p form, which tends to log p_i = ℓ + d_i (softmax), and
+G is convex in ℓ.
+
 G(ℓ) = Σ_i p_i is increasing in ℓ (and convex on the terms with d_i ≥ 0:
 d log p_i/dℓ = σ(a ℓ − log(a d_i)) ∈ (0, 1]); Newton runs inside the bracket
 (−∞, 0] (p_j = 1 gives G ≥ 1), bisecting when a step leaves it.  The anchor is
@@ -44,6 +52,8 @@ import torch
 from torch import Tensor
 
 _ROUNDS = 4
+# Below this α − 1 the anchor is the row's maximum (see the module docstring).
+NEAR_ONE = 0.125
 _NEWTON = 60
 
 
@@ -116,6 +126,8 @@ def _entmax_probs_dense(alpha, s: Tensor, lam: Tensor, active: Tensor) -> Tensor
     log_a = torch.log(torch.as_tensor(a, dtype=s.dtype))
     finite = s > float("-inf")
     inf = torch.tensor(float("inf"), dtype=s.dtype)
+    top = torch.where(finite, s, float("-inf")).amax(-1, keepdim=True)
+    near_one = torch.as_tensor(a, dtype=s.dtype) < NEAR_ONE
     # The anchor: first the largest entry at or below the solver's λ (λ is
     # only known to its grid, so that entry may be in the support), moving
     # up while it is not; the smallest entry when none is below λ.
@@ -123,6 +135,7 @@ def _entmax_probs_dense(alpha, s: Tensor, lam: Tensor, active: Tensor) -> Tensor
     anchor = torch.where(below, s, float("-inf")).amax(-1, keepdim=True)
     bottom = torch.where(finite, s, inf).amin(-1, keepdim=True)
     anchor = torch.where(anchor > float("-inf"), anchor, bottom)
+    anchor = torch.where(near_one, top, anchor)
     anchor = torch.where(active, anchor, 0.0)
     for _ in range(_ROUNDS):
         d = torch.where(finite, s - anchor, float("-inf"))
@@ -136,16 +149,20 @@ def _entmax_probs_dense(alpha, s: Tensor, lam: Tensor, active: Tensor) -> Tensor
         anchor = torch.where(out, nxt, anchor)
     d = torch.where(finite, s - anchor, float("-inf"))
     # Start from the solver's own p_j; ℓ = 0 (p_j = 1, G ≥ 1) bounds the
-    # root above, and −inf below.  Newton inside the bracket, bisection
-    # (on ℓ, or halving towards −∞ while no lower end is known) when a step
-    # leaves it: entries below the anchor that re-enter the support can
-    # break G's convexity, and rounding can put the start just below 1.
+    # root above, and −inf below (−log m, m finite entries, at the maximum:
+    # every p_i ≤ p_j there).  Newton inside the bracket, bisection (on ℓ,
+    # or halving towards −∞ while no lower end is known) when a step leaves
+    # it: entries below the anchor that re-enter the support can break G's
+    # convexity, and rounding can put the start just below 1.
     pj = torch.clamp((a * (anchor - lam)), min=0.0)
     ell = torch.where(pj > 0, beta * torch.log(torch.where(pj > 0, pj, 1.0)), -1.0)
     ell = torch.clamp(ell, max=0.0)
     hi = torch.zeros_like(ell)
-    lo = torch.full_like(ell, float("-inf"))
+    m = finite.sum(-1, keepdim=True).clamp(min=1).to(s.dtype)
+    lo = torch.where(near_one, -torch.log(m), float("-inf"))
+    ell = torch.where(near_one, torch.maximum(ell, lo), ell)
     eps = torch.finfo(s.dtype).eps
+    n = s.shape[-1]
     for _ in range(_NEWTON):
         logp, slope = _log_terms(d, ell, a, beta, log_a)
         p = torch.exp(logp)
@@ -153,19 +170,25 @@ def _entmax_probs_dense(alpha, s: Tensor, lam: Tensor, active: Tensor) -> Tensor
         dg = (p * slope).sum(-1, keepdim=True)
         hi = torch.where(g >= 1, torch.minimum(hi, ell), hi)
         lo = torch.where(g < 1, torch.maximum(lo, ell), lo)
-        new = ell - (g - 1) / torch.where(dg > 0, dg, 1.0)
-        inside = (dg > 0) & (new > lo) & (new < hi)
+        raw = ell - (g - 1) / torch.where(dg > 0, dg, 1.0)
+        # Converged where Σp is 1 to rounding, or where Newton's own step no
+        # longer moves ℓ beyond its resolution (tested before the safeguard:
+        # a step that rounds back onto a bracket end is convergence, not a
+        # reason to bisect away from the root).
+        step = torch.abs(raw - ell)
+        settled = (g - 1).abs() <= eps
+        settled = settled | (step == 0) | (
+            (step <= 2 * eps * torch.clamp(torch.abs(ell), min=1.0)) & (torch.abs(g - 1) <= 2 * n * eps)
+        )
+        inside = (dg > 0) & (raw > lo) & (raw < hi)
         mid = torch.where(lo > float("-inf"), 0.5 * (lo + hi), 2 * hi - 1)
-        new = torch.where(inside, new, mid)
+        new = torch.where(inside, raw, mid)
+        # a settled row still takes its last (sub-resolution) Newton step
+        exact = (g - 1).abs() <= eps
+        new = torch.where(settled, torch.where(exact, ell, raw), new)
         new = torch.where(active, new, ell)
-        # stop where Σp is 1 to rounding or ℓ no longer moves (not on a
-        # relative step size: ℓ ~ −4 would then stop 1e−6 early in float32)
-        n = s.shape[-1]
-        settled = (torch.abs(new - ell) <= 2 * eps * torch.clamp(torch.abs(ell), min=1.0)) & (
-            torch.abs(g - 1) <= 2 * n * eps
-        )  # at ℓ's resolution with Σp at the rounding of n terms
-        done = (torch.abs(g - 1) <= eps) | (new == ell) | settled | ~active
-        ell = torch.where(torch.abs(g - 1) <= eps, ell, new)
+        done = settled | ~active
+        ell = new
         if bool(done.all()):
             break
     logp, _ = _log_terms(d, ell, a, beta, log_a)

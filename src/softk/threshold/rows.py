@@ -47,12 +47,22 @@ def scaled_rows(x: Tensor, tau: float, family=None, k=1, shift: bool = True) -> 
     ulp(outlier).  No autograd is needed: the maps are shift invariant and
     their backward takes τ separately.  ``shift=False`` (the compiled
     kernels at τ = 1, which find λ relative to the row themselves) skips it.
+    A finite entry whose z overflows becomes the largest finite value (p = 1
+    there for the top-k maps), never +inf, which is kept for +inf in x.
     """
     ct = compute_dtype(x.dtype)
     z = x if x.dtype == ct else x.to(ct)
+    capped = family is not None and family.capped
     if shift:
-        z = z - lambda_reference(z, k, family is not None and family.capped)
-    return z if tau == 1.0 else z / tau
+        z = z - lambda_reference(z, k, capped)
+    z = z if tau == 1.0 else z / tau
+    if tau < 1.0 or (capped and (isinstance(k, Tensor) or k != 1)):
+        # A finite entry far above the reference (a top-k threshold, or any
+        # entry once divided by a small τ) can overflow to +inf, which would
+        # mark the row broken.  It is then the largest finite value instead:
+        # p = 1 on it for the capped maps, as in the limit, and the sum is kept.
+        z = torch.where((z == float("inf")) & (x != float("inf")), torch.finfo(z.dtype).max, z)
+    return z
 
 
 def row_status(z: Tensor, k: int):

@@ -6,7 +6,8 @@ With a = α − 1, β = 1/a and w_i = a(z_i − λ): p_i = (w_i)_+^β, Σp = 1. 
 large α an entry with p = 0.03 at α = 5 has w = p⁴ ≈ 1e-6, so z_i − λ would
 have to be resolved far below ulp(z_i); for α → 1 the rounding of w is
 multiplied by β.  Instead the unknown is ℓ = log p_j of an anchor entry j
-(the smallest entry of the support): w_j = e^{aℓ}, w_i = w_j + a·d_i with
+(the smallest entry of the support; the row maximum for α − 1 < 1/8,
+:func:`_solve_near_one`, as on the torch route): w_j = e^{aℓ}, w_i = w_j + a·d_i with
 d_i = z_i − z_j, and
 
 .. math::  \log p_i = \ell + \beta\,\mathrm{softplus}(\log(a d_i) - a\ell)
@@ -240,11 +241,74 @@ def _anchor_refine(xr, rmask, xrow, n, ref, inv_tau, c, t, am1, active, A0, ell0
 
 
 @triton.jit
+def _near_block(z, ell, a, beta, log_a):
+    # per lane: G and G' at the row maximum's log-probability ℓ (d = z ≤ 0)
+    logp, slope = _log_terms(z, ell, a, beta, log_a)
+    p = tl.exp(logp)
+    return p, p * slope
+
+
+@triton.jit
+def _solve_near_one(xr, rmask, xrow, n, inv_tau, xmax, m, active, am1,
+                    ROWS: tl.constexpr, BLOCK: tl.constexpr, ONCHIP: tl.constexpr, MAXIT: tl.constexpr):
+    """(ref, A, ℓ, passes) for α − 1 < 1/8: the anchor is the row maximum
+    (A = 0 in the frame ``ref`` = max), so ℓ = log p_max lies in
+    [−log m, 0] (m finite entries, each p_i ≤ p_max) and keeps float32's
+    relative precision, where the smallest support entry's ℓ (down to
+    −500 and below near α = 1) would not.  Every d_i ≤ 0 takes the
+    log1p branch, β·log1p(−a|d_i|e^{−aℓ}) → −|d_i| as a → 0: softmax.
+    Newton runs on log G, which is linear in ℓ at α = 1 (one step there),
+    inside the bracket, bisecting where a step leaves it; no λ search."""
+    ref = _finite_or_zero(xmax)
+    a = am1
+    beta = 1.0 / a
+    log_a = tl.log(a)
+    A = tl.zeros([ROWS, 1], tl.float32)
+    lo = -tl.log(tl.maximum(m, 1.0))
+    hi = tl.zeros([ROWS, 1], tl.float32)
+    ell = lo
+    it = tl.zeros([ROWS, 1], tl.int32)
+    done = tl.where(active, 0, 1)
+    run = done == 0
+    more = tl.max(tl.max(run.to(tl.int32), 1), 0)
+    while more > 0:
+        if ONCHIP:
+            acc = _near_block(_scaled(xrow, ref, inv_tau), ell, a, beta, log_a)
+        else:
+            acc = (tl.zeros([ROWS, BLOCK], tl.float32), tl.zeros([ROWS, BLOCK], tl.float32))
+            for start in range(0, n, BLOCK):
+                s = _near_block(_load_z(xr, rmask, _cols(start, BLOCK), n, ref, inv_tau), ell, a, beta, log_a)
+                acc = (acc[0] + s[0], acc[1] + s[1])
+        G = _rsum(acc[0])
+        dG = _rsum(acc[1])
+        it += run.to(tl.int32)
+        hi = tl.where(G >= 1.0, tl.minimum(hi, ell), hi)
+        lo = tl.where(G < 1.0, tl.maximum(lo, ell), lo)
+        # Newton on log G (G' / G its slope); the step is tested before the
+        # safeguard: one that no longer moves ℓ beyond its resolution is
+        # convergence, not a reason to bisect
+        step = tl.log(tl.where(G > 0, G, 1.0)) / tl.where(dG > 0, dG / tl.where(G > 0, G, 1.0), 1.0)
+        res = 4.0 * EPS * tl.maximum(tl.abs(ell), 1.0)
+        settled = (tl.abs(G - 1.0) <= EPS) | ((dG > 0) & (tl.abs(step) <= res)) | ((hi - lo) <= res)
+        new = ell - step
+        ok = (G > 0) & (dG > 0) & (new > lo) & (new < hi)
+        new = tl.where(ok | settled, new, 0.5 * (lo + hi))
+        new = tl.where(tl.abs(G - 1.0) <= EPS, ell, new)
+        ell = tl.where(run, new, ell)
+        done = tl.where(run & settled, 1, done)
+        run = (done == 0) & (it < MAXIT)
+        more = tl.max(tl.max(run.to(tl.int32), 1), 0)
+    return ref, A, ell, it
+
+
+@triton.jit
 def _solve_anchor(xr, rmask, xrow, lanes, n, inv_tau, xmax, xmin, m, lseS, active, k, am1,
                   FAM: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, ONCHIP: tl.constexpr,
-                  BIG: tl.constexpr, PROBE: tl.constexpr, NEWTON_CAP: tl.constexpr, MAXIT: tl.constexpr):
+                  BIG: tl.constexpr, PROBE: tl.constexpr, NEWTON_CAP: tl.constexpr, MAXIT: tl.constexpr,
+                  ANCHOR: tl.constexpr = 1):
     """(ref, A, ℓ, passes) per row: the anchor entry and its log-probability
-    in the frame ``ref`` (the row maximum), for α-entmax outside [1.125, 2].
+    in the frame ``ref`` (the row maximum), for α-entmax outside [1.125, 2]
+    (``ANCHOR`` = 2, α − 1 < 1/8: :func:`_solve_near_one`).
 
     Looped variant: the lane maxima (a subset of the row, in registers) are
     solved to the end, λ_S and then the anchor (A_S, ℓ_S) on them, and the
@@ -257,6 +321,8 @@ def _solve_anchor(xr, rmask, xrow, lanes, n, inv_tau, xmax, xmin, m, lseS, activ
     whose lanes' support is too wide to lie on distinct lanes, and every
     on-chip row, is searched (:func:`.frame._solve`) and refined from the
     search's λ."""
+    if ANCHOR == 2:
+        return _solve_near_one(xr, rmask, xrow, n, inv_tau, xmax, m, active, am1, ROWS, BLOCK, ONCHIP, MAXIT)
     ref = _finite_or_zero(xmax)
     zero = tl.zeros([ROWS, 1], tl.float32)
     nogiven = active & (zero > 1.0)

@@ -41,7 +41,7 @@ def threshold_fwd_kernel(X, Y, ITS, R, n, k, inv_tau, am1,
     if ANCHOR:
         # α-entmax far from 1.5: p from the anchor entry's log-probability
         ref, A, ell, it = _solve_anchor(xr, rmask, xrow, lanes, n, inv_tau, xmax, xmin, m, lseS, active, k, am1,
-                                        FAM, ROWS, BLOCK, ONCHIP, BIG, PROBE, NEWTON_CAP, MAXIT)
+                                        FAM, ROWS, BLOCK, ONCHIP, BIG, PROBE, NEWTON_CAP, MAXIT, ANCHOR)
     else:
         ref, c, t, it = _solve(xr, rmask, xrow, lanes, n, inv_tau, xmax, xmin, m, lseS, active, k, am1,
                                FAM, ROWS, BLOCK, ONCHIP, BIG, PROBE, NEWTON_CAP, MAXIT)

@@ -34,7 +34,7 @@ from torch import Tensor
 
 from .kernels import threshold_bwd_kernel, threshold_fwd_kernel
 
-from ...threshold.entmax_anchor import needs_anchor
+from ...threshold.entmax_anchor import NEAR_ONE, needs_anchor
 from ...threshold.families import KERNEL_IDS as FAMILY_IDS  # one table for every backend
 
 # The forward: on chip up to ONCHIP_MAX entries, narrow rows in tiles of
@@ -86,13 +86,14 @@ def serves(kernel_id: int, alpha: float) -> bool:
 
 
 def _entmax_flags(fam: int, alpha: float):
-    """(α − 1 in float64 then float32, BIG: α > 2, ANCHOR: the anchor form)."""
+    """(α − 1 in float64 then float32, BIG: α > 2, ANCHOR: 0 for f(z − λ), 1 for
+    the anchor form, 2 for the anchor form at the row maximum (α − 1 < 1/8))."""
     am1 = float(alpha) - 1.0
     if fam != FAMILY_IDS["entmax"]:
         return am1, False, False
     if not serves(fam, alpha):
         raise ValueError(f"alpha must be in (1, {ALPHA_MAX:g}] for the Triton kernels, got {alpha}")
-    return am1, alpha > 2, needs_anchor(alpha)
+    return am1, alpha > 2, (2 if am1 < NEAR_ONE else 1) if needs_anchor(alpha) else 0
 
 
 _PLACEHOLDERS: dict = {}

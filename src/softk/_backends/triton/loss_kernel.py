@@ -152,7 +152,7 @@ def fenchel_young_fwd_kernel(X, T, G, LOSS, SCALE, R, n, k, inv_tau, am1,
     m = tl.where(search, m, k + 1.0)
     if ANCHOR:
         ref, A, ell, _ = _solve_anchor(xr, rmask, xrow, lanes, n, inv_tau, xmax, xmin, m, lseS, search, k, am1,
-                                       FAM, ROWS, BLOCK, ONCHIP, BIG, PROBE, NEWTON_CAP, MAXIT)
+                                       FAM, ROWS, BLOCK, ONCHIP, BIG, PROBE, NEWTON_CAP, MAXIT, ANCHOR)
         c = A
         t = -tl.exp(am1 * ell) / am1
     else:

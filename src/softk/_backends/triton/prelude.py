@@ -16,6 +16,8 @@ point next to the threshold for the top-k families: see
 import triton
 import triton.language as tl
 
+FLT_MAX = tl.constexpr(3.4028234663852886e38)  # the largest finite float32
+
 
 @triton.jit
 def _cols(start, BLOCK: tl.constexpr):
@@ -32,8 +34,11 @@ def _load_x(xr, rmask, cols, n):
 
 @triton.jit
 def _scaled(x, ref, inv_tau):
-    """z = (x − ref)·(1/τ): shift first, then scale (−inf stays −inf)."""
-    return (x - ref) * inv_tau
+    """z = (x − ref)·(1/τ): shift first, then scale (−inf stays −inf); a
+    finite x whose z overflows gets the largest float32 instead of +inf
+    (which marks a broken row), as :func:`softk.threshold.rows.scaled_rows`."""
+    z = (x - ref) * inv_tau
+    return tl.where((z == float("inf")) & (x < float("inf")), FLT_MAX, z)
 
 
 @triton.jit

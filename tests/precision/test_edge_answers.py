@@ -1,0 +1,50 @@
+"""The edge rows of :mod:`tests.precision.edge_cases` on the torch path and
+the compiled CPU kernels: exact answers (float64 references), sums of 1 or
+k, finite gradients."""
+
+import numpy as np
+import pytest
+import torch
+
+import softk
+from tests.precision.edge_cases import (HALF, METHODS, NEAR_ONE, OVERFLOW_ROWS, entmax_reference,
+                                        near_one_rows, overflow_reference, tolerance)
+
+pytestmark = pytest.mark.usefixtures("each_cpu_backend")
+
+
+@pytest.mark.parametrize("dtype", (torch.float32,) + HALF, ids=str)
+@pytest.mark.parametrize("alpha", NEAR_ONE)
+def test_entmax_near_alpha_one_matches_float64(alpha, dtype):
+    for x, tau in near_one_rows(dtype):
+        p = softk.entmax(x, alpha=alpha, tau=tau)
+        ref = entmax_reference(x, alpha, tau)
+        err = np.abs(p.double().numpy() - ref)
+        assert (err <= tolerance(dtype, ref)).all(), (tuple(x.shape), tau, err.max())
+        sums = p.double().sum(-1)
+        assert torch.allclose(sums, torch.ones_like(sums), rtol=0, atol=x.shape[-1] * torch.finfo(dtype).eps)
+
+
+@pytest.mark.parametrize("dtype", (torch.float32,) + HALF, ids=str)
+def test_entmax_near_alpha_one_gradient_is_finite(dtype):
+    for x, tau in near_one_rows(dtype):
+        x = x.clone().requires_grad_(True)
+        p = softk.entmax(x, alpha=1.0001, tau=tau)
+        cot = torch.randn(p.shape, generator=torch.Generator().manual_seed(1)).to(dtype)
+        (g,) = torch.autograd.grad(p, x, cot)
+        assert torch.isfinite(g).all(), (tuple(x.shape), tau)
+        # the map is shift invariant: every row's gradient sums to 0, to the
+        # rounding of n terms of size |cotangent|/τ
+        bound = 16 * x.shape[-1] * torch.finfo(dtype).eps * cot.double().abs().max() / tau
+        assert g.double().sum(-1).abs().max() <= bound, (tuple(x.shape), tau)
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("row, k, tau, exact", OVERFLOW_ROWS)
+def test_soft_topk_where_x_over_tau_overflows(row, k, tau, exact, method):
+    x = torch.tensor([row], requires_grad=True)
+    p = softk.soft_topk(x, k, tau=tau, method=method)
+    ref = overflow_reference(row, k, tau, method, exact)
+    np.testing.assert_allclose(p.detach().double().numpy()[0], ref, rtol=0, atol=1e-6)
+    (g,) = torch.autograd.grad(p, x, torch.randn(p.shape, generator=torch.Generator().manual_seed(2)))
+    assert torch.isfinite(g).all()
