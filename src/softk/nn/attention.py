@@ -35,8 +35,8 @@ class ScaledDotProductAttention(nn.Module):
         alpha: α of map="entmax": a float > 1 (default 1.5), or with
             ``learnable=True`` the initial α, a float or one float per head.
         num_heads: H, needed with ``learnable=True`` (one α per head).
-        learnable: learn α per head, kept inside [1.05, 2] by the
-            parametrisation α_h = 1.05 + 0.95·sigmoid(ρ_h) (ρ is the stored
+        learnable: learn α per head, kept inside [1.01, 2] by the
+            parametrisation α_h = 1.01 + 0.99·sigmoid(ρ_h) (ρ is the stored
             parameter ``alpha_raw``; the ends ``ALPHA_MIN`` and
             ``ALPHA_MAX`` are the range the attention routes take in
             float32, :data:`softk.attention.checks.ALPHA_RANGE`).  Correia et

@@ -8,8 +8,18 @@ z gives (Peters et al. 2019, §3.2; the same expression as the entmax package's
    \frac{p_i - \tilde p_i}{(\alpha-1)^2} - \frac{p_i\log p_i - \tilde p_i\sum_j p_j\log p_j}{\alpha-1},
    \qquad \tilde p_i = \frac{p_i^{2-\alpha}}{\sum_j p_j^{2-\alpha}}.
 
-At α = 1 exactly (softmax) both terms are 0/0; their limit, from a second-order
-expansion in α−1, is  ∂p_i/∂α = p_i (Σ_j p_j log²p_j − log²p_i) / 2.
+Both terms are of size 1/(α−1) and cancel to O(1) as α → 1 (float32 at
+α = 1.001 kept no correct digit).  With a = α − 1, ℓ_i = log p_i,
+S = Σ_j p_j ℓ_j and γ(y) = e^y − 1 − y (= y²/2 + …), the same derivative is
+
+.. math::  \frac{\partial p_i}{\partial\alpha} =
+   \frac{p_i\,\bigl[\Gamma\,(1 - a\ell_i) - \gamma(-a\ell_i)\,(1 - aS)\bigr]}{a^2\,\sum_j p_j^{1-a}},
+   \qquad \Gamma = \sum_j p_j\,\gamma(-a\ell_j),
+
+(from p̃_i ∝ p_i e^{−aℓ_i} and e^{−aℓ} = 1 − aℓ + γ(−aℓ)), whose two terms
+are of size a² and form the O(a²) numerator without cancelling to it; γ is
+summed as a series for small arguments (:func:`p_gamma`).  At α = 1
+exactly (softmax) it is the limit ∂p_i/∂α = p_i (Σ_j p_j log²p_j − log²p_i) / 2.
 
 This module is the mathematics: p (:func:`entmax_rows`), log f′ through p
 (:func:`entmax_log_d`) and ∂p/∂α (:func:`dp_dalpha`).  Its autograd rule and
@@ -69,13 +79,35 @@ def entmax_rows(x: Tensor, alpha: Tensor, tau: float) -> Tensor:
     return torch.where(active, p, filled)
 
 
+# below this y = −aℓ, γ(y) = e^y − 1 − y is summed as its series (10 terms:
+# the first left out is below 1e−16 of γ there); above, e^y − 1 − y cancels by
+# at most a factor 1/(1 − e^{−y}·(1 + y)) ≈ 16
+GAMMA_SERIES = 0.125
+
+
+def p_gamma(p: Tensor, logp: Tensor, d: Tensor, a) -> Tensor:
+    """p·γ(−a log p) with γ(y) = e^y − 1 − y, from p, log p and d = p^{1−a}
+    (p·e^y = d: no overflow where p is tiny); 0 where p = 0."""
+    y = torch.where(p > 0, -a * logp, 0.0)
+    small = y < GAMMA_SERIES
+    ys = torch.where(small, y, 0.0)
+    series = torch.zeros_like(ys)
+    for n in range(11, 1, -1):  # Horner: Σ_{n≥2} yⁿ/n!
+        series = (series + 1.0) * ys / n
+    series = series * ys  # y²/2 + y³/6 + …
+    return torch.where(p > 0, torch.where(small, p * series, d - p - p * y), 0.0)
+
+
 def dp_dalpha(p: Tensor, a: Tensor, logd: Tensor) -> Tensor:
-    """∂p/∂α (the module docstring's formula and its α = 1 limit), from the output p, α and log d (d = f′ through p)."""
+    """∂p/∂α (the module docstring's cancellation-free form and its α = 1
+    limit), from the output p, α and log d (d = f′ through p)."""
     logp = torch.log(torch.where(p > 0, p, 1.0))
-    plogp = p * logp
     am1 = torch.where(a == 1, 1.0, a - 1)
-    lse = torch.logsumexp(logd, -1, keepdim=True)
-    skew = torch.where(torch.isfinite(lse), torch.exp(logd - torch.where(torch.isfinite(lse), lse, 0.0)), 0.0)
-    general = (p - skew) / am1**2 - (plogp - skew * plogp.sum(-1, keepdim=True)) / am1
-    limit = 0.5 * p * ((plogp * logp).sum(-1, keepdim=True) - logp**2)
+    d = torch.exp(logd)
+    e = d.sum(-1, keepdim=True)
+    pg = p_gamma(p, logp, d, am1)
+    big_g = pg.sum(-1, keepdim=True)
+    s_ent = (p * logp).sum(-1, keepdim=True)
+    general = (p * big_g * (1 - am1 * logp) - pg * (1 - am1 * s_ent)) / (am1**2 * torch.where(e > 0, e, 1.0))
+    limit = 0.5 * p * ((p * logp * logp).sum(-1, keepdim=True) - logp**2)
     return torch.where(a == 1, limit, general)

@@ -10,12 +10,18 @@ which needs one extra row vector Σ_j d_j v_j (pass A) before the gradients
 (pass B): dQ = scale·dS K, dK = scale·dSᵀQ, dV = PᵀdO.  For softmax d = p,
 Σd = 1 and Σ_j p_j v_j is the output, so c = dO·O and pass A is skipped.
 
-α-entmax with α per head (Peters et al. 2019, §3.2; :mod:`softk.threshold.entmax_alpha`):
+α-entmax with α per head (Peters et al. 2019, §3.2), in the
+cancellation-free form of :mod:`softk.threshold.entmax_alpha` (a = α − 1,
+ℓ_j = log p_j, S = Σ_j p_j ℓ_j, Γ = Σ_j p_j γ(−aℓ_j), γ(y) = e^y − 1 − y):
 
 .. math:: \frac{\partial L}{\partial\alpha} = \sum_{\text{rows}}
-   \frac{\sum_j p_j dP_j - c}{(\alpha-1)^2} - \frac{dO\cdot\sum_j p_j\log p_j\,v_j - c\sum_j p_j\log p_j}{\alpha-1},
+   \frac{\Gamma\,\bigl(\sum_j p_j dP_j - a\sum_j p_j\ell_j dP_j\bigr) - (1 - aS)\sum_j p_j\gamma(-a\ell_j)\,dP_j}
+        {a^2\,\sum_j d_j},
 
-(c = Σ_j p̃_j dP_j with p̃ = d/Σd), so pass A also sums p log p and p log p·v.
+so pass A also sums S, Γ and the vectors Σ p ℓ v and Σ p γ v (dP_j = dO·v_j).
+The textbook form, a difference of two terms of size 1/(α − 1), loses every
+digit in float32 near α = 1; this one holds over (1, 2] and gives a head
+whose rows have a single key dα = 0 exactly.
 A row with no key taking part has d = 0: zero gradients.
 """
 
@@ -29,6 +35,7 @@ from .blocks import NEG_INF, Blocks, query_chunks
 from . import forward as blockwise
 from .forward import probs
 from ...threshold.attention_maps import SOFTMAX_ID, family
+from ...threshold.entmax_alpha import p_gamma
 
 
 def _slope(fam: int, a, s: Tensor, m: Tensor, lam: Tensor, p: Tensor) -> Tensor:
@@ -76,6 +83,7 @@ def _chunk(blk: Blocks, out, dout, m, lam, dk, dv, fam, alpha, need_dalpha, bloc
         sdv = torch.zeros_like(do)
         if need_dalpha:
             h_ent, plv = torch.zeros_like(m), torch.zeros_like(do)
+            gam, pgv = torch.zeros_like(m), torch.zeros_like(do)
         for j0, j1 in spans:
             s = blk.scores(j0, j1)
             p = probs(fam, a, s, m, lam)
@@ -86,6 +94,9 @@ def _chunk(blk: Blocks, out, dout, m, lam, dk, dv, fam, alpha, need_dalpha, bloc
                 pl = _xlogx(p)
                 h_ent = h_ent + pl.sum(-1, keepdim=True)
                 plv = plv + pl @ blk.v[:, :, j0:j1]
+                pg = p_gamma(p, torch.log(torch.where(p > 0, p, 1.0)), d, a - 1)
+                gam = gam + pg.sum(-1, keepdim=True)
+                pgv = pgv + pg @ blk.v[:, :, j0:j1]
         some = sd > 0
         c = torch.where(some, (do * sdv).sum(-1, keepdim=True) / torch.where(some, sd, 1.0), 0.0)
 
@@ -105,6 +116,10 @@ def _chunk(blk: Blocks, out, dout, m, lam, dk, dv, fam, alpha, need_dalpha, bloc
     dalpha = None
     if need_dalpha:
         am1 = a - 1
-        row = (pdp - c) / am1**2 - ((do * plv).sum(-1, keepdim=True) - c * h_ent) / am1
+        pldp = (do * plv).sum(-1, keepdim=True)
+        pgdp = (do * pgv).sum(-1, keepdim=True)
+        some = sd > 0
+        row = torch.where(some, (gam * (pdp - am1 * pldp) - (1 - am1 * h_ent) * pgdp)
+                          / (am1**2 * torch.where(some, sd, 1.0)), 0.0)
         dalpha = row.reshape(row.shape[0], blk.hkv, blk.G, blk.L).sum((0, 3)).reshape(-1)
     return blk.heads(dq * blk.scale), dalpha

@@ -26,11 +26,13 @@ The backward recomputes p from q, k, m and λ.  With d = f′(z − λ)
 p^{2−α} for entmax α) the Jacobian of a row is diag(d) − d dᵀ/Σd, so with
 dP_j = dO·v_j, δ = Σ_j d_j dP_j / Σd and dS_j = d_j (dP_j − δ):
 dq = scale·Σ_j dS_j k_j, dk_j = scale·Σ_i dS_ij q_i, dv_j = Σ_i p_ij dO_i.
-For a learned α (Correia et al. 2019; the entmax package's bisection
-backward), with β = 1/(α−1), p̃ = d/Σd and H = Σ p log p, per row
-∂p_j/∂α = β²(p_j − p̃_j) − β(p_j log p_j − p̃_j H), so
-dα_row = β²(dO·out − δ) − β(Σ_j p_j log p_j dP_j − H δ), summed over the
-rows of the head.
+For a learned α (Correia et al. 2019), with a = α − 1, ℓ_j = log p_j,
+H = Σ p ℓ, γ(y) = e^y − 1 − y and Γ = Σ_j p_j γ(−aℓ_j), per row
+dα_row = [Γ(dO·out − a Σ_j p_j ℓ_j dP_j) − (1 − aH) Σ_j p_j γ(−aℓ_j) dP_j] / (a² Σd),
+summed over the rows of the head: the form of
+:mod:`softk.threshold.entmax_alpha` whose terms do not cancel as α → 1
+(the textbook β²(dO·out − δ) − β(Σ p ℓ dP − H δ) is a difference of
+terms of size 1/(α−1)).
 
 Fully masked rows (no key takes part): out = 0, **m = 0 and λ = +inf**, so
 that f(s − m − λ) = 0 for every key by the same formula (on such a row

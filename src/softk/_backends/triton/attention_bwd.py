@@ -10,7 +10,7 @@ Two kernels, sharing the tile size (BM queries × BN keys):
   sparse maps a first sweep over the key blocks recomputes p, marks the
   blocks where p > 0 somewhere (``TILES``, one byte per block; the others
   are skipped from then on) and sums Σd and Σ d·dP (and, for a learned α,
-  Σ p log p and Σ p log p·dP) on the live ones; then δ (written for the
+  Σ p log p, Σ p log p·dP, Γ = Σ p γ(−a log p) and Σ p γ(−a log p)·dP) on the live ones; then δ (written for the
   other kernel), the row's dα term, and a second sweep over the live blocks
   for dq.
 * ``attn_bwd_dkdv_kernel``, one program per key block and kv head: the
@@ -37,6 +37,19 @@ def _p_d(z, lam, alpha, FAM: tl.constexpr):
 @triton.jit
 def _xlogx(p):
     return tl.where(p > 0, p * tl.log(tl.where(p > 0, p, 1.0)), 0.0)
+
+
+@triton.jit
+def _p_gamma(p, d, am1):
+    # p·γ(−a log p), γ(y) = e^y − 1 − y: its series below y = 1/8, d − p − p·y
+    # above (p·e^y = d = p^(1−a)); :func:`softk.threshold.entmax_alpha.p_gamma`
+    y = tl.where(p > 0, -am1 * tl.log(tl.where(p > 0, p, 1.0)), 0.0)
+    small = y < 0.125
+    ys = tl.where(small, y, 0.0)
+    ser = tl.zeros_like(ys)
+    for n in tl.static_range(11, 1, -1):
+        ser = (ser + 1.0) * ys / n
+    return tl.where(p > 0, tl.where(small, p * ser * ys, d - p - p * y), 0.0)
 
 
 @triton.jit
@@ -80,6 +93,8 @@ def attn_bwd_dq_kernel(Q, K, V, MASK, ALPHA, OUT, DO, M, LAM, DQ, DELTA, DAROW, 
         hs = tl.zeros([BM, 1], tl.float32)
         gs = tl.zeros([BM, 1], tl.float32)
         pdp = tl.zeros([BM, 1], tl.float32)  # Σ_j p_j dP_j recomputed, for a half out
+        gam = tl.zeros([BM, 1], tl.float32)  # Γ = Σ_j p_j γ(−a ℓ_j)
+        gdp = tl.zeros([BM, 1], tl.float32)  # Σ_j p_j γ(−a ℓ_j) dP_j
         for j in range(0, nkb):
             t = _qk_tile(q, Kb, skn, skd, j * BN, rows, L, S, E, scale, Mb, smm, smn, MASK_KIND, CAUSAL, BN, EP)
             z = _shift(t, m, scale, MASK_KIND)
@@ -97,14 +112,19 @@ def attn_bwd_dq_kernel(Q, K, V, MASK, ALPHA, OUT, DO, M, LAM, DQ, DELTA, DAROW, 
                     pl = _xlogx(p)
                     hs += tl.sum(pl, 1, keep_dims=True)
                     gs += tl.sum(pl * dp, 1, keep_dims=True)
+                    pg = _p_gamma(p, d, alpha - 1.0)
+                    gam += tl.sum(pg, 1, keep_dims=True)
+                    gdp += tl.sum(pg * dp, 1, keep_dims=True)
                     if not OUT_F32:
                         pdp += tl.sum(p * dp, 1, keep_dims=True)
         delta = tl.where(sd > 0, sdp / tl.where(sd > 0, sd, 1.0), 0.0)
         if NEED_DALPHA:
-            beta = 1.0 / (alpha - 1.0)
+            am1 = alpha - 1.0
             if OUT_F32:
                 pdp = od
-            dar = beta * beta * (pdp - delta) - beta * (gs - hs * delta)
+            # the cancellation-free form (:mod:`.attention`): both terms are O(a²)
+            dar = tl.where(sd > 0, (gam * (pdp - am1 * gs) - (1.0 - am1 * hs) * gdp)
+                           / (am1 * am1 * tl.where(sd > 0, sd, 1.0)), 0.0)
             tl.store(DAROW + ob + rows, dar, mask=rows < L)
     tl.store(DELTA + ob + rows, delta, mask=rows < L)
     dq = tl.zeros([BM, EP], tl.float32)

@@ -24,6 +24,7 @@ from torch import Tensor
 from ...losses.normmax_fy import fenchel_young_rows
 from ..._maps.simplex import entmax as softk_entmax
 from ...losses import entmax_loss as softk_entmax_loss
+from ...threshold.entmax_alpha import dp_dalpha, entmax_log_d
 from ...threshold.families import entmax_dense_family
 from ...threshold.rows import compute_dtype, finite_max, row_status
 from ...threshold.solve import solve_probs
@@ -50,12 +51,7 @@ def _slope(p: Tensor, a) -> Tensor:
 
 
 def _dp_dalpha(p: Tensor, a: Tensor) -> Tensor:
-    pos = p > 0
-    logp = torch.log(torch.where(pos, p, 1.0))
-    plogp = torch.where(pos, p * logp, 0.0)
-    d = _slope(p, a)
-    skew = d / d.sum(-1, keepdim=True)
-    return (p - skew) / (a - 1) ** 2 - (plogp - skew * plogp.sum(-1, keepdim=True)) / (a - 1)
+    return dp_dalpha(p, a, entmax_log_d(p, a))  # the cancellation-free form near α = 1
 
 
 class _DenseEntmax(torch.autograd.Function):
