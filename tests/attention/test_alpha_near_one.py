@@ -55,3 +55,23 @@ def test_a_head_whose_rows_have_one_key_gets_dalpha_zero(route_name):
     g = torch.randn(1, 2, 5, 8, generator=g0)
     for alpha in ([1.01, 1.5], [2.0, 1.3]):
         assert (_dalpha(route_name, torch.float32, alpha, q, k, v, g) == 0).all()
+
+
+@pytest.mark.parametrize("route_name", ROUTES)
+@pytest.mark.parametrize("alpha", [1.00001, 1.001])
+def test_output_and_gradients_near_one_hold_float32(route_name, alpha):
+    # the routes save t = λ + 1/(α−1) and form p through log1p: saving λ
+    # (of size 1/(α−1)) put out 3.5e-5 off at α = 1.001 in float32
+    g0 = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, n, 16, generator=g0) for n in (12, 30, 30))
+    g = torch.randn(1, 2, 12, 16, generator=g0)
+
+    def outs(name, dtype):
+        leaves = [t.to(dtype).requires_grad_(True) for t in (q, k, v)]
+        a = torch.tensor([alpha, alpha + 0.2], dtype=dtype, requires_grad=True)
+        out = run(name, *leaves, map="entmax", alpha=a)
+        return [out] + list(torch.autograd.grad(out, leaves + [a], g.to(dtype)))
+
+    for got, want in zip(outs(route_name, torch.float32), outs("reference", torch.float64)):
+        err = (got.double() - want).abs().max() / want.abs().max()
+        assert err <= 2e-6, err

@@ -28,8 +28,8 @@ def test_learnable_alpha_per_head():
     torch.testing.assert_close(out, sdpa(q, q, q, map="entmax", alpha=torch.tensor([1.2, 1.5, 1.9])))
     (out * torch.randn_like(out)).sum().backward()
     assert attn.alpha_raw.grad is not None and (attn.alpha_raw.grad != 0).all()
-    # a large step either way keeps every α inside [1.01, 2] (α = 1.01 + 0.99·sigmoid(ρ)), and the call runs
-    for step, end in ((-1e4, 1.01), (1e4, 2.0)):
+    # a large step either way keeps every α inside (1, 2] (α = 1 + 2⁻²⁰ + (1 − 2⁻²⁰)·sigmoid(ρ)), and the call runs
+    for step, end in ((-1e4, 1 + 2**-20), (1e4, 2.0)):
         with torch.no_grad():
             attn.alpha_raw.fill_(step)
         torch.testing.assert_close(attn.alpha, torch.full((3,), end))
@@ -40,10 +40,10 @@ def test_learnable_alpha_per_head():
 @pytest.mark.parametrize("kwargs,match", [
     (dict(map="sparsemax", num_heads=2, learnable=True), "map must be 'entmax'"),
     (dict(map="entmax", learnable=True), "num_heads must be an int"),
-    (dict(map="entmax", alpha=1.0, num_heads=2, learnable=True), "alpha must lie strictly between 1.01 and 2"),
-    (dict(map="entmax", alpha=2.0, num_heads=2, learnable=True), "alpha must lie strictly between 1.01 and 2"),
+    (dict(map="entmax", alpha=1.0, num_heads=2, learnable=True), "alpha must lie strictly between 1.00000095"),
+    (dict(map="entmax", alpha=2.0, num_heads=2, learnable=True), "alpha must lie strictly between 1.00000095"),
     (dict(map="entmax", alpha=float("nan"), num_heads=2, learnable=True), "alpha must lie strictly between"),
-    (dict(map="entmax", alpha=2.5), r"alpha must lie in \[1.01, 2.0\]"),
+    (dict(map="entmax", alpha=2.5), r"alpha must lie in \(1, 2\]"),
     (dict(map="entmax", alpha=[1.5, 1.5, 1.5], num_heads=2, learnable=True), "one per head"),
     (dict(map="entmax", alpha=0.9), "alpha must be a finite float > 1"),
     (dict(map="hardmax"), "map must be one of"),

@@ -21,7 +21,7 @@ classifier, so their supports are what the model reads.  SDPA is
 
 * ``softmax``, ``sparsemax``, ``entmax15``: map="softmax" etc.;
 * ``entmax_learned``: :class:`softk.nn.ScaledDotProductAttention` with
-  map="entmax" and a learnable α per head (α = 1.01 + 0.99·sigmoid(ρ), started
+  map="entmax" and a learnable α per head (α = 1 + 2⁻²⁰ + (1 − 2⁻²⁰)·sigmoid(ρ), started
   at 1.5, trained with the rest);
 * ``soft_topk_sparse``, for comparison (not an SDPA map): the scores formed
   explicitly, :func:`softk.soft_topk` (``method="sparse"``, k = 4) divided by k.

@@ -55,14 +55,13 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
         map: "softmax", "sparsemax", "entmax15" (default) or "entmax".
         alpha: α of map="entmax": a float (default 1.5), or a tensor of
             shape (H,), one α per head; a tensor that requires grad gets its
-            gradient.  α must lie in [1.01, 2] for float32, float16 and
-            bfloat16 inputs and in [1.001, 3] for float64
+            gradient.  α must lie in (1, 2] for float32, float16 and
+            bfloat16 inputs and in (1, 3] for float64
             (:func:`softk.attention.checks.alpha_range`; the range Correia
-            et al. and AdaSplash learn α in is (1, 2]).  Beyond it the
-            attention routes lose precision: near 1 the float threshold λ
-            (of size 1/(α−1)) rounds every p by β·eps, β = 1/(α−1), above 2 the map is not Lipschitz at the support's edge and the
-            rounding of q·k moves p and the gradients; use
-            :func:`softk.entmax` on the scores there.
+            et al. and AdaSplash learn α in is (1, 2]).  Above it the map
+            is not Lipschitz at the support's edge and the rounding of q·k
+            moves p and the gradients; use :func:`softk.entmax` on the
+            scores there.
 
     Returns:
         (…, H, L, Ev) in the query's dtype.  ``map="softmax"`` is torch's

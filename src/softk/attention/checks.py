@@ -104,30 +104,28 @@ def _heads(h: int, hkv: int, hv: int, gqa: bool) -> None:
                          "pass enable_gqa=True for grouped-query attention")
 
 
-# α-entmax attention is exact to the compute dtype's precision only on a
-# range of α, which the blockwise and Triton routes therefore refuse to leave:
-# * near 1 they carry each row's threshold λ (of size 1/(α−1)) as a float,
-#   whose rounding becomes a relative error of β·eps in every p, β = 1/(α−1):
-#   below α = 1.01 out, dq, dk and dv leave 1e-5 of float64 in float32 (the
-#   α-gradient itself holds there: it is formed without cancellation, see
-#   softk.threshold.entmax_alpha);
+# α-entmax attention is exact to the compute dtype's precision on (1, hi]:
+# * near 1 both the blockwise and the Triton routes carry each row's shifted
+#   threshold t = λ + 1/(α−1), which is O(log n), form p through log1p, and
+#   the α-gradient in a form whose terms do not cancel
+#   (softk.threshold.entmax_alpha), so α → 1 costs no precision;
 # * above 2 the map is not Lipschitz at the edge of the support: p_j grows
 #   like u^(1/(α−1)) and the Jacobian's p_j^(2−α) is unbounded as p_j → 0,
-#   so the rounding of the scores q·k themselves moves p by up to
-#   (ε|s|)^(1/(α−1)) and the gradients without bound.
+#   so the rounding of the scores q·k themselves moves p and the gradients
+#   by up to (ε|s|)^(1/(α−1)): float32 stops at 2, float64 at 3.
 # softk.entmax on a whole row of given scores is exact for every α (its
 # anchor form): that is the route for other α.  tests/attention/test_grad.py
 # holds the errors at the ends of these ranges.
-ALPHA_RANGE = {torch.float32: (1.01, 2.0), torch.float64: (1.001, 3.0)}
-_WHY = "outside it the blockwise and Triton routes lose precision; use softk.entmax on the scores for other α"
+ALPHA_RANGE = {torch.float32: (1.0, 2.0), torch.float64: (1.0, 3.0)}  # (lo, hi]: α > lo, α ≤ hi
+_WHY = "above it the map is not Lipschitz at the support's edge and the rounding of q·k moves p; use softk.entmax on the scores for other α"
 
 
 def alpha_range(dtype: torch.dtype) -> tuple[float, float]:
-    """The α the attention routes take for inputs of ``dtype`` (half and
-    bfloat16 compute in float32).
+    """(lo, hi): the attention routes take lo < α ≤ hi for inputs of
+    ``dtype`` (half and bfloat16 compute in float32).
 
     >>> alpha_range(torch.bfloat16), alpha_range(torch.float64)
-    ((1.01, 2.0), (1.001, 3.0))
+    ((1.0, 2.0), (1.0, 3.0))
     """
     return ALPHA_RANGE[compute_dtype(dtype)]
 
@@ -158,7 +156,7 @@ def _alpha(name: str, alpha, h: int, q: Tensor):
                              f"got shape {tuple(alpha.shape)}")
         a = unwrapped(alpha.detach())
         lo, hi = alpha_range(q.dtype)
-        require((a >= lo) & (a <= hi), lambda: f"alpha must lie in [{lo}, {hi}] for every head with "
+        require((a > lo) & (a <= hi), lambda: f"alpha must lie in ({lo:g}, {hi:g}] for every head with "
                 f"{_ct_name(q.dtype)} attention ({_WHY}), got {a.tolist()}")
         return ENTMAX_ID, alpha, alpha
     if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
@@ -167,8 +165,8 @@ def _alpha(name: str, alpha, h: int, q: Tensor):
     if not (alpha > 1 and math.isfinite(alpha)):
         raise ValueError(f"alpha must be a finite float > 1 (use map='softmax' for α = 1), got {alpha}")
     lo, hi = alpha_range(q.dtype)
-    if not lo <= alpha <= hi:
-        raise ValueError(f"alpha must lie in [{lo}, {hi}] with {_ct_name(q.dtype)} attention ({_WHY}), got {alpha}")
+    if not lo < alpha <= hi:
+        raise ValueError(f"alpha must lie in ({lo:g}, {hi:g}] with {_ct_name(q.dtype)} attention ({_WHY}), got {alpha}")
     fam = family_id("entmax", alpha, False)
     ct = compute_dtype(q.dtype)
     return fam, (torch.full((h,), alpha, dtype=ct, device=q.device) if fam == ENTMAX_ID else None), alpha

@@ -14,8 +14,10 @@ from ..attention.checks import ALPHA_RANGE
 
 
 # The learnable α stays inside the range every attention route takes in
-# float32 (softk.attention.checks.ALPHA_RANGE), by a sigmoid between its ends.
-ALPHA_MIN, ALPHA_MAX = ALPHA_RANGE[torch.float32]
+# float32 (softk.attention.checks.ALPHA_RANGE: 1 < α ≤ 2), by a sigmoid
+# between its ends, as Correia et al.'s α = 1 + sigmoid(ρ); the lower end is
+# 1 + 2⁻²⁰, not 1, so that a sigmoid that underflows still gives an α > 1.
+ALPHA_MIN, ALPHA_MAX = 1.0 + 2.0**-20, ALPHA_RANGE[torch.float32][1]
 
 
 def _logit(y: torch.Tensor) -> torch.Tensor:
@@ -35,12 +37,12 @@ class ScaledDotProductAttention(nn.Module):
         alpha: α of map="entmax": a float > 1 (default 1.5), or with
             ``learnable=True`` the initial α, a float or one float per head.
         num_heads: H, needed with ``learnable=True`` (one α per head).
-        learnable: learn α per head, kept inside [1.01, 2] by the
-            parametrisation α_h = 1.01 + 0.99·sigmoid(ρ_h) (ρ is the stored
-            parameter ``alpha_raw``; the ends ``ALPHA_MIN`` and
-            ``ALPHA_MAX`` are the range the attention routes take in
-            float32, :data:`softk.attention.checks.ALPHA_RANGE`).  Correia et
-            al. and AdaSplash learn α in (1, 2].
+        learnable: learn α per head, kept inside (1, 2] by the
+            parametrisation α_h = ALPHA_MIN + (ALPHA_MAX − ALPHA_MIN)·sigmoid(ρ_h)
+            with ALPHA_MIN = 1 + 2⁻²⁰ and ALPHA_MAX = 2 (ρ is the stored
+            parameter ``alpha_raw``): Correia et al.'s 1 + sigmoid(ρ), the
+            range the attention routes take in float32
+            (:data:`softk.attention.checks.ALPHA_RANGE`).
 
     >>> import torch
     >>> attn = ScaledDotProductAttention("entmax", alpha=1.5, num_heads=2, learnable=True)

@@ -27,6 +27,10 @@ buffering and is solved at the end on whole score rows, by the same
 solver, in chunks of at most max(BLOCK·R, S) scores.  Pass 2 recomputes
 each block of scores and accumulates f(s − m − lam)·V.
 
+For α-entmax (id 3) the saved threshold is t = lam + 1/(α−1) instead,
+refined near α = 1 (:func:`refine_t`), and p = (1 + (α−1)(z − t))_+^{1/(α−1)}
+is formed through log1p (:func:`entmax_p`).
+
 A row with no key taking part gets m = −inf, lam = 0 and output 0; a row
 with one key gets p = 1 on it; a row with a NaN or +inf score is NaN.
 """
@@ -39,7 +43,8 @@ from torch import Tensor
 from ...threshold.solve import solve_lambda
 from ...threshold.rows import compute_dtype
 from .blocks import NEG_INF, Blocks, query_chunks
-from ...threshold.attention_maps import SOFTMAX_ID, family, unit_offset
+from ...threshold.attention_maps import ENTMAX_ID, SOFTMAX_ID, family, unit_offset
+from ...threshold.entmax_anchor import NEAR_ONE
 
 BLOCK = 256  # keys per block of scores
 CAP = 256  # candidates kept per row before the row is solved on whole score rows
@@ -65,6 +70,8 @@ def _chunk(blk: Blocks, fam: int, alpha, block: int, cap: int):
     else:
         a = blk.per_row(alpha) if alpha is not None and fam == 3 else None
         m, lam = _threshold(blk, fam, a, block, cap)
+        if fam == ENTMAX_ID:  # the shifted threshold t = λ + 1/(α−1), refined near α = 1
+            lam = refine_t(blk, a, m, lam + 1 / (a - 1), block)
         out = _output(blk, fam, a, m, lam, block)
     return blk.heads(out), blk.heads(m.squeeze(-1)), blk.heads(lam.squeeze(-1))
 
@@ -161,9 +168,49 @@ def _solve_dense(blk: Blocks, fam: int, a, dense: Tensor, m: Tensor, lam: Tensor
 
 
 def probs(fam: int, a, s: Tensor, m: Tensor, lam: Tensor) -> Tensor:
-    """p = f(s − m − lam) on a block of scores (0 where s = −inf)."""
+    """p = f(s − m − lam) on a block of scores (0 where s = −inf); for
+    α-entmax ``lam`` is the shifted threshold t (:func:`entmax_p`)."""
+    if fam == ENTMAX_ID:
+        return entmax_p(s - torch.where(m > NEG_INF, m, 0.0), lam, a - 1)
     u = torch.where(s == NEG_INF, NEG_INF, (s - torch.where(m > NEG_INF, m, 0.0)) - lam)  # NaN stays NaN
     return torch.exp(u) if fam == SOFTMAX_ID else family(fam, a).f(u)
+
+
+def entmax_p(z: Tensor, t: Tensor, am1) -> Tensor:
+    """α-entmax p from z = s − m and the shifted threshold t = λ + 1/(α−1):
+    (1 + a(z − t))_+^{1/a}, a = α − 1, through log1p, so that p keeps its
+    relative precision as α → 1 (λ, of size 1/a, would round every p by
+    eps/a; t is O(log n)).  NaN stays NaN, z = −inf gives 0."""
+    x = am1 * (z - t)
+    inside = x > -1
+    p = torch.exp(torch.log1p(torch.where(inside, x, 0.0)) / am1)
+    return torch.where(inside, p, torch.where(x != x, x, 0.0))
+
+
+def refine_t(blk: Blocks, a, m: Tensor, t: Tensor, block: int, steps: int = 6) -> Tensor:
+    """t to its own precision on the rows with α − 1 < 1/8: Newton on
+    G(t) = Σ_j p_j = 1 (G′ = −Σ_j p_j^{1−a}; G is convex and decreasing) from
+    the solver's t, whose λ was rounded to ulp(1/(α−1)); one pass over the
+    key blocks per step, stopping where the steps fall below t's resolution."""
+    am1 = a - 1
+    near = (am1 < NEAR_ONE) & (m > NEG_INF) & torch.isfinite(t)
+    if not bool(near.any()):
+        return t
+    eps = torch.finfo(t.dtype).eps
+    for _ in range(steps):
+        g = torch.zeros_like(t)
+        e = torch.zeros_like(t)
+        for j0, j1 in blk.spans(block):
+            p = entmax_p(blk.scores(j0, j1) - torch.where(m > NEG_INF, m, 0.0), t, am1)
+            g = g + p.sum(-1, keepdim=True)
+            e = e + torch.where(p > 0, torch.exp((1 - am1) * torch.log(torch.where(p > 0, p, 1.0))), 0.0).sum(
+                -1, keepdim=True)
+        step = torch.where(near & (e > 0), (g - 1) / torch.where(e > 0, e, 1.0), 0.0)
+        t = t + step
+        near = near & (step.abs() > 2 * eps * torch.clamp(t.abs(), min=1.0))
+        if not bool(near.any()):
+            break
+    return t
 
 
 def _output(blk: Blocks, fam: int, a, m: Tensor, lam: Tensor, block: int) -> Tensor:

@@ -1,4 +1,4 @@
-r"""Launchers for the fused attention kernels (issue 21): the forward
+r"""Launchers for the fused attention kernels: the forward
 (:mod:`.attention_kernels`) and the backward (:mod:`.attention_bwd`).
 
 ``softk.scaled_dot_product_attention`` calls these on its Triton route; the
@@ -15,7 +15,15 @@ with f the family's map (``fam``): 0 softmax (f = exp,
 λ = log Σ e^{z}), 1 sparsemax ([u]_+), 2 entmax15 ([u/2]_+²), 3 entmax
 with a per-head α ([(α−1)u]_+^{1/(α−1)}); out = Σ_j p_j v_j.
 
-The kernels shift before they scale (issue 20): without a float mask and
+For α-entmax the saved threshold is t = λ + 1/(α−1), and p_j =
+(1 + (α−1)(z_j − t))_+^{1/(α−1)} is formed through log1p
+(:func:`.attention_tiles._p_entmax`): λ is of size 1/(α−1), and its
+rounding would become a relative error of eps/(α−1) in every p, while t is
+O(log n).  Below α = 1.125 t is refined by Newton passes after the search
+(:func:`.attention_search._refine_t`), so p keeps float32's precision as
+α → 1; the blockwise route does the same.
+
+The kernels shift before they scale: without a float mask and
 with scale > 0, the saved row reference m is the max of the raw q·k and
 z = (q·k − m)·scale, so a far-from-origin offset in q·k cancels exactly
 before the scale multiplies it; with a float mask (or scale ≤ 0) m is the

@@ -23,14 +23,18 @@ Two kernels, sharing the tile size (BM queries × BN keys):
 import triton
 import triton.language as tl
 
-from .attention_tiles import _any, _dot, _key_blocks, _load_2d, _qk_tile, _scores, _shift
+from .attention_tiles import _any, _dot, _key_blocks, _load_2d, _p_entmax, _qk_tile, _scores, _shift
 from .family_math import _d_from_p, _f
 
 
 @triton.jit
 def _p_d(z, lam, alpha, FAM: tl.constexpr):
-    # p = f(z − λ) and d = f′ on a tile of z = s − m (0 where z = −inf)
-    p = tl.where(z > float("-inf"), _f(z - lam, FAM, alpha - 1.0), 0.0)
+    # p = f(z − λ) and d = f′ on a tile of z = s − m (0 where z = −inf);
+    # α-entmax reads its shifted threshold t = λ + 1/(α−1) (:mod:`.attention`)
+    if FAM == 3:
+        p = tl.where(z > float("-inf"), _p_entmax(z, lam, alpha - 1.0), 0.0)
+    else:
+        p = tl.where(z > float("-inf"), _f(z - lam, FAM, alpha - 1.0), 0.0)
     return p, _d_from_p(p, FAM, alpha - 1.0)
 
 

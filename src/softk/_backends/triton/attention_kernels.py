@@ -23,8 +23,8 @@ f(s − m − λ) = 0 for every key by the same formula.
 import triton
 import triton.language as tl
 
-from .attention_search import _max_pass, _search
-from .attention_tiles import _any, _dot, _key_blocks, _load_2d, _qk_tile, _shift
+from .attention_search import NEAR_ONE, _max_pass, _refine_t, _search
+from .attention_tiles import _any, _dot, _key_blocks, _load_2d, _p_entmax, _qk_tile, _shift
 from .family_math import _f
 
 
@@ -65,7 +65,10 @@ def _pv_pass(q, Kb, skn, skd, Vb, svn, svd, rows, L, S, E, EV, scale, Mb, smm, s
         if live:
             t = _qk_tile(q, Kb, skn, skd, j * BN, rows, L, S, E, scale, Mb, smm, smn, MASK_KIND, CAUSAL, BN, EP)
             z = _shift(t, m, scale, MASK_KIND)
-            p = tl.where(z > float("-inf"), _f(z - lam, FAM, alpha - 1.0), 0.0)
+            if FAM == 3:  # lam holds t = λ + 1/(α−1)
+                p = tl.where(z > float("-inf"), _p_entmax(z, lam, alpha - 1.0), 0.0)
+            else:
+                p = tl.where(z > float("-inf"), _f(z - lam, FAM, alpha - 1.0), 0.0)
             nz = _any(p > 0)
             if not SKIP:
                 nz = flag >= 0
@@ -118,6 +121,13 @@ def attn_fwd_kernel(Q, K, V, MASK, ALPHA, OUT, M, LAM, TILES, STATS,
         lam, bit, passes, visited = _search(q, Kb, skn, skd, rows, L, S, E, scale, Mb, smm, smn, nkb, FL, m, n,
                                             active, alpha, FAM, MASK_KIND, CAUSAL, SKIP, BM, BN, EP,
                                             NEWTON_CAP, MAXIT)
+        if FAM == 3:
+            # the shifted threshold t = λ + 1/(α−1), refined near α = 1
+            lam = lam + 1.0 / (alpha - 1.0)
+            if alpha - 1.0 < NEAR_ONE:
+                lam, more = _refine_t(q, Kb, skn, skd, rows, L, S, E, scale, Mb, smm, smn, nkb, FL, m, lam, active,
+                                      alpha - 1.0, MASK_KIND, CAUSAL, SKIP, BM, BN, EP)
+                passes += more
         acc, used = _pv_pass(q, Kb, skn, skd, Vb, svn, svd, rows, L, S, E, EV, scale, Mb, smm, smn, nkb, FL, bit,
                              m, lam, alpha, FAM, MASK_KIND, CAUSAL, SKIP, BM, BN, EP, EVP)
     # the fully-masked-row convention (module docstring)

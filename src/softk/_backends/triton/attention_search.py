@@ -38,10 +38,12 @@ support, is not recomputed, and stays dead (lo only grows).
 import triton
 import triton.language as tl
 
-from .attention_tiles import _any, _qk_tile, _shift
+from .attention_tiles import _any, _p_entmax, _qk_tile, _shift
 from .family_math import _acc, _fin, _init, _red
 
 EPS = tl.constexpr(1.1920928955078125e-07)  # float32 machine epsilon
+NEAR_ONE = tl.constexpr(0.125)  # α − 1 below which t is refined (_refine_t)
+REFINE_MAX = tl.constexpr(6)  # Newton passes at most; two from the search's rounding in practice
 
 
 @triton.jit
@@ -191,3 +193,39 @@ def _search(q, Kb, skn, skd, rows, L, S, E, scale, Mb, smm, smn, nkb, FL, m, n, 
     # bit 1 was written against the λ last evaluated: valid for p where λ did not move down since
     bit = tl.where((bit == 2) & ~_any(active & (lam < leval)), 2, 1)
     return lam, bit, passes, visited
+
+
+@triton.jit
+def _refine_t(q, Kb, skn, skd, rows, L, S, E, scale, Mb, smm, smn, nkb, FL, m, t, active, am1,
+              MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, SKIP: tl.constexpr,
+              BM: tl.constexpr, BN: tl.constexpr, EP: tl.constexpr):
+    """t = λ + 1/(α−1) to its own precision, for α − 1 < 1/8, and the passes
+    taken.  The search's λ is of size 1/(α−1) and rounded to its ulp, which
+    p = (1 + a(z − t))^{1/a} would turn into a relative error of eps/a; t is
+    O(log n).  Newton on G(t) = Σ p_j = 1 (G′ = −Σ_j p_j^{1−a}, G convex and
+    decreasing) from the search's t, over the blocks that can hold the
+    support (flag bit 0: an entry above the search's lower bound); it stops
+    where a step is below t's resolution."""
+    zero = tl.zeros([BM, 1], tl.float32)
+    run = active
+    passes = tl.full((), 0, tl.int32)
+    while _any(run) & (passes < REFINE_MAX):
+        g = zero
+        dg = zero
+        for j in range(0, nkb):
+            live = (tl.load(FL + j).to(tl.int32) & 1) != 0
+            if not SKIP:
+                live = nkb >= 0
+            if live:
+                z = _shift(_qk_tile(q, Kb, skn, skd, j * BN, rows, L, S, E, scale, Mb, smm, smn, MASK_KIND, CAUSAL,
+                                    BN, EP), m, scale, MASK_KIND)
+                p = tl.where(z > float("-inf"), _p_entmax(z, t, am1), 0.0)
+                g += tl.sum(p, 1, keep_dims=True)
+                dg += tl.sum(tl.where(p > 0, tl.exp((1.0 - am1) * tl.log(tl.where(p > 0, p, 1.0))), 0.0), 1,
+                             keep_dims=True)
+        passes += 1
+        step = tl.where(run & (dg > 0), (g - 1.0) / tl.where(dg > 0, dg, 1.0), 0.0)
+        t = t + step
+        run = run & (tl.abs(step) > 2.0 * EPS * tl.maximum(tl.abs(t), 1.0))
+    return t, passes
+

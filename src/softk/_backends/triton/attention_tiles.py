@@ -13,7 +13,7 @@ Scores are s = scale·(q·k) + mask in float32 (``tl.dot`` with
 causal diagonal (key j takes part for query i iff j ≤ i, torch's top-left
 alignment), or False in a boolean mask.
 
-Shift before scale (issue 20).  A tile holds t, the value whose row max is
+Shift before scale.  A tile holds t, the value whose row max is
 the reference m, and every kernel works with z = s − max_j s_j formed by
 :func:`_shift` from t and m:
 
@@ -30,6 +30,8 @@ import os
 
 import triton
 import triton.language as tl
+
+from .family_math import _log1p
 
 # Triton's CPU interpreter multiplies bfloat16 tiles wrongly in tl.dot (their
 # bits, not their values; triton 3.9): there, and only there, the operands
@@ -96,6 +98,19 @@ def _qk_tile(q, Kb, skn, skd, start, rows, L, S, E, scale, Mb, smm, smn,
     k = _load_2d(Kb, kidx, skn, skd, S, E, EP)
     raw = _dot(q, tl.trans(k))
     return _scores(raw, rows, start + tl.arange(0, BN)[None, :], L, S, scale, Mb, smm, smn, MASK_KIND, CAUSAL)
+
+
+@triton.jit
+def _p_entmax(z, t, am1):
+    """α-entmax p from z = s − m and the row's shifted threshold t = λ + 1/(α−1)
+    (what the kernels store for α-entmax, :mod:`.attention`):
+    p = (1 + a(z − t))_+^{1/a}, a = α − 1, formed as exp(log1p(a(z − t))/a), so
+    that p keeps its relative precision as α → 1 (λ itself, of size 1/a, would
+    round every p by eps/a); NaN stays NaN, −inf gives 0."""
+    x = am1 * (z - t)
+    inside = x > -1.0
+    p = tl.exp(_log1p(tl.where(inside, x, 0.0)) / am1)
+    return tl.where(inside, p, tl.where(x != x, x, 0.0))
 
 
 @triton.jit
