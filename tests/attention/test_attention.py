@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 import softk
 from softk._backends.blockwise import blocks, forward as blockwise
+from softk._backends import dispatch
 from softk.attention import checks, op, scaled_dot_product_attention as sdpa
 
 from ..oracle import attention as ora
@@ -204,16 +205,16 @@ def test_empty_inputs():
 
 
 # ------------------------------------------------------------- routes and dtypes
-def test_route_follows_the_backend(monkeypatch):
+def test_attention_backend_follows_the_setting(monkeypatch):
     x = torch.zeros(1, 1, 2, 2)
     with softk.use_backend("torch"):
-        assert op.route(x) == "reference"
+        assert dispatch.attention_backend(x) == "reference"
     with softk.use_backend("auto"):
-        assert op.route(x) == "blockwise"
-    monkeypatch.setattr(op, "_triton_ready", lambda: True)
+        assert dispatch.attention_backend(x) == "blockwise"
+    monkeypatch.setattr(dispatch, "_triton_attention_ready", lambda: True)
     with softk.use_backend("triton"):  # tests/conftest.py sets TRITON_INTERPRET=1
-        assert op.route(x) == "triton"
-        assert op.route(x.double()) == "blockwise"  # the kernels compute in float32
+        assert dispatch.attention_backend(x) == "triton"
+        assert dispatch.attention_backend(x.double()) == "blockwise"  # the kernels compute in float32
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
