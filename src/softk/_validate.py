@@ -345,3 +345,15 @@ def sum_tolerance(k, n: int, dtype: torch.dtype):
     below millions."""
     eps = _EPS.get(dtype) or torch.finfo(dtype).eps
     return k * max(eps**0.5, 2 * n * eps, n * _EPS[torch.float32])
+
+
+def reduce(loss: torch.Tensor, keep, reduction: str) -> torch.Tensor:
+    """torch's reductions of a per-row loss (checked by the caller): "mean"
+    divides by the number of kept rows (``keep`` None: all of them)."""
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return loss.sum()
+    if keep is None:
+        return loss.mean()
+    return loss.sum() / keep.sum().to(loss.dtype)

@@ -1,7 +1,7 @@
 r"""The fused Fenchel–Young loss as one op for every backend that has a
 fused kernel: the compiled CPU kernels (:mod:`softk._backends.native.loss`) and Triton
 (:mod:`softk._backends.triton.loss`).  :func:`softk.losses.fenchel_young_loss` takes
-it when :func:`fused_backend` names one.
+it when :func:`softk._backends.dispatch.fused_loss_backend` names one.
 
 Liger-style: the forward kernel writes the loss and the gradient of the
 (reduced) loss, s·(p − y) with s = 1/τ (times 1/#kept rows for the mean), in
@@ -22,7 +22,8 @@ how it is met:
 * forward mode (``torch.autograd.forward_ad``): the tangent is ⟨G, v⟩ per
   row (G the saved gradient, which is then always written);
 * ``torch.func`` transforms (vmap, grad, jvp): not served here;
-  :func:`fused_backend` sends their wrapped tensors to the unfused route.
+  :func:`softk._backends.dispatch.fused_loss_backend` sends their wrapped
+  tensors to the unfused loss.
 
 Half inputs: Triton reads them as they are; the CPU kernels convert them to
 float32 once (as the unfused CPU route does) and the saved gradient is
@@ -38,38 +39,13 @@ from torch import Tensor
 from torch.autograd import forward_ad
 
 from . import lean as _lean
-from .._backends import dispatch
 from .._backends.native import loss as native_loss
 from ..threshold.families import Family
 from .family_keys import family_by_key, family_key
 from ..threshold.rows import compute_dtype, scaled_rows
 from .._validate import sum_tolerance
 
-_HALF = (torch.float16, torch.bfloat16)
 _NO_GRAD = torch.empty(0)  # the gradient output when none is wanted (the lean route only; see _op_kernel)
-
-
-def fused_backend(x: Tensor, family: Family, k) -> str | None:
-    """"native" or "triton" when a fused kernel serves this call, else None.
-
-    The backend is the one :func:`softk._backends.dispatch.resolve` picks for the rows
-    in their compute dtype (as on the unfused route).  Served: a family with
-    a kernel on that backend; an int k, or on the CPU one integral k per row
-    that needs no gradient; a non-empty input; no ``torch.func`` transform."""
-    if family.kernel is None or x.numel() == 0:
-        return None
-    probe = torch.empty(0, dtype=torch.float32, device=x.device) if x.dtype in _HALF else x
-    name = dispatch.resolve(probe, family)
-    if name not in ("native", "triton"):
-        return None
-    compiling = torch.compiler.is_compiling()
-    if isinstance(k, Tensor) and (name == "triton" or compiling or k.requires_grad or not torch.equal(k, k.floor())):
-        return None
-    if compiling:
-        return name
-    if torch._C._are_functorch_transforms_active():
-        return None
-    return name
 
 
 # ---------------------------------------------------------------- the kernels
@@ -129,7 +105,7 @@ def _triton(x, target, family, k, tau, reduction, ignore_index, want_grad):
                                           family.alpha_value, want_grad=want_grad)
     if want_grad:
         grad = grad.view(x.shape)
-    # the reductions of softk.losses.targets.reduce, on the same float32 rows
+    # the reductions of softk._validate.reduce, on the same float32 rows
     if reduction == "none":
         out = loss.view(x.shape[:-1])
     else:
@@ -244,7 +220,7 @@ _ROUTES = _lean.Routes(_FusedFenchelYoungJvp, _kernel, lambda x, target, k_rows,
 def fused_fenchel_young(x: Tensor, target: Tensor, family: Family, k, tau: float, reduction: str,
                         ignore_index: int, backend: str, eager: bool | None = None) -> Tensor:
     """The reduced loss in x's dtype through the fused kernel of ``backend``
-    (from :func:`fused_backend`).  ``x`` holds rows (classes last);
+    (from :func:`softk._backends.dispatch.fused_loss_backend`).  ``x`` holds rows (classes last);
     ``target`` is dense (x's shape) or class indices (x's shape without the
     last dimension; ``ignore_index`` marks ignored rows); ``k`` an int or
     one integral k per row (shaped x.shape[:-1] + (1,)).  ``eager``: the

@@ -291,13 +291,3 @@ def _sum_message(sums: Tensor, k: str, n: int, cdim: int, name: str, capped: boo
         )
     return f"{name} row sums lie in [{lo:.6g}, {hi:.6g}]; {hint}"
 
-
-def reduce(loss: Tensor, keep, reduction: str) -> Tensor:
-    """torch's reductions: "mean" divides by the number of kept rows."""
-    if reduction == "none":
-        return loss
-    if reduction == "sum":
-        return loss.sum()
-    if keep is None:
-        return loss.mean()
-    return loss.sum() / keep.sum().to(loss.dtype)
