@@ -22,27 +22,13 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from .._ops.distributed import RowLoss
 from .._validate import check_input, check_k, check_tau, sum_tolerance
 from ..losses import targets as tg
 from ..threshold.rows import compute_dtype
 from .checks import exchange, resolve_group
 from .families import loss_family, what_code
 from .threshold import NEG_INF, distributed_forward
-
-
-class _RowLoss(torch.autograd.Function):
-    """Per-row loss whose gradient (M, V_r) was computed in the forward."""
-
-    @staticmethod
-    def forward(ctx, x, rows, grad):
-        ctx.save_for_backward(grad)
-        ctx.x_dtype = x.dtype
-        return rows.clone()
-
-    @staticmethod
-    def backward(ctx, g):
-        (grad,) = ctx.saved_tensors
-        return (grad * g.unsqueeze(-1).to(grad.dtype)).to(ctx.x_dtype), None, None
 
 
 def _local_checks(x, target, loss, k, tau, alpha, method, reduction, ignore_index, vocab_start):
@@ -224,7 +210,7 @@ def vocab_parallel_loss(
         rows = torch.where(fwd.broken.squeeze(-1), float("nan"), rows)
     if tau != 1.0:
         grad = grad / tau
-    rows = _RowLoss.apply(x, rows, grad) if local_logits.requires_grad else rows
+    rows = RowLoss.apply(x, rows, grad) if local_logits.requires_grad else rows
     if keep is not None:
         rows = torch.where(keep, rows, 0.0)
     if reduction == "none":
