@@ -40,7 +40,7 @@ _GRID += [(300, [1, 2, 3, 31, 32, 33, 100, 255, 256, 257, 299, 300])]
 
 @pytest.mark.parametrize("n,ks", _GRID, ids=[f"n{n}" for n, _ in _GRID])
 @pytest.mark.slow
-def test_both_routes_match_mpmath_for_every_k(rng, monkeypatch, n, ks):
+def test_both_algorithms_match_mpmath_for_every_k(rng, monkeypatch, n, ks):
     x = rng.normal(size=(2, n)) * 3
     x[1, ::5] = -INF  # masked entries (row 1 has fewer finite entries: the m <= k convention too)
     xt = torch.tensor(x)
@@ -52,7 +52,7 @@ def test_both_routes_match_mpmath_for_every_k(rng, monkeypatch, n, ks):
             np.testing.assert_allclose(out, expect, rtol=1e-10, atol=0, err_msg=f"{algorithm} n={n} k={k}")
 
 
-def test_forced_route_is_the_one_that_runs(monkeypatch):
+def test_forced_algorithm_is_the_one_that_runs(monkeypatch):
     calls = []
     for name in ALGORITHMS:
         real = gradtopk.ALGORITHMS[name]
@@ -133,7 +133,7 @@ def test_float32_matches_mpmath_of_its_own_values(rng, monkeypatch, algorithm):
 
 
 @pytest.mark.parametrize("n,k", [(5, 2), (33, 8), (128, 31), (300, 37), (257, 256)])
-def test_routes_agree_forward_backward_and_log_ek(rng, monkeypatch, n, k):
+def test_algorithms_agree_forward_backward_and_log_ek(rng, monkeypatch, n, k):
     x = rng.normal(size=(4, n)) * 5
     x[1, ::3] = -INF
     g = torch.tensor(rng.normal(size=(4, n)))

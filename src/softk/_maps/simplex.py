@@ -52,7 +52,7 @@ def _log_normaliser(x: Tensor, dim: int, tau):
     return s, m, torch.logsumexp(s, dim, keepdim=True), empty
 
 
-# The fast route of log_softmax/logsumexp: torch's own fused ops, which shift
+# The fast path of log_softmax/logsumexp: torch's own fused ops, which shift
 # by the row max themselves (so τ = 1 needs no shift of ours), with one check
 # that every row was ordinary.  A row that is fully masked, or holds NaN or
 # +inf, follows softk's row conventions, which torch's ops do not (they give

@@ -19,7 +19,7 @@ Each has ``attention_forward`` → (out, m, lam) and ``attention_backward`` →
   these two backends: use the reference one (``softk.use_backend("torch")``).
 
 The ops are defined with ``torch.library.custom_op`` and ``register_autograd``
-rather than :class:`softk._ops.lean.Backends`: the op has three outputs, two
+rather than :class:`softk._ops.lean.Paths`: the op has three outputs, two
 of them not differentiable, and no vmap rule (``torch.func.vmap`` of it
 raises), which ``lean.custom_op``'s generated rule would change.
 """

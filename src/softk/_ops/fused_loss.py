@@ -11,12 +11,12 @@ how it is met:
 
 * plain eager calls (:func:`softk._ops.lean.eager`): the kernel alone when
   autograd cannot see the result, else an old-style autograd.Function
-  around it (:class:`softk._ops.lean.Routes`), never the torch.library layer;
+  around it (:class:`softk._ops.lean.Paths`), never the torch.library layer;
 * ``torch.compile(fullgraph=True)``: the kernel launch is inside the custom
   op ``softk::fenchel_young_fused`` (registered on first use, with a fake
   kernel), so Dynamo sees one opaque node;
 * double backward (``create_graph=True``): the backward recomputes the
-  gradient through the unfused differentiable route (p from the map's own
+  gradient through the unfused differentiable path (p from the map's own
   contract, :func:`softk._ops.op.apply_rows`), so second derivatives
   are exact, not derivatives of the saved buffer;
 * forward mode (``torch.autograd.forward_ad``): the tangent is ⟨G, v⟩ per
@@ -26,7 +26,7 @@ how it is met:
   tensors to the unfused loss.
 
 Half inputs: Triton reads them as they are; the CPU kernels convert them to
-float32 once (as the unfused CPU route does) and the saved gradient is
+float32 once (as the unfused CPU path does) and the saved gradient is
 converted back to the input's dtype.
 """
 
@@ -45,7 +45,7 @@ from .family_keys import family_by_key, family_key
 from ..threshold.rows import compute_dtype, scaled_rows
 from .._validate import sum_tolerance
 
-_NO_GRAD = torch.empty(0)  # the gradient output when none is wanted (the lean route only; see _op_kernel)
+_NO_GRAD = torch.empty(0)  # the gradient output when none is wanted (the lean path only; see _op_kernel)
 
 
 # ---------------------------------------------------------------- the kernels
@@ -122,7 +122,7 @@ def _kernel(x, target, k_rows, family, k, tau, reduction, ignore_index, backend,
 
 def _op_kernel(x: Tensor, target: Tensor, k_rows: Optional[Tensor], name: str, alpha: float, k: int, tau: float,
                reduction: str, ignore_index: int, backend: str, want_grad: bool) -> tuple[Tensor, Tensor]:
-    # On the library route the caller has checked the target in Python.
+    # On the library path the caller has checked the target in Python.
     out, grad = _kernel(x, target, k_rows, family_by_key(name, alpha), k, tau, reduction, ignore_index, backend,
                         want_grad, False)
     return out, grad if want_grad else x.new_empty(0)  # an op's outputs are its own
@@ -140,7 +140,7 @@ fused_op = None  # softk::fenchel_young_fused, defined by _library()
 def _library():
     global fused_op
     fused_op = torch.library.custom_op("softk::fenchel_young_fused", _op_kernel, mutates_args=())
-    fused_op.register_fake(_fake)  # no vmap rule: torch.func takes the unfused route
+    fused_op.register_fake(_fake)  # no vmap rule: torch.func takes the unfused path
 
 
 # ------------------------------------------------------- the autograd contract
@@ -202,7 +202,7 @@ class _FusedFenchelYoung(torch.autograd.Function):
 
 
 class _FusedFenchelYoungJvp(_FusedFenchelYoung):
-    # Dynamo does not trace a Function with a custom jvp: the compiled route
+    # Dynamo does not trace a Function with a custom jvp: the compiled path
     # uses the parent (forward-mode AD is not used under compile).
     @staticmethod
     def jvp(ctx, vx, *_):
@@ -213,7 +213,7 @@ class _FusedFenchelYoungJvp(_FusedFenchelYoung):
         return t.to(grad.dtype), None
 
 
-_ROUTES = _lean.Routes(_FusedFenchelYoungJvp, _kernel, lambda x, target, k_rows, *_: (x, target, k_rows),
+_PATHS = _lean.Paths(_FusedFenchelYoungJvp, _kernel, lambda x, target, k_rows, *_: (x, target, k_rows),
                        compiled=_FusedFenchelYoung, register=_library)
 
 
@@ -225,19 +225,19 @@ def fused_fenchel_young(x: Tensor, target: Tensor, family: Family, k, tau: float
     last dimension; ``ignore_index`` marks ignored rows); ``k`` an int or
     one integral k per row (shaped x.shape[:-1] + (1,)).  ``eager``: the
     caller's :func:`softk._ops.lean.eager` of these tensors, when it has it.  On
-    the eager CPU route the kernel checks the target and raises
+    the eager CPU path the kernel checks the target and raises
     :class:`softk._backends.native.loss.BadTarget`; elsewhere the caller has checked it."""
     k_rows = k if isinstance(k, Tensor) else None
     args = (x, target, k_rows, family, 1 if k_rows is not None else int(k), float(tau), reduction, ignore_index,
             backend)
     if eager is None:
         eager = _lean.eager(x, target, k_rows)
-    if eager:  # the lean route of _ROUTES.apply, without asking again
+    if eager:  # the lean path of _PATHS.apply, without asking again
         if _lean.tracked(x):
             return _EAGER(*args, True)[0]
         return _kernel(*args, False)[0]
     want = torch.is_grad_enabled() and x.requires_grad if torch.compiler.is_compiling() else _lean.tracked(x)
-    return _ROUTES.apply(*args, want)[0]
+    return _PATHS.apply(*args, want)[0]
 
 
-_EAGER = _ROUTES.eager_function.fast_apply
+_EAGER = _PATHS.eager_function.fast_apply

@@ -232,7 +232,7 @@ class _Hvp(torch.autograd.Function):
         raise NotImplementedError(_SECOND_ORDER)
 
 
-_HVP = _lean.Routes(_Hvp, _hvp_kernel, lambda x, g, *_: (x, g), register=_library)
+_HVP = _lean.Paths(_Hvp, _hvp_kernel, lambda x, g, *_: (x, g), register=_library)
 
 
 class _SavesInput(torch.autograd.Function):
@@ -268,7 +268,7 @@ class _GradTopKJvp(GradTopKFunction):
         return _HVP.apply(x, v, ctx.k, ctx.tau)
 
 
-_GRADTOPK = _lean.Routes(_GradTopKJvp, _gradtopk_kernel, lambda x, *_: (x,), compiled=GradTopKFunction,
+_GRADTOPK = _lean.Paths(_GradTopKJvp, _gradtopk_kernel, lambda x, *_: (x,), compiled=GradTopKFunction,
                          register=_library)
 
 
@@ -312,7 +312,7 @@ class _LogEkJvp(LogEkFunction):
         return (_GRADTOPK.apply(x, ctx.k, ctx.tau) * v).sum(-1, keepdim=True)
 
 
-_LOG_EK = _lean.Routes(_LogEkJvp, _log_ek_kernel, lambda x, *_: (x,), compiled=LogEkFunction, register=_library)
+_LOG_EK = _lean.Paths(_LogEkJvp, _log_ek_kernel, lambda x, *_: (x,), compiled=LogEkFunction, register=_library)
 
 
 def gradtopk(x: Tensor, k: int, dim: int, tau: float) -> Tensor:

@@ -146,9 +146,9 @@ class _LogSumExpJvp(_LogSumExp):
         return (_softmax_rows(x, ctx.tau).float() * v.float()).sum(-1).to(x.dtype)
 
 
-_LOG_SOFTMAX = _lean.Routes(_LogSoftmaxJvp, _log_softmax_kernel, lambda x, _: (x,), compiled=_LogSoftmax,
+_LOG_SOFTMAX = _lean.Paths(_LogSoftmaxJvp, _log_softmax_kernel, lambda x, _: (x,), compiled=_LogSoftmax,
                             register=_library)
-_LOGSUMEXP = _lean.Routes(_LogSumExpJvp, _logsumexp_kernel, lambda x, _: (x,), compiled=_LogSumExp, register=_library)
+_LOGSUMEXP = _lean.Paths(_LogSumExpJvp, _logsumexp_kernel, lambda x, _: (x,), compiled=_LogSumExp, register=_library)
 
 
 def log_softmax_rows(x: Tensor, tau: float) -> Tensor:

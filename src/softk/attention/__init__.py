@@ -62,7 +62,7 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
             bfloat16 inputs and in [1.001, 3] for float64
             (:func:`softk.attention.checks.alpha_range`; the range Correia
             et al. and AdaSplash learn α in is (1, 2]).  Beyond it the
-            attention routes lose precision: near 1 the α-gradient cancels,
+            attention backends lose precision: near 1 the α-gradient cancels,
             above 2 the map is not Lipschitz at the support's edge and the
             rounding of q·k moves p and the gradients; use
             :func:`softk.entmax` on the scores there.
@@ -79,7 +79,7 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     run blocks of keys and never hold the L×S scores; "auto" on CUDA and
     "triton" run the fused Triton kernels, float64 inputs the blocks of
     keys.
-    The memory-efficient routes raise NotImplementedError on double
+    The memory-efficient backends raise NotImplementedError on double
     backward.
 
     Example (a query that attends to one of three keys):

@@ -15,7 +15,7 @@ says what was expected, before any kernel runs.  The checks follow
 
 The result, :class:`Call`, holds the three tensors as (B, H, L, E),
 (B, H_kv, S, E), (B, H_kv, S, Ev) and the mask expanded to (B, H, L, S) (a
-view where the batch dimensions allow it), which is what every route takes.
+view where the batch dimensions allow it), which is what every backend takes.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class Call:
     causal: bool
     fam: int
     alpha: Optional[Tensor]  # (H,) per-head α for fam 3 (a float α is expanded), else None
-    alpha_value: object  # the α the reference route passes to softk.entmax: a float or the (H,) tensor
+    alpha_value: object  # the α the reference backend passes to softk.entmax: a float or the (H,) tensor
     out_shape: tuple
 
     @property
@@ -105,7 +105,7 @@ def _heads(h: int, hkv: int, hv: int, gqa: bool) -> None:
 
 
 # α-entmax attention is exact to the compute dtype's precision only on a
-# range of α, which the attention routes therefore refuse to leave:
+# range of α, which the attention backends therefore refuse to leave:
 # * near 1 the α-gradient is a difference of two terms of size 1/(α−1)²
 #   that cancel (float32 at α = 1.01: dα 12 % off the float64 oracle);
 # * above 2 the map is not Lipschitz at the edge of the support: p_j grows
@@ -115,18 +115,18 @@ def _heads(h: int, hkv: int, hv: int, gqa: bool) -> None:
 #   2.6e-4 off on random rows; at α = 4 a key with p = 0.01 lost half a
 #   percent of it; at α = 10 a row's p summed to 0.994, because λ per row
 #   cannot carry such p at all).  softk.entmax on a whole row of given
-#   scores is exact for every α (its anchor form): that is the route for
+#   scores is exact for every α (its anchor form): that is the map for
 #   other α.
 # Measured at the ends of the ranges (tests/attention/test_grad.py, blockwise
-# and Triton routes, relative to the largest value; dα in float64 against the
-# reference route): float32 ≤ 4.8e-4 on dα and ≤ 7e-7 on out, dq, dk, dv;
+# and Triton backends, relative to the largest value; dα in float64 against the
+# reference backend): float32 ≤ 4.8e-4 on dα and ≤ 7e-7 on out, dq, dk, dv;
 # float64 ≤ 2.3e-8 on dα and ≤ 1e-13 on the rest.
 ALPHA_RANGE = {torch.float32: (1.05, 2.0), torch.float64: (1.001, 3.0)}
-_WHY = "outside it the blockwise and Triton routes lose precision; use softk.entmax on the scores for other α"
+_WHY = "outside it the blockwise and Triton backends lose precision; use softk.entmax on the scores for other α"
 
 
 def alpha_range(dtype: torch.dtype) -> tuple[float, float]:
-    """The α the attention routes take for inputs of ``dtype`` (half and
+    """The α the attention backends take for inputs of ``dtype`` (half and
     bfloat16 compute in float32).
 
     >>> alpha_range(torch.bfloat16), alpha_range(torch.float64)

@@ -13,7 +13,7 @@ from .._validate import check_choice
 from ..attention.checks import ALPHA_RANGE
 
 
-# The learnable α stays inside the range every attention route takes in
+# The learnable α stays inside the range every attention backend takes in
 # float32 (softk.attention.checks.ALPHA_RANGE), by a sigmoid between its ends.
 ALPHA_MIN, ALPHA_MAX = ALPHA_RANGE[torch.float32]
 
@@ -38,7 +38,7 @@ class ScaledDotProductAttention(nn.Module):
         learnable: learn α per head, kept inside [1.05, 2] by the
             parametrisation α_h = 1.05 + 0.95·sigmoid(ρ_h) (ρ is the stored
             parameter ``alpha_raw``; the ends ``ALPHA_MIN`` and
-            ``ALPHA_MAX`` are the range the attention routes take in
+            ``ALPHA_MAX`` are the range the attention backends take in
             float32, :data:`softk.attention.checks.ALPHA_RANGE`).  Correia et
             al. and AdaSplash learn α in (1, 2].
 
