@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from .._ops.distributed import ChunkedLinearLoss
-from .._validate import check_input
+from .._validate import DEFAULT_LOSS, check_input
 from ..losses.chunking import auto_chunk_size
 from ..losses.targets import check_reduction
 from .checks import comm_device, resolve_group
@@ -29,7 +29,7 @@ from .losses import vocab_parallel_loss
 
 
 def vocab_parallel_fused_linear_loss(
-    input, local_weight, target, loss: str = "sparsemax", local_bias=None, *, group=None, vocab_start=None,
+    input, local_weight, target, loss: str = DEFAULT_LOSS, local_bias=None, *, group=None, vocab_start=None,
     alpha=None, k: int = 1, method: str = "sparse", tau: float = 1.0, ignore_index: int = -100,
     reduction: str = "mean", chunk_size=None,
 ):
@@ -43,7 +43,8 @@ def vocab_parallel_fused_linear_loss(
         local_bias: None or (V_r,).
         chunk_size: rows per chunk; None takes :func:`softk.losses.chunking.auto_chunk_size`
             with the largest slice, so every rank runs the same number of chunks.
-        The rest: as in :func:`vocab_parallel_loss`; reduction is "mean" or "sum".
+        The rest: as in :func:`vocab_parallel_loss` (``loss`` default
+            "cross_entropy"); reduction is "mean" or "sum".
 
     The gradient of ``input`` is the full one, Σ_r G_r W_r, all-reduced over
     the group during the forward (do not all-reduce it again).

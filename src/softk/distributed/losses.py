@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .._ops.distributed import RowLoss
-from .._validate import check_input, check_k, check_tau, sum_tolerance
+from .._validate import DEFAULT_LOSS, LOSSES, check_input, check_k, check_tau, sum_tolerance
 from ..losses import targets as tg
 from ..threshold.rows import compute_dtype
 from .checks import exchange, resolve_group
@@ -44,8 +44,8 @@ def _local_checks(x, target, loss, k, tau, alpha, method, reduction, ignore_inde
         raise ValueError(f"vocab_start must be None or an int >= 0 (this slice's first global class), got {vocab_start!r}")
     tg.check_target_tensor(target)
     if target.is_floating_point():
-        if loss == "topk_softmax_ce":
-            raise TypeError(f"target must hold class indices for topk_softmax_ce, got dtype {target.dtype}")
+        if LOSSES[loss].targets == "index":
+            raise TypeError(f"target must hold class indices for {loss}, got dtype {target.dtype}")
         if ignore_index != -100:
             raise ValueError("ignore_index applies to class-index targets only")
         if target.shape != x.shape:
@@ -57,8 +57,8 @@ def _local_checks(x, target, loss, k, tau, alpha, method, reduction, ignore_inde
         if family is not None and family.capped and bool((target > 1).any()):
             raise ValueError(f"target entries must lie in [0, 1] for a top-k loss, got {float(target.max())}")
     else:
-        if loss == "soft_topk":
-            raise TypeError(f"target must be a float tensor (rows summing to k) for soft_topk, got dtype {target.dtype}")
+        if LOSSES[loss].targets == "dense":
+            raise TypeError(f"target must be a float tensor (rows summing to k) for {loss}, got dtype {target.dtype}")
         if target.shape != x.shape[:-1]:
             raise ValueError(
                 f"target of class indices must have shape {tuple(x.shape[:-1])} (local_logits' shape without its "
@@ -94,7 +94,7 @@ def _topk_ce(z, index, owned, zt_local, k, group, rank, world):
 def vocab_parallel_loss(
     local_logits: Tensor,
     target: Tensor,
-    loss: str = "sparsemax",
+    loss: str = DEFAULT_LOSS,
     *,
     group=None,
     vocab_start=None,
@@ -113,7 +113,9 @@ def vocab_parallel_loss(
             are contiguous in rank order, or placed by ``vocab_start``.
         target: global class indices shaped ``local_logits.shape[:-1]`` (the
             same on every rank), or a dense target sliced like the logits.
-        loss: "cross_entropy", "softmax", "sparsemax", "entmax15", "entmax"
+        loss: "cross_entropy" (the default, as for
+            :func:`softk.losses.fused_linear_loss` and Megatron's
+            vocab-parallel cross-entropy), "softmax", "sparsemax", "entmax15", "entmax"
             (``alpha``), "soft_topk" (``method`` "sparse", any k, or "exp" with
             k = 1; dense targets) or "topk_softmax_ce" (``k``).
         group: the process group (default: the world).

@@ -36,7 +36,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .._validate import check_chunk_size, check_input, check_loss_options
+from .._validate import DEFAULT_LOSS, check_chunk_size, check_input, check_loss_options
 from .._ops.fused_linear import FusedLinearLoss
 from .chunking import auto_chunk_size, chunk_loss_fn
 from .targets import check_ignore_index, check_reduction, check_target_tensor
@@ -71,7 +71,7 @@ def fused_linear_loss(
     input: Tensor,
     weight: Tensor,
     target: Tensor,
-    loss: str = "cross_entropy",
+    loss: str = DEFAULT_LOSS,
     bias=None,
     *,
     alpha=None,
