@@ -7,7 +7,8 @@ its argument checks (``checks``), the backend choice of one call (``op``) and
 the reference backend (``reference``); the autograd rule and the
 ``softk::attention`` ops are :mod:`softk._ops.attention`, the kernels
 :mod:`softk._backends.blockwise` and :mod:`softk._backends.triton.attention`.
-Only ``softk.nn``, ``softk.integrations`` and the CLI import this package.
+Imported by ``softk/__init__``, ``softk.nn`` and ``softk.integrations``;
+imports the maps, :mod:`softk._ops` and below.
 """
 
 from __future__ import annotations

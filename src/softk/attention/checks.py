@@ -107,20 +107,16 @@ def _heads(h: int, hkv: int, hv: int, gqa: bool) -> None:
 # α-entmax attention is exact to the compute dtype's precision only on a
 # range of α, which the attention backends therefore refuse to leave:
 # * near 1 the α-gradient is a difference of two terms of size 1/(α−1)²
-#   that cancel (float32 at α = 1.01: dα 12 % off the float64 oracle);
+#   that cancel;
 # * above 2 the map is not Lipschitz at the edge of the support: p_j grows
 #   like u^(1/(α−1)) and the Jacobian's p_j^(2−α) is unbounded as p_j → 0,
 #   so the rounding of the scores q·k themselves moves p by up to
-#   (ε|s|)^(1/(α−1)) and the gradients without bound (float32 at α = 3: dk
-#   2.6e-4 off on random rows; at α = 4 a key with p = 0.01 lost half a
-#   percent of it; at α = 10 a row's p summed to 0.994, because λ per row
-#   cannot carry such p at all).  softk.entmax on a whole row of given
-#   scores is exact for every α (its anchor form): that is the map for
-#   other α.
-# Measured at the ends of the ranges (tests/attention/test_grad.py, blockwise
-# and Triton backends, relative to the largest value; dα in float64 against the
-# reference backend): float32 ≤ 4.8e-4 on dα and ≤ 7e-7 on out, dq, dk, dv;
-# float64 ≤ 2.3e-8 on dα and ≤ 1e-13 on the rest.
+#   (ε|s|)^(1/(α−1)) and the gradients without bound; far above 2 a row's p
+#   cannot even sum to 1 in the compute dtype, because λ per row cannot carry
+#   such p.  softk.entmax on a whole row of given scores is exact for every α
+#   (its anchor form): that is the map for other α.
+# tests/attention/test_grad.py holds the blockwise and Triton backends to
+# their bounds at the ends of the ranges.
 ALPHA_RANGE = {torch.float32: (1.05, 2.0), torch.float64: (1.001, 3.0)}
 _WHY = "outside it the blockwise and Triton backends lose precision; use softk.entmax on the scores for other α"
 
