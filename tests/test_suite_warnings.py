@@ -10,7 +10,7 @@ import sys
 from . import safety_net
 from .paths import REPO
 
-FIRST_USES = ["tests/autograd/test_lean_route.py::test_forward_mode_ad_on_the_lean_route",
+FIRST_USES = ["tests/autograd/test_lean_path.py::test_forward_mode_ad_on_the_lean_path",
               "tests/attention/test_nn.py::test_compile_fullgraph[auto]"]
 
 

@@ -1,12 +1,12 @@
 """GradTopK at scale: soft_topk(method="grad") forward + backward, float32,
-by each route (softk._ops.gradtopk.ROUTE: the sequential scan, the tree of
+by each algorithm (softk._ops.gradtopk.ALGORITHM: the sequential scan, the tree of
 log-space polynomial products, the automatic choice), next to soft_topk "exp".
 
 Run:
   python benchmarks/cpu/gradtopk_scale.py [--n 4096] [--k 256] [--batch 8] [--threads 1] [--repeats 3]
   python benchmarks/cpu/gradtopk_scale.py --compare   # scan, tree, auto and "exp" at 8x4096 k=256 and 256x1024 k=32
   python benchmarks/cpu/gradtopk_scale.py --sweep     # scan vs tree across shapes and k (the CPU crossover)
-  python benchmarks/cpu/gradtopk_scale.py --ops       # ATen ops per forward + backward by route (a GPU launch-count proxy)
+  python benchmarks/cpu/gradtopk_scale.py --ops       # ATen ops per forward + backward by algorithm (a GPU launch-count proxy)
 Prints the best wall time of `repeats` runs (after one warm-up), Σp − k and
 whether everything is finite.
 """
@@ -24,13 +24,13 @@ SWEEP = [(8, 4096), (64, 1024), (256, 256), (512, 64), (1024, 16)]
 SWEEP_K = [2, 8, 16, 32, 64, 128, 256]
 
 
-def timed(batch: int, n: int, k: int, method: str, route: str, repeats: int, dtype=torch.float32):
+def timed(batch: int, n: int, k: int, method: str, algorithm: str, repeats: int, dtype=torch.float32):
     """Best (forward, backward) seconds of soft_topk on a (batch, n) input, and
     the last run's p and gradient."""
     gen = torch.Generator().manual_seed(0)
     x = (torch.randn(batch, n, generator=gen) * 3).to(dtype)
     g = torch.randn(batch, n, generator=gen).to(dtype)
-    saved, gradtopk.ROUTE = gradtopk.ROUTE, route
+    saved, gradtopk.ALGORITHM = gradtopk.ALGORITHM, algorithm
     try:
         best = None
         for _ in range(repeats + 1):  # the first run is a warm-up
@@ -44,14 +44,14 @@ def timed(batch: int, n: int, k: int, method: str, route: str, repeats: int, dty
                 best = (t1 - t0, t2 - t1)
         return best[0], best[1], p.detach(), xr.grad
     finally:
-        gradtopk.ROUTE = saved
+        gradtopk.ALGORITHM = saved
 
 
-def report(batch, n, k, route, args, exp_total=None):
-    fwd, bwd, p, grad = timed(batch, n, k, "grad", route, args.repeats)
+def report(batch, n, k, algorithm, args, exp_total=None):
+    fwd, bwd, p, grad = timed(batch, n, k, "grad", algorithm, args.repeats)
     ratio = f", {(fwd + bwd) / exp_total:.0f}x exp" if exp_total else ""
     print(
-        f"grad/{route:<4} {batch}x{n} k={k} float32 threads={args.threads}: forward {fwd:.4f} s, "
+        f"grad/{algorithm:<4} {batch}x{n} k={k} float32 threads={args.threads}: forward {fwd:.4f} s, "
         f"backward {bwd:.4f} s, total {fwd + bwd:.4f} s{ratio}; "
         f"max |sum p - k| = {(p.double().sum(-1) - k).abs().max().item():.1e}, "
         f"finite: {bool(torch.isfinite(p).all() and torch.isfinite(grad).all())}",
@@ -69,7 +69,7 @@ _NO_KERNEL = {
 }
 
 
-def count_ops(batch: int, n: int, k: int, route: str) -> int:
+def count_ops(batch: int, n: int, k: int, algorithm: str) -> int:
     """ATen ops (composite ones counted with their parts) in one forward +
     backward, with the tree's products unblocked as on a GPU."""
     from torch.profiler import ProfilerActivity, profile
@@ -78,13 +78,13 @@ def count_ops(batch: int, n: int, k: int, route: str) -> int:
 
     gen = torch.Generator().manual_seed(0)
     x = (torch.randn(batch, n, generator=gen) * 3).requires_grad_()
-    saved = gradtopk.ROUTE, gradtopk_tree._CPU_BLOCK
-    gradtopk.ROUTE, gradtopk_tree._CPU_BLOCK = route, 1 << 62
+    saved = gradtopk.ALGORITHM, gradtopk_tree._CPU_BLOCK
+    gradtopk.ALGORITHM, gradtopk_tree._CPU_BLOCK = algorithm, 1 << 62
     try:
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             softk.soft_topk(x, k, method="grad").backward(torch.ones(batch, n))
     finally:
-        gradtopk.ROUTE, gradtopk_tree._CPU_BLOCK = saved
+        gradtopk.ALGORITHM, gradtopk_tree._CPU_BLOCK = saved
     return sum(e.count for e in prof.key_averages() if e.key.startswith("aten::") and e.key not in _NO_KERNEL)
 
 
@@ -95,7 +95,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--route", choices=["auto", "scan", "tree"], default="auto")
+    ap.add_argument("--algorithm", choices=["auto", "scan", "tree"], default="auto")
     ap.add_argument("--compare", action="store_true", help="scan, tree, auto and exp at the two issue shapes")
     ap.add_argument("--sweep", action="store_true", help="scan vs tree over shapes and k")
     ap.add_argument("--ops", action="store_true", help="ATen ops per forward + backward at the two issue shapes")
@@ -103,8 +103,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     if args.ops:
         for batch, n, k in COMPARE_SHAPES:
-            for route in ("scan", "tree"):
-                print(f"{route} {batch}x{n} k={k}: {count_ops(batch, n, k, route)} ATen ops per forward + backward")
+            for algorithm in ("scan", "tree"):
+                print(f"{algorithm} {batch}x{n} k={k}: {count_ops(batch, n, k, algorithm)} ATen ops per forward + backward")
         return
     if args.sweep:
         for batch, n in SWEEP:
@@ -112,7 +112,7 @@ def main() -> None:
                 if k < n and batch * n * k <= 8 * 4096 * 256:
                     scan = sum(timed(batch, n, k, "grad", "scan", args.repeats)[:2])
                     tree = sum(timed(batch, n, k, "grad", "tree", args.repeats)[:2])
-                    pick = gradtopk.route(batch, n, k, torch.device("cpu"))
+                    pick = gradtopk.algorithm(batch, n, k, torch.device("cpu"))
                     print(f"{batch}x{n} k={k}: scan {scan:.4f} s, tree {tree:.4f} s, "
                           f"tree/scan {tree / scan:.2f}, auto picks {pick}", flush=True)
         return
@@ -122,8 +122,8 @@ def main() -> None:
         exp_total = exp_fwd + exp_bwd
         print(f"exp       {batch}x{n} k={k} float32 threads={args.threads}: forward {exp_fwd:.5f} s, "
               f"backward {exp_bwd:.5f} s, total {exp_total:.5f} s", flush=True)
-        for route in (["scan", "tree", "auto"] if args.compare else [args.route]):
-            report(batch, n, k, route, args, exp_total)
+        for algorithm in (["scan", "tree", "auto"] if args.compare else [args.algorithm]):
+            report(batch, n, k, algorithm, args, exp_total)
 
 
 if __name__ == "__main__":

@@ -113,11 +113,14 @@ def block_sparsity(q, k, v, name, causal, tile=64):
     """Fraction of visible tile×tile (query, key) tiles whose softk weights are all 0."""
     import torch
 
-    from softk.attention import blocks, blockwise, maps, op
+    from softk._backends import dispatch
+    from softk._backends.blockwise import blocks, forward as blockwise
+    from softk._ops import attention as op
+    from softk.threshold import attention_maps as maps
 
     fam = maps.family_id(name, None, False)
     with torch.no_grad():
-        _, m, lam = op._forward(q, k, v, None, None, q.shape[-1] ** -0.5, causal, fam, op.route(q))
+        _, m, lam = op._forward(q, k, v, None, None, q.shape[-1] ** -0.5, causal, fam, dispatch.attention_backend(q))
         ct = torch.float32
         blk = blocks.Blocks(q, k.to(ct), v.to(ct), None, q.shape[-1] ** -0.5, causal)
         m, lam = blk.rows(m.to(ct)).unsqueeze(-1), blk.rows(lam.to(ct)).unsqueeze(-1)
@@ -184,7 +187,7 @@ def gpu_table(a, flush=lambda rows: None) -> list:
     """Every case's rows; cases not started within ``--budget-s`` say so; ``flush(rows)`` after each case."""
     import torch
 
-    from softk.attention import op
+    from softk._backends import dispatch
 
     device, dtype = ("cpu", torch.float32) if a.smoke else ("cuda", torch.bfloat16)
     measure = wall_measure if a.smoke else cuda_measure
@@ -201,7 +204,7 @@ def gpu_table(a, flush=lambda rows: None) -> list:
                                           locality=a.locality, window=a.window)
                     case = dict(L=L, E=E, causal=causal, mode=mode)
                     impls = [(f"sdpa-{b}", _sdpa(b), None) for b in (("math",) if a.smoke else ("flash", "efficient"))]
-                    impls += [(f"softk-{m} ({op.route(q)})", _softk(m), m) for m in a.maps]
+                    impls += [(f"softk-{m} ({dispatch.attention_backend(q)})", _softk(m), m) for m in a.maps]
                     for label, fn, name in impls:
                         row = dict(case, impl=label)
                         try:

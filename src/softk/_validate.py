@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from typing import NamedTuple
 
 import torch
 
@@ -284,27 +285,47 @@ def unwrapped(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-# The loss names every entry point that takes a loss by name reads
-# (fused_linear_loss, nn.FusedLinearLoss, vocab_parallel_loss,
-# vocab_parallel_fused_linear_loss, apply_softk): each is the function of
-# that name in softk.losses, "topk_softmax_ce" its top-k softmax cross-entropy.
-LOSSES = ("cross_entropy", "softmax", "sparsemax", "entmax15", "entmax", "soft_topk", "topk_softmax_ce")
+class LossSpec(NamedTuple):
+    """What a loss name takes beyond the shared tau/ignore_index/reduction:
+    ``options`` among "alpha", "k" and "method", and ``targets``: "index"
+    (class indices), "dense" (rows summing to k) or "both"."""
+
+    options: tuple
+    targets: str
+
+
+# The one table of loss names, read by every entry point that takes a loss by
+# name (fused_linear_loss, nn.FusedLinearLoss, vocab_parallel_loss,
+# vocab_parallel_fused_linear_loss, apply_softk): each is the function of that
+# name in softk.losses, "topk_softmax_ce" its top-k softmax cross-entropy.
+LOSSES = {
+    "cross_entropy": LossSpec((), "both"),
+    "softmax": LossSpec((), "both"),
+    "sparsemax": LossSpec((), "both"),
+    "entmax15": LossSpec((), "both"),
+    "entmax": LossSpec(("alpha",), "both"),
+    "soft_topk": LossSpec(("k", "method"), "dense"),
+    "topk_softmax_ce": LossSpec(("k",), "index"),
+}
+# The default ``loss`` of every one of them: torch's, Megatron's and Liger's.
+DEFAULT_LOSS = "cross_entropy"
 
 
 def check_loss_options(loss, alpha, k, method) -> None:
-    """``loss`` a name of :data:`LOSSES`, with the options it takes: ``alpha``
-    for "entmax" only, ``k`` for "soft_topk" and "topk_softmax_ce" only, and a
-    smooth top-k ``method``."""
+    """``loss`` a name of :data:`LOSSES`, with the options its row of the
+    table lists: ``alpha`` for "entmax" only, ``k`` != 1 only where the table
+    has "k", and a smooth top-k ``method``."""
     from .threshold.families import THRESHOLD_METHODS  # the core's table; imported here, not at the top, to keep this module a leaf
 
-    check_choice(loss, LOSSES, "loss")
-    if loss == "entmax":
+    check_choice(loss, tuple(LOSSES), "loss")
+    options = LOSSES[loss].options
+    if "alpha" in options:
         if alpha is None:
-            raise ValueError("loss='entmax' needs alpha, a float >= 1, got None")
+            raise ValueError(f"loss={loss!r} needs alpha, a float >= 1, got None")
         check_alpha(alpha, None, -1)
     elif alpha is not None:
         raise ValueError(f"alpha applies to loss='entmax' only, got alpha={alpha!r} with loss={loss!r}")
-    if loss not in ("soft_topk", "topk_softmax_ce") and k != 1:
+    if "k" not in options and k != 1:
         raise ValueError(f"k applies to loss='soft_topk' and 'topk_softmax_ce' only, got k={k!r} with loss={loss!r}")
     check_choice(method, tuple(THRESHOLD_METHODS), "method")
 
@@ -345,3 +366,15 @@ def sum_tolerance(k, n: int, dtype: torch.dtype):
     below millions."""
     eps = _EPS.get(dtype) or torch.finfo(dtype).eps
     return k * max(eps**0.5, 2 * n * eps, n * _EPS[torch.float32])
+
+
+def reduce(loss: torch.Tensor, keep, reduction: str) -> torch.Tensor:
+    """torch's reductions of a per-row loss (checked by the caller): "mean"
+    divides by the number of kept rows (``keep`` None: all of them)."""
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return loss.sum()
+    if keep is None:
+        return loss.mean()
+    return loss.sum() / keep.sum().to(loss.dtype)

@@ -1,4 +1,4 @@
-"""The learned α's gradient near α = 1 and on peaked rows, on every route:
+"""The learned α's gradient near α = 1 and on peaked rows, on every backend:
 the cancellation-free form against float64."""
 
 import importlib.util
@@ -7,21 +7,21 @@ import numpy as np
 import pytest
 import torch
 
-from .test_attention import route, run  # noqa: F401
+from .test_attention import run
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning:triton.runtime.interpreter")
 
-ROUTES = ["reference", "blockwise"] + (["triton"] if importlib.util.find_spec("triton") else [])
+BACKENDS = ["reference", "blockwise"] + (["triton"] if importlib.util.find_spec("triton") else [])
 
 
-def _dalpha(route_name, dtype, alphas, q, k, v, g, **kw):
+def _dalpha(backend, dtype, alphas, q, k, v, g, **kw):
     a = torch.tensor(alphas, dtype=dtype, requires_grad=True)
-    out = run(route_name, q.to(dtype), k.to(dtype), v.to(dtype), map="entmax", alpha=a, **kw)
+    out = run(backend, q.to(dtype), k.to(dtype), v.to(dtype), map="entmax", alpha=a, **kw)
     return torch.autograd.grad(out, a, g.to(dtype))[0].double()
 
 
-@pytest.mark.parametrize("route_name", ROUTES)
-def test_dalpha_on_peaked_rows(route_name):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dalpha_on_peaked_rows(backend):
     # scores of size ~50 (q, k scaled by 3, E = 64): most rows have one or two
     # keys; the textbook α-gradient was 4.5x the truth here in float32
     g0 = torch.Generator().manual_seed(0)
@@ -30,37 +30,37 @@ def test_dalpha_on_peaked_rows(route_name):
     g = torch.randn(2, 2, 3, 64, generator=g0)
     kw = dict(scale=-0.7, enable_gqa=True)
     want = _dalpha("reference", torch.float64, [1.2, 1.05], q, k, v, g, **kw)
-    got = _dalpha(route_name, torch.float32, [1.2, 1.05], q, k, v, g, **kw)
+    got = _dalpha(backend, torch.float32, [1.2, 1.05], q, k, v, g, **kw)
     assert abs(float(want[1])) > 1e-3  # the second head has a non-trivial gradient
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-9)
 
 
-@pytest.mark.parametrize("route_name", ROUTES)
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("alpha", [1.01, 1.02])
-def test_dalpha_near_one_on_random_rows(route_name, alpha):
+def test_dalpha_near_one_on_random_rows(backend, alpha):
     g0 = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(1, 2, n, 32, generator=g0) for n in (16, 40, 40))
     g = torch.randn(1, 2, 16, 32, generator=g0)
     want = _dalpha("reference", torch.float64, [alpha, alpha + 0.003], q, k, v, g)
-    got = _dalpha(route_name, torch.float32, [alpha, alpha + 0.003], q, k, v, g)
+    got = _dalpha(backend, torch.float32, [alpha, alpha + 0.003], q, k, v, g)
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=2e-4)  # the issue's bar: 0.2 %
 
 
-@pytest.mark.parametrize("route_name", ROUTES)
-def test_a_head_whose_rows_have_one_key_gets_dalpha_zero(route_name):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_head_whose_rows_have_one_key_gets_dalpha_zero(backend):
     # p ≡ 1 on every row whatever α: ∂L/∂α = 0 exactly
     g0 = torch.Generator().manual_seed(2)
     q, k, v = torch.randn(1, 2, 5, 8, generator=g0), torch.randn(1, 2, 1, 8, generator=g0), \
         torch.randn(1, 2, 1, 8, generator=g0)
     g = torch.randn(1, 2, 5, 8, generator=g0)
     for alpha in ([1.01, 1.5], [2.0, 1.3]):
-        assert (_dalpha(route_name, torch.float32, alpha, q, k, v, g) == 0).all()
+        assert (_dalpha(backend, torch.float32, alpha, q, k, v, g) == 0).all()
 
 
-@pytest.mark.parametrize("route_name", ROUTES)
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("alpha", [1.00001, 1.001])
-def test_output_and_gradients_near_one_hold_float32(route_name, alpha):
-    # the routes save t = λ + 1/(α−1) and form p through log1p: saving λ
+def test_output_and_gradients_near_one_hold_float32(backend, alpha):
+    # the backends save t = λ + 1/(α−1) and form p through log1p: saving λ
     # (of size 1/(α−1)) put out 3.5e-5 off at α = 1.001 in float32
     g0 = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(1, 2, n, 16, generator=g0) for n in (12, 30, 30))
@@ -72,6 +72,6 @@ def test_output_and_gradients_near_one_hold_float32(route_name, alpha):
         out = run(name, *leaves, map="entmax", alpha=a)
         return [out] + list(torch.autograd.grad(out, leaves + [a], g.to(dtype)))
 
-    for got, want in zip(outs(route_name, torch.float32), outs("reference", torch.float64)):
+    for got, want in zip(outs(backend, torch.float32), outs("reference", torch.float64)):
         err = (got.double() - want).abs().max() / want.abs().max()
         assert err <= 2e-6, err

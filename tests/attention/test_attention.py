@@ -1,4 +1,4 @@
-"""softk.attention.scaled_dot_product_attention, forward: every route against the
+"""softk.attention.scaled_dot_product_attention, forward: every backend against the
 NumPy float64 oracle (tests/oracle_attention.py), every map, masks, causal,
 GQA, L != S, the lengths around a block, ties, far from the origin, fully
 masked rows; map="softmax" against torch's SDPA."""
@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 import softk
 from softk._backends.blockwise import blocks, forward as blockwise
+from softk._backends import dispatch
 from softk.attention import checks, op, scaled_dot_product_attention as sdpa
 
 from ..oracle import attention as ora
@@ -28,18 +29,18 @@ def one_thread():
     torch.set_num_threads(n)
 
 
-def run(route, q, k, v, **kw):
-    """The public function's arguments, on one named route."""
+def run(backend, q, k, v, **kw):
+    """The public function's arguments, on one named backend."""
     call = checks.check_call(q, k, v, kw.pop("attn_mask", None), 0.0, kw.pop("is_causal", False),
                              kw.pop("scale", None), kw.pop("enable_gqa", False), kw.pop("map", "entmax15"),
                              kw.pop("alpha", None))
     assert not kw
-    return op.attention(call, route)
+    return op.attention(call, backend)
 
 
 @pytest.fixture(params=["reference", "blockwise", "blockwise_small"])
-def route(request, monkeypatch):
-    """The CPU routes; "blockwise_small" runs chunks of 5 queries, blocks of 16
+def backend(request, monkeypatch):
+    """The CPU backends; "blockwise_small" runs chunks of 5 queries, blocks of 16
     keys and keeps at most 3 candidates per row, so that several chunks and
     blocks, the candidate merge and the whole-row fallback for wide supports
     all run at these sizes."""
@@ -75,7 +76,7 @@ _CACHE = {}
 
 
 def oracle_out(key, *args):
-    """ora.attention(*args)[0], computed once per key (the routes share it)."""
+    """ora.attention(*args)[0], computed once per key (the backends share it)."""
     if key not in _CACHE:
         _CACHE[key] = ora.attention(*args)[0]
     return _CACHE[key]
@@ -88,11 +89,11 @@ def close(a, b, atol=1e-10, rtol=1e-9):
 # ----------------------------------------------------------- against the oracle
 @pytest.mark.parametrize("name,alpha", MAPS)
 @pytest.mark.parametrize("causal", [False, True])
-def test_forward_matches_oracle(route, name, alpha, causal):
+def test_forward_matches_oracle(backend, name, alpha, causal):
     q, k, v = inputs()
     mask = bool_mask(37, 53)
     a, a_np = alpha_of(alpha)
-    out = run(route, q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True, map=name, alpha=a)
+    out = run(backend, q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True, map=name, alpha=a)
     ref = oracle_out(("main", name, alpha, causal), q.numpy(), k.numpy(), v.numpy(), mask.numpy(), causal, None,
                      name, a_np)
     close(out, ref)
@@ -100,14 +101,14 @@ def test_forward_matches_oracle(route, name, alpha, causal):
 
 
 @pytest.mark.parametrize("name,alpha", MAPS)
-def test_float_mask_and_scale(route, name, alpha):
+def test_float_mask_and_scale(backend, name, alpha):
     q, k, v = inputs(L=20, S=24, Hkv=4)
     g = torch.Generator().manual_seed(5)
     fmask = torch.randn(2, 1, 20, 24, generator=g, dtype=F64)  # broadcast over heads
     fmask[1, 0, 7] = float("-inf")  # a fully masked row in one batch entry only
     fmask[0, 0, :, 2] = float("-inf")
     a, a_np = alpha_of(alpha)
-    out = run(route, q, k, v, attn_mask=fmask, scale=0.7, map=name, alpha=a)
+    out = run(backend, q, k, v, attn_mask=fmask, scale=0.7, map=name, alpha=a)
     close(out, oracle_out(("fmask", name, alpha), q.numpy(), k.numpy(), v.numpy(), fmask.numpy(), False, 0.7,
                           name, a_np))
     assert (out[1, :, 7] == 0).all()
@@ -115,64 +116,64 @@ def test_float_mask_and_scale(route, name, alpha):
 
 @pytest.mark.parametrize("L,S", [(1, 1), (2, 2), (1, 300), (63, 64), (65, 63), (64, 64), (300, 65)])
 @pytest.mark.parametrize("name", ["softmax", "entmax15"])
-def test_lengths(route, L, S, name):
+def test_lengths(backend, L, S, name):
     q, k, v = inputs(B=1, H=2, Hkv=1, L=L, S=S, E=4, Ev=3, seed=L + S)
     for causal in (False, True):
-        out = run(route, q, k, v, is_causal=causal, enable_gqa=True, map=name)
+        out = run(backend, q, k, v, is_causal=causal, enable_gqa=True, map=name)
         close(out, oracle_out(("len", L, S, name, causal), q.numpy(), k.numpy(), v.numpy(), None, causal, None, name))
 
 
 @pytest.mark.parametrize("name,alpha", MAPS)
-def test_ties_and_offset(route, name, alpha):
+def test_ties_and_offset(backend, name, alpha):
     # q = 0: every score ties, uniform weights over the keys taking part.
     q, k, v = inputs(B=1, L=9, S=40)
     a, a_np = alpha_of(alpha)
-    out = run(route, torch.zeros_like(q), k, v, is_causal=True, enable_gqa=True, map=name, alpha=a)
+    out = run(backend, torch.zeros_like(q), k, v, is_causal=True, enable_gqa=True, map=name, alpha=a)
     close(out, oracle_out(("tie0", name, alpha), np.zeros(q.shape), k.numpy(), v.numpy(), None, True, None, name, a_np))
     # duplicated keys: ties at the top of each row
     k2 = torch.cat([k[:, :, :20], k[:, :, :20]], 2)
-    out = run(route, q, k2, v, enable_gqa=True, map=name, alpha=a)
+    out = run(backend, q, k2, v, enable_gqa=True, map=name, alpha=a)
     close(out, oracle_out(("tie1", name, alpha), q.numpy(), k2.numpy(), v.numpy(), None, False, None, name, a_np))
     # a 1e4 offset in q·k: one coordinate of every query and key is 100
     q3, k3 = q.clone(), k.clone()
     q3[..., 0], k3[..., 0] = 100.0, 100.0
-    out = run(route, q3, k3, v, scale=1.0, enable_gqa=True, map=name, alpha=a)
+    out = run(backend, q3, k3, v, scale=1.0, enable_gqa=True, map=name, alpha=a)
     close(out, oracle_out(("offset", name, alpha), q3.numpy(), k3.numpy(), v.numpy(), None, False, 1.0, name, a_np),
           atol=1e-8)
 
 
-def test_one_dominant_key_and_single_key_rows(route):
+def test_one_dominant_key_and_single_key_rows(backend):
     q, k, v = inputs(B=1, H=2, Hkv=2, L=6, S=50)
     k = k.clone()
     k[..., 7, :] = 50 * q[..., 0:1, :].mean(2)  # far above the rest for most queries
     for name in ("softmax", "sparsemax", "entmax15"):
-        out = run(route, q, k, v, is_causal=True, map=name)  # query 0 sees key 0 only: p = 1
+        out = run(backend, q, k, v, is_causal=True, map=name)  # query 0 sees key 0 only: p = 1
         close(out, oracle_out(("dominant", name), q.numpy(), k.numpy(), v.numpy(), None, True, None, name))
         close(out[..., 0, :], v[..., 0, :].numpy())
 
 
-def test_nan_stays_in_its_row(route):
+def test_nan_stays_in_its_row(backend):
     q, k, v = inputs(B=1, H=2, Hkv=2, L=5, S=30)
     q = q.clone()
     q[0, 1, 2, 0] = float("nan")
     for name in ("softmax", "entmax15"):
-        out = run(route, q, k, v, map=name)
+        out = run(backend, q, k, v, map=name)
         assert torch.isnan(out[0, 1, 2]).all()
         assert torch.isfinite(out[0, 0]).all() and torch.isfinite(out[0, 1, [0, 1, 3, 4]]).all()
 
 
 # ---------------------------------------------------------- against torch's SDPA
 @pytest.mark.parametrize("dtype,tol", [(F64, 1e-12), (torch.float32, 2e-6)])
-def test_softmax_is_torch_sdpa(route, dtype, tol):
+def test_softmax_is_torch_sdpa(backend, dtype, tol):
     q, k, v = inputs(dtype=dtype)
     mask = bool_mask(37, 53, dead_rows=())
     fmask = torch.randn(37, 53, dtype=dtype)
     for kw in (dict(), dict(is_causal=True), dict(attn_mask=mask), dict(attn_mask=fmask, scale=0.3)):
-        ours = run(route, q, k, v, map="softmax", enable_gqa=True, **kw)
+        ours = run(backend, q, k, v, map="softmax", enable_gqa=True, **kw)
         torch.testing.assert_close(ours, F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kw),
                                    atol=tol, rtol=tol)
     # a mask and is_causal together: the two combined (torch takes only one of them on some paths)
-    ours = run(route, q, k, v, map="softmax", enable_gqa=True, attn_mask=mask, is_causal=True)
+    ours = run(backend, q, k, v, map="softmax", enable_gqa=True, attn_mask=mask, is_causal=True)
     both = mask & torch.ones(37, 53, dtype=torch.bool).tril()
     torch.testing.assert_close(ours, F.scaled_dot_product_attention(q, k, v, enable_gqa=True, attn_mask=both),
                                atol=tol, rtol=tol)
@@ -203,24 +204,24 @@ def test_empty_inputs():
     assert (q.grad == 0).all()
 
 
-# ------------------------------------------------------------- routes and dtypes
-def test_route_follows_the_backend(monkeypatch):
+# ------------------------------------------------------------- backends and dtypes
+def test_attention_backend_follows_the_setting(monkeypatch):
     x = torch.zeros(1, 1, 2, 2)
     with softk.use_backend("torch"):
-        assert op.route(x) == "reference"
+        assert dispatch.attention_backend(x) == "reference"
     with softk.use_backend("auto"):
-        assert op.route(x) == "blockwise"
-    monkeypatch.setattr(op, "_triton_ready", lambda: True)
+        assert dispatch.attention_backend(x) == "blockwise"
+    monkeypatch.setattr(dispatch, "_triton_attention_ready", lambda: True)
     with softk.use_backend("triton"):  # tests/conftest.py sets TRITON_INTERPRET=1
-        assert op.route(x) == "triton"
-        assert op.route(x.double()) == "blockwise"  # the kernels compute in float32
+        assert dispatch.attention_backend(x) == "triton"
+        assert dispatch.attention_backend(x.double()) == "blockwise"  # the kernels compute in float32
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("name", ["softmax", "sparsemax", "entmax15"])
-def test_half_precision_accumulates_in_float32(route, dtype, name):
+def test_half_precision_accumulates_in_float32(backend, dtype, name):
     q, k, v = inputs(B=1, L=16, S=70, dtype=dtype)
-    out = run(route, q, k, v, is_causal=True, enable_gqa=True, map=name)
+    out = run(backend, q, k, v, is_causal=True, enable_gqa=True, map=name)
     assert out.dtype == dtype
     ref = oracle_out(("half", dtype, name), *(t.double().numpy() for t in (q, k, v)), None, True, None, name)
     # scores rounded from half inputs, output rounded to half: a few ulps of half

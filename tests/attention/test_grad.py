@@ -1,7 +1,7 @@
-"""softk.attention gradients: q, k, v and a per-head α on every route against the
+"""softk.attention gradients: q, k, v and a per-head α on every backend against the
 NumPy oracle's Jacobian formulas (checked themselves against finite
-differences), gradcheck / gradgradcheck of the reference route, double
-backward refused on the memory-efficient route, fully masked rows."""
+differences), gradcheck / gradgradcheck of the reference backend, double
+backward refused on the memory-efficient backend, fully masked rows."""
 
 import numpy as np
 import pytest
@@ -13,7 +13,7 @@ import softk
 from softk.attention import scaled_dot_product_attention as sdpa
 
 from ..oracle import attention as ora
-from .test_attention import HEAD_ALPHAS, MAPS, alpha_of, bool_mask, close, one_thread, route, run  # noqa: F401
+from .test_attention import HEAD_ALPHAS, MAPS, alpha_of, bool_mask, close, one_thread, backend, run  # noqa: F401
 
 F64 = torch.float64
 
@@ -47,13 +47,13 @@ def test_oracle_jacobian_is_the_finite_difference(name):
 
 @pytest.mark.parametrize("name,alpha", MAPS)
 @pytest.mark.parametrize("causal", [False, True])
-def test_grads_match_oracle(route, name, alpha, causal):
+def test_grads_match_oracle(backend, name, alpha, causal):
     q, k, v = leaves()
     mask = bool_mask(13, 21, dead_rows=(4,))
     a, a_np = alpha_of(alpha)
     if isinstance(a, torch.Tensor):
         a = a.clone().requires_grad_()
-    out = run(route, q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True, map=name, alpha=a)
+    out = run(backend, q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True, map=name, alpha=a)
     dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(3), dtype=F64)
     ts = [q, k, v] + ([a] if isinstance(a, torch.Tensor) else [])
     got = torch.autograd.grad(out, ts, dout)
@@ -66,9 +66,9 @@ def test_grads_match_oracle(route, name, alpha, causal):
 
 
 @pytest.mark.parametrize("L,S", [(1, 1), (2, 2), (64, 65), (65, 63)])
-def test_grads_at_block_edges(route, L, S):
+def test_grads_at_block_edges(backend, L, S):
     q, k, v = leaves(H=2, Hkv=1, L=L, S=S, E=3, Ev=2, seed=L)
-    out = run(route, q, k, v, is_causal=True, enable_gqa=True, map="entmax15")
+    out = run(backend, q, k, v, is_causal=True, enable_gqa=True, map="entmax15")
     dout = torch.ones_like(out)
     got = torch.autograd.grad(out, [q, k, v], dout)
     want = ora.grads(*(t.detach().numpy() for t in (q, k, v, dout)), None, True, None, "entmax15")
@@ -76,10 +76,10 @@ def test_grads_at_block_edges(route, L, S):
         close(g, w)
 
 
-def test_softmax_grads_are_torch_sdpa(route):
+def test_softmax_grads_are_torch_sdpa(backend):
     q, k, v = leaves(L=17, S=30)
     mask = bool_mask(17, 30, dead_rows=())
-    out = run(route, q, k, v, attn_mask=mask, enable_gqa=True, map="softmax")
+    out = run(backend, q, k, v, attn_mask=mask, enable_gqa=True, map="softmax")
     ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
     torch.testing.assert_close(out, ref)
     dout = torch.randn_like(out)
@@ -114,10 +114,10 @@ def test_gradcheck_blockwise(name, alpha):
     assert gradcheck(fn, inputs)
 
 
-def test_double_backward(route):
+def test_double_backward(backend):
     q, k, v = leaves(L=4, S=6)
-    out = run(route, q, k, v, enable_gqa=True, map="entmax15")
-    if route == "reference":
+    out = run(backend, q, k, v, enable_gqa=True, map="entmax15")
+    if backend == "reference":
         (g,) = torch.autograd.grad(out.square().sum(), q, create_graph=True)
         (h,) = torch.autograd.grad(g.sum(), k)
         assert torch.isfinite(h).all() and h.abs().sum() > 0
@@ -126,14 +126,14 @@ def test_double_backward(route):
         torch.autograd.grad(out.square().sum(), q, create_graph=True)
 
 
-def test_fully_masked_rows_give_zero_gradients(route):
+def test_fully_masked_rows_give_zero_gradients(backend):
     q, k, v = leaves(H=2, Hkv=2, L=5, S=7)
     a = torch.tensor([1.4, 2.2], dtype=F64, requires_grad=True)
     mask = torch.ones(5, 7, dtype=torch.bool)
     mask[1] = False
     mask[3, 1:] = False  # one key: p = 1 there, a constant, so zero gradient too
     for kw in (dict(map="softmax"), dict(map="sparsemax"), dict(map="entmax", alpha=a)):
-        out = run(route, q, k, v, attn_mask=mask, **kw)
+        out = run(backend, q, k, v, attn_mask=mask, **kw)
         assert (out[:, :, 1] == 0).all()
         torch.testing.assert_close(out[:, :, 3], v[:, :, 0].detach())
         dq, dk, dv = torch.autograd.grad(out[:, :, [1, 3]].sum(), [q, k, v], retain_graph=True)
@@ -153,20 +153,20 @@ ENDS = [(torch.float32, (1.00001, 2.0), (1e-6, 2e-4)), (F64, (1.00001, 3.0), (1e
 
 
 @pytest.mark.parametrize("dtype,ends,tol", ENDS)
-def test_alpha_at_the_ends_of_its_range(route, dtype, ends, tol):
+def test_alpha_at_the_ends_of_its_range(backend, dtype, ends, tol):
     # The ends of softk.attention.checks.ALPHA_RANGE on the memory-efficient
-    # route, against the float64 oracle.  Outside them the route is off by
+    # backend, against the float64 oracle.  Outside them the backend is off by
     # more than these tolerances (float32: out 3.5e-5 at α = 1.001, dq 9 % at
     # α = 4), which is why the range is refused beyond them.
-    if route == "reference":
-        pytest.skip("the reference route runs softk.entmax on whole rows: exact for every α")
+    if backend == "reference":
+        pytest.skip("the reference backend runs softk.entmax on whole rows: exact for every α")
     q, k, v = leaves(H=4, Hkv=2, L=16, S=40, E=8, Ev=5, seed=5)
     with torch.no_grad():
         q.mul_(3)
     a_np = np.array([ends[0], ends[1], ends[0], ends[1]])
     a = torch.tensor(a_np, dtype=dtype, requires_grad=True)
     qs, ks, vs = (t.detach().to(dtype).requires_grad_() for t in (q, k, v))
-    out = run(route, qs, ks, vs, enable_gqa=True, map="entmax", alpha=a)
+    out = run(backend, qs, ks, vs, enable_gqa=True, map="entmax", alpha=a)
     dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(3), dtype=F64)
     got = torch.autograd.grad(out, [qs, ks, vs, a], dout.to(dtype))
     args = (q.detach().numpy(), k.detach().numpy(), v.detach().numpy())
@@ -174,7 +174,7 @@ def test_alpha_at_the_ends_of_its_range(route, dtype, ends, tol):
     want += list(ora.grads(*args, dout.numpy(), None, False, None, "entmax", a_np))
     if dtype == F64:
         # the oracle's central difference is too coarse at α = 1.001 (its third
-        # derivative grows like (α−1)^−4); dα of the reference route instead,
+        # derivative grows like (α−1)^−4); dα of the reference backend instead,
         # softk.entmax's own α-gradient on whole rows (tested against the oracle
         # in tests/autograd), an independent formula from the blockwise one
         ar = a.detach().clone().requires_grad_()
@@ -188,29 +188,29 @@ def test_alpha_at_the_ends_of_its_range(route, dtype, ends, tol):
 
 
 @pytest.mark.parametrize("alpha", [2.0, 1.05])
-def test_alpha_end_with_an_entry_at_the_support_edge(route, alpha):
+def test_alpha_end_with_an_entry_at_the_support_edge(backend, alpha):
     # Two keys where the second gets p = 0.01: w₂ = p₂^(α−1) is 1e-2 at α = 2
-    # (1e-6 at α = 4, below float32's grid at s = 3, where the route loses that
-    # entry).  float32 route against the float64 oracle.
+    # (1e-6 at α = 4, below float32's grid at s = 3, where the backend loses that
+    # entry).  float32 backend against the float64 oracle.
     a = alpha - 1
     d = (0.99 ** a - 0.01 ** a) / a  # s₁ − s₂ that gives p = (0.99, 0.01)
     q = torch.ones(1, 1, 1, 1)
     k = torch.tensor([3.0, 3.0 - d, -5.0], dtype=torch.float64).reshape(1, 1, 3, 1)
     v = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.5, 0.5]], dtype=torch.float64).reshape(1, 1, 3, 2)
-    out = run(route, q, k.float(), v.float(), scale=1.0, map="entmax", alpha=torch.tensor([alpha]))
+    out = run(backend, q, k.float(), v.float(), scale=1.0, map="entmax", alpha=torch.tensor([alpha]))
     want = ora.attention(q.double().numpy(), k.float().double().numpy(), v.numpy(), None, False, 1.0, "entmax",
                          np.array([alpha]))[0]
     np.testing.assert_allclose(out.double().numpy(), want, atol=2e-6, rtol=0)
 
 
 # about three times (float16) and twice (bfloat16) the largest error measured
-# on the blockwise and Triton routes: 5e-4 and 1.4e-2
+# on the blockwise and Triton backends: 5e-4 and 1.4e-2
 HALF_TOL = [(torch.float16, 1.5e-3), (torch.bfloat16, 2.5e-2)]
 
 
 @pytest.mark.parametrize("name", ["softmax", "sparsemax", "entmax15"])
 @pytest.mark.parametrize("dtype,tol", HALF_TOL)
-def test_half_precision_grads_with_keys_sharing_an_offset(route, name, dtype, tol):
+def test_half_precision_grads_with_keys_sharing_an_offset(backend, name, dtype, tol):
     # Keys with a large common component (harmless in the forward: it adds the
     # same q·c to a whole row).  dq = Σ_j ds_j k_j cancels it exactly, so any
     # rounding of ds or of δ = Σ_j p_j dP_j is multiplied by |c|: taking δ from
@@ -221,7 +221,7 @@ def test_half_precision_grads_with_keys_sharing_an_offset(route, name, dtype, to
     k[..., 0] += 300 / q[..., 0].abs().mean()
     q, k, v = (t.to(dtype) for t in (q, k, v))
     qs, ks, vs = (t.clone().requires_grad_() for t in (q, k, v))
-    out = run(route, qs, ks, vs, map=name)
+    out = run(backend, qs, ks, vs, map=name)
     dout = torch.randn(out.shape, generator=g, dtype=F64)
     got = torch.autograd.grad(out, [qs, ks, vs], dout.to(dtype))
     want = ora.grads(*(t.double().numpy() for t in (q, k, v)), dout.numpy(), None, False, None, name)

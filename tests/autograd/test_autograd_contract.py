@@ -56,7 +56,7 @@ def test_jvp_is_jacobian_times_v(name):
     x, vt = torch.tensor(ROW), torch.tensor(v)
     _, out = torch.func.jvp(fn, (x,), (vt,))
     np.testing.assert_allclose(out.numpy(), expect, atol=1e-7)
-    # The route the issue found silently zero on the compiled kernels.
+    # torch.autograd.functional.jvp (double backward) was once silently zero on the compiled kernels.
     _, out = torch.autograd.functional.jvp(fn, x, vt)
     np.testing.assert_allclose(out.numpy(), expect, atol=1e-7)
     assert np.abs(expect).max() > 1e-3  # the check can fail

@@ -1,7 +1,7 @@
 """The compiled CPU kernels (softk._backends.native) against the NumPy float64 oracle.
 
 The oracle bisects g(λ) = Σ f(z − λ) = k to adjacent floats, independently of
-the kernels' Newton/closed-form route.  Rows are chosen to stress that route:
+the kernels' Newton/closed-form solvers.  Rows are chosen to stress them:
 supports that shrink many times, ties at the threshold, a dominant entry for
 "exp", masks, saturated and NaN rows, huge offsets, every width up to 70,001.
 Outputs are pre-filled with NaN (``nan_outputs``) so an element the kernel

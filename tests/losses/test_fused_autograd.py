@@ -1,9 +1,9 @@
 """The fused Fenchel–Young loss on the CPU (softk._ops.fused_loss with the
-native kernels) beyond its values: the eager route reaches the kernel and
+native kernels) beyond its values: the eager path reaches the kernel and
 runs no elementwise torch pass over the scores; gradcheck/gradgradcheck in
 float64; create_graph gives the map's Jacobian as the Hessian; forward-mode
-AD; torch.func falls back to the unfused route; torch.compile(fullgraph=True)
-runs the custom op; the library route agrees with the eager one bit for bit;
+AD; torch.func falls back to the unfused path; torch.compile(fullgraph=True)
+runs the custom op; the library path agrees with the eager one bit for bit;
 fused_linear_loss's chunks take the fused kernel; value checks off the CPU
 never read values."""
 
@@ -32,10 +32,10 @@ _NO_PASS = {"aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new
 
 
 @pytest.mark.parametrize("loss", ["sparsemax", "entmax15", "entmax1.3", "softmax", "exp_dense", "topk_ce"])
-def test_eager_route_runs_the_kernel_and_no_elementwise_pass(loss, fused_calls):
+def test_eager_path_runs_the_kernel_and_no_elementwise_pass(loss, fused_calls):
     """Forward and backward of a mean loss: no torch op reads or writes a
     tensor of the scores' shape (the kernel writes the gradient, the
-    backward hands it on; the old route ran a dozen passes)."""
+    backward hands it on; the old path ran a dozen passes)."""
     x = torch.randn(8, 24, requires_grad=True)
     t = torch.randint(0, 24, (8,))
     multi = torch.zeros(8, 24)
@@ -51,7 +51,7 @@ def test_eager_route_runs_the_kernel_and_no_elementwise_pass(loss, fused_calls):
             fn().backward()
     big = {e.name for e in prof.events() if e.name.startswith("aten::") and [8, 24] in e.input_shapes}
     assert big <= _NO_PASS, big - _NO_PASS
-    assert not any(e.name.startswith("softk::") for e in prof.events())  # no custom op on the eager route
+    assert not any(e.name.startswith("softk::") for e in prof.events())  # no custom op on the eager path
     assert x.grad.shape == x.shape and torch.isfinite(x.grad).all()
     if loss != "topk_ce":
         assert fused_calls
@@ -100,8 +100,8 @@ def test_create_graph_gives_the_map_jacobian_as_hessian(rng, label):
 
 
 def test_forward_ad_tangent_and_torch_func_fallback(rng, fused_calls):
-    """Forward AD on the eager route: the tangent is ⟨(p − y)/τ, v⟩ per row
-    from the saved gradient.  torch.func transforms take the unfused route
+    """Forward AD on the eager path: the tangent is ⟨(p − y)/τ, v⟩ per row
+    from the saved gradient.  torch.func transforms take the unfused path
     (the kernel is not called) with the same values."""
     xn = rng.normal(size=(3, 6))
     v = rng.normal(size=(3, 6))
@@ -126,14 +126,14 @@ def test_forward_ad_tangent_and_torch_func_fallback(rng, fused_calls):
 
 
 class _Passthrough(TorchFunctionMode):
-    """A mode that changes nothing but sends softk to the library route."""
+    """A mode that changes nothing but sends softk to the library path."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         return func(*args, **(kwargs or {}))
 
 
 @pytest.mark.parametrize("label", LABELS)
-def test_library_route_matches_the_eager_route_bit_for_bit(rng, label):
+def test_library_path_matches_the_eager_path_bit_for_bit(rng, label):
     """Under a mode the call takes the custom op softk::fenchel_young_fused
     (the same kernel): the same loss and gradient, bit for bit."""
     fam = FAMS[label][0]
@@ -176,7 +176,7 @@ def test_compiled_loss_runs_the_fused_kernel(rng, fused_calls):
 
 
 @pytest.mark.parametrize("loss", ["sparsemax", "soft_topk", "cross_entropy"])
-def test_fused_linear_loss_chunks_take_the_fused_route(rng, loss, fused_calls):
+def test_fused_linear_loss_chunks_take_the_fused_kernel(rng, loss, fused_calls):
     """Each chunk's loss is the public loss on its logits, so it reaches the
     fused kernel; "cross_entropy" is the default and is torch's own."""
     x = torch.tensor(rng.normal(size=(10, 4)), requires_grad=True)
@@ -224,8 +224,8 @@ def test_eager_losses_import_neither_dynamo_nor_triton():
     import subprocess
     import sys
 
-    if not hasattr(softk._ops.op, "_ROUTES"):
-        pytest.skip("the maps' op layer here registers torch.library ops on first use (before the lean route)")
+    if not hasattr(softk._ops.op, "_PATHS"):
+        pytest.skip("the maps' op layer here registers torch.library ops on first use (before the lean path)")
     code = (
         "import sys, torch, softk\n"
         "x = torch.randn(4, 10, requires_grad=True); t = torch.randint(0, 10, (4,))\n"

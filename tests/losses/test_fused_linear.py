@@ -1,7 +1,7 @@
 """softk.losses.fused_linear_loss / softk.nn.FusedLinearLoss against the unfused loss.
 
 The unfused loss (the public function on the full logits) is itself checked
-against the NumPy oracles in test_losses_*.py; here the fused route must give
+against the NumPy oracles in test_losses_*.py; here the fused kernel must give
 the same value and the same gradients for input, weight and bias, for every
 loss, reduction, chunking, ignore_index and masked row, and one case is also
 checked against the oracle directly.

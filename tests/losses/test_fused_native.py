@@ -4,7 +4,7 @@ against the NumPy float64 oracle for every family the kernels serve × class
 index / dense / multi-hot targets with one k per row × the reductions × the
 float dtypes, with ignore_index, ties, −inf masks, fully masked rows, NaN and
 +inf rows, scores far from the origin over τ from 1e-3 to 10, and outputs
-prefilled with NaN; the gradient against the unfused native route bit for
+prefilled with NaN; the gradient against the unfused native backend bit for
 bit where the maths is the same.  Autograd, compile and routing are in
 test_losses_fused_autograd.py."""
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import softk
-from softk.losses import fenchel_young as fy
+from softk._backends import dispatch
 from softk.losses.fenchel_young import fenchel_young_loss
 
 from .fused_loss_cases import FAMS, IGNORED, LABELS, N, R, assert_close, atol, dense_target, index_target, native_only, oracle_rows, rows
@@ -142,7 +142,7 @@ def test_multi_hot_rows_with_one_k_per_row(rng, fused_calls, dtype):
         ref = ref_loss if reduction == "none" else ref_loss.mean()
         assert_close(loss.detach(), ref, dtype, atol=atol(dtype, 5))
         assert_close(xt.grad, ref_grad * scale, dtype, atol=atol(dtype))
-    # a k that is not an integer (or needs a gradient) stays on the unfused route
+    # a k that is not an integer (or needs a gradient) stays on the unfused path
     n_calls = len(fused_calls)
     with softk.use_backend("native"):
         softk.losses.soft_topk_loss(x, target * 0.75, k=k * 0.75)
@@ -154,14 +154,14 @@ def test_multi_hot_rows_with_one_k_per_row(rng, fused_calls, dtype):
 @pytest.mark.parametrize("label", LABELS)
 def test_gradient_is_the_unfused_native_gradient_bit_for_bit(rng, label, reduction, monkeypatch):
     """At τ = 1 the fused kernel's p is the forward's (the same solver, in
-    the same order) and its gradient is the unfused route's (p − y)·g, bit
-    for bit; the loss (Σ F(z − λ) there, ⟨z, p⟩ − Ω(p) on the unfused route)
+    the same order) and its gradient is the unfused path's (p − y)·g, bit
+    for bit; the loss (Σ F(z − λ) there, ⟨z, p⟩ − Ω(p) on the unfused path)
     agrees to rounding."""
     kind = "dense" if label == "exp" else "index"
     xn, target, y, keep, k = _case(rng, label, kind, torch.float32)
     x = torch.tensor(xn, dtype=torch.float32)
     fused = _run(x, target, label, k, 1.0, reduction)
-    monkeypatch.setattr(fy, "fused_backend", lambda *a: None)  # the unfused route, on "native"
+    monkeypatch.setattr(dispatch, "fused_loss_backend", lambda *a: None)  # the unfused loss, on "native"
     unfused = _run(x, target, label, k, 1.0, reduction)
     assert torch.equal(fused[1].isnan(), unfused[1].isnan())
     ok = ~fused[1].isnan()
@@ -200,7 +200,7 @@ def test_shapes_one_d_size_one_and_classes_on_dim_1(rng):
 
 def test_bad_targets_raise_softk_messages_from_the_kernel(fused_calls):
     """The kernel checks the target values in its pass; the messages are the
-    unfused route's (built by the Python checks, only when one fails)."""
+    unfused path's (built by the Python checks, only when one fails)."""
     x = torch.randn(3, 4)
     cases = [
         (softk.losses.sparsemax_loss, (x, torch.tensor([0, 4, 1])), "outside \\[0, 4\\)"),

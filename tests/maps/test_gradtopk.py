@@ -1,7 +1,7 @@
 """GradTopK (soft_topk(method="grad")): exactness against mpmath and subset
 enumeration, stability where the seed's recursion breaks, the explicit HVP
-backward against finite differences.  Every test runs once per route (the
-sequential scan and the tree, forced through softk._ops.gradtopk.ROUTE); the routes'
+backward against finite differences.  Every test runs once per algorithm (the
+sequential scan and the tree, forced through softk._ops.gradtopk.ALGORITHM); the algorithms'
 own tests are in tests/maps/test_gradtopk_tree.py."""
 
 import math
@@ -18,13 +18,13 @@ from ..oracle import topk as ref
 
 
 @pytest.fixture(autouse=True, scope="module", params=["scan", "tree"])
-def route(request):
+def algorithm(request):
     # module scope: the hypothesis test below may not take a function-scoped fixture
     from softk._ops import gradtopk
 
-    saved, gradtopk.ROUTE = gradtopk.ROUTE, request.param
+    saved, gradtopk.ALGORITHM = gradtopk.ALGORITHM, request.param
     yield request.param
-    gradtopk.ROUTE = saved
+    gradtopk.ALGORITHM = saved
 
 
 def _grad(x, k, tau=1.0, dim=-1):

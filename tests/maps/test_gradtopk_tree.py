@@ -1,4 +1,4 @@
-"""GradTopK's two routes, each forced on the same inputs: the tree of log-space
+"""GradTopK's two algorithms, each forced on the same inputs: the tree of log-space
 polynomial products (softk._backends.gradtopk.tree) and the sequential scan
 (softk._backends.gradtopk.scan), against the mpmath oracle (tests/oracle_topk.py), the
 subset enumeration and each other, forward, backward and log e_k."""
@@ -15,12 +15,12 @@ from softk._ops import gradtopk
 
 from ..oracle import topk as ref
 
-ROUTES = ("scan", "tree")
+ALGORITHMS = ("scan", "tree")
 INF = float("inf")
 
 
-def _run(route, fn, monkeypatch):
-    monkeypatch.setattr(gradtopk, "ROUTE", route)
+def _run(algorithm, fn, monkeypatch):
+    monkeypatch.setattr(gradtopk, "ALGORITHM", algorithm)
     return fn()
 
 
@@ -40,32 +40,32 @@ _GRID += [(300, [1, 2, 3, 31, 32, 33, 100, 255, 256, 257, 299, 300])]
 
 @pytest.mark.parametrize("n,ks", _GRID, ids=[f"n{n}" for n, _ in _GRID])
 @pytest.mark.slow
-def test_both_routes_match_mpmath_for_every_k(rng, monkeypatch, n, ks):
+def test_both_algorithms_match_mpmath_for_every_k(rng, monkeypatch, n, ks):
     x = rng.normal(size=(2, n)) * 3
     x[1, ::5] = -INF  # masked entries (row 1 has fewer finite entries: the m <= k convention too)
     xt = torch.tensor(x)
     for k in ks:
         expect = ref.gradtopk(x, k)
-        for route in ROUTES:
-            out = _run(route, lambda: _grad(xt, k).numpy(), monkeypatch)
+        for algorithm in ALGORITHMS:
+            out = _run(algorithm, lambda: _grad(xt, k).numpy(), monkeypatch)
             # relative: the tails e^-40 carry as many digits as p ~ 1/2
-            np.testing.assert_allclose(out, expect, rtol=1e-10, atol=0, err_msg=f"{route} n={n} k={k}")
+            np.testing.assert_allclose(out, expect, rtol=1e-10, atol=0, err_msg=f"{algorithm} n={n} k={k}")
 
 
-def test_forced_route_is_the_one_that_runs(monkeypatch):
+def test_forced_algorithm_is_the_one_that_runs(monkeypatch):
     calls = []
-    for name in ROUTES:
-        real = gradtopk.ROUTES[name]
-        monkeypatch.setitem(gradtopk.ROUTES, name, lambda *a, _n=name, _f=real: calls.append(_n) or _f(*a))
+    for name in ALGORITHMS:
+        real = gradtopk.ALGORITHMS[name]
+        monkeypatch.setitem(gradtopk.ALGORITHMS, name, lambda *a, _n=name, _f=real: calls.append(_n) or _f(*a))
     x = torch.randn(3, 40, dtype=torch.float64)
-    for route in ROUTES:
+    for algorithm in ALGORITHMS:
         calls.clear()
-        _run(route, lambda: _grad(x, 4), monkeypatch)
-        assert calls == [route]
+        _run(algorithm, lambda: _grad(x, 4), monkeypatch)
+        assert calls == [algorithm]
 
 
-@pytest.mark.parametrize("route", ROUTES)
-def test_ties_masks_and_degenerate_rows(monkeypatch, route):
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_ties_masks_and_degenerate_rows(monkeypatch, algorithm):
     x = np.array(
         [
             [2.0] * 9,  # all tied: p = k/n
@@ -77,63 +77,63 @@ def test_ties_masks_and_degenerate_rows(monkeypatch, route):
         ]
     )
     out = torch.full((6, 9), float("nan"), dtype=torch.float64)
-    out[:] = _run(route, lambda: _grad(torch.tensor(x), 3), monkeypatch)
+    out[:] = _run(algorithm, lambda: _grad(torch.tensor(x), 3), monkeypatch)
     np.testing.assert_allclose(out.numpy(), ref.gradtopk(x, 3), rtol=1e-12, atol=0)
     np.testing.assert_allclose(out[0].numpy(), np.full(9, 3 / 9), rtol=1e-14, atol=0)
     np.testing.assert_allclose(out[1].numpy(), ref.gradtopk_brute(x[1], 3), rtol=1e-12, atol=0)
 
 
-@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
 @pytest.mark.parametrize("offset", [1e4, -1e4, 1e6])
-def test_far_from_origin(rng, monkeypatch, route, offset):
+def test_far_from_origin(rng, monkeypatch, algorithm, offset):
     x = rng.normal(size=(3, 50)) * 2 + offset
     for k in (1, 7, 49):
-        out = _run(route, lambda: _grad(torch.tensor(x), k, tau=0.5).numpy(), monkeypatch)
+        out = _run(algorithm, lambda: _grad(torch.tensor(x), k, tau=0.5).numpy(), monkeypatch)
         # the oracle sees the same float64 inputs; the shift by the (k+1)-th largest is exact
         np.testing.assert_allclose(out, ref.gradtopk(x, k, tau=0.5), rtol=1e-10, atol=0)
 
 
-@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
 @pytest.mark.parametrize("scale,n,k", [(30.0, 100, 50), (1e3, 60, 20), (0.01, 300, 150)])
-def test_scales_match_mpmath(rng, monkeypatch, route, scale, n, k):
+def test_scales_match_mpmath(rng, monkeypatch, algorithm, scale, n, k):
     x = rng.normal(size=(2, n)) * scale
-    out = _run(route, lambda: _grad(torch.tensor(x), k).numpy(), monkeypatch)
+    out = _run(algorithm, lambda: _grad(torch.tensor(x), k).numpy(), monkeypatch)
     expect = ref.gradtopk(x, k)
     # entries clamped at T above the (k+1)-th are off by at most 2nk·e^-130 (absolute)
     np.testing.assert_allclose(out, expect, rtol=1e-10, atol=2 * n * k * math.exp(-130))
 
 
-@pytest.mark.parametrize("route", ROUTES)
-def test_outliers_and_the_documented_floor(monkeypatch, route):
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_outliers_and_the_documented_floor(monkeypatch, algorithm):
     def run():
         rows = [_grad(torch.tensor([v, 0.0, 1.0], dtype=torch.float64), 2) for v in (1e12, 1e16, 1e300)]
         tiny = _grad(torch.tensor([0.3, 0.1, 0.2], dtype=torch.float64), 1, tau=1e-300)
         return torch.stack(rows).numpy(), tiny.numpy()
 
-    rows, tiny = _run(route, run, monkeypatch)
+    rows, tiny = _run(algorithm, run, monkeypatch)
     for row in rows:
         np.testing.assert_allclose(row, [1, 0.2689414213699951, 0.7310585786300049], rtol=1e-13, atol=0)
     np.testing.assert_allclose(tiny, [1, 0, 0], rtol=0, atol=2 * 3 * 1 * math.exp(-130))
 
 
-@pytest.mark.parametrize("route", ROUTES)
-def test_float32_matches_mpmath_of_its_own_values(rng, monkeypatch, route):
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_float32_matches_mpmath_of_its_own_values(rng, monkeypatch, algorithm):
     x32 = torch.tensor(rng.normal(size=(3, 300)) * 4, dtype=torch.float32)
     x32[1, :17] = -INF
     x32[2] = -INF  # fully masked
     for k in (1, 32, 200):
-        out = _run(route, lambda: _grad(x32, k), monkeypatch)
+        out = _run(algorithm, lambda: _grad(x32, k), monkeypatch)
         assert out.dtype == torch.float32
         expect = ref.gradtopk(x32.double().numpy(), k)
         # float64 inside, one rounding to float32 at the end (tails may go subnormal)
         np.testing.assert_allclose(out.double().numpy(), expect, rtol=2**-23, atol=1e-44)
 
 
-# ---------------------------------------------------------------- the routes agree
+# ---------------------------------------------------------------- the algorithms agree
 
 
 @pytest.mark.parametrize("n,k", [(5, 2), (33, 8), (128, 31), (300, 37), (257, 256)])
-def test_routes_agree_forward_backward_and_log_ek(rng, monkeypatch, n, k):
+def test_algorithms_agree_forward_backward_and_log_ek(rng, monkeypatch, n, k):
     x = rng.normal(size=(4, n)) * 5
     x[1, ::3] = -INF
     g = torch.tensor(rng.normal(size=(4, n)))
@@ -144,7 +144,7 @@ def test_routes_agree_forward_backward_and_log_ek(rng, monkeypatch, n, k):
         (hg,) = torch.autograd.grad(p, xt, g)
         return p.detach(), hg, softk.topk_sum(torch.tensor(x), k, method="grad")
 
-    scan, tree = (_run(r, run, monkeypatch) for r in ROUTES)
+    scan, tree = (_run(r, run, monkeypatch) for r in ALGORITHMS)
     # p relative (tails included); H g absolute (it ends in g + dc − <p, g>,
     # a difference of O(1) terms); log e_k relative
     for a, b, rtol, atol in zip(scan, tree, (1e-10, 0, 1e-13), (0, 3e-11, 0)):
@@ -152,11 +152,11 @@ def test_routes_agree_forward_backward_and_log_ek(rng, monkeypatch, n, k):
         torch.testing.assert_close(b, a, rtol=rtol, atol=atol)
 
 
-@pytest.mark.parametrize("route", ROUTES)
-def test_log_ek_matches_mpmath(rng, monkeypatch, route):
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_log_ek_matches_mpmath(rng, monkeypatch, algorithm):
     x = rng.normal(size=(3, 70)) * 4
     x[2, :30] = -INF
-    out = _run(route, lambda: softk.topk_sum(torch.tensor(x), 9, tau=0.5, method="grad").numpy(), monkeypatch)
+    out = _run(algorithm, lambda: softk.topk_sum(torch.tensor(x), 9, tau=0.5, method="grad").numpy(), monkeypatch)
     for r in range(3):
         row = x[r][np.isfinite(x[r])]
         _, log_ek = ref.gradtopk_row_mp(row, 9, tau=0.5)
@@ -188,9 +188,9 @@ def _hvp_mp(row, g, k, tau):
     return out
 
 
-@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
 @pytest.mark.parametrize("n,k,scale", [(100, 50, 30.0), (128, 31, 5.0), (40, 33, 3.0)])
-def test_backward_matches_mpmath(rng, monkeypatch, route, n, k, scale):
+def test_backward_matches_mpmath(rng, monkeypatch, algorithm, n, k, scale):
     x = rng.normal(size=(2, n)) * scale
     x[1, ::7] = -INF
     g = rng.normal(size=(2, n))
@@ -201,17 +201,17 @@ def test_backward_matches_mpmath(rng, monkeypatch, route, n, k, scale):
 
     expect = np.stack([_hvp_mp(x[r], g[r], k, 0.8) for r in range(2)])
     # measured: the scan 1.4e-11, the tree 6.5e-12 off at n = 100, k = 50, scale 30
-    np.testing.assert_allclose(_run(route, run, monkeypatch), expect, rtol=0, atol=3e-11)
+    np.testing.assert_allclose(_run(algorithm, run, monkeypatch), expect, rtol=0, atol=3e-11)
 
 
 # ----------------------------------------------------------------- derivatives
 
 
-@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
 @pytest.mark.parametrize("n,k", [(6, 1), (6, 3), (9, 5), (40, 33)])
 @pytest.mark.slow
-def test_gradcheck_and_gradgradcheck(rng, monkeypatch, route, n, k):
-    monkeypatch.setattr(gradtopk, "ROUTE", route)
+def test_gradcheck_and_gradgradcheck(rng, monkeypatch, algorithm, n, k):
+    monkeypatch.setattr(gradtopk, "ALGORITHM", algorithm)
     x = torch.tensor(rng.normal(size=(2, n)), requires_grad=True)
     assert torch.autograd.gradcheck(lambda t: _grad(t, k, 0.7), (x,))
     # log e_k's gradient is p, whose derivative is the HVP: a second order exists there
@@ -223,9 +223,9 @@ def test_gradcheck_and_gradgradcheck(rng, monkeypatch, route, n, k):
         gx.sum().backward()
 
 
-@pytest.mark.parametrize("route", ROUTES)
-def test_jacfwd_jacrev_and_vmap_agree(rng, monkeypatch, route):
-    monkeypatch.setattr(gradtopk, "ROUTE", route)
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_jacfwd_jacrev_and_vmap_agree(rng, monkeypatch, algorithm):
+    monkeypatch.setattr(gradtopk, "ALGORITHM", algorithm)
     x = torch.tensor(rng.normal(size=(3, 8)) * 2)
     x[0, 2] = -INF
     fwd = torch.func.vmap(torch.func.jacfwd(lambda t: _grad(t, 3)))(x)
@@ -250,18 +250,18 @@ def test_cpu_blocks_give_the_same_products(rng, monkeypatch):
         torch.testing.assert_close(b, a, rtol=1e-15, atol=0)
 
 
-def test_route_choice(monkeypatch):
+def test_algorithm_choice(monkeypatch):
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert gradtopk.route(8, 4096, 256, cuda) == "tree"
-    assert gradtopk.route(256, 1024, 8, cuda) == "tree"
-    assert gradtopk.route(8, 4096, 256, cpu) == "tree"  # k >= 32
-    assert gradtopk.route(8, 4096, 2, cpu) == "tree"  # few rows: the scan is overhead-bound
-    assert gradtopk.route(16, 100, 31, cpu) == "tree"
-    assert gradtopk.route(17, 100, 31, cpu) == "scan"
-    assert gradtopk.route(256, 1024, 8, cpu) == "scan"
-    assert gradtopk.route(256, 1024, 32, cpu) == "tree"
-    monkeypatch.setattr(gradtopk, "ROUTE", "scan")
-    assert gradtopk.route(8, 4096, 256, cuda) == "scan"
-    monkeypatch.setattr(gradtopk, "ROUTE", "sideways")
-    with pytest.raises(ValueError, match="ROUTE"):
-        gradtopk.route(8, 4096, 256, cpu)
+    assert gradtopk.algorithm(8, 4096, 256, cuda) == "tree"
+    assert gradtopk.algorithm(256, 1024, 8, cuda) == "tree"
+    assert gradtopk.algorithm(8, 4096, 256, cpu) == "tree"  # k >= 32
+    assert gradtopk.algorithm(8, 4096, 2, cpu) == "tree"  # few rows: the scan is overhead-bound
+    assert gradtopk.algorithm(16, 100, 31, cpu) == "tree"
+    assert gradtopk.algorithm(17, 100, 31, cpu) == "scan"
+    assert gradtopk.algorithm(256, 1024, 8, cpu) == "scan"
+    assert gradtopk.algorithm(256, 1024, 32, cpu) == "tree"
+    monkeypatch.setattr(gradtopk, "ALGORITHM", "scan")
+    assert gradtopk.algorithm(8, 4096, 256, cuda) == "scan"
+    monkeypatch.setattr(gradtopk, "ALGORITHM", "sideways")
+    with pytest.raises(ValueError, match="ALGORITHM"):
+        gradtopk.algorithm(8, 4096, 256, cpu)

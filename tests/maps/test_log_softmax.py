@@ -1,6 +1,6 @@
 """log_softmax and logsumexp on every CPU backend, against a NumPy float64 oracle.
 
-The eager CPU route runs torch's fused ops with one check that every row is
+The eager CPU path runs torch's fused ops with one check that every row is
 ordinary (softk._maps.simplex); rows that are fully masked, or hold NaN or +inf,
 take the general tensor code.  Both must meet the same error model far from
 the origin and at every τ, and the same row conventions.
@@ -31,7 +31,7 @@ def _oracle(xn: np.ndarray, tau: float):
 def test_far_from_the_origin(dtype, eps, offset, tau):
     g = torch.Generator().manual_seed(3)
     x = (torch.randn(6, 40, generator=g, dtype=torch.float64) * 0.02 * max(tau, 1e-2) * 50 + offset).to(dtype)
-    x[2, 5] = -INF  # a partially masked row stays on the fast route
+    x[2, 5] = -INF  # a partially masked row stays on the fast path
     xn = x.double().numpy()
     want_y, want_lse = _oracle(xn, tau)
     y = softk.log_softmax(x, tau=tau).double().numpy()

@@ -2,7 +2,7 @@
 
 p = argmax_{p in simplex} <z, p> - ||p||_alpha,  z = x / tau.
 
-Two routes, neither taken from softk's code:
+Two methods, neither taken from softk's code:
 
 * ``normmax``: the KKT form.  On the support p_i = ||p|| (z_i - mu)^(1/(alpha-1)),
   and sum p = 1 forces sum_i (z_i - mu)_+^(alpha/(alpha-1)) = 1; mu is found by

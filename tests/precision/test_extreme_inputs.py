@@ -1,5 +1,5 @@
 """One test per line of issue 12's "Why" that the numerical part owns, through
-the public API on both CPU backends (where a map has no compiled route,
+the public API on both CPU backends (where a map has no compiled kernel,
 "native" runs the PyTorch path and the case is run once).
 
 Expected values are exact answers for the rounded input, worked by hand in
@@ -153,7 +153,7 @@ def test_huge_alpha_is_the_argmax_not_zeros():
 
 
 def test_tensor_alpha_is_exact_and_inf_is_refused_like_a_float():
-    # the tensor-α route takes p from the solver itself (no function.py needed)
+    # the tensor-α path takes p from the solver itself (no function.py needed)
     p = softk.entmax(t([[0.0, -0.21782390773296356]]), alpha=t([[5.0]]))
     close(p[0, 1], 0.033856, 2e-5)
     close(softk.entmax(torch.zeros(1, 5), alpha=t([[1.0001]])), [[0.2] * 5], 3e-8)

@@ -19,7 +19,7 @@ from ..oracle import maps as oracle
 
 @pytest.fixture(autouse=True)
 def torch_path():
-    """These are the PyTorch path's fast routes (solve.py); the compiled kernels
+    """These are the PyTorch path's fast methods (solve.py); the compiled kernels
     have their own tests (test_native.py) and run the oracle suites too."""
     with softk.use_backend("torch"):
         yield

@@ -246,7 +246,7 @@ def test_entmax_lambda_to_working_resolution(rng, alpha, offset, path):
 @pytest.mark.parametrize("offset", OFFSETS)
 def test_entmax_p_matches_exact(rng, alpha, offset):
     """End to end through softk.entmax (α = 1.5 also as a tensor, which takes
-    the Newton route instead of the closed form): p to 1e-12 plus what two
+    the Newton method instead of the closed form): p to 1e-12 plus what two
     units of λ do to p (see the module docstring)."""
     x = hard_rows(rng, 300, 40.0, offset)
     with softk.use_backend("torch"):  # the PyTorch path, whose solver this file is about

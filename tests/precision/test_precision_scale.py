@@ -6,7 +6,7 @@ float64) and scales near what the dtype holds (randn·1e30 in float32,
 ·1e300 in float64).  Maps: every soft_topk method with an exact reference
 (exp, sigmoid, laplace, sparse, grad), softmax, sparsemax, entmax15, entmax at
 α ∈ {1.0001, 1.3, 1.5, 2, 2.5, 5, 10, 50}, topk_sum; on "torch" and, where a
-compiled route exists, "native".  References: tests/oracle_mp.py (mpmath at
+compiled kernel exists, "native".  References: tests/oracle_mp.py (mpmath at
 400 bits on the rounded input) and oracle_topk.gradtopk_row_mp.
 
 Tolerance (why these numbers).  A correct implementation computes the shifted
@@ -111,7 +111,7 @@ def _topk_call(method):
     return lambda x, k, tau: softk.soft_topk(x, k, tau=tau, method=method)
 
 
-# (id, call, oracle name or "grad", d, capped, native route, k values, alpha)
+# (id, call, oracle name or "grad", d, capped, native backend, k values, alpha)
 MAPS = [(f"topk-{m}", _topk_call(m), m, d, True, m == "exp", (1, 3), None)
         for m, d in (("exp", _d_exp), ("sigmoid", _d_sig), ("laplace", _d_lap), ("sparse", _d_clip))]
 MAPS += [

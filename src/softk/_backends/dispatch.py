@@ -1,10 +1,22 @@
-r"""One dispatch: which backend runs a threshold map, decided once per call.
+r"""One dispatch: which backend runs a call, decided once per call.
 
-Every public map, loss and potential reaches λ through :func:`resolve`, which
-turns the configured backend (:mod:`softk._backends.registry`: ``"auto"``, ``"torch"``,
-``"native"`` or ``"triton"``) and the input (device, dtype) into the concrete
-backend that runs this call.  The name is recorded by the autograd contract
-(:mod:`softk._ops.op`) so that the backward runs where the forward ran.
+Every call that has more than one backend asks here, with one function per
+kind of call; each turns the configured backend (:mod:`softk._backends.registry`:
+``"auto"``, ``"torch"``, ``"native"`` or ``"triton"``) and the input (device,
+dtype) into the backend that runs this call:
+
+* :func:`resolve` (a threshold map, a loss or a potential that reaches λ
+  through the maps): ``"torch"``, ``"native"`` or ``"triton"``.  The name is
+  recorded by the autograd rule (:mod:`softk._ops.op`) so that the backward
+  runs where the forward ran;
+* :func:`log_softmax_backend` (log_softmax and logsumexp): ``"triton"`` or
+  None (torch's own tensor code);
+* :func:`fused_loss_backend` (the fused Fenchel–Young loss): ``"native"``,
+  ``"triton"`` or None (the unfused loss through :func:`resolve`);
+* :func:`topk_softmax_ce_backend` (Su's top-k softmax cross-entropy):
+  ``"native"`` or None (its tensor code);
+* :func:`attention_backend` (sparse attention): ``"reference"``,
+  ``"blockwise"`` or ``"triton"``.
 
 Each backend implements the same two functions on *rows* (the map's
 dimension last, any leading shape):
@@ -24,11 +36,13 @@ serves every family on every device.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
 from . import registry as _backend, native
-from ..threshold.families import Family
+from ..threshold.families import SOFTMAX, Family
 from ..threshold.rows import compute_dtype, scaled_rows
 from ..threshold import torch_path
 
@@ -133,6 +147,85 @@ def resolve(x: Tensor, family: Family) -> str:
     if backend is None or not backend.serves(family, x):
         return "torch"
     return name
+
+
+def log_softmax_backend(x: Tensor, tau) -> str | None:
+    """"triton" when the Triton kernels run log_softmax/logsumexp of ``x``:
+    :func:`resolve` picks "triton" for softmax and τ is a number (a τ that
+    requires grad takes the tensor code, which differentiates it); else None."""
+    if isinstance(tau, Tensor) or x.numel() == 0:
+        return None
+    return "triton" if resolve(x, SOFTMAX) == "triton" else None
+
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def fused_loss_backend(x: Tensor, family: Family, k) -> str | None:
+    """"native" or "triton" when a fused Fenchel–Young kernel serves this call, else None.
+
+    The backend is the one :func:`resolve` picks for the rows in their
+    compute dtype (as for the unfused loss).  Served: a family with a kernel
+    on that backend; an int k, or on the CPU one integral k per row that
+    needs no gradient; a non-empty input; no ``torch.func`` transform."""
+    if family.kernel is None or x.numel() == 0:
+        return None
+    probe = torch.empty(0, dtype=torch.float32, device=x.device) if x.dtype in _HALF else x
+    name = resolve(probe, family)
+    if name not in ("native", "triton"):
+        return None
+    compiling = torch.compiler.is_compiling()
+    if isinstance(k, Tensor) and (name == "triton" or compiling or k.requires_grad or not torch.equal(k, k.floor())):
+        return None
+    if compiling:
+        return name
+    if torch._C._are_functorch_transforms_active():
+        return None
+    return name
+
+
+def topk_softmax_ce_backend(x: Tensor) -> str | None:
+    """"native" when the compiled CPU kernel runs Su's top-k softmax
+    cross-entropy of ``x`` (the configured backend resolves to "native" for
+    it), else None.  The caller also requires a plain eager call."""
+    return "native" if x.numel() and _backend.resolve(x) == "native" else None
+
+
+@functools.lru_cache(maxsize=None)
+def triton_attention():
+    """softk._backends.triton.attention, or None where it is not built (read once)."""
+    try:
+        from .triton import attention as module
+    except ImportError:
+        return None
+    return module
+
+
+def _triton_attention_ready() -> bool:
+    return triton_attention() is not None
+
+
+_triton_attention_ready._dynamo_marked_constant = True  # read once when a graph is captured
+
+ATTENTION_BACKENDS = ("reference", "blockwise", "triton")
+
+
+def attention_backend(q: Tensor) -> str:
+    """The backend that runs attention on ``q`` under the configured setting:
+
+    * ``"reference"`` (setting "torch"): the scores materialised, softk's maps applied;
+    * ``"blockwise"`` ("native", and "auto" on any device without Triton):
+      blocks of keys (:mod:`softk._backends.blockwise`; it needs no C compiler);
+    * ``"triton"`` ("triton", and "auto" on CUDA): the fused kernels of
+      :mod:`softk._backends.triton.attention`; float64 inputs, or a build
+      without triton, run "blockwise"."""
+    configured = _backend.backend()
+    name = _backend.resolve(q, native_ok=lambda: True)  # the blockwise backend needs no C compiler
+    if name == "torch" and configured == "torch":
+        return "reference"
+    if name == "triton" and q.dtype != torch.float64 and _triton_attention_ready():
+        return "triton"
+    return "blockwise"
 
 
 def get(name: str):

@@ -6,6 +6,7 @@ Bad input raises :class:`UsageError` (or a ValueError/TypeError from softk, or
 an OSError for a file), printed as one line ``softk <cmd>: error: ...`` on
 stderr with exit status 2 and no traceback.  The checks shared by several
 subcommands (numbers, files) live here so every command words them alike.
+The top floor: only ``softk.__main__`` imports it, and it may import anything.
 """
 
 from __future__ import annotations

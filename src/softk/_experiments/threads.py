@@ -2,11 +2,8 @@
 
 The problems here are tiny (a few hundred rows, a few labels, a few thousand
 parameters), so thread pools only add synchronisation, and on a machine whose
-cores are busy with other work their spin-waiting is ruinous.  Measured on the
-2-core development machine under load (emotions, one L-BFGS fit of the sigmoid
-loss): scipy's L-BFGS-B spent 1.5 ms per iteration inside OpenBLAS with its
-default threads and a negligible time with one; a sigmoid-loss evaluation took
-9.4 ms with torch's 2 intra-op threads and 0.12 ms with one.
+cores are busy with other work their spin-waiting is ruinous (scipy's
+L-BFGS-B inside OpenBLAS and torch's intra-op pool alike).
 
 OpenBLAS is switched through ``openblas_set_num_threads_local`` of every
 OpenBLAS library already loaded (numpy's and scipy's bundle their own), the

@@ -32,14 +32,13 @@ loses nothing.  The shifts are ±3.75 and ±2^j/eps for j = −36, −26, −16,
 (eps of float64: ±6.6e4, 6.7e7, 6.9e10, 7.0e13).  The largest, where
 c·eps = 2^−6, is the float64 counterpart of a float32 offset of
 2^−6/eps₃₂ ≈ 1.3e5, between the offsets 1e4 and 1e6 at which float32
-sparsemax on the PyTorch path was seen to drift by 5e−4 and 7e−2.  The shifted
+sparsemax on the PyTorch path drifts visibly.  The shifted
 rows use z rounded to multiples of 2^−5, so z + c is exact in float64 (it
 lies below 2^47, where the spacing is at most 2^−6): the exact map gives the
 same p at z and z + c, and no allowance for input rounding is needed.  The
 tolerance is therefore the same ``tol`` as the other properties, and the
 measured gap is the implementation's own rounding: 0 for a solver on shifted
-rows, of the order of c·eps for one that is not (measured on 2026-11-23:
-1.9e−3 to 1.9e−2 at c·eps = 1.6e−2 for the methods still solved on raw rows).
+rows, of the order of c·eps for one that is not.
 The measurement runs on the backend in force (:func:`softk.use_backend`), so
 ``with softk.use_backend("torch")`` measures the PyTorch path.
 """

@@ -19,6 +19,7 @@ import math
 import torch
 from torch import Tensor
 
+from .._backends import dispatch
 from .._ops import lean as _lean
 from .._validate import check_alpha, check_dim, check_input, check_tau
 from ..threshold import ENTMAX15, SOFTMAX, SPARSEMAX
@@ -26,7 +27,7 @@ from ..threshold.families import entmax_by_alpha
 from .._ops.entmax_alpha import entmax_alpha
 from .._ops.op import threshold_map
 from ..threshold.rows import compute_dtype, empty_like_result
-from .._ops.softmax_triton import log_softmax_rows, logsumexp_rows, on_triton
+from .._ops.softmax_triton import log_softmax_rows, logsumexp_rows
 
 
 def _prepare(x, dim, tau):
@@ -51,7 +52,7 @@ def _log_normaliser(x: Tensor, dim: int, tau):
     return s, m, torch.logsumexp(s, dim, keepdim=True), empty
 
 
-# The fast route of log_softmax/logsumexp: torch's own fused ops, which shift
+# The fast path of log_softmax/logsumexp: torch's own fused ops, which shift
 # by the row max themselves (so τ = 1 needs no shift of ours), with one check
 # that every row was ordinary.  A row that is fully masked, or holds NaN or
 # +inf, follows softk's row conventions, which torch's ops do not (they give
@@ -141,7 +142,7 @@ def log_softmax(x: Tensor, dim: int = -1, tau: float = 1.0) -> Tensor:
     dim, tau = _prepare(x, dim, tau)
     if x.numel() == 0:
         return empty_like_result(x)
-    if on_triton(x, tau):
+    if dispatch.log_softmax_backend(x, tau) == "triton":
         return log_softmax_rows(x.movedim(dim, -1), tau).movedim(-1, dim)
     if _eager_cpu(x, tau):
         y = _torch_log_softmax(x, dim, tau)
@@ -165,7 +166,7 @@ def logsumexp(x: Tensor, dim: int = -1, tau: float = 1.0, keepdim: bool = False)
     dim, tau = _prepare(x, dim, tau)
     if x.numel() == 0:  # the log of an empty sum is -inf; an empty batch stays empty
         return torch.logsumexp(x, dim, keepdim=keepdim)
-    if on_triton(x, tau):
+    if dispatch.log_softmax_backend(x, tau) == "triton":
         out = logsumexp_rows(x.movedim(dim, -1), tau)
         return out.unsqueeze(dim) if keepdim else out
     if _eager_cpu(x, tau):

@@ -1,23 +1,30 @@
-"""Autograd rules and torch.library ops, above every backend.
+"""Every autograd rule and every ``softk::`` op, above every backend.
 
 * ``lean``: the one way an op is registered: an eager Function for plain
-  calls, the torch.library op (registered on first use) for everything else;
+  calls (the eager path), the torch.library op (registered on first use)
+  for everything else (the library path);
 * ``op``: ``threshold_map``: forward, backward, jvp, vmap and double
   backward of every threshold map, and its ops;
 * ``per_row_k``: the same with one k per row;
 * ``entmax_alpha``: α-entmax with a tensor α, and α's gradient;
+* ``entmax_dense``: the dense α-entmax (0 < α < 1) of the entmax drop-in;
 * ``softmax_triton``: log_softmax and logsumexp on the Triton kernels;
 * ``normmax``: α-normmax on rows, with its α-gradient;
 * ``gradtopk``: GradTopK's marginals, their Hessian-vector product and
   log e_k, on the scan or the tree of :mod:`softk._backends.gradtopk`;
+* ``potential``: the Fenchel–Young potential Φ, and Φ of a regulariser Ω_α;
+* ``fenchel_young``: the Fenchel–Young value given p, and a tensor α's term;
 * ``fused_loss``: the fused Fenchel–Young loss (the loss and its gradient
   in one kernel per row);
+* ``topk_softmax_ce``: Su's top-k softmax cross-entropy on the compiled kernel;
 * ``fused_linear``: the fused linear loss's pass over chunks of rows;
-* ``family_keys``: a family as an op argument;
-* ``potential``: the Fenchel–Young potential Φ.
+* ``attention``: sparse attention on the blockwise and Triton kernels;
+* ``distributed``: the vocabulary-parallel map and losses;
+* ``family_keys``: a family as an op argument.
 
 The backend that runs a call is chosen by :mod:`softk._backends.dispatch`;
-the maths is :mod:`softk.threshold`'s.  The maps, losses and attention import
-from here; this package imports only the backends, the core maths and
-``softk._validate``.
+the maths is :mod:`softk.threshold`'s.  The maps, losses, attention,
+compat and distributed import from here; this package imports only the
+backends, the core maths and ``softk._validate`` (what a rule needs from
+above, such as the collectives that find λ, comes in as a function).
 """

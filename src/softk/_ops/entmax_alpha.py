@@ -79,10 +79,10 @@ class EntmaxAlphaFunctionJvp(EntmaxAlphaFunction):
         return t.to(out.dtype)
 
 
-_ROUTES = _lean.Routes(EntmaxAlphaFunctionJvp, _kernel, lambda x, alpha, _: (x, alpha),
+_PATHS = _lean.Paths(EntmaxAlphaFunctionJvp, _kernel, lambda x, alpha, _: (x, alpha),
                        compiled=EntmaxAlphaFunction, register=_library)
 
 
 def entmax_alpha(x: Tensor, alpha: Tensor, tau: float) -> Tensor:
     """The contract on rows (dim last), α shaped x.shape[:-1] + (1,)."""
-    return _ROUTES.apply(x, alpha, tau)
+    return _PATHS.apply(x, alpha, tau)

@@ -1,7 +1,7 @@
 r"""The fused Fenchel–Young loss as one op for every backend that has a
 fused kernel: the compiled CPU kernels (:mod:`softk._backends.native.loss`) and Triton
 (:mod:`softk._backends.triton.loss`).  :func:`softk.losses.fenchel_young_loss` takes
-it when :func:`fused_backend` names one.
+it when :func:`softk._backends.dispatch.fused_loss_backend` names one.
 
 Liger-style: the forward kernel writes the loss and the gradient of the
 (reduced) loss, s·(p − y) with s = 1/τ (times 1/#kept rows for the mean), in
@@ -11,21 +11,22 @@ how it is met:
 
 * plain eager calls (:func:`softk._ops.lean.eager`): the kernel alone when
   autograd cannot see the result, else an old-style autograd.Function
-  around it (:class:`softk._ops.lean.Routes`), never the torch.library layer;
+  around it (:class:`softk._ops.lean.Paths`), never the torch.library layer;
 * ``torch.compile(fullgraph=True)``: the kernel launch is inside the custom
   op ``softk::fenchel_young_fused`` (registered on first use, with a fake
   kernel), so Dynamo sees one opaque node;
 * double backward (``create_graph=True``): the backward recomputes the
-  gradient through the unfused differentiable route (p from the map's own
+  gradient through the unfused differentiable path (p from the map's own
   contract, :func:`softk._ops.op.apply_rows`), so second derivatives
   are exact, not derivatives of the saved buffer;
 * forward mode (``torch.autograd.forward_ad``): the tangent is ⟨G, v⟩ per
   row (G the saved gradient, which is then always written);
 * ``torch.func`` transforms (vmap, grad, jvp): not served here;
-  :func:`fused_backend` sends their wrapped tensors to the unfused route.
+  :func:`softk._backends.dispatch.fused_loss_backend` sends their wrapped
+  tensors to the unfused loss.
 
 Half inputs: Triton reads them as they are; the CPU kernels convert them to
-float32 once (as the unfused CPU route does) and the saved gradient is
+float32 once (as the unfused CPU path does) and the saved gradient is
 converted back to the input's dtype.
 """
 
@@ -38,38 +39,13 @@ from torch import Tensor
 from torch.autograd import forward_ad
 
 from . import lean as _lean
-from .._backends import dispatch
 from .._backends.native import loss as native_loss
 from ..threshold.families import Family
 from .family_keys import family_by_key, family_key
 from ..threshold.rows import compute_dtype, scaled_rows
 from .._validate import sum_tolerance
 
-_HALF = (torch.float16, torch.bfloat16)
-_NO_GRAD = torch.empty(0)  # the gradient output when none is wanted (the lean route only; see _op_kernel)
-
-
-def fused_backend(x: Tensor, family: Family, k) -> str | None:
-    """"native" or "triton" when a fused kernel serves this call, else None.
-
-    The backend is the one :func:`softk._backends.dispatch.resolve` picks for the rows
-    in their compute dtype (as on the unfused route).  Served: a family with
-    a kernel on that backend; an int k, or on the CPU one integral k per row
-    that needs no gradient; a non-empty input; no ``torch.func`` transform."""
-    if family.kernel is None or x.numel() == 0:
-        return None
-    probe = torch.empty(0, dtype=torch.float32, device=x.device) if x.dtype in _HALF else x
-    name = dispatch.resolve(probe, family)
-    if name not in ("native", "triton"):
-        return None
-    compiling = torch.compiler.is_compiling()
-    if isinstance(k, Tensor) and (name == "triton" or compiling or k.requires_grad or not torch.equal(k, k.floor())):
-        return None
-    if compiling:
-        return name
-    if torch._C._are_functorch_transforms_active():
-        return None
-    return name
+_NO_GRAD = torch.empty(0)  # the gradient output when none is wanted (the lean path only; see _op_kernel)
 
 
 # ---------------------------------------------------------------- the kernels
@@ -129,7 +105,7 @@ def _triton(x, target, family, k, tau, reduction, ignore_index, want_grad):
                                           family.alpha_value, want_grad=want_grad)
     if want_grad:
         grad = grad.view(x.shape)
-    # the reductions of softk.losses.targets.reduce, on the same float32 rows
+    # the reductions of softk._validate.reduce, on the same float32 rows
     if reduction == "none":
         out = loss.view(x.shape[:-1])
     else:
@@ -146,7 +122,7 @@ def _kernel(x, target, k_rows, family, k, tau, reduction, ignore_index, backend,
 
 def _op_kernel(x: Tensor, target: Tensor, k_rows: Optional[Tensor], name: str, alpha: float, k: int, tau: float,
                reduction: str, ignore_index: int, backend: str, want_grad: bool) -> tuple[Tensor, Tensor]:
-    # On the library route the caller has checked the target in Python.
+    # On the library path the caller has checked the target in Python.
     out, grad = _kernel(x, target, k_rows, family_by_key(name, alpha), k, tau, reduction, ignore_index, backend,
                         want_grad, False)
     return out, grad if want_grad else x.new_empty(0)  # an op's outputs are its own
@@ -164,7 +140,7 @@ fused_op = None  # softk::fenchel_young_fused, defined by _library()
 def _library():
     global fused_op
     fused_op = torch.library.custom_op("softk::fenchel_young_fused", _op_kernel, mutates_args=())
-    fused_op.register_fake(_fake)  # no vmap rule: torch.func takes the unfused route
+    fused_op.register_fake(_fake)  # no vmap rule: torch.func takes the unfused path
 
 
 # ------------------------------------------------------- the autograd contract
@@ -226,7 +202,7 @@ class _FusedFenchelYoung(torch.autograd.Function):
 
 
 class _FusedFenchelYoungJvp(_FusedFenchelYoung):
-    # Dynamo does not trace a Function with a custom jvp: the compiled route
+    # Dynamo does not trace a Function with a custom jvp: the compiled path
     # uses the parent (forward-mode AD is not used under compile).
     @staticmethod
     def jvp(ctx, vx, *_):
@@ -237,31 +213,31 @@ class _FusedFenchelYoungJvp(_FusedFenchelYoung):
         return t.to(grad.dtype), None
 
 
-_ROUTES = _lean.Routes(_FusedFenchelYoungJvp, _kernel, lambda x, target, k_rows, *_: (x, target, k_rows),
+_PATHS = _lean.Paths(_FusedFenchelYoungJvp, _kernel, lambda x, target, k_rows, *_: (x, target, k_rows),
                        compiled=_FusedFenchelYoung, register=_library)
 
 
 def fused_fenchel_young(x: Tensor, target: Tensor, family: Family, k, tau: float, reduction: str,
                         ignore_index: int, backend: str, eager: bool | None = None) -> Tensor:
     """The reduced loss in x's dtype through the fused kernel of ``backend``
-    (from :func:`fused_backend`).  ``x`` holds rows (classes last);
+    (from :func:`softk._backends.dispatch.fused_loss_backend`).  ``x`` holds rows (classes last);
     ``target`` is dense (x's shape) or class indices (x's shape without the
     last dimension; ``ignore_index`` marks ignored rows); ``k`` an int or
     one integral k per row (shaped x.shape[:-1] + (1,)).  ``eager``: the
     caller's :func:`softk._ops.lean.eager` of these tensors, when it has it.  On
-    the eager CPU route the kernel checks the target and raises
+    the eager CPU path the kernel checks the target and raises
     :class:`softk._backends.native.loss.BadTarget`; elsewhere the caller has checked it."""
     k_rows = k if isinstance(k, Tensor) else None
     args = (x, target, k_rows, family, 1 if k_rows is not None else int(k), float(tau), reduction, ignore_index,
             backend)
     if eager is None:
         eager = _lean.eager(x, target, k_rows)
-    if eager:  # the lean route of _ROUTES.apply, without asking again
+    if eager:  # the lean path of _PATHS.apply, without asking again
         if _lean.tracked(x):
             return _EAGER(*args, True)[0]
         return _kernel(*args, False)[0]
     want = torch.is_grad_enabled() and x.requires_grad if torch.compiler.is_compiling() else _lean.tracked(x)
-    return _ROUTES.apply(*args, want)[0]
+    return _PATHS.apply(*args, want)[0]
 
 
-_EAGER = _ROUTES.eager_function.fast_apply
+_EAGER = _PATHS.eager_function.fast_apply

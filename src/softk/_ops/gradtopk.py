@@ -10,11 +10,11 @@ where S is a random k-subset drawn with probability ∝ Π_{i∈S} w_i (the
 conditional Poisson / k-DPP-of-a-diagonal marginals).  So 0 < p < 1, Σp = k,
 k = 1 is softmax, τ → 0 gives the hard top-k (Su Jianlin 2024, "GradTopK").
 
-Stability.  The textbook routes subtract: Newton's identities alternate signs,
+Stability.  The textbook formulas subtract: Newton's identities alternate signs,
 and the leave-one-out recursion e_j(w_{-i}) = e_j(w) − w_i e_{j−1}(w_{-i})
 cancels catastrophically (in log space: log(a − b) with a ≈ b, NaN once
 rounding gives b > a).  Here everything is a *sum of non-negative terms*,
-by one of two routes that compute the same quantities (float64 throughout):
+by one of two algorithms that compute the same quantities (float64 throughout):
 
 * the scan (:mod:`softk._backends.gradtopk.scan`): prefix and suffix tables of
   log e_j over the row, n sequential steps of small ops;
@@ -22,22 +22,22 @@ by one of two routes that compute the same quantities (float64 throughout):
   tree of truncated log-space polynomial products, and log e_{k−1}(w_{−i}) by
   the tree's outside pass; 2·log2(n) levels of a few large ops each.
 
-:func:`route` picks one: the tree on a GPU and, on the CPU, where it was
-measured faster (k ≥ 32, or at most 16 rows, where the scan's n steps are
-overhead-bound); ``ROUTE`` forces one.  Both were measured within 7e-12
-(relative) of the mpmath oracle in p and 2e-11 (absolute) in H g up to
-n = 257, k = 256, the tree the closer of the two; tests/maps/test_gradtopk_tree.py
-holds them to 1e-10 and 3e-11.
+:func:`algorithm` picks one: the tree on a GPU and, on the CPU, for k ≥ 32
+or at most 16 rows (where the scan's n steps are overhead-bound), the scan
+elsewhere (the crossover is in BENCHMARKS.md, "GradTopK: the tree algorithm
+against the scan"); ``ALGORITHM`` forces one.  tests/maps/test_gradtopk_tree.py
+holds both to 1e-10 (relative, in p) and 3e-11 (absolute, in H g) of the
+mpmath oracle.
 
 Scale.  Rows are shifted by their (k+1)-th largest entry r and entries more
 than T ≈ 130 + log(2nk) above it (in z units) are lowered to T: they are in S
 with probability 1 − O(e^−130), so no marginal moves by more than 2nk·e^−130
-(see ``_clamp_margin``), and the routes see numbers of size ~T whatever the
+(see ``_clamp_margin``), and the algorithms see numbers of size ~T whatever the
 offset, outlier or τ ([1e16, 0, 1], k = 2 gives [1, .2689, .7311] in
 float64; x/τ is never formed).
 
 The backward of p = ∇ log e_k is the Hessian–vector product H g, which is
-the directional derivative of p along g.  Both routes compute it explicitly
+the directional derivative of p along g.  Both algorithms compute it explicitly
 by pushing forward-mode tangents through their own sums (softmax shares of
 the terms), so there is no double backward through logsumexp (NaN at −inf
 entries, and slow).
@@ -48,9 +48,7 @@ k = 256, R = 8 in the backward); the tree keeps O(n log k) per row plus one
 level's products (on the CPU in cache-sized blocks).  Larger batches are run in
 chunks of rows so that a table stays within 256 MiB.  Times: see
 benchmarks/cpu/gradtopk_scale.py and BENCHMARKS.md.  The result is cast back to
-the input dtype: the scan's recurrence run in float32 at n = 200, k = 40,
-x ~ N(0, 50²) was measured 4.9e-4 off per entry and 9.7e-3 off in Σp (float64:
-5.8e-13 per entry).
+the input dtype.
 """
 
 from __future__ import annotations
@@ -68,33 +66,29 @@ from ..threshold.rows import row_status
 _WORK = torch.float64
 
 
-# Which route computes the tables: "auto" (see :func:`route`), "scan" or "tree".
-ROUTE = "auto"
+# Which algorithm computes the tables: "auto" (see :func:`algorithm`), "scan" or "tree".
+ALGORITHM = "auto"
 
-ROUTES = {"scan": solve_scan, "tree": solve_tree}
+ALGORITHMS = {"scan": solve_scan, "tree": solve_tree}
 
 
-def route(rows: int, n: int, k: int, device: torch.device) -> str:
-    """The route for a chunk of ``rows`` rows of length n.
+def algorithm(rows: int, n: int, k: int, device: torch.device) -> str:
+    """The algorithm for a chunk of ``rows`` rows of length n.
 
     The tree on a GPU (O(log n) launches instead of O(n)).  On the CPU the
-    tree where k >= 32 or rows <= 16, the scan elsewhere: measured with
-    ``benchmarks/cpu/gradtopk_scale.py --sweep`` (one thread, float32 forward +
-    backward, 2026-11-23), tree/scan was 0.31-0.72 at k >= 32 (0.93 and 1.10
-    at 512x64 and 64x1024, k = 32), 0.31-0.51 at 8 rows for every k (the
-    scan's n steps are overhead-bound there) and 1.24-2.74 at 64 or more rows
-    with k <= 16.
+    tree where k >= 32 or rows <= 16, the scan elsewhere (the crossover of
+    ``benchmarks/cpu/gradtopk_scale.py --sweep``, in BENCHMARKS.md).
     """
-    if ROUTE != "auto":
-        if ROUTE not in ROUTES:
-            raise ValueError(f"softk._ops.gradtopk.ROUTE must be 'auto', 'scan' or 'tree', got {ROUTE!r}")
-        return ROUTE
+    if ALGORITHM != "auto":
+        if ALGORITHM not in ALGORITHMS:
+            raise ValueError(f"softk._ops.gradtopk.ALGORITHM must be 'auto', 'scan' or 'tree', got {ALGORITHM!r}")
+        return ALGORITHM
     if device.type != "cpu" or k >= 32 or rows <= 16:
         return "tree"
     return "scan"
 
 
-# Rows per call of a route are capped so one table holds at most this many
+# Rows per call of an algorithm are capped so one table holds at most this many
 # float64 entries (256 MiB; the scan's backward holds about four such tables,
 # the tree's products far less): the O(R·n·k) tables would otherwise grow with
 # the batch without bound.
@@ -102,10 +96,10 @@ _TABLE_BUDGET = 1 << 25
 
 
 def _solve_rows(z: Tensor, k: int, g: Tensor | None = None):
-    """The chosen route over row chunks that keep each table within the budget."""
+    """The chosen algorithm over row chunks that keep each table within the budget."""
     n = z.shape[-1]
     step = max(1, _TABLE_BUDGET // (2 * (n + 1) * (k + 1)))  # 2: prefix + suffix rows
-    solve = ROUTES[route(min(step, z.shape[0]), n, k, z.device)]
+    solve = ALGORITHMS[algorithm(min(step, z.shape[0]), n, k, z.device)]
     if z.shape[0] <= step:
         return solve(z, k, g)
     parts = [solve(z[i : i + step], k, None if g is None else g[i : i + step]) for i in range(0, z.shape[0], step)]
@@ -238,7 +232,7 @@ class _Hvp(torch.autograd.Function):
         raise NotImplementedError(_SECOND_ORDER)
 
 
-_HVP = _lean.Routes(_Hvp, _hvp_kernel, lambda x, g, *_: (x, g), register=_library)
+_HVP = _lean.Paths(_Hvp, _hvp_kernel, lambda x, g, *_: (x, g), register=_library)
 
 
 class _SavesInput(torch.autograd.Function):
@@ -274,7 +268,7 @@ class _GradTopKJvp(GradTopKFunction):
         return _HVP.apply(x, v, ctx.k, ctx.tau)
 
 
-_GRADTOPK = _lean.Routes(_GradTopKJvp, _gradtopk_kernel, lambda x, *_: (x,), compiled=GradTopKFunction,
+_GRADTOPK = _lean.Paths(_GradTopKJvp, _gradtopk_kernel, lambda x, *_: (x,), compiled=GradTopKFunction,
                          register=_library)
 
 
@@ -318,7 +312,7 @@ class _LogEkJvp(LogEkFunction):
         return (_GRADTOPK.apply(x, ctx.k, ctx.tau) * v).sum(-1, keepdim=True)
 
 
-_LOG_EK = _lean.Routes(_LogEkJvp, _log_ek_kernel, lambda x, *_: (x,), compiled=LogEkFunction, register=_library)
+_LOG_EK = _lean.Paths(_LogEkJvp, _log_ek_kernel, lambda x, *_: (x,), compiled=LogEkFunction, register=_library)
 
 
 def gradtopk(x: Tensor, k: int, dim: int, tau: float) -> Tensor:

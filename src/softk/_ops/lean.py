@@ -1,4 +1,4 @@
-r"""When a call may skip the ``torch.library`` layer: the lean eager route.
+r"""When a call may skip the ``torch.library`` layer: the lean eager path.
 
 softk's kernels sit behind custom ops (``torch.library.custom_op``) with fake
 kernels and vmap rules, so that ``torch.compile(fullgraph=True)``,
@@ -10,7 +10,7 @@ small map itself, and importing it pulls in ``torch._dynamo``.
 In plain eager mode none of it is needed: the same kernels run under an
 ordinary (old-style) ``torch.autograd.Function`` whose backward, double
 backward and jvp are the same formulas.  :func:`eager` says when that is
-allowed; every other call takes the library route, which stays the one that
+allowed; every other call takes the library path, which stays the one that
 compile, vmap and friends see.
 """
 
@@ -31,12 +31,12 @@ _tracing = torch._C._get_tracing_state  # torch.jit.trace (and the ONNX exporter
 
 
 def eager(*tensors) -> bool:
-    """True when a call on ``tensors`` may run the lean route: not while
+    """True when a call on ``tensors`` may run the lean path: not while
     compiling (Dynamo, export) or tracing (``torch.jit.trace``: a kernel
     called through ctypes would be recorded as a constant), under no
     ``torch.func`` transform, with no dispatch or function mode active, and
     every tensor a plain ``torch.Tensor`` or ``Parameter`` (a subclass, e.g.
-    a FakeTensor or a DTensor, takes the library route)."""
+    a FakeTensor or a DTensor, takes the library path)."""
     if _compiling() or _functorch_active() or _dispatch_stack() or _function_mode() or _tracing():
         return False
     for t in tensors:
@@ -48,7 +48,7 @@ def eager(*tensors) -> bool:
 def tracked(x: torch.Tensor) -> bool:
     """True when autograd can see a result computed from ``x``: reverse mode
     (x requires grad and grad mode is on) or a forward-mode dual level is open
-    (x may carry a tangent).  Otherwise the lean route calls the kernel with
+    (x may carry a tangent).  Otherwise the lean path calls the kernel with
     no autograd.Function at all."""
     return (x.requires_grad and torch.is_grad_enabled()) or forward_ad._current_level >= 0
 
@@ -56,7 +56,7 @@ def tracked(x: torch.Tensor) -> bool:
 def library(register):
     """Wrap ``register`` (a function that defines an op's ``torch.library``
     ops, see :func:`custom_op`) to run once, on the first call that takes the
-    library route, so that eager users never pay for torch.library.  It is
+    library path, so that eager users never pay for torch.library.  It is
     marked like ``torch.compiler.assume_constant_result``: while compiling,
     Dynamo runs it for real (registering the ops) instead of tracing it."""
     done = []
@@ -95,7 +95,7 @@ def custom_op(name: str, kernel, fake=None):
 
 
 def twin(function: type, kernel) -> type:
-    """The eager twin of the library route's autograd.Function ``function``
+    """The eager twin of the library path's autograd.Function ``function``
     (new style: ``forward(*inputs)``, ``setup_context``, ``backward``, ``jvp``):
     an old-style Function whose forward runs ``kernel(*inputs)`` (the kernel
     itself, no custom op) and then ``function.setup_context``, and whose
@@ -123,8 +123,8 @@ def twin(function: type, kernel) -> type:
 _C_APPLY = torch._C._FunctionBase.__dict__["apply"]
 
 
-class Routes:
-    """The routes of one op, chosen per call by :meth:`apply`.
+class Paths:
+    """The paths of one op, chosen per call by :meth:`apply`.
 
     * eager (:func:`eager`): ``kernel(*inputs)`` alone when autograd cannot
       see the result (:func:`tracked`), else the old-style twin of
@@ -135,7 +135,7 @@ class Routes:
     * otherwise (``torch.func`` transforms, subclasses, modes): ``function``,
       whose forward is the custom op and whose vmap rule is generated.
 
-    ``tensors(*inputs)`` picks the inputs that decide the route (the tensors
+    ``tensors(*inputs)`` picks the inputs that decide the path (the tensors
     autograd could track)."""
 
     def __init__(self, function: type, kernel, tensors, compiled: type | None = None, register=None):

@@ -106,7 +106,7 @@ def _jvp(ctx, vx, va, _):
     return out.to(p.dtype)
 
 
-# -------------------------------------------------- the library route (compile, vmap)
+# -------------------------------------------------- the library path (compile, vmap)
 def _normmax_kernel(x: Tensor, alpha: Tensor, tau: float) -> Tensor:
     """p along the last dimension; ``alpha`` 0-d (one α) or shaped x.shape[:-1] + (1,)."""
     return normmax_rows(x, alpha if alpha.dim() else float(alpha), tau).to(x.dtype)
@@ -154,7 +154,7 @@ class _NormmaxLibraryJvp(_NormmaxLibrary):
     jvp = staticmethod(_jvp)  # Dynamo does not trace a custom jvp (as in threshold/op.py): eager only
 
 
-# ------------------------------------------------------- the lean eager route
+# ------------------------------------------------------- the lean eager path
 class _NormmaxEager(torch.autograd.Function):
     backward, jvp = staticmethod(_backward), staticmethod(_jvp)
 

@@ -102,14 +102,14 @@ class _Threshold(torch.autograd.Function):
 
 class _ThresholdJvp(_Threshold):
     # Dynamo does not trace a Function with a custom jvp, so the compiled
-    # route uses the parent (forward-mode AD is not used under compile).
+    # path uses the parent (forward-mode AD is not used under compile).
     @staticmethod
     def jvp(ctx, v, *_):
         (p,) = ctx.saved_tensors
         return vjp(ctx.family, p, v.to(p.dtype), ctx.tau)
 
 
-_ROUTES = _lean.Routes(_ThresholdJvp, _kernel, lambda x, *_: (x,), compiled=_Threshold, register=_library)
+_PATHS = _lean.Paths(_ThresholdJvp, _kernel, lambda x, *_: (x,), compiled=_Threshold, register=_library)
 
 
 def apply_rows(x: Tensor, family: Family, k, tau: float, backend: str) -> Tensor:
@@ -117,7 +117,7 @@ def apply_rows(x: Tensor, family: Family, k, tau: float, backend: str) -> Tensor
     int, or a tensor shaped x.shape[:-1] + (1,) (see :mod:`.op_rowk`)."""
     if isinstance(k, Tensor):
         return apply_rows_k(x, k, family, tau)
-    return _ROUTES.apply(x, family, k, tau, backend)
+    return _PATHS.apply(x, family, k, tau, backend)
 
 
 def threshold_map(x: Tensor, family: Family, k, dim: int, tau) -> Tensor:

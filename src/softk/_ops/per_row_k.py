@@ -87,11 +87,11 @@ class _ThresholdRowKJvp(_ThresholdRowK):
         return out
 
 
-_ROUTES = _lean.Routes(_ThresholdRowKJvp, _kernel, lambda x, k, *_: (x, k), compiled=_ThresholdRowK,
+_PATHS = _lean.Paths(_ThresholdRowKJvp, _kernel, lambda x, k, *_: (x, k), compiled=_ThresholdRowK,
                        register=_library)
 
 
 def apply_rows_k(x: Tensor, k: Tensor, family, tau: float) -> Tensor:
     """The contract on rows (dim last) with k shaped x.shape[:-1] + (1,)."""
     dispatch.resolve(x, family)  # the configured backend must be able to run x at all
-    return _ROUTES.apply(x, k.to(compute_dtype(x.dtype)), family, tau)
+    return _PATHS.apply(x, k.to(compute_dtype(x.dtype)), family, tau)

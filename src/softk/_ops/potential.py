@@ -15,6 +15,10 @@ gradient with respect to x is the map p(x/τ).  It is the building block of
 ``topk_sum``; the Fenchel–Young losses L(z; y) = Φ(z) + Ω(y) − ⟨z, y⟩ use
 :func:`value_at` the same way.
 
+:func:`regularised_potential` is the same value for a regulariser Ω_α given
+as functions on rows (normmax's ‖p‖_α − 1, the entmax package's Tsallis
+Ω_α with α < 1), whose tensor α gets −∂Ω_α(p)/∂α.
+
 Autograd (the envelope theorem): the value takes p as an input computed by the
 map's own autograd contract (:mod:`softk._ops.op`) and declares ∂Φ/∂p = 0
 (p is the maximiser), so the gradient is p and its derivative, the Hessian, is
@@ -86,3 +90,52 @@ def potential(x: Tensor, family: Family, k: int, dim: int, tau: float, keepdim: 
     """τ·Φ(x/τ) along ``dim`` (arguments already validated by the caller)."""
     out = potential_rows(x.movedim(dim, -1), family, k, tau).movedim(-1, dim)
     return out if keepdim else out.squeeze(dim)
+
+
+# ------------------------------------------- the potential of a regulariser Ω_α
+class _RegularisedPotential(torch.autograd.Function):
+    """Φ_α(z) = ⟨z, p⟩ − Ω_α(p) per row (keepdim), z = (x − max)/τ, given p = the
+    map's output.  p maximises ⟨z, p⟩ − Ω_α(p) (the envelope theorem), so
+    ∇_x Φ = p/τ and ∂_α Φ = −∂_α Ω_α(p) at fixed p; both are written in the saved
+    p (which carries the map's own graph), so second derivatives in x and α are exact."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x, p, alpha, omega, d_omega, tau):
+        z = (x - finite_max(x)) / tau  # Φ(z + c) = Φ(z) + c: the shift keeps z·p's rounding small
+        return torch.where(p != 0, z * p, 0.0).sum(-1, keepdim=True) - omega(p, alpha)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _, p, alpha, _, d_omega, tau = inputs
+        a = alpha if isinstance(alpha, Tensor) else None
+        ctx.save_for_backward(p, a)
+        ctx.save_for_forward(p, a)
+        ctx.d_omega, ctx.tau = d_omega, tau
+
+    @staticmethod
+    def backward(ctx, g):
+        p, alpha = ctx.saved_tensors
+        ga = None
+        if ctx.needs_input_grad[2]:
+            ga = -g * ctx.d_omega(p, alpha)
+        return g * p / ctx.tau, None, ga, None, None, None
+
+
+class _RegularisedPotentialJvp(_RegularisedPotential):
+    # Dynamo does not trace a Function with a custom jvp (as in _ops/op.py).
+    @staticmethod
+    def jvp(ctx, vx, vp, va, *_):
+        p, alpha = ctx.saved_tensors
+        out = (p * vx).sum(-1, keepdim=True) / ctx.tau if vx is not None else torch.zeros_like(p[..., :1])
+        return out if va is None else out - va * ctx.d_omega(p, alpha)
+
+
+def regularised_potential(x: Tensor, p: Tensor, alpha, omega, d_omega, tau: float) -> Tensor:
+    """Φ_α(z) = ⟨z, p⟩ − Ω_α(p) per row (keepdim), z = (x − max)/τ, given p =
+    the map's output, ``omega(v, alpha)`` Ω_α on rows (keepdim) and
+    ``d_omega(v, alpha)`` its partial derivative in α; ∇_x Φ = p/τ and
+    ∂_α Φ = −∂_α Ω_α(p) (see :class:`_RegularisedPotential`)."""
+    fn = _RegularisedPotential if torch.compiler.is_compiling() else _RegularisedPotentialJvp
+    return fn.apply(x, p, alpha, omega, d_omega, tau)

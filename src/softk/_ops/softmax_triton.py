@@ -5,8 +5,9 @@ run the kernels under the autograd functions below: directly in plain eager
 mode, and through custom ops (fake kernels, so torch.compile(fullgraph=True)
 sees one opaque node per direction; vmap rules: the ops act on the last
 dimension, so a batch dimension leads) otherwise (:mod:`.lean`).
-:mod:`softk._maps.simplex` calls :func:`on_triton`, :func:`log_softmax_rows`
-and :func:`logsumexp_rows`; everywhere else it keeps its tensor code.
+:mod:`softk._maps.simplex` calls :func:`log_softmax_rows` and
+:func:`logsumexp_rows` where :func:`softk._backends.dispatch.log_softmax_backend`
+names "triton"; everywhere else it keeps its tensor code.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import torch
 from torch import Tensor
 
 from . import lean as _lean
-from .._backends import dispatch
 from ..threshold import SOFTMAX
 from .op import threshold_map
 
@@ -146,15 +146,9 @@ class _LogSumExpJvp(_LogSumExp):
         return (_softmax_rows(x, ctx.tau).float() * v.float()).sum(-1).to(x.dtype)
 
 
-def on_triton(x: Tensor, tau) -> bool:
-    """The kernels run this call: dispatch picks "triton" and τ is a number
-    (a τ that requires grad takes the tensor code, which differentiates it)."""
-    return not isinstance(tau, Tensor) and x.numel() > 0 and dispatch.resolve(x, SOFTMAX) == "triton"
-
-
-_LOG_SOFTMAX = _lean.Routes(_LogSoftmaxJvp, _log_softmax_kernel, lambda x, _: (x,), compiled=_LogSoftmax,
+_LOG_SOFTMAX = _lean.Paths(_LogSoftmaxJvp, _log_softmax_kernel, lambda x, _: (x,), compiled=_LogSoftmax,
                             register=_library)
-_LOGSUMEXP = _lean.Routes(_LogSumExpJvp, _logsumexp_kernel, lambda x, _: (x,), compiled=_LogSumExp, register=_library)
+_LOGSUMEXP = _lean.Paths(_LogSumExpJvp, _logsumexp_kernel, lambda x, _: (x,), compiled=_LogSumExp, register=_library)
 
 
 def log_softmax_rows(x: Tensor, tau: float) -> Tensor:

@@ -2,9 +2,13 @@ r"""Sparse attention: ``torch.nn.functional.scaled_dot_product_attention`` with
 softmax, sparsemax, 1.5-entmax or α-entmax (a learnable α per head) for the
 attention weights, at any length.
 
-See :func:`scaled_dot_product_attention`; the routes are described in
-:mod:`softk.attention.op`, the memory-efficient one in
-:mod:`softk._backends.blockwise`.
+See :func:`scaled_dot_product_attention`.  Here live the public function,
+its argument checks (``checks``), the backend choice of one call (``op``) and
+the reference backend (``reference``); the autograd rule and the
+``softk::attention`` ops are :mod:`softk._ops.attention`, the kernels
+:mod:`softk._backends.blockwise` and :mod:`softk._backends.triton.attention`.
+Imported by ``softk/__init__``, ``softk.nn`` and ``softk.integrations``;
+imports the maps, :mod:`softk._ops` and below.
 """
 
 from __future__ import annotations
@@ -69,13 +73,13 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
         and zero gradients (torch's SDPA gives NaN there on some backends);
         a row with a single key takes that key's value.
 
-    Routes (chosen from ``softk.backend()``, see :mod:`softk.attention.op`):
+    Backends (chosen from ``softk.backend()``, see :mod:`softk.attention.op`):
     "torch" materialises the (…, H, L, S) scores and supports double
     backward; "auto" and "native" on the CPU, or any device without Triton,
     run blocks of keys and never hold the L×S scores; "auto" on CUDA and
     "triton" run the fused Triton kernels, float64 inputs the blocks of
     keys.
-    The memory-efficient routes raise NotImplementedError on double
+    The memory-efficient backends raise NotImplementedError on double
     backward.
 
     Example (a query that attends to one of three keys):

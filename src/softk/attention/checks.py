@@ -15,7 +15,7 @@ says what was expected, before any kernel runs.  The checks follow
 
 The result, :class:`Call`, holds the three tensors as (B, H, L, E),
 (B, H_kv, S, E), (B, H_kv, S, Ev) and the mask expanded to (B, H, L, S) (a
-view where the batch dimensions allow it), which is what every route takes.
+view where the batch dimensions allow it), which is what every backend takes.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class Call:
     causal: bool
     fam: int
     alpha: Optional[Tensor]  # (H,) per-head α for fam 3 (a float α is expanded), else None
-    alpha_value: object  # the α the reference route passes to softk.entmax: a float or the (H,) tensor
+    alpha_value: object  # the α the reference backend passes to softk.entmax: a float or the (H,) tensor
     out_shape: tuple
 
     @property
@@ -105,7 +105,7 @@ def _heads(h: int, hkv: int, hv: int, gqa: bool) -> None:
 
 
 # α-entmax attention is exact to the compute dtype's precision on (1, hi]:
-# * near 1 both the blockwise and the Triton routes carry each row's shifted
+# * near 1 both the blockwise and the Triton backends carry each row's shifted
 #   threshold t = λ + 1/(α−1), which is O(log n), form p through log1p, and
 #   the α-gradient in a form whose terms do not cancel
 #   (softk.threshold.entmax_alpha), so α → 1 costs no precision;
@@ -114,14 +114,14 @@ def _heads(h: int, hkv: int, hv: int, gqa: bool) -> None:
 #   so the rounding of the scores q·k themselves moves p and the gradients
 #   by up to (ε|s|)^(1/(α−1)): float32 stops at 2, float64 at 3.
 # softk.entmax on a whole row of given scores is exact for every α (its
-# anchor form): that is the route for other α.  tests/attention/test_grad.py
+# anchor form): that is the map for other α.  tests/attention/test_grad.py
 # holds the errors at the ends of these ranges.
 ALPHA_RANGE = {torch.float32: (1.0, 2.0), torch.float64: (1.0, 3.0)}  # (lo, hi]: α > lo, α ≤ hi
 _WHY = "above it the map is not Lipschitz at the support's edge and the rounding of q·k moves p; use softk.entmax on the scores for other α"
 
 
 def alpha_range(dtype: torch.dtype) -> tuple[float, float]:
-    """(lo, hi): the attention routes take lo < α ≤ hi for inputs of
+    """(lo, hi): the attention backends take lo < α ≤ hi for inputs of
     ``dtype`` (half and bfloat16 compute in float32).
 
     >>> alpha_range(torch.bfloat16), alpha_range(torch.float64)

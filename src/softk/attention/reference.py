@@ -1,4 +1,4 @@
-r"""The reference route: the scores materialised, softk's maps on them.
+r"""The reference backend: the scores materialised, softk's maps on them.
 
 .. math:: S = \mathrm{scale}\cdot QK^\top + M, \qquad P = \mathrm{map}(S)\ \text{(rows)}, \qquad O = PV,
 

@@ -4,4 +4,5 @@
   master): ``import softk.compat.entmax as entmax``.
 
 Nothing here is imported by ``import softk``; import the submodule you need.
+No softk package imports it; it imports the losses, maps and ops below it.
 """

@@ -50,7 +50,7 @@ def loss_family(name, k, alpha, method) -> Family:
         if method == "exp" and k == 1:
             return SOFTMAX
         raise ValueError(_REFUSED.format(what=f"soft_topk with method={method!r}, k={k}"))
-    if name not in ("topk_softmax_ce",) and k != 1:
+    if "k" not in LOSSES[name].options and k != 1:
         raise ValueError(f"k applies to loss='soft_topk' and 'topk_softmax_ce' only, got k={k} with loss={name!r}")
     return {"cross_entropy": SOFTMAX, "softmax": SOFTMAX, "sparsemax": SPARSEMAX, "entmax15": ENTMAX15}.get(name)
 

@@ -20,56 +20,16 @@ import numbers
 import torch
 import torch.distributed as dist
 
-from .._validate import check_input
+from .._ops.distributed import ChunkedLinearLoss
+from .._validate import DEFAULT_LOSS, check_input
 from ..losses.chunking import auto_chunk_size
 from ..losses.targets import check_reduction
 from .checks import comm_device, resolve_group
 from .losses import vocab_parallel_loss
 
 
-class _Fused(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, w, b, target, kwargs, chunk, n_kept, mean, want, group):
-        m = x.shape[0]
-        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-        total = torch.zeros((), dtype=acc, device=x.device)
-        gx = torch.zeros(x.shape, dtype=acc, device=x.device) if want[0] else None
-        gw = torch.zeros(w.shape, dtype=acc, device=x.device) if want[1] else None
-        gb = torch.zeros(w.shape[0], dtype=acc, device=x.device) if want[2] else None
-        for s in range(0, m, chunk):
-            e = min(s + chunk, m)
-            xc = x[s:e]
-            with torch.no_grad():
-                logits = xc @ w.t() if b is None else torch.addmm(b, xc, w.t())
-            with torch.enable_grad():
-                logits.requires_grad_(True)
-                rows = vocab_parallel_loss(logits, target[s:e], group=group, reduction="none", **kwargs)
-                (g,) = torch.autograd.grad(rows.sum(), logits)
-            total += rows.detach().sum().to(acc)
-            g = g.to(acc)
-            if gx is not None:
-                gx[s:e] = g @ w.to(acc)
-            if gw is not None:
-                gw.addmm_(g.t(), xc.to(acc))
-            if gb is not None:
-                gb += g.sum(0)
-        if gx is not None:
-            dist.all_reduce(gx, op=dist.ReduceOp.SUM, group=group)  # Σ_r G_r W_r
-        ctx.save_for_backward(gx, gw, gb)
-        ctx.scale = 1.0 / max(n_kept, 1) if mean else 1.0
-        out = total / n_kept if mean else total
-        return out.to(x.dtype)
-
-    @staticmethod
-    def backward(ctx, go):
-        gx, gw, gb = ctx.saved_tensors
-        s = go * ctx.scale
-        f = lambda g: None if g is None else (g * s.to(g.dtype)).to(go.dtype)  # noqa: E731
-        return f(gx), f(gw), f(gb), None, None, None, None, None, None, None
-
-
 def vocab_parallel_fused_linear_loss(
-    input, local_weight, target, loss: str = "sparsemax", local_bias=None, *, group=None, vocab_start=None,
+    input, local_weight, target, loss: str = DEFAULT_LOSS, local_bias=None, *, group=None, vocab_start=None,
     alpha=None, k: int = 1, method: str = "sparse", tau: float = 1.0, ignore_index: int = -100,
     reduction: str = "mean", chunk_size=None,
 ):
@@ -83,7 +43,8 @@ def vocab_parallel_fused_linear_loss(
         local_bias: None or (V_r,).
         chunk_size: rows per chunk; None takes :func:`softk.losses.chunking.auto_chunk_size`
             with the largest slice, so every rank runs the same number of chunks.
-        The rest: as in :func:`vocab_parallel_loss`; reduction is "mean" or "sum".
+        The rest: as in :func:`vocab_parallel_loss` (``loss`` default
+            "cross_entropy"); reduction is "mean" or "sum".
 
     The gradient of ``input`` is the full one, Σ_r G_r W_r, all-reduced over
     the group during the forward (do not all-reduce it again).
@@ -144,4 +105,9 @@ def vocab_parallel_fused_linear_loss(
     kwargs = dict(loss=loss, vocab_start=vocab_start, alpha=alpha, k=k, method=method, tau=tau, ignore_index=ignore_index)
     on = torch.is_grad_enabled()
     want = tuple(on and a is not None and a.requires_grad for a in (input, local_weight, local_bias))
-    return _Fused.apply(input, local_weight, local_bias, target, kwargs, chunk, n_kept, reduction == "mean", want, group)
+
+    def loss_rows(logits, rows):
+        return vocab_parallel_loss(logits, target[rows], group=group, reduction="none", **kwargs)
+
+    return ChunkedLinearLoss.apply(input, local_weight, local_bias, loss_rows, chunk, n_kept, reduction == "mean",
+                                   want, group)

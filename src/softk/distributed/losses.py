@@ -22,27 +22,13 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .._validate import check_input, check_k, check_tau, sum_tolerance
+from .._ops.distributed import RowLoss
+from .._validate import DEFAULT_LOSS, LOSSES, check_input, check_k, check_tau, sum_tolerance
 from ..losses import targets as tg
 from ..threshold.rows import compute_dtype
 from .checks import exchange, resolve_group
 from .families import loss_family, what_code
 from .threshold import NEG_INF, distributed_forward
-
-
-class _RowLoss(torch.autograd.Function):
-    """Per-row loss whose gradient (M, V_r) was computed in the forward."""
-
-    @staticmethod
-    def forward(ctx, x, rows, grad):
-        ctx.save_for_backward(grad)
-        ctx.x_dtype = x.dtype
-        return rows.clone()
-
-    @staticmethod
-    def backward(ctx, g):
-        (grad,) = ctx.saved_tensors
-        return (grad * g.unsqueeze(-1).to(grad.dtype)).to(ctx.x_dtype), None, None
 
 
 def _local_checks(x, target, loss, k, tau, alpha, method, reduction, ignore_index, vocab_start):
@@ -58,8 +44,8 @@ def _local_checks(x, target, loss, k, tau, alpha, method, reduction, ignore_inde
         raise ValueError(f"vocab_start must be None or an int >= 0 (this slice's first global class), got {vocab_start!r}")
     tg.check_target_tensor(target)
     if target.is_floating_point():
-        if loss == "topk_softmax_ce":
-            raise TypeError(f"target must hold class indices for topk_softmax_ce, got dtype {target.dtype}")
+        if LOSSES[loss].targets == "index":
+            raise TypeError(f"target must hold class indices for {loss}, got dtype {target.dtype}")
         if ignore_index != -100:
             raise ValueError("ignore_index applies to class-index targets only")
         if target.shape != x.shape:
@@ -71,8 +57,8 @@ def _local_checks(x, target, loss, k, tau, alpha, method, reduction, ignore_inde
         if family is not None and family.capped and bool((target > 1).any()):
             raise ValueError(f"target entries must lie in [0, 1] for a top-k loss, got {float(target.max())}")
     else:
-        if loss == "soft_topk":
-            raise TypeError(f"target must be a float tensor (rows summing to k) for soft_topk, got dtype {target.dtype}")
+        if LOSSES[loss].targets == "dense":
+            raise TypeError(f"target must be a float tensor (rows summing to k) for {loss}, got dtype {target.dtype}")
         if target.shape != x.shape[:-1]:
             raise ValueError(
                 f"target of class indices must have shape {tuple(x.shape[:-1])} (local_logits' shape without its "
@@ -108,7 +94,7 @@ def _topk_ce(z, index, owned, zt_local, k, group, rank, world):
 def vocab_parallel_loss(
     local_logits: Tensor,
     target: Tensor,
-    loss: str = "sparsemax",
+    loss: str = DEFAULT_LOSS,
     *,
     group=None,
     vocab_start=None,
@@ -127,7 +113,9 @@ def vocab_parallel_loss(
             are contiguous in rank order, or placed by ``vocab_start``.
         target: global class indices shaped ``local_logits.shape[:-1]`` (the
             same on every rank), or a dense target sliced like the logits.
-        loss: "cross_entropy", "softmax", "sparsemax", "entmax15", "entmax"
+        loss: "cross_entropy" (the default, as for
+            :func:`softk.losses.fused_linear_loss` and Megatron's
+            vocab-parallel cross-entropy), "softmax", "sparsemax", "entmax15", "entmax"
             (``alpha``), "soft_topk" (``method`` "sparse", any k, or "exp" with
             k = 1; dense targets) or "topk_softmax_ce" (``k``).
         group: the process group (default: the world).
@@ -224,7 +212,7 @@ def vocab_parallel_loss(
         rows = torch.where(fwd.broken.squeeze(-1), float("nan"), rows)
     if tau != 1.0:
         grad = grad / tau
-    rows = _RowLoss.apply(x, rows, grad) if local_logits.requires_grad else rows
+    rows = RowLoss.apply(x, rows, grad) if local_logits.requires_grad else rows
     if keep is not None:
         rows = torch.where(keep, rows, 0.0)
     if reduction == "none":

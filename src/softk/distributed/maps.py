@@ -2,45 +2,13 @@ r"""``vocab_parallel_map``: this rank's slice of p = map(concatenated logits).""
 
 from __future__ import annotations
 
-import torch
-import torch.distributed as dist
 from torch import Tensor
 
+from .._ops.distributed import VocabParallelMap
 from .._validate import check_input, check_k, check_tau
-from ..threshold.rows import compute_dtype
 from .checks import exchange, resolve_group
 from .families import map_family, what_code
 from .threshold import distributed_forward
-
-
-class _VocabParallelMap(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, family, k, tau, group, rank, world):
-        z = x.to(compute_dtype(x.dtype))
-        if tau != 1.0:
-            z = z / tau
-        p = distributed_forward(family, z, k, group, rank, world).p
-        ctx.family, ctx.tau, ctx.group = family, tau, group
-        out = p.to(x.dtype)
-        ctx.save_for_backward(out)
-        return out
-
-    @staticmethod
-    def backward(ctx, g):
-        (out,) = ctx.saved_tensors
-        ct = compute_dtype(out.dtype)
-        d = ctx.family.d_from_p(out.to(ct))
-        g = g.to(ct)
-        # The Jacobian-vector product d⊙(g − Σd⊙g / Σd)/τ needs the two sums
-        # over the whole row: one all-reduce.
-        sums = torch.cat([d.sum(-1, keepdim=True), (d * g).sum(-1, keepdim=True)], -1)
-        dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=ctx.group)
-        sd, sdg = sums[:, :1], sums[:, 1:]
-        coef = torch.where(sd > 0, sdg / torch.where(sd > 0, sd, 1.0), 0.0)
-        grad = (g - coef) * d / ctx.tau
-        # A NaN row (NaN or +inf scores) has a NaN gradient, as on one device.
-        grad = torch.where(torch.isnan(out).any(-1, keepdim=True), float("nan"), grad)
-        return grad.to(out.dtype), None, None, None, None, None, None
 
 
 def vocab_parallel_map(local_logits: Tensor, map: str = "sparsemax", *, k: int = 1, tau: float = 1.0, alpha=None, group=None) -> Tensor:
@@ -94,5 +62,6 @@ def vocab_parallel_map(local_logits: Tensor, map: str = "sparsemax", *, k: int =
     x = local_logits.reshape(-1, local_logits.shape[-1])
     if x.shape[0] == 0:
         return local_logits * 0
-    out = _VocabParallelMap.apply(x, family, k, tau, group, rank, world)
+    out = VocabParallelMap.apply(x, lambda z: distributed_forward(family, z, k, group, rank, world).p, family, tau,
+                                 group)
     return out.reshape(*lead, -1)

@@ -1,7 +1,7 @@
 r"""The threshold map p = f(z − λ), Σ_v p_v = k, over a vocabulary split between ranks.
 
 Each rank holds the columns of its slice, z_r (M, V_r), already divided by τ.
-Two routes, each with a fixed number of collectives, whatever the data:
+Two algorithms, each with a fixed number of collectives, whatever the data:
 
 **softmax** (p = e^{z − lse z}): 2 all-reduces, Megatron's three with the
 target logit folded into the first.
@@ -148,7 +148,7 @@ def sparse_forward(family: Family, z: Tensor, k: int, group, rank: int, world: i
 
 
 def distributed_forward(family: Family, z: Tensor, k: int, group, rank: int, world: int, **extra) -> Forward:
-    """The route for ``family``: softmax for the exp-family k = 1 maps, candidates otherwise."""
+    """The algorithm for ``family``: softmax for the exp-family k = 1 maps, candidates otherwise."""
     if family.name in ("softmax", "exp"):
         return softmax_forward(z, group, **extra)
     return sparse_forward(family, z, k, group, rank, world, **extra)

@@ -10,5 +10,6 @@
   interface.
 
 Nothing here imports transformers at ``import softk`` time; each submodule is
-imported on its own (``pip install "softk[hf]"``).
+imported on its own (``pip install "softk[hf]"``).  No softk package imports
+this one; it imports nn, attention, the losses and below.
 """

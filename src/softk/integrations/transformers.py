@@ -68,16 +68,15 @@ import torch
 from torch import nn
 
 from .._validate import check_choice, check_tau
-from .._validate import LOSSES, check_chunk_size, check_loss_options
+from .._validate import DEFAULT_LOSS, LOSSES, check_chunk_size, check_loss_options
 from ..losses.fused_linear import fused_linear_loss
 from ..losses.targets import check_ignore_index
 
 __all__ = ["apply_softk", "remove_softk", "softk_loss", "SUPPORTED_LOSSES"]
 
-# The losses of fused_linear_loss that take one class index per token and
-# honour ignore_index ("soft_topk" needs k-hot targets: not a language model's labels).
-# every loss name but "soft_topk": a causal LM's labels are one class per token
-SUPPORTED_LOSSES = tuple(name for name in LOSSES if name != "soft_topk")
+# The losses of fused_linear_loss that take class-index targets (a causal LM's
+# labels are one class per token; "soft_topk" needs k-hot rows).
+SUPPORTED_LOSSES = tuple(name for name, spec in LOSSES.items() if spec.targets != "dense")
 _LOSS_OPTIONS = ("alpha", "chunk_size", "ignore_index", "k", "tau")
 # Arguments a causal LM's forward passes on to its loss only (ForCausalLMLoss's keywords).
 _LOSS_ONLY = ("num_items_in_batch", "shift_labels")
@@ -101,7 +100,7 @@ class _Patch(NamedTuple):
     previous_forward: object  # the instance-level forward found at apply time, or None
 
 
-def apply_softk(model: nn.Module, loss: str = "sparsemax", *, return_logits: bool = False, **loss_kwargs) -> nn.Module:
+def apply_softk(model: nn.Module, loss: str = DEFAULT_LOSS, *, return_logits: bool = False, **loss_kwargs) -> nn.Module:
     """Make ``model``'s training loss softk's fused linear ``loss``; returns ``model`` (patched in place).
 
     Args:
@@ -109,7 +108,8 @@ def apply_softk(model: nn.Module, loss: str = "sparsemax", *, return_logits: boo
             an ``nn.Linear`` LM head from ``get_output_embeddings()`` (tied to
             the input embedding or not) and a forward taking ``labels``.
         loss: one of :data:`SUPPORTED_LOSSES`, as in
-            :func:`softk.losses.fused_linear_loss`.
+            :func:`softk.losses.fused_linear_loss`; default "cross_entropy"
+            (the default of every softk entry point that takes a loss by name).
         return_logits: also compute and return the logits when labels are
             given (the N×V tensor is then held); default False (``logits`` is None).
         **loss_kwargs: ``alpha`` (loss="entmax"), ``k`` (loss="topk_softmax_ce"),
@@ -155,7 +155,7 @@ def remove_softk(model: nn.Module) -> nn.Module:
 
 
 @contextlib.contextmanager
-def softk_loss(model: nn.Module, loss: str = "sparsemax", **kwargs):
+def softk_loss(model: nn.Module, loss: str = DEFAULT_LOSS, **kwargs):
     """``with softk_loss(model, loss, **kwargs):`` :func:`apply_softk` inside the block, the previous loss after it."""
     previous = model.__dict__.get("_softk_patch") if isinstance(model, nn.Module) else None
     apply_softk(model, loss, **kwargs)

@@ -3,7 +3,10 @@ threshold map (softmax, sparsemax, entmax, smooth top-k), sparse-softmax
 cross-entropy, and the regularisers and bounds of normalised-feature heads.
 
 All take scores (N, C, d1, ...) with classes on dim 1 (or (C,)), like
-``torch.nn.functional.cross_entropy``.
+``torch.nn.functional.cross_entropy``.  Here live the public losses, their
+target checks (``targets``) and the fused linear loss's chunks
+(``chunking``); their autograd rules are in :mod:`softk._ops`.  Imported by
+attention, compat, distributed, nn and integrations; imports the maps and below.
 """
 
 from ._cross_entropy import cross_entropy

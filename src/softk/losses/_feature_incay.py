@@ -17,7 +17,8 @@ from torch import Tensor
 
 from .._validate import check_dim, check_input
 from ..threshold.rows import compute_dtype
-from .targets import check_reduction, reduce
+from .._validate import reduce
+from .targets import check_reduction
 
 
 def feature_incay(features: Tensor, dim: int = -1, reduction: str = "mean") -> Tensor:

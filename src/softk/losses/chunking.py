@@ -13,8 +13,7 @@ losses it is (p − y)/τ.
 
 from __future__ import annotations
 
-import functools
-
+from .._validate import LOSSES
 from ._cross_entropy import cross_entropy
 from .simplex_losses import entmax15_loss, entmax_loss, softmax_loss, sparsemax_loss
 from .topk_loss import soft_topk_loss
@@ -56,23 +55,22 @@ def auto_chunk_size(rows: int, hidden: int, vocab: int, device_type: str = "cpu"
     return max(1, min(c, rows))
 
 
+# The per-row loss of each name of softk._validate.LOSSES, as
+# ``make(alpha, k, method, tau, ignore_index) -> fn(logits (C, V), target) -> (C,)``.
+_CHUNK_LOSSES = {
+    "cross_entropy": lambda a, k, m, tau, ii: lambda z, t: cross_entropy(z, t, ignore_index=ii, reduction="none",
+                                                                          tau=tau),
+    "softmax": lambda a, k, m, tau, ii: lambda z, t: softmax_loss(z, t, ii, "none", tau),
+    "sparsemax": lambda a, k, m, tau, ii: lambda z, t: sparsemax_loss(z, t, ii, "none", tau),
+    "entmax15": lambda a, k, m, tau, ii: lambda z, t: entmax15_loss(z, t, ii, "none", tau),
+    "entmax": lambda a, k, m, tau, ii: lambda z, t: entmax_loss(z, t, a, ii, "none", tau),
+    "soft_topk": lambda a, k, m, tau, ii: lambda z, t: soft_topk_loss(z, t, k, m, tau, "none"),
+    "topk_softmax_ce": lambda a, k, m, tau, ii: lambda z, t: topk_softmax_cross_entropy(z, t, k, ii, "none", tau),
+}
+assert set(_CHUNK_LOSSES) == set(LOSSES), "every loss name has a chunk loss"
+
+
 def chunk_loss_fn(loss: str, *, alpha, k: int, method: str, tau: float, ignore_index: int):
-    """The public loss ``loss`` as ``fn(logits (C, V), target) -> (C,)`` (reduction "none")."""
-    none = "none"
-    if loss == "cross_entropy":
-        return functools.partial(_call_ce, ignore_index=ignore_index, tau=tau)
-    if loss == "softmax":
-        return lambda z, t: softmax_loss(z, t, ignore_index, none, tau)
-    if loss == "sparsemax":
-        return lambda z, t: sparsemax_loss(z, t, ignore_index, none, tau)
-    if loss == "entmax15":
-        return lambda z, t: entmax15_loss(z, t, ignore_index, none, tau)
-    if loss == "entmax":
-        return lambda z, t: entmax_loss(z, t, alpha, ignore_index, none, tau)
-    if loss == "soft_topk":
-        return lambda z, t: soft_topk_loss(z, t, k, method, tau, none)
-    return lambda z, t: topk_softmax_cross_entropy(z, t, k, ignore_index, none, tau)
-
-
-def _call_ce(z, t, ignore_index, tau):
-    return cross_entropy(z, t, ignore_index=ignore_index, reduction="none", tau=tau)
+    """The public loss ``loss`` (a name of :data:`softk._validate.LOSSES`, checked)
+    as ``fn(logits (C, V), target) -> (C,)`` (reduction "none")."""
+    return _CHUNK_LOSSES[loss](alpha, k, method, tau, ignore_index)

@@ -12,29 +12,29 @@ L ≥ 0 is the Fenchel–Young inequality, with equality exactly when p(z) = y.
 With a temperature, z = x/τ and the gradient with respect to x is (p − y)/τ,
 exactly as for ``cross_entropy(x / tau, ...)``.
 
-The map's output p comes from its own autograd contract
-(:mod:`softk._ops.op`, through the one dispatch) and enters the value as
-an input whose partial derivative is 0 (p maximises ⟨z, p⟩ − Ω(p): the
+The map's output p comes from its own autograd rule
+(:mod:`softk._ops.op`, through the one dispatch) and enters the value
+(:mod:`softk._ops.fenchel_young`) as an input whose partial derivative is 0 (p maximises ⟨z, p⟩ − Ω(p): the
 envelope theorem).  So the gradient is p − y with no second solve, and its
 derivative, the Hessian, is the map's Jacobian (double backward, ``hessian``).
 For a class-index target y = e_t the loss is Φ(z) − z_t + ψ(1) (ψ(0) = 0 for
 every family), so no one-hot tensor is built.
 
 Where the dispatch picks the compiled CPU kernels ("native") or Triton and
-the family has a fused kernel there (:func:`softk._ops.fused_loss.fused_backend`:
+the family has a fused kernel there (:func:`softk._backends.dispatch.fused_loss_backend`:
 softmax, sparsemax, entmax15, entmax with 1 < α ≤ 2 and soft top-k "exp" on
 the CPU, every family with a float α on Triton) with an int k (on the CPU
-also one integral k per row, e.g. multi-hot targets), the fused route
+also one integral k per row, e.g. multi-hot targets), the fused kernel
 serves the call instead (:mod:`softk._ops.fused_loss`): one kernel per row
 finds λ as the map's forward does and writes the loss and the gradient of
 the reduced loss in the input's dtype, which the backward only scales
 (double backward recomputes through the map's contract, so it stays
-exact).  Everything else stays on the route below: entmax with α > 2 or a
+exact).  Everything else stays on the unfused loss above: entmax with α > 2 or a
 per-row tensor α on the CPU, sigmoid/laplace/sparse top-k on the CPU, a
 per-row k that is not integral or needs a gradient, and inputs wrapped by
 ``torch.func`` transforms (vmap, grad, jvp).  One difference: an ignored
 row (``ignore_index``) holding NaN scores gets a zero gradient there, NaN
-here.  On the eager CPU route the kernel checks the target values itself
+here.  On eager CPU calls the kernel checks the target values itself
 (class indices in range, dense rows in the map's domain) in its one pass,
 and softk's message is built only when a check fails.
 """
@@ -46,166 +46,13 @@ from torch import Tensor
 
 from .._ops import lean as _lean
 from .._backends import dispatch
-from .._validate import check_k_rows
+from .._validate import check_k_rows, reduce
 from .._backends.native.loss import BadTarget
-from ..threshold.families import SOFTMAX, Family
-from .._ops.op import apply_rows
-from .._ops.potential import value_at
-from ..threshold.rows import compute_dtype, finite_max
+from ..threshold.families import Family
+from .._ops.fenchel_young import fenchel_young_rows
+from ..threshold.rows import compute_dtype
 from . import targets as tg
-from .._ops.fused_loss import fused_backend, fused_fenchel_young
-
-
-def _diff(p: Tensor, y, index) -> Tensor:
-    """p − y, with y = e_index for class-index targets."""
-    if index is None:
-        return p - y
-    return p.scatter_add(-1, index, torch.full(index.shape, -1.0, dtype=p.dtype, device=p.device))
-
-
-class _FenchelYoungValue(torch.autograd.Function):
-    """L(x/τ; y) on the last dimension (keepdim) given p = map(x/τ), in p's dtype.
-
-    Exactly one of ``y`` (a dense target shaped like ``x``) and ``index`` (class
-    indices shaped ``x.shape[:-1] + (1,)``) is given.  ``alpha``, a tensor α
-    per row, replaces ``family`` by that entmax family: it travels as a tensor
-    input, not inside the family, so that torch.func transforms unwrap it
-    with the other inputs (a wrapped α held by the family broke
-    vmap(grad(...)) with an internal assert).
-    """
-
-    generate_vmap_rule = True
-
-    @staticmethod
-    def forward(x: Tensor, p: Tensor, y, index, family: Family, tau: float, alpha) -> Tensor:
-        if alpha is not None:
-            from ..threshold.families import entmax_family
-
-            family = entmax_family(alpha)
-        # L is invariant to a per-row shift of z (Φ(z + c) = Φ(z) + ck and
-        # ⟨z + c, y⟩ = ⟨z, y⟩ + ck).  Shifting the row max to 0 keeps the terms
-        # z_i·p_i of the entries that carry the mass near 0, so their rounding
-        # does not scale with |z|.
-        z = (x - finite_max(x)) / tau
-        phi = value_at(family, z, p)
-        if index is None:
-            loss = phi - value_at(family, z, y)
-        else:
-            z_t = z.gather(-1, index)
-            loss = phi - (z_t - family.psi(torch.ones_like(z_t)))
-        # Exact L is >= 0; only rounding of the two nearly equal terms can make
-        # it negative.  A row with NaN/+inf scores has p = NaN, but ψ may read
-        # NaN as 0 (sigmoid's x log x does), so say NaN explicitly.
-        loss = torch.clamp(loss, min=0.0)
-        return torch.where(torch.isnan(p).any(-1, keepdim=True), float("nan"), loss)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        _, p, y, index, _, tau, _ = inputs
-        ctx.save_for_backward(p, y, index)
-        ctx.save_for_forward(p, y, index)
-        ctx.tau = tau
-
-    @staticmethod
-    def backward(ctx, g: Tensor):
-        p, y, index = ctx.saved_tensors
-        return g * _diff(p, y, index) / ctx.tau, None, None, None, None, None, None
-
-
-class _FenchelYoungValueJvp(_FenchelYoungValue):
-    @staticmethod
-    def jvp(ctx, vx, *_):
-        p, y, index = ctx.saved_tensors
-        return (_diff(p, y, index) * vx).sum(-1, keepdim=True) / ctx.tau
-
-
-def _tsallis_alpha_term(v: Tensor, a: Tensor) -> Tensor:
-    """Σ_i (v_i^α − v_i)/(α(α−1)) on the last dimension: Ω_α(v) up to a
-    constant in v (Σv = 1 for both arguments of the loss), written so that it
-    is finite at α = 1 (→ Σ v log v) and differentiable in α."""
-    am1 = a - 1
-    logv = torch.log(torch.where(v > 0, v, 1.0))
-    safe = torch.where(am1 == 0, 1.0, am1)
-    # at α = 1 the series of expm1(εL)/ε = L + εL²/2 + ε²L³/6: the value and its
-    # first two derivatives in α at the limit (ε = α − 1 is 0 there)
-    series = v * logv * (1 + am1 * logv * (0.5 + am1 * logv / 6))
-    term = torch.where(am1 == 0, series, v * torch.expm1(am1 * logv) / safe)
-    return torch.where(v > 0, term, 0.0).sum(-1, keepdim=True) / a
-
-
-def _tsallis_alpha_partial(v: Tensor, a: Tensor) -> Tensor:
-    """∂/∂α of :func:`_tsallis_alpha_term` at fixed v, as tensor code in (v, α).
-
-    With L = log v_i and ε = α − 1, t_i = v_i expm1(εL)/ε has
-    ∂t_i/∂α = v_i (εL e^{εL} − expm1(εL))/ε², whose series near εL = 0 is
-    v_i (L²/2 + εL³/3 + ε²L⁴/8); then ∂(Σt/α)/∂α = Σ∂t/∂α / α − Σt / α²."""
-    am1 = a - 1
-    logv = torch.log(torch.where(v > 0, v, 1.0))
-    u = am1 * logv
-    small = u.abs() < 1e-3
-    safe = torch.where(small, 1.0, am1)
-    direct = v * (u * torch.exp(u) - torch.expm1(u)) / (safe * safe)
-    series = v * logv * logv * (0.5 + u / 3 + u * u / 8)
-    dt = torch.where(v > 0, torch.where(small, series, direct), 0.0).sum(-1, keepdim=True)
-    return dt / a - _tsallis_alpha_term(v, a) / a
-
-
-class _AlphaTerm(torch.autograd.Function):
-    """Zero in value, with ∂/∂α = ∂Ω_α(y)/∂α − ∂Ω_α(p)/∂α and ∂/∂p = 0.
-
-    The envelope theorem: L's own dependence on α through p vanishes, so the
-    first derivatives are (p − y)/τ in x (from the value op) and this in α.
-    The α-gradient is tensor code in the saved (live) p and α, so a second
-    backward differentiates it: its x-derivative is the Hessian's α-row,
-    −∂²Ω/∂p∂α · ∂p/∂x, and its α-derivative includes ∂p/∂α.  The zero
-    p-gradient leaves the x-row to the value op alone."""
-
-    generate_vmap_rule = True
-
-    @staticmethod
-    def forward(p, y, a):
-        return torch.zeros_like(a)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        p, y, a = inputs
-        ctx.save_for_backward(p, y, a)
-
-    @staticmethod
-    def backward(ctx, g):
-        p, y, a = ctx.saved_tensors
-        return None, None, g * (_tsallis_alpha_partial(y, a) - _tsallis_alpha_partial(p, a))
-
-
-def _alpha_correction(p: Tensor, y, index, a: Tensor) -> Tensor:
-    """Zero in value; its gradient in α is ∂L/∂α = ∂Ω_α(y)/∂α − ∂Ω_α(p)/∂α
-    at fixed p (the envelope theorem: Φ_α's own dependence through p vanishes)."""
-    if y is None:
-        y = torch.zeros_like(p).scatter(-1, index, 1.0)  # out of place: vmap has a batching rule for it
-    return _AlphaTerm.apply(p, y, a)
-
-
-def fenchel_young_rows(x: Tensor, y, index, family: Family, k: int, tau: float) -> Tensor:
-    """L(x/τ; y) per row (keepdim) on rows (classes last), in the compute dtype.
-
-    An entmax family with a per-row tensor α (shaped like the rows' first
-    dimensions + (1,)) takes p from the tensor-α map and gives α its gradient."""
-    xc = x.to(compute_dtype(x.dtype))
-    yc = None if y is None else y.to(xc.dtype)
-    fn = _FenchelYoungValue if torch.compiler.is_compiling() else _FenchelYoungValueJvp
-    if isinstance(family.alpha, Tensor):
-        from .._ops.entmax_alpha import entmax_alpha
-
-        a = family.alpha.to(xc.dtype)
-        p = entmax_alpha(xc, a, tau)
-        loss = fn.apply(xc, p, yc, index, None, tau, torch.where(a == 1, 2.0, a.detach()))
-        # ψ of α = 1 rows: the softmax loss's Shannon term (off the CPU always
-        # formed and selected: asking whether any row has α = 1 would wait for the device)
-        if not a.is_cpu or bool((a == 1).any()):
-            loss = torch.where(a.detach() == 1, fn.apply(xc, p, yc, index, SOFTMAX, tau, None), loss)
-        return loss + _alpha_correction(p, yc, index, a)
-    p = apply_rows(xc, family, k, tau, dispatch.resolve(xc, family))
-    return fn.apply(xc, p, yc, index, family, tau, None)
+from .._ops.fused_loss import fused_fenchel_young
 
 
 def fenchel_young_loss(
@@ -280,7 +127,7 @@ def fenchel_young_loss(
     x = input if cdim == input.dim() - 1 else input.movedim(cdim, -1)
     if target.device != input.device:
         target = target.to(input.device)
-    backend = fused_backend(x, family, k)
+    backend = dispatch.fused_loss_backend(x, family, k)
     eager = backend == "native" and _lean.eager(input, target, k if row_k else None)
     if eager and (by_index or target.dtype == compute_dtype(x.dtype)):  # (the kernel reads rows in it)
         # The kernel checks the target values in its pass; softk's message
@@ -301,7 +148,7 @@ def fenchel_young_loss(
         loss = fenchel_young_rows(x, y, None if index is None else index.unsqueeze(-1), family, k, tau).squeeze(-1)
     if keep is not None:
         loss = torch.where(keep, loss, 0.0)
-    return tg.reduce(loss, keep, reduction).to(input.dtype)
+    return reduce(loss, keep, reduction).to(input.dtype)
 
 
 def _check_values(input: Tensor, target: Tensor, family: Family, k, ignore_index: int):

@@ -23,12 +23,12 @@ Reductions:
   per-row incoming gradient, so it recomputes every chunk's logits once more
   (two forward matmuls in all instead of one).
 
-The chunk loss is the public loss function itself, so each chunk takes the
-route that loss takes on the chunk's logits: the fused loss kernels
+The chunk loss is the public loss function itself, so each chunk runs on the
+backend that loss takes for the chunk's logits: the fused loss kernels
 (:mod:`softk._ops.fused_loss`: one pass per row writes the loss and its
 gradient) on the CPU's compiled kernels and on Triton where softk has them
 (see :mod:`softk._backends.registry`), torch's own cross-entropy for "cross_entropy",
-the PyTorch route otherwise.
+the torch backend otherwise.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .._validate import check_chunk_size, check_input, check_loss_options
+from .._validate import DEFAULT_LOSS, check_chunk_size, check_input, check_loss_options
 from .._ops.fused_linear import FusedLinearLoss
 from .chunking import auto_chunk_size, chunk_loss_fn
 from .targets import check_ignore_index, check_reduction, check_target_tensor
@@ -71,7 +71,7 @@ def fused_linear_loss(
     input: Tensor,
     weight: Tensor,
     target: Tensor,
-    loss: str = "cross_entropy",
+    loss: str = DEFAULT_LOSS,
     bias=None,
     *,
     alpha=None,

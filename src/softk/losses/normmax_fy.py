@@ -4,7 +4,8 @@ r"""The α-normmax loss and the Fenchel–Young loss of any regulariser Ω_α.
 (Ω_α(p) = ‖p‖_α − 1); :func:`fenchel_young_rows` serves any Ω_α given as
 functions on rows (the entmax package's Tsallis losses use it too, through
 :mod:`softk.compat.entmax`).  The map's own autograd supplies p, so the
-Hessian is the map's Jacobian, and a tensor α gets its gradient.
+Hessian is the map's Jacobian, and a tensor α gets its gradient; the
+potential's autograd rule is :func:`softk._ops.potential.regularised_potential`.
 """
 
 from __future__ import annotations
@@ -15,49 +16,12 @@ from torch import Tensor
 
 from .._maps.normmax import check_normmax_alpha
 from .._ops.normmax import normmax_apply
+from .._ops.potential import regularised_potential
+from .._validate import reduce
 from ..threshold.rows import compute_dtype, finite_max
 from . import targets as tg
 
 __all__ = ["normmax_loss", "fenchel_young_rows"]
-
-
-class _Potential(torch.autograd.Function):
-    """Φ_α(z) = ⟨z, p⟩ − Ω_α(p) per row (keepdim), z = (x − max)/τ, given p = the
-    map's output.  p maximises ⟨z, p⟩ − Ω_α(p) (the envelope theorem), so
-    ∇_x Φ = p/τ and ∂_α Φ = −∂_α Ω_α(p) at fixed p; both are written in the saved
-    p (which carries the map's own graph), so second derivatives in x and α are exact."""
-
-    generate_vmap_rule = True
-
-    @staticmethod
-    def forward(x, p, alpha, omega, d_omega, tau):
-        z = (x - finite_max(x)) / tau  # Φ(z + c) = Φ(z) + c: the shift keeps z·p's rounding small
-        return torch.where(p != 0, z * p, 0.0).sum(-1, keepdim=True) - omega(p, alpha)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        _, p, alpha, _, d_omega, tau = inputs
-        a = alpha if isinstance(alpha, Tensor) else None
-        ctx.save_for_backward(p, a)
-        ctx.save_for_forward(p, a)
-        ctx.d_omega, ctx.tau = d_omega, tau
-
-    @staticmethod
-    def backward(ctx, g):
-        p, alpha = ctx.saved_tensors
-        ga = None
-        if ctx.needs_input_grad[2]:
-            ga = -g * ctx.d_omega(p, alpha)
-        return g * p / ctx.tau, None, ga, None, None, None
-
-
-class _PotentialJvp(_Potential):
-    # Dynamo does not trace a Function with a custom jvp (as in threshold/op.py).
-    @staticmethod
-    def jvp(ctx, vx, vp, va, *_):
-        p, alpha = ctx.saved_tensors
-        out = (p * vx).sum(-1, keepdim=True) / ctx.tau if vx is not None else torch.zeros_like(p[..., :1])
-        return out if va is None else out - va * ctx.d_omega(p, alpha)
 
 
 def fenchel_young_rows(x: Tensor, p: Tensor, y: Tensor, omega, d_omega, alpha, tau: float = 1.0) -> Tensor:
@@ -75,8 +39,7 @@ def fenchel_young_rows(x: Tensor, p: Tensor, y: Tensor, omega, d_omega, alpha, t
     """
     z = (x - finite_max(x).detach()) / tau
     zy = torch.where(y != 0, z * y, 0.0).sum(-1, keepdim=True)  # 0·(−inf) is 0 (masked classes)
-    fn = _Potential if torch.compiler.is_compiling() else _PotentialJvp
-    loss = fn.apply(x, p, alpha, omega, d_omega, tau) + omega(y, alpha) - zy
+    loss = regularised_potential(x, p, alpha, omega, d_omega, tau) + omega(y, alpha) - zy
     return loss - torch.clamp(loss.detach(), max=0.0)  # max(L, 0) in value, L's gradient
 
 
@@ -147,4 +110,4 @@ def normmax_loss(input: Tensor, target: Tensor, alpha=2.0, ignore_index: int = -
     loss = fenchel_young_rows(x, p, y, _alpha_norm, _d_alpha_norm, a, tau).squeeze(-1)
     if keep is not None:
         loss = torch.where(keep, loss, 0.0)
-    return tg.reduce(loss, keep, reduction).to(input.dtype)
+    return reduce(loss, keep, reduction).to(input.dtype)

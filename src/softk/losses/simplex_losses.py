@@ -12,7 +12,7 @@ outputs y, with gradient (p − y)/τ.  With a one-hot target e_t:
 On the CPU's compiled kernels and on Triton each of these takes the fused
 loss kernel (one pass per row writes L and its gradient, see
 :mod:`softk._ops.fused_loss`); see :func:`fenchel_young_loss` for what falls
-back to the unfused route.
+back to the unfused path.
 
 Targets: class indices, or a float tensor shaped like ``input`` whose rows are
 probability distributions.  Multi-label targets must be normalised by the
@@ -108,7 +108,7 @@ def entmax_loss(
     learnt with the loss (it runs on the PyTorch path).  Other α solve the map by safeguarded Newton to
     the working precision.  On the CPU's compiled kernels a float 1 < α ≤ 2 takes the fused loss
     kernel (one pass per row writes the loss and its gradient); α > 2 and a tensor α take the
-    unfused route.
+    unfused path.
     {args}
     >>> import torch
     >>> x, t = torch.tensor([[0.0, 0.5, 2.0]]), torch.tensor([1])

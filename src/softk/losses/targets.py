@@ -17,7 +17,7 @@ Checks on *values* (a class index in range, a row in the map's domain) follow
 one convention, so that no call waits for a device in the hot path:
 
 * on CPU tensors they raise softk's ValueError, before any arithmetic, or,
-  on the fused CPU route (:mod:`softk._ops.fused_loss`), from the kernel's
+  on the fused CPU path (:mod:`softk._ops.fused_loss`), from the kernel's
   own pass over the target (the message is then built by the same checks);
   :func:`softk.losses.cross_entropy` leaves the class indices to torch's
   kernel and turns its IndexError into the same message;
@@ -291,13 +291,3 @@ def _sum_message(sums: Tensor, k: str, n: int, cdim: int, name: str, capped: boo
         )
     return f"{name} row sums lie in [{lo:.6g}, {hi:.6g}]; {hint}"
 
-
-def reduce(loss: Tensor, keep, reduction: str) -> Tensor:
-    """torch's reductions: "mean" divides by the number of kept rows."""
-    if reduction == "none":
-        return loss
-    if reduction == "sum":
-        return loss.sum()
-    if keep is None:
-        return loss.mean()
-    return loss.sum() / keep.sum().to(loss.dtype)

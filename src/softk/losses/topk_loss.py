@@ -48,7 +48,7 @@ def soft_topk_loss(input: Tensor, target: Tensor, k: int, method: str = "exp", t
     per row (multi-hot labels), takes the fused loss kernel on the CPU's
     compiled kernels (on Triton every method with an int k); the other
     methods, and a k per row that is not integral or needs a gradient, take
-    the unfused route (:func:`softk.losses.fenchel_young_loss`).
+    the unfused path (:func:`softk.losses.fenchel_young_loss`).
 
     >>> import torch
     >>> x = torch.tensor([[3.0, 0.0, 2.0, -1.0]])

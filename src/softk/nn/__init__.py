@@ -1,4 +1,8 @@
-"""``torch.nn`` modules wrapping softk's functions (see each function for the maths)."""
+"""``torch.nn`` modules wrapping softk's functions (see each function for the maths).
+
+Imported by :mod:`softk.integrations` and the experiments; imports the
+public packages below it (maps, losses, attention).
+"""
 
 from .maps import Entmax, Entmax15, Softmax, Sparsemax, SoftTopK
 from .topk import HardTopK, TopKSoftmax, TopKSum

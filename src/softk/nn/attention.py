@@ -13,7 +13,7 @@ from .._validate import check_choice
 from ..attention.checks import ALPHA_RANGE
 
 
-# The learnable α stays inside the range every attention route takes in
+# The learnable α stays inside the range every attention backend takes in
 # float32 (softk.attention.checks.ALPHA_RANGE: 1 < α ≤ 2), by a sigmoid
 # between its ends, as Correia et al.'s α = 1 + sigmoid(ρ); the lower end is
 # 1 + 2⁻²⁰, not 1, so that a sigmoid that underflows still gives an α > 1.
@@ -41,7 +41,7 @@ class ScaledDotProductAttention(nn.Module):
             parametrisation α_h = ALPHA_MIN + (ALPHA_MAX − ALPHA_MIN)·sigmoid(ρ_h)
             with ALPHA_MIN = 1 + 2⁻²⁰ and ALPHA_MAX = 2 (ρ is the stored
             parameter ``alpha_raw``): Correia et al.'s 1 + sigmoid(ρ), the
-            range the attention routes take in float32
+            range the attention backends take in float32
             (:data:`softk.attention.checks.ALPHA_RANGE`).
 
     >>> import torch

@@ -8,7 +8,7 @@ import numbers
 import torch
 from torch import nn
 
-from .._validate import check_chunk_size, check_loss_options
+from .._validate import DEFAULT_LOSS, check_chunk_size, check_loss_options
 from ..losses.fused_linear import fused_linear_loss
 from ..losses.targets import check_ignore_index, check_reduction
 from .._validate import check_tau
@@ -40,7 +40,7 @@ class FusedLinearLoss(nn.Module):
         self,
         in_features: int,
         num_classes: int,
-        loss: str = "cross_entropy",
+        loss: str = DEFAULT_LOSS,
         bias: bool = True,
         *,
         alpha=None,

@@ -4,8 +4,9 @@
 prelude and conventions, ``torch_path`` the reference forward and backward
 (``fast_paths``, ``entmax_anchor`` their exact special cases) and
 ``entmax_alpha`` the map and ∂p/∂α for a tensor α.  Nothing here picks a backend:
-:mod:`softk._backends` runs these maths, and :mod:`softk._ops` is the
-one autograd contract every backend runs under (``threshold_map``).
+:mod:`softk._backends` runs these maths, and :mod:`softk._ops` holds the
+autograd rules every backend runs under (``threshold_map``).  The bottom
+floor: every package may import it, and it imports only ``softk._validate``.
 """
 
 from .families import ENTMAX15, EXP, LAPLACE, SIGMOID, SOFTMAX, SPARSE, SPARSEMAX, THRESHOLD_METHODS  # noqa: F401

@@ -1,5 +1,5 @@
 r"""Which map an attention call runs: the family id shared with the Triton
-kernels, and the :class:`softk.threshold.Family` the memory-efficient route
+kernels, and the :class:`softk.threshold.Family` the memory-efficient backend
 solves with.
 
 Attention rows are k = 1 maps, p_j = f(s_j − λ), Σ_j p_j = 1:

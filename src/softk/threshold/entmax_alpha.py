@@ -89,7 +89,7 @@ def p_gamma(p: Tensor, logp: Tensor, d: Tensor, a) -> Tensor:
     """p·γ(−a log p) with γ(y) = e^y − 1 − y, from p, log p and d = p^{1−a}
     (p·e^y = d: no overflow where p is tiny); 0 where p = 0."""
     y = torch.where(p > 0, -a * logp, 0.0)
-    small = y < GAMMA_SERIES
+    small = torch.abs(y) < GAMMA_SERIES
     ys = torch.where(small, y, 0.0)
     series = torch.zeros_like(ys)
     for n in range(11, 1, -1):  # Horner: Σ_{n≥2} yⁿ/n!

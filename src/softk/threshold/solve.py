@@ -1,6 +1,6 @@
 r"""The one place that finds λ with  Σ_i f(z_i − λ) = k  (last dimension).
 
-``g(λ) = Σ_i f(z_i − λ)`` is non-increasing in λ.  Two routes:
+``g(λ) = Σ_i f(z_i − λ)`` is non-increasing in λ.  Two methods:
 
 * piecewise families (``family.knots`` and ``family.closed_form``): g changes
   formula only at the knots (e.g. λ = z_i where an entry enters the support).
@@ -187,7 +187,7 @@ def lambda_reference(z: Tensor, k: int, capped: bool) -> Tensor:
 
 def solve_relative(family: Family, z: Tensor, k: int, active: Tensor, lower=None):
     """(ref, λ') with λ = ref + λ' (see :func:`lambda_reference`); every
-    route runs on the shifted row s = z − ref, so λ' is exact (piecewise
+    method runs on the shifted row s = z − ref, so λ' is exact (piecewise
     families) or at its own resolution (Newton) whatever the row's offset.
     p = f((z − ref) − λ') is then exact; p = f(z − λ) with λ rounded to
     ulp(ref) is not, far from the origin.  ``lower`` as in :func:`solve_lambda`."""

@@ -1,4 +1,4 @@
-"""The Triton route of softk.attention (softk._backends.triton.attention, in the
+"""The Triton backend of softk.attention (softk._backends.triton.attention, in the
 interpreter on the CPU: tests/conftest.py sets TRITON_INTERPRET=1) against
 the NumPy float64 oracle at small sizes: forward and gradients of q, k, v and
 α, every map, boolean and float masks, causal, GQA, L != S, lengths 1, 2, 63,
@@ -18,7 +18,7 @@ import softk
 
 tri = pytest.importorskip("softk._backends.triton.attention")
 
-from softk.attention import op  # noqa: E402
+from softk._backends import dispatch  # noqa: E402
 
 from ...oracle import attention as ora  # noqa: E402
 from ...attention.test_attention import MAPS, alpha_of, bool_mask, one_thread, run  # noqa: E402,F401
@@ -66,7 +66,7 @@ def check_grads(out, q, k, v, a, mask, causal, name, a_np, scale=None, tol=1e-4,
 
 @pytest.mark.parametrize("name,alpha", MAPS)
 @pytest.mark.parametrize("causal", [False, True])
-def test_triton_route_matches_oracle(name, alpha, causal, tiles):
+def test_triton_backend_matches_oracle(name, alpha, causal, tiles):
     L, S = 20, 37
     q, k, v = leaves(L=L, S=S)
     mask = bool_mask(L, S, dead_rows=(4, 17))
@@ -82,7 +82,7 @@ def test_triton_route_matches_oracle(name, alpha, causal, tiles):
 
 @pytest.mark.parametrize("L,S", [(1, 1), (2, 2), pytest.param(63, 65, marks=pytest.mark.slow),
                                  pytest.param(65, 63, marks=pytest.mark.slow)])
-def test_triton_route_lengths_and_float_mask(L, S, tiles):
+def test_triton_backend_lengths_and_float_mask(L, S, tiles):
     q, k, v = leaves(H=2, Hkv=1, L=L, S=S, E=4, Ev=3, seed=L)
     fmask = torch.randn(L, S, generator=torch.Generator().manual_seed(1))
     fmask[0, : max(S // 2, 1)] = float("-inf")
@@ -98,7 +98,7 @@ def test_triton_route_lengths_and_float_mask(L, S, tiles):
 
 @pytest.mark.parametrize("name,alpha", [("softmax", None), ("sparsemax", None), ("entmax15", None),
                                         ("entmax", "heads")])
-def test_triton_route_far_from_origin(name, alpha, tiles):
+def test_triton_backend_far_from_origin(name, alpha, tiles):
     """A 1e4 offset in q·k (one coordinate of every query and key is 100).
     The other coordinates are multiples of 1/8, so q·k is exact in float32
     and the oracle sees the same scores: what is left is the kernels' own
@@ -123,7 +123,7 @@ def test_triton_route_far_from_origin(name, alpha, tiles):
         check_grads(out, q, k, v, a, mask, causal, name, a_np, tol=2e-4, dead=(2,))
 
 
-def test_triton_route_scale_not_positive(tiles):
+def test_triton_backend_scale_not_positive(tiles):
     """scale ≤ 0: the max of q·k is not the row max of s; the kernels scale first there."""
     q, k, v = leaves(L=18, S=20)
     mask = bool_mask(18, 20)
@@ -135,7 +135,7 @@ def test_triton_route_scale_not_positive(tiles):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_triton_route_half_precision(dtype):
+def test_triton_backend_half_precision(dtype):
     q, k, v = (t.detach().to(dtype) for t in leaves(L=40, S=70))
     out = run("triton", q, k, v, is_causal=True, enable_gqa=True, map="entmax15")
     assert out.dtype == dtype
@@ -147,25 +147,25 @@ def test_triton_route_half_precision(dtype):
 
 def test_triton_backend_reaches_the_kernels_on_cpu(monkeypatch):
     """The public function under softk.use_backend("triton") runs CPU tensors on
-    the Triton route (the interpreter), and "auto" on the CPU does not."""
+    the Triton backend (the interpreter), and "auto" on the CPU does not."""
     calls = []
     fwd = tri.attention_forward
     monkeypatch.setattr(tri, "attention_forward", lambda *a, **kw: calls.append(1) or fwd(*a, **kw))
     q, k, v = (t.detach() for t in leaves(L=5, S=6))
     with softk.use_backend("triton"):
-        assert op.route(q) == "triton"
+        assert dispatch.attention_backend(q) == "triton"
         out = softk.attention.scaled_dot_product_attention(q, k, v, enable_gqa=True, map="sparsemax")
     assert calls == [1]
     ref, _ = ora.attention(*(t.double().numpy() for t in (q, k, v)), None, False, None, "sparsemax")
     close32(out, ref)
     with softk.use_backend("auto"):
-        assert op.route(q) == "blockwise"
+        assert dispatch.attention_backend(q) == "blockwise"
 
 
 @pytest.mark.parametrize("alpha", [2.0, 1.05])
 def test_triton_alpha_range_ends(alpha):
     # The ends of softk.attention.checks.ALPHA_RANGE for float32 on the Triton
-    # route: a row whose second key sits at p = 0.01
+    # backend: a row whose second key sits at p = 0.01
     # and the gradients of random rows, α included, against the oracle.
     from ...attention.test_grad import ENDS, test_alpha_at_the_ends_of_its_range, \
         test_alpha_end_with_an_entry_at_the_support_edge
@@ -177,7 +177,7 @@ def test_triton_alpha_range_ends(alpha):
 @pytest.mark.parametrize("name", ["softmax", "sparsemax", "entmax15"])
 @pytest.mark.parametrize("dtype,tol", [(torch.float16, 1.5e-3), (torch.bfloat16, 2.5e-2)])  # test_grad.HALF_TOL
 def test_triton_half_precision_grads_with_keys_sharing_an_offset(name, dtype, tol):
-    # the CPU routes' test on the Triton route: δ recomputed in float32 for a
+    # the CPU backends' test on the Triton backend: δ recomputed in float32 for a
     # half-precision out, and dq from centred keys (ds is rounded to the keys'
     # dtype for the product there)
     from ...attention.test_grad import test_half_precision_grads_with_keys_sharing_an_offset as case

@@ -1,18 +1,18 @@
-r"""Conventions the Triton route shares with the torch route (through the
+r"""Conventions the Triton backend shares with the torch backend (through the
 interpreter): the one-sided derivative at the saturation kink of the
 capped families, and outputs written in full (NaN-prefilled buffers) on
 every path the kernels take — the lane-maxima start and the moved frame of
 the looped variant, the anchor form and the log-slope backward.
 
 The kink.  f = min(e^u, 1) (exp) has f′ = 1 on the left of u = 0 and 0 on
-the right.  Every route reads d = f′ off the saved p with
+the right.  Every backend reads d = f′ off the saved p with
 ``Family.d_from_p``: d = p where p < 1 and 0 where p = 1, the saturated
 side.  An entry within eps/2 (relative) of the kink has p = 1.0 in float32
 and is saturated there, while float64 may still hold p = 1 − 3e-9 < 1 and
 take the left side: on exp k = 3, τ = 0.05 with integer ties, dx then
 differs between float32 and float64 by the whole of its scale, on the torch
-route, the native one and the Triton one alike (issue 20's "49 %", measured
-against the float64 torch route).  In float32 the three agree; that is what
+backend, the native one and the Triton one alike (issue 20's "49 %", measured
+against the float64 torch backend).  In float32 the three agree; that is what
 is checked here, with the saturated-side value written out by hand.
 """
 
@@ -35,7 +35,7 @@ def _grad(x, g, k, tau, backend):
     return p.detach(), xx.grad
 
 
-def test_integer_ties_at_the_kink_match_the_torch_route_in_float32():
+def test_integer_ties_at_the_kink_match_the_torch_backend_in_float32():
     rng = np.random.default_rng(0)
     x = torch.tensor(rng.integers(-3, 4, size=(6, 9)).astype(np.float32))
     g = torch.tensor(rng.normal(size=(6, 9)).astype(np.float32))

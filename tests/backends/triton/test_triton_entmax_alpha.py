@@ -10,7 +10,7 @@ support-2 row with gradient 0 where the exact value is −2.39: the kernels
 formed p = f(z − λ) from a float λ and d = p^(2−α) directly.
 
 Forward tolerance: the anchor form keeps each p_i to its own relative
-precision, eps·(β + |log p_i|) per rounding (the torch route's κ), so
+precision, eps·(β + |log p_i|) per rounding (the torch backend's κ), so
 |Δp_i| ≤ 64·eps·(1 + β + |log p_i|)·p_i, zeros exact, |Σp − 1| ≤ 8·n·eps.
 Backward: the exact vjp d⊙(g − ḡ)/τ, d = p^(2−α), ḡ = Σdg/Σd, evaluated in
 mpmath on the oracle's p; its first-order error from p's relative errors is
@@ -121,7 +121,7 @@ def test_large_alpha_forward_and_backward_are_exact(alpha):
 def test_alpha_near_one_is_exact():
     # β = 1/(α − 1) = 1e4 multiplies the rounding of w in p = w^β: the anchor
     # form keeps p (float32 α = 1.0001 took zeros(5) to 0.2001 each on the
-    # torch route before its anchor)
+    # torch backend before its anchor)
     x = np.concatenate([ROWS[:2], np.zeros((1, ROWS.shape[1]), np.float32)])
     for alpha in (1.0001, 1.05):
         ref = _oracle(x, alpha, 1.0)

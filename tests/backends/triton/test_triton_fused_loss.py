@@ -1,7 +1,7 @@
 """The fused Fenchel–Young loss kernel (softk._backends.triton.loss_kernel) through the
 interpreter: loss values and gradients against the NumPy float64 oracle
 (tests/oracle_losses.py for L, tests/oracle.py for p) and against the unfused
-route ("torch" backend), for every family it serves, class-index and dense
+path ("torch" backend), for every family it serves, class-index and dense
 targets, the reductions and ignore_index, masked / fully masked / NaN rows,
 ties, a dominant entry, offsets of 1e4, τ ≠ 1 and float32/bf16/fp16, and
 shapes.  The autograd side, dispatch and compilation are in
@@ -134,7 +134,7 @@ def test_rows_match_oracle_and_the_unfused_route(rng, label, kind):
         assert torch.isnan(loss[4]) and torch.isnan(grad[4]).all()
         if kind == "index":
             assert loss[IGNORED] == 0 and (grad[IGNORED] == 0).all()
-        # the unfused route ("torch" backend) within rounding
+        # the unfused path ("torch" backend) within rounding
         u_loss, u_grad = _run(x, target, label, k, tau, weights=w, backend="torch")
         _assert_close(loss, u_loss.double().numpy(), dtype, atol=2e-5)
         _assert_close(grad, u_grad.double().numpy(), dtype, atol=4e-6, roundings=3)

@@ -1,6 +1,6 @@
 """The fused Fenchel–Young loss on Triton (softk._ops.fused_loss) beyond its values:
 that the public losses reach the kernel and keep a half input half (no
-float32 tensor of its size), double backward against the torch route in
+float32 tensor of its size), double backward against the torch backend in
 float64, forward AD and torch.func, torch.compile(fullgraph=True), and a
 compile of the kernel for sm_90 (ptxas)."""
 
@@ -56,7 +56,7 @@ def test_fused_kernel_runs_and_keeps_half_inputs_half(rng, monkeypatch):
         return run(x, target, scale, fam, *a, **kw)
 
     monkeypatch.setattr(launcher, "fenchel_young_fused_rows", spy)
-    monkeypatch.setattr(dispatch.TritonBackend, "forward", None)  # the unfused route would fail
+    monkeypatch.setattr(dispatch.TritonBackend, "forward", None)  # the unfused path would fail
     xn = _rows(rng, torch.bfloat16, n=24)[[0, 1, 5, 6]]
     x = torch.tensor(xn, dtype=torch.bfloat16, requires_grad=True)
     t = torch.tensor([3, 2, 0, -100])
@@ -109,7 +109,7 @@ def _oracle_rows_alpha(xn, t, alpha):
 
 
 @pytest.mark.parametrize("label", ["softmax", "entmax15", "sigmoid"])
-def test_double_backward_matches_the_torch_route_in_float64(rng, label):
+def test_double_backward_matches_the_torch_backend_in_float64(rng, label):
     """create_graph=True recomputes the gradient through the map's contract:
     the Hessian-vector product equals the "torch" backend's in float64 up
     to float32 rounding (Triton does not serve float64)."""
@@ -132,8 +132,8 @@ def test_double_backward_matches_the_torch_route_in_float64(rng, label):
 
 
 def test_forward_ad_and_torch_func(rng):
-    """Forward AD through the fused route (tangent ⟨G, v⟩ from the saved
-    gradient); torch.func transforms take the unfused route, same values."""
+    """Forward AD through the fused kernel (tangent ⟨G, v⟩ from the saved
+    gradient); torch.func transforms take the unfused path, same values."""
     import torch.autograd.forward_ad as fwAD
 
     xn = rng.normal(size=(3, 6)).astype(np.float32).astype(np.float64)

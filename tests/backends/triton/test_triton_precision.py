@@ -1,4 +1,4 @@
-r"""The torch route's precision suite (tests/test_precision_scale.py) on the
+r"""The torch backend's precision suite (tests/test_precision_scale.py) on the
 Triton kernels, through the interpreter: every map far from the origin
 (offsets to 1e6), τ from 1e-3 to 10 (and 1e30 on rows of that scale), one
 dominant entry up to 1e7, α-entmax from 1.0001 to 50, against mpmath on the
@@ -6,7 +6,7 @@ rounded float32 input (tests/oracle_mp.py), on the on-chip and the looped
 variant (blocks of 4 and 8 lanes: the lane-maxima start and the moved frame
 of softk._backends.triton.frame run there).
 
-Error model: the torch route's own (``_tolerance`` of the suite, with its
+Error model: the torch backend's own (``_tolerance`` of the suite, with its
 derivation), float32 eps: the shifted scores s = (x − r)/τ rounded at 2·eps,
 λ's stopping rule, and f's own rounding.  The kernels may be looser than
 that bound by ``FACTOR`` = 2 at most (they round the frame's reference

@@ -1,4 +1,4 @@
-r"""GradTopK by a sequential scan over the row (the O(n)-step route).
+r"""GradTopK by a sequential scan over the row (the O(n)-step algorithm).
 
 Prefix and suffix tables of log elementary symmetric polynomials, every update
 a sum of two non-negative terms (see :mod:`softk._ops.gradtopk` for the quantity):

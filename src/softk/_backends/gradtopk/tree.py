@@ -2,7 +2,7 @@ r"""GradTopK by a balanced tree of truncated log-space polynomial products.
 
 The same quantities as the sequential scan (:mod:`.scan`), with
 O(log n) levels of a few batched tensor ops each instead of n steps: the
-route for long rows and large k, and the one that suits a GPU.
+algorithm for long rows and large k, and the one that suits a GPU.
 
 With w = exp(z), a row's generating polynomial is Π_i (1 + w_i t), whose
 degree-j coefficient is e_j(w).  Everything is kept as log coefficients.

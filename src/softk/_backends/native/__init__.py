@@ -7,6 +7,9 @@ tensors with the map's dimension last, views them as (rows, n) and calls the
 kernel, which splits the rows between ``torch.get_num_threads()`` OpenMP
 threads (torch's own pool on Linux, see :mod:`.build`).  :class:`softk._backends.dispatch.NativeBackend` calls it when the backend resolves to
 "native" (see :mod:`softk._backends.dispatch`); every other case runs the PyTorch path.
+Imported by :mod:`softk._backends.dispatch`, the ops of :mod:`softk._ops`
+(the fused losses) and the losses (its ``BadTarget``); imports only
+:mod:`softk.threshold`.
 
 Covered families (``Family.native``): softmax (p = k·softmax), sparsemax,
 entmax15, entmax with 1 < α ≤ 2, soft top-k "exp".  λ is found without

@@ -17,7 +17,7 @@
  * summed over the solver's candidates and the gradient row is the forward's
  * p row (zeroed, candidates scattered) scaled in place: no further pass.
  *
- * Row conventions, as on the unfused route: a row with at most k finite
+ * Row conventions, as on the unfused path: a row with at most k finite
  * entries has p = 1 on them and λ = its finite maximum, F(u) replaced by
  * u − ψ(1) on the finite entries; a target weighting a −inf class gives +inf
  * (−u·y = +inf); a row holding NaN or +inf gives NaN (loss and gradient);
@@ -240,7 +240,7 @@ int FN(softk_fy_loss_threads)(int fam, const T *z, const int64_t *tidx, const T 
         }
     }
     T s = (T)inv_taud;
-    if (mean && nk > 0) s = ((T)1 / (T)nk) * s; /* the unfused route's 1/#kept, then 1/τ */
+    if (mean && nk > 0) s = ((T)1 / (T)nk) * s; /* the unfused path's 1/#kept, then 1/τ */
     T ycap = capped ? (T)1 : (T)INFINITY;
     int check = tol >= 0;
     if (!check) tol = INFINITY, ycap = (T)INFINITY;

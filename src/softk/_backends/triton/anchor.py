@@ -15,7 +15,7 @@ d_i = z_i − z_j, and
 
 log1p(−e^{log(a|d_i|) − aℓ}) for d_i < 0 (−inf once that is ≥ 1), and
 β·log(w_j + a d_i) where that rounds less (the same rules as the torch
-route's ``_log_terms``).  G(ℓ) = Σ p_i is increasing; Newton on it runs
+backend's ``_log_terms``).  G(ℓ) = Σ p_i is increasing; Newton on it runs
 inside [lo, 0] (p_j = 1 gives G ≥ 1), bisecting when a step leaves it.
 
 The anchor: first the largest entry at or below the search's λ (one pass);
@@ -40,7 +40,7 @@ and refined as above.
 
 Every quantity is a difference of nearby entries, a log or a softplus, so p
 keeps its relative precision whatever its w; a·ℓ and log(a d) stay finite
-for any float32 α (the launcher routes α above 1e30 away, see
+for any float32 α (the launcher sends α above 1e30 elsewhere, see
 :func:`.function.serves`).
 """
 

@@ -48,7 +48,7 @@ def _p_gamma(p, d, am1):
     # p·γ(−a log p), γ(y) = e^y − 1 − y: its series below y = 1/8, d − p − p·y
     # above (p·e^y = d = p^(1−a)); :func:`softk.threshold.entmax_alpha.p_gamma`
     y = tl.where(p > 0, -am1 * tl.log(tl.where(p > 0, p, 1.0)), 0.0)
-    small = y < 0.125
+    small = tl.abs(y) < 0.125
     ys = tl.where(small, y, 0.0)
     ser = tl.zeros_like(ys)
     for n in tl.static_range(11, 1, -1):

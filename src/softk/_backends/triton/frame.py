@@ -3,13 +3,13 @@ the search itself (:func:`_solve`, shared by the forward and the fused loss
 kernels).
 
 The frame.  A float entry near the threshold keeps its precision only if it
-is read relative to a point near the threshold.  The torch route takes the
+is read relative to a point near the threshold.  The torch backend takes the
 row maximum for the k = 1 maps and the k-th largest entry for the top-k
 families (:func:`softk.threshold.solve.lambda_reference`), both within
 O(1 + log n) of λ in z units.  The kernels take:
 
 * the row maximum for softmax, sparsemax, entmax15 and entmax α (λ lies
-  within 1/(α − 1) of it), as the torch route does;
+  within 1/(α − 1) of it), as the torch backend does;
 * for the top-k families (exp, sigmoid, laplace, sparse) a point next to the
   threshold instead of the k-th largest entry, which a kernel cannot find
   without a selection: on the looped variant λ solved on the lane maxima
@@ -18,7 +18,7 @@ O(1 + log n) of λ in z units.  The kernels take:
   the spread, a k beyond the lane count), the row is searched once more in
   the frame moved to that λ, starting from it.  Either way λ ends within
   ``FAR`` of the reference, so the rounding of (x − ref)/τ near the threshold
-  is at most 2·eps·(FAR + |u|), the torch route's own model with W ≤ FAR.
+  is at most 2·eps·(FAR + |u|), the torch backend's own model with W ≤ FAR.
 
 The start (looped variant: rows wider than the on-chip limit, read from
 memory once per pass).  The first pass keeps, per lane, the maximum of the

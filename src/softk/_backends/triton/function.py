@@ -64,11 +64,11 @@ ALPHA_MAX = 1e30
 
 def serves(kernel_id: int, alpha: float) -> bool:
     """Whether the Triton kernels give this family an exact result (to
-    float32 precision, the torch route's error model): every kernel id, and
+    float32 precision, the torch backend's error model): every kernel id, and
     for α-entmax (id 3) every float α with 1 < α ≤ :data:`ALPHA_MAX`.
 
     α outside [1.125, 2] takes the anchor form (:mod:`.anchor`) in the
-    forward, and α > 2 the log-slope backward, as the torch route does.
+    forward, and α > 2 the log-slope backward, as the torch backend does.
     Beyond 1e30 a·log p leaves float32's range; those calls (and α ≤ 1, NaN
     or inf, which the public functions refuse anyway) belong on the torch
     path.  :class:`softk._backends.dispatch.TritonBackend` asks this before it runs

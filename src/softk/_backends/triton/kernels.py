@@ -68,17 +68,9 @@ count below is each row's own):
    happens, with λ inside the bracket.
 3. one pass writing p (or the row conventions: NaN rows, ≤ k finite entries).
 
-Passes over the row, forward, including 1 and 3 — typical: the median over
-random normal rows of 100–8000 entries at scales 0.01–1000 (k from 1 to
-n − 8 for the top-k maps); worst: the largest over those and over adversarial
-rows (ties, sqrt/log/geometric/quadratic spacing, one dominant entry, two
-clusters, 70 % masked, offset by 1000), measured through the interpreter:
-
-    softmax 2 | sparsemax 4 (≤ 12) | entmax15 4 (≤ 8) | entmax α ≤ 2: 5 (≤ 7)
-    entmax α > 2: 3, mean 7–8 (≤ 24) | exp 5 (≤ 22; 3 when nothing saturates)
-    sigmoid 6 (≤ 22) | laplace 5 (≤ 21) | sparse 7 (≤ 23)
-
-and never more than 2 + ``MAXIT`` = 62.  The previous kernels took 62 for
+Passes over the row, forward, including 1 and 3: a few per family on typical
+rows (BENCHMARKS.md has the counts per family, typical and worst, taken
+through the interpreter), and never more than 2 + ``MAXIT`` = 62.  The previous kernels took 62 for
 every family but softmax (60 bisection steps), and 3 for softmax.  The passes
 with a second point (exp, sigmoid, laplace, sparse, entmax α > 2) cost twice
 the arithmetic of a plain pass, not twice the memory traffic.

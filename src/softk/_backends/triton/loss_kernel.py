@@ -23,7 +23,7 @@ Rows filled by the row conventions (at most k finite entries: p = 1 on them)
 take λ as their finite maximum and the same formula with F(u_i) replaced by
 u_i − ψ(1) on the finite entries.
 
-Row conventions, as on the unfused route: a target weighting a masked
+Row conventions, as on the unfused path: a target weighting a masked
 (−inf) class gives +inf (−u_t = +inf), a fully masked row too; a row holding
 NaN or +inf gives NaN and a NaN gradient; exact L ≥ 0, so rounding below 0 is
 clamped.  An ignored row (class index −1 here; the caller maps

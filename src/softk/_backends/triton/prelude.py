@@ -1,7 +1,7 @@
 r"""The row prelude of every Triton kernel, written once: how an entry is read
 and scaled, and the first pass over the raw row.
 
-The torch route forms z = (x − r)/τ with r an entry of the row
+The torch backend forms z = (x − r)/τ with r an entry of the row
 (:func:`softk.threshold.rows.scaled_rows`): shifted *before* dividing by τ,
 so that neither an offset of 1e6 nor τ = 1e-3 rounds away the differences
 that carry the mass (x/τ first rounds every entry to ulp(x/τ): at offset

@@ -5,15 +5,10 @@ bisection returns the uniform distribution).  0 < α < 1 — which
 ``entmax_bisect`` computes and entmax's own tests exercise — is the dense
 Tsallis map of :func:`softk.threshold.families.entmax_dense_family`:
 p_i = [(1−α)(λ − z_i)]^{−1/(1−α)}, λ > max z by safeguarded Newton.  Its
-autograd, here, is eager only (no vmap or torch.compile; neither has
-entmax's): with d = p^{2−α} (every entry of the row is in the support),
-
-.. math:: J = \mathrm{diag}(d) - d d^\top/\textstyle\sum d, \qquad
-   \frac{\partial p_i}{\partial\alpha} = \frac{p_i - \tilde p_i}{(\alpha-1)^2}
-      - \frac{p_i\log p_i - \tilde p_i\sum_j p_j\log p_j}{\alpha-1},\quad \tilde p = d/\textstyle\sum d,
-
-the same implicit differentiation as for α > 1 (Peters et al. 2019, §3.2).
-A tensor α mixing rows below and above 1 runs each part on its own route.
+autograd (:mod:`softk._ops.entmax_dense`, the same implicit
+differentiation as for α > 1, Peters et al. 2019, §3.2) is eager only (no
+vmap or torch.compile; neither has entmax's).
+A tensor α mixing rows below and above 1 runs each part on its own map.
 """
 
 from __future__ import annotations
@@ -23,68 +18,10 @@ from torch import Tensor
 
 from ...losses.normmax_fy import fenchel_young_rows
 from ..._maps.simplex import entmax as softk_entmax
+from ..._ops.entmax_dense import entmax_dense
 from ...losses import entmax_loss as softk_entmax_loss
-from ...threshold.entmax_alpha import dp_dalpha, entmax_log_d
-from ...threshold.families import entmax_dense_family
-from ...threshold.rows import compute_dtype, finite_max, row_status
-from ...threshold.solve import solve_probs
-from ...threshold.torch_path import vjp_from_slope
+from ...threshold.rows import compute_dtype
 from ..._validate import per_row, unwrapped
-
-
-def dense_rows(x: Tensor, alpha) -> Tensor:
-    """p on the last dimension (compute dtype, no autograd); α a float in (0, 1)
-    or a tensor shaped x.shape[:-1] + (1,).  Row conventions as every map."""
-    ct = compute_dtype(x.dtype)
-    xc = x.to(ct)
-    finite, active, broken = row_status(xc, 1)
-    s = torch.where(active, xc - finite_max(xc), 0.0)
-    a = alpha.to(ct) if isinstance(alpha, Tensor) else alpha
-    p, _ = solve_probs(entmax_dense_family(a), s, 1, active)
-    filled = torch.where(broken, float("nan"), finite.to(ct))
-    return torch.where(active, p, filled)
-
-
-def _slope(p: Tensor, a) -> Tensor:
-    pos = p > 0
-    return torch.where(pos, torch.exp((2 - a) * torch.log(torch.where(pos, p, 1.0))), torch.where(p != p, p, 0.0))
-
-
-def _dp_dalpha(p: Tensor, a: Tensor) -> Tensor:
-    return dp_dalpha(p, a, entmax_log_d(p, a))  # the cancellation-free form near α = 1
-
-
-class _DenseEntmax(torch.autograd.Function):
-    """Rows last; ``alpha`` a tensor shaped x.shape[:-1] + (1,) (or 0-d)."""
-
-    @staticmethod
-    def forward(ctx, x, alpha):
-        p = dense_rows(x, alpha if alpha.dim() else float(alpha)).to(x.dtype)
-        ctx.save_for_backward(p, alpha)
-        ctx.save_for_forward(p, alpha)
-        return p
-
-    @staticmethod
-    def backward(ctx, g):
-        p, alpha = ctx.saved_tensors
-        ct = compute_dtype(p.dtype)
-        pc, gc, a = p.to(ct), g.to(ct), alpha.to(ct)
-        gx = vjp_from_slope(_slope(pc, a), gc, 1.0).to(p.dtype)
-        ga = None
-        if ctx.needs_input_grad[1]:
-            ga = (gc * _dp_dalpha(pc, a)).sum(-1, keepdim=True)
-            ga = (ga.sum() if alpha.dim() == 0 else ga).to(alpha.dtype)
-        return gx, ga
-
-    @staticmethod
-    def jvp(ctx, vx, va):
-        p, alpha = ctx.saved_tensors
-        ct = compute_dtype(p.dtype)
-        pc, a = p.to(ct), alpha.to(ct)
-        out = vjp_from_slope(_slope(pc, a), vx.to(ct), 1.0) if vx is not None else torch.zeros_like(pc)
-        if va is not None:
-            out = out + va.to(ct) * _dp_dalpha(pc, a)
-        return out.to(p.dtype)
 
 
 def _dense(X: Tensor, alpha, dim: int) -> Tensor:
@@ -92,7 +29,7 @@ def _dense(X: Tensor, alpha, dim: int) -> Tensor:
         return X * 0
     rows = X.movedim(dim, -1)
     a = per_row(alpha, X, dim, "alpha") if isinstance(alpha, Tensor) else torch.tensor(alpha, dtype=compute_dtype(X.dtype), device=X.device)
-    return _DenseEntmax.apply(rows, a).movedim(-1, dim)
+    return entmax_dense(rows, a).movedim(-1, dim)
 
 
 def _split(alpha: Tensor):
@@ -137,7 +74,7 @@ def _dense_loss(X: Tensor, target: Tensor, alpha) -> Tensor:
     ct = compute_dtype(X.dtype)
     x = X.to(ct)
     a = per_row(alpha, X, 1, "alpha").to(ct) if isinstance(alpha, Tensor) else alpha
-    p = _DenseEntmax.apply(x, a if isinstance(a, Tensor) else torch.tensor(a, dtype=ct, device=x.device))
+    p = entmax_dense(x, a if isinstance(a, Tensor) else torch.tensor(a, dtype=ct, device=x.device))
     y = torch.nn.functional.one_hot(target.long(), x.shape[-1]).to(ct)
     return fenchel_young_rows(x, p, y, _tsallis, _d_tsallis, a).squeeze(-1).to(X.dtype)
 

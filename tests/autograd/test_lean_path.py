@@ -1,9 +1,9 @@
-"""The lean eager route (softk._ops.lean): plain eager calls skip torch.library.
+"""The lean eager path (softk._ops.lean): plain eager calls skip torch.library.
 
 What must hold: in plain eager mode a call runs the backend's kernel
 directly (no custom op is registered or called, neither torch._dynamo nor
 triton is imported); every other context (a dispatch or function mode,
-torch.func transforms, compile) takes the library route; and both routes give
+torch.func transforms, compile) takes the library path; and both paths give
 the same numbers, bit for bit, since the same kernels serve them.
 """
 
@@ -41,7 +41,7 @@ MAPS = {
 
 
 class _Passthrough(TorchFunctionMode):
-    """A mode that changes nothing but forces the library route."""
+    """A mode that changes nothing but forces the library path."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         return func(*args, **(kwargs or {}))
@@ -66,14 +66,14 @@ def _value_and_grad(fn, x, g):
     return y.detach(), dx
 
 
-# log_softmax and logsumexp take torch's fused ops on the eager CPU route and
+# log_softmax and logsumexp take torch's fused ops on the eager CPU path and
 # plain tensor code elsewhere: the same maths, not the same rounding.
 ROUNDED = {"log_softmax", "logsumexp"}
 
 
 @pytest.mark.parametrize("name", sorted(MAPS))
-def test_both_routes_agree(name):
-    """The lean route and the library route run the same kernels (bit for
+def test_both_paths_agree(name):
+    """The lean path and the library path run the same kernels (bit for
     bit; log_softmax/logsumexp to a few ulps)."""
     fn = MAPS[name]
     g = torch.Generator().manual_seed(1)
@@ -103,7 +103,7 @@ def test_a_dispatch_mode_sees_the_library_op():
     np.testing.assert_allclose(p.numpy(), expected, rtol=0, atol=1e-14)
 
 
-def test_forward_mode_ad_on_the_lean_route():
+def test_forward_mode_ad_on_the_lean_path():
     """A dual tensor in eager mode: the tangent is J v, J = diag(s) − s sᵀ/|S| on the support."""
     x = torch.tensor([[0.5, 1.2, -0.3, 1.0]], dtype=torch.float64)
     v = torch.tensor([[0.1, -0.2, 0.3, 0.4]], dtype=torch.float64)
@@ -116,7 +116,7 @@ def test_forward_mode_ad_on_the_lean_route():
 
 
 def test_jit_trace_records_the_op():
-    """torch.jit.trace takes the library route: the traced function computes
+    """torch.jit.trace takes the library path: the traced function computes
     the map on new inputs (a kernel called directly would be a constant)."""
     import warnings
 
@@ -205,7 +205,7 @@ import json; print(any("softk.threshold_backward" in op for op in mode.seen), js
 
 
 def test_backward_under_a_mode_after_an_eager_forward(each_cpu_backend):
-    """A forward on the lean route, then (in a fresh process, so that no op
+    """A forward on the lean path, then (in a fresh process, so that no op
     is registered yet) a backward inside a dispatch mode: the backward takes
     the library op, registered on demand.  On the support {1, 3} the
     gradient is g − mean(g on S) there, 0 elsewhere."""

@@ -1,0 +1,157 @@
+r"""Attention's autograd rule and its ``softk::attention`` ops, for the two
+kernel backends that share one interface: ``"blockwise"``
+(:mod:`softk._backends.blockwise`, blocks of keys, any device) and
+``"triton"`` (the fused kernels of :mod:`softk._backends.triton.attention`).
+Each has ``attention_forward`` → (out, m, lam) and ``attention_backward`` →
+(dq, dk, dv, dα).  Which one runs a call is decided by
+:func:`softk._backends.dispatch.attention_backend`; the reference backend
+(the scores materialised, plain autograd) is :mod:`softk.attention.reference`.
+
+* plain eager calls (:func:`softk._ops.lean.eager`) run the kernels directly,
+  under an old-style ``torch.autograd.Function`` only when autograd can see
+  the result;
+* everything else (``torch.compile``, ``torch.func``, subclasses, modes)
+  calls the custom ops ``softk::attention`` and ``softk::attention_backward``
+  (fake kernels, ``register_autograd``), registered on first use
+  (:func:`softk._ops.lean.library`), so that ``torch.compile(fullgraph=True)``
+  sees one opaque node per direction;
+* double backward (``create_graph=True``) raises NotImplementedError on
+  these two backends: use the reference one (``softk.use_backend("torch")``).
+
+The ops are defined with ``torch.library.custom_op`` and ``register_autograd``
+rather than :class:`softk._ops.lean.Paths`: the op has three outputs, two
+of them not differentiable, and no vmap rule (``torch.func.vmap`` of it
+raises), which ``lean.custom_op``'s generated rule would change.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import lean as _lean
+from .._backends import dispatch
+from .._backends.blockwise import backward as blockwise_backward, forward as blockwise
+from ..threshold.rows import compute_dtype
+
+
+# ------------------------------------------------------------------ the kernels
+def _forward(q, k, v, mask, alpha, scale, causal, fam, backend):
+    if backend == "triton":
+        a = alpha.detach().float() if alpha is not None else q.new_full((q.shape[1],), 1.5, dtype=torch.float32)
+        return dispatch.triton_attention().attention_forward(q, k, v, scale=scale, causal=causal, mask=mask, fam=fam,
+                                                             alpha=a)
+    a = alpha.detach() if alpha is not None else None
+    return blockwise.attention_forward(q, k, v, scale=scale, causal=causal, mask=mask, fam=fam, alpha=a)
+
+
+def _backward(q, k, v, out, dout, m, lam, mask, alpha, scale, causal, fam, backend, need_dalpha):
+    kw = dict(scale=scale, causal=causal, mask=mask, fam=fam, need_dalpha=need_dalpha)
+    if backend == "triton":
+        a = alpha.detach().float() if alpha is not None else q.new_full((q.shape[1],), 1.5, dtype=torch.float32)
+        return dispatch.triton_attention().attention_backward(q, k, v, out, dout, m, lam, alpha=a, **kw)
+    a = alpha.detach() if alpha is not None else None
+    return blockwise_backward.attention_backward(q, k, v, out, dout, m, lam, alpha=a, **kw)
+
+
+def _no_double_backward():
+    if torch.is_grad_enabled() and not torch.compiler.is_compiling():
+        raise NotImplementedError(
+            "double backward (create_graph=True) through softk's attention runs only on the reference backend; "
+            "use `with softk.use_backend('torch'):` for second derivatives"
+        )
+
+
+def _grads(saved, args, dout, needs, kernel):
+    q, k, v, out, m, lam, mask, alpha = saved
+    scale, causal, fam, backend = args
+    need_dalpha = bool(needs[4]) and alpha is not None
+    dq, dk, dv, da = kernel(q, k, v, out, dout.contiguous(), m, lam, mask, alpha, scale, causal, fam, backend,
+                            need_dalpha)
+    da = da.to(alpha.dtype) if need_dalpha else None
+    return dq, dk, dv, None, da, None, None, None, None
+
+
+# ------------------------------------------------------- the eager (lean) path
+class _EagerAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, mask, alpha, scale, causal, fam, backend):
+        out, m, lam = _forward(q, k, v, mask, alpha, scale, causal, fam, backend)
+        ctx.save_for_backward(q, k, v, out, m, lam, mask, alpha)
+        ctx.args = (scale, causal, fam, backend)
+        ctx.mark_non_differentiable(m, lam)
+        return out, m, lam
+
+    @staticmethod
+    def backward(ctx, dout, _dm, _dlam):
+        _no_double_backward()
+        return _grads(ctx.saved_tensors, ctx.args, dout, ctx.needs_input_grad, _backward)
+
+
+# ------------------------------------------------------- the library path
+attention_op = attention_backward_op = None
+
+
+def _fake_forward(q, k, v, mask, alpha, scale, causal, fam, backend):
+    B, H, L, _ = q.shape
+    ct = compute_dtype(q.dtype)
+    return (q.new_empty(B, H, L, v.shape[-1]), q.new_empty(B, H, L, dtype=ct), q.new_empty(B, H, L, dtype=ct))
+
+
+def _fake_backward(q, k, v, out, dout, m, lam, mask, alpha, scale, causal, fam, backend, need_dalpha):
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
+            q.new_empty(q.shape[1], dtype=compute_dtype(q.dtype)))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, mask, alpha, scale, causal, fam, backend = inputs
+    out, m, lam = output
+    ctx.save_for_backward(q, k, v, out, m, lam, mask, alpha)
+    ctx.args = (scale, causal, fam, backend)
+
+
+def _library_backward(ctx, dout, _dm, _dlam):
+    _no_double_backward()
+    return _grads(ctx.saved_tensors, ctx.args, dout, ctx.needs_input_grad, attention_backward_op)
+
+
+def _op_forward(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], alpha: Optional[Tensor], scale: float,
+                causal: bool, fam: int, backend: str) -> tuple[Tensor, Tensor, Tensor]:
+    out, m, lam = _forward(q, k, v, mask, alpha, scale, causal, fam, backend)
+    return out.contiguous(), m.contiguous(), lam.contiguous()  # the fake kernel's layout
+
+
+def _op_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tensor, m: Tensor, lam: Tensor,
+                 mask: Optional[Tensor], alpha: Optional[Tensor], scale: float, causal: bool, fam: int,
+                 backend: str, need_dalpha: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    dq, dk, dv, da = _backward(q, k, v, out, dout, m, lam, mask, alpha, scale, causal, fam, backend, need_dalpha)
+    if da is None:
+        da = q.new_zeros(q.shape[1], dtype=compute_dtype(q.dtype))
+    return dq.contiguous(), dk.contiguous(), dv.contiguous(), da.to(compute_dtype(q.dtype))
+
+
+@_lean.library
+def _library():
+    """Define the custom ops (once, on the first call that needs them)."""
+    global attention_op, attention_backward_op
+    attention_op = torch.library.custom_op("softk::attention", _op_forward, mutates_args=())
+    attention_op.register_fake(_fake_forward)
+    attention_op.register_autograd(_library_backward, setup_context=_setup_context)
+    attention_backward_op = torch.library.custom_op("softk::attention_backward", _op_backward, mutates_args=())
+    attention_backward_op.register_fake(_fake_backward)
+
+
+# ------------------------------------------------------------------ one call
+def attention(q: Tensor, k: Tensor, v: Tensor, mask, alpha, scale: float, causal: bool, fam: int,
+              backend: str) -> Tensor:
+    """The attention output (B, H, L, Ev) of checked tensors on ``backend``
+    ("blockwise" or "triton"); ``alpha`` None unless the map is α-entmax."""
+    args = (q, k, v, mask, alpha, scale, causal, fam, backend)
+    if _lean.eager(q, k, v, alpha, mask):
+        if any(t is not None and _lean.tracked(t) for t in (q, k, v, alpha)):
+            return _EagerAttention.apply(*args)[0]
+        return _forward(*args)[0]
+    _library()
+    return attention_op(*args)[0]

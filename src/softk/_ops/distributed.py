@@ -1,0 +1,115 @@
+r"""The autograd rules of :mod:`softk.distributed`: a vocabulary split between ranks.
+
+* :class:`VocabParallelMap`: this rank's slice of p = map(z); its backward
+  needs the two sums Σd and Σd⊙g over the whole row, one all-reduce;
+* :class:`RowLoss`: a per-row loss whose local gradient (p − y)/τ was
+  computed in the forward; its backward runs no collective;
+* :class:`ChunkedLinearLoss`: the fused linear layer + loss over chunks of
+  rows, whose gradients (∇X all-reduced over the group) are computed in the
+  forward; its backward only scales them.
+
+The collectives that find λ and the loss of a chunk live in
+:mod:`softk.distributed`; they come in as functions (``solve``, ``loss_rows``),
+so this package needs only ``torch.distributed`` itself.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ..threshold.rows import compute_dtype
+
+
+class VocabParallelMap(torch.autograd.Function):
+    """This rank's columns of p = map(x/τ) in x's dtype; ``solve(z)`` gives
+    them in the compute dtype (the forward's collectives)."""
+
+    @staticmethod
+    def forward(ctx, x, solve, family, tau, group):
+        z = x.to(compute_dtype(x.dtype))
+        if tau != 1.0:
+            z = z / tau
+        p = solve(z)
+        ctx.family, ctx.tau, ctx.group = family, tau, group
+        out = p.to(x.dtype)
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        (out,) = ctx.saved_tensors
+        ct = compute_dtype(out.dtype)
+        d = ctx.family.d_from_p(out.to(ct))
+        g = g.to(ct)
+        # The Jacobian-vector product d⊙(g − Σd⊙g / Σd)/τ needs the two sums
+        # over the whole row: one all-reduce.
+        sums = torch.cat([d.sum(-1, keepdim=True), (d * g).sum(-1, keepdim=True)], -1)
+        dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=ctx.group)
+        sd, sdg = sums[:, :1], sums[:, 1:]
+        coef = torch.where(sd > 0, sdg / torch.where(sd > 0, sd, 1.0), 0.0)
+        grad = (g - coef) * d / ctx.tau
+        # A NaN row (NaN or +inf scores) has a NaN gradient, as on one device.
+        grad = torch.where(torch.isnan(out).any(-1, keepdim=True), float("nan"), grad)
+        return grad.to(out.dtype), None, None, None, None
+
+
+class RowLoss(torch.autograd.Function):
+    """Per-row loss whose gradient (M, V_r) was computed in the forward."""
+
+    @staticmethod
+    def forward(ctx, x, rows, grad):
+        ctx.save_for_backward(grad)
+        ctx.x_dtype = x.dtype
+        return rows.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        (grad,) = ctx.saved_tensors
+        return (grad * g.unsqueeze(-1).to(grad.dtype)).to(ctx.x_dtype), None, None
+
+
+class ChunkedLinearLoss(torch.autograd.Function):
+    """The loss of x Wᵀ + b (W this rank's rows), a chunk of rows at a time:
+    ``loss_rows(logits, rows)`` gives the per-row loss of one chunk's
+    logits (``rows`` the chunk's slice); ``want`` says which of x, W, b
+    get a gradient; ``mean`` divides by ``n_kept``."""
+
+    @staticmethod
+    def forward(ctx, x, w, b, loss_rows, chunk, n_kept, mean, want, group):
+        m = x.shape[0]
+        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+        total = torch.zeros((), dtype=acc, device=x.device)
+        gx = torch.zeros(x.shape, dtype=acc, device=x.device) if want[0] else None
+        gw = torch.zeros(w.shape, dtype=acc, device=x.device) if want[1] else None
+        gb = torch.zeros(w.shape[0], dtype=acc, device=x.device) if want[2] else None
+        for s in range(0, m, chunk):
+            e = min(s + chunk, m)
+            xc = x[s:e]
+            with torch.no_grad():
+                logits = xc @ w.t() if b is None else torch.addmm(b, xc, w.t())
+            with torch.enable_grad():
+                logits.requires_grad_(True)
+                rows = loss_rows(logits, slice(s, e))
+                (g,) = torch.autograd.grad(rows.sum(), logits)
+            total += rows.detach().sum().to(acc)
+            g = g.to(acc)
+            if gx is not None:
+                gx[s:e] = g @ w.to(acc)
+            if gw is not None:
+                gw.addmm_(g.t(), xc.to(acc))
+            if gb is not None:
+                gb += g.sum(0)
+        if gx is not None:
+            dist.all_reduce(gx, op=dist.ReduceOp.SUM, group=group)  # Σ_r G_r W_r
+        ctx.save_for_backward(gx, gw, gb)
+        ctx.scale = 1.0 / max(n_kept, 1) if mean else 1.0
+        out = total / n_kept if mean else total
+        return out.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, go):
+        gx, gw, gb = ctx.saved_tensors
+        s = go * ctx.scale
+        f = lambda g: None if g is None else (g * s.to(g.dtype)).to(go.dtype)  # noqa: E731
+        return f(gx), f(gw), f(gb), None, None, None, None, None, None

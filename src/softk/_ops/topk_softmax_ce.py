@@ -1,0 +1,100 @@
+r"""Su's top-k softmax cross-entropy: its tensor code and the autograd rule
+of the compiled CPU kernel (:func:`softk._backends.native.loss.topk_ce_rows`).
+
+:func:`topk_softmax_ce_rows` is the loss as differentiable tensor code on
+rows (classes last); :func:`fused_topk_softmax_ce` runs the kernel, which
+writes the loss and its gradient in one pass, under an old-style
+Function whose backward only scales the saved gradient (double backward
+differentiates the tensor code).  Eager calls only
+(:func:`softk._ops.lean.eager`): :func:`softk.losses.topk_softmax_cross_entropy`
+validates the arguments and asks :func:`softk._backends.dispatch.topk_softmax_ce_backend`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.autograd import forward_ad
+
+from . import lean as _lean
+from .._validate import reduce
+from ..threshold.rows import compute_dtype
+
+
+def topk_softmax_ce_rows(z: Tensor, target: Tensor, k: int, tau: float, reduction: str, ignore_index: int) -> Tensor:
+    """The loss as differentiable tensor code on rows (classes last)."""
+    keep = target != ignore_index
+    index = torch.where(keep, target, 0).long()
+    zc = z.to(compute_dtype(z.dtype))
+    if tau != 1.0:
+        zc = zc / tau
+    top = torch.topk(zc, k, dim=-1, sorted=False).values
+    loss = torch.logsumexp(top, -1) - zc.gather(-1, index.unsqueeze(-1)).squeeze(-1)
+    loss = torch.where(keep, loss, 0.0)
+    return reduce(loss, keep, reduction).to(z.dtype)
+
+
+def _native(z: Tensor, target: Tensor, k: int, tau: float, reduction: str, ignore_index: int, want_grad: bool):
+    """(loss, gradient of the reduced loss) from the compiled kernel, in z's dtype."""
+    from .._backends.native.loss import topk_ce_rows
+
+    n = z.shape[-1]
+    ct = compute_dtype(z.dtype)
+    x = (z if z.dtype == ct else z.to(ct)).reshape(-1, n)
+    t = target.reshape(-1)
+    if t.dtype != torch.int64:
+        t = t.long()
+    out, grad = topk_ce_rows(x if x.is_contiguous() else x.contiguous(), t if t.is_contiguous() else t.contiguous(),
+                             k, inv_tau=1.0 / tau, ignore_index=ignore_index, reduction=reduction,
+                             want_grad=want_grad)
+    if reduction == "none":
+        out = out.view(z.shape[:-1])
+    if want_grad:
+        grad = grad.view(z.shape)
+    if z.dtype != ct:  # half input: computed in float32
+        out, grad = out.to(z.dtype), grad.to(z.dtype)
+    return out, grad
+
+
+class _FusedTopkCE(torch.autograd.Function):
+    """The compiled kernel's loss, its saved gradient scaled by the backward
+    (old style: eager calls only, see :mod:`softk._ops.lean`)."""
+
+    @staticmethod
+    def forward(ctx, z, target, k, tau, reduction, ignore_index):
+        out, grad = _native(z, target, k, tau, reduction, ignore_index, True)
+        ctx.save_for_backward(z, target, grad)
+        if forward_ad._current_level >= 0:
+            ctx.save_for_forward(grad)
+        ctx.args = k, tau, reduction, ignore_index
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        z, target, grad = ctx.saved_tensors
+        reduction = ctx.args[2]
+        if torch.is_grad_enabled():
+            # create_graph: the gradient of the tensor code, itself differentiable
+            (grad,) = torch.autograd.grad(topk_softmax_ce_rows(z, target, *ctx.args), z, g, create_graph=True)
+            return grad, None, None, None, None, None
+        if reduction != "none" and float(g) == 1.0:
+            return grad, None, None, None, None, None  # the saved gradient is the answer
+        dx = grad * (g.unsqueeze(-1) if reduction == "none" else g)
+        return dx.to(z.dtype), None, None, None, None, None
+
+    @staticmethod
+    def jvp(ctx, vz, *_):
+        (grad,) = ctx.saved_tensors
+        ct = compute_dtype(grad.dtype)
+        t = grad.to(ct) * vz.to(ct)
+        return (t.sum(-1) if ctx.args[2] == "none" else t.sum()).to(grad.dtype)
+
+
+def fused_topk_softmax_ce(z: Tensor, target: Tensor, k: int, tau: float, reduction: str,
+                          ignore_index: int) -> Tensor:
+    """The reduced loss from the compiled kernel (rows of ``z``, classes
+    last), under :class:`_FusedTopkCE` when autograd can see the result; it
+    raises :class:`softk._backends.native.loss.BadTarget` for a bad target."""
+    if _lean.tracked(z):
+        return _FusedTopkCE.apply(z, target, k, tau, reduction, ignore_index)
+    return _native(z, target, k, tau, reduction, ignore_index, False)[0]
