@@ -4,7 +4,7 @@ r"""The fast paths of the PyTorch solver: λ without sorting the row.
 :func:`solve_exp_pooled` / :func:`solve_exp_topk` for soft top-k "exp" find λ
 touching the full row only in block maxima (or a partial sort) and in writing
 the output: block maxima give a lower bound of λ, and only the few entries
-above it are solved exactly with the routes of :mod:`.solve` (see
+above it are solved exactly with the solvers of :mod:`.solve` (see
 BENCHMARKS.md for measurements).  :mod:`.torch_path` uses them on rows of 64
 entries or more.
 """
@@ -36,8 +36,8 @@ def row_status_from_top(v: Tensor, k: int):
 
 # Block widths of the max-pooling prefilter: wide rows get a first pass in
 # blocks of 32 (one vectorised reduction), then blocks of 8 over the
-# survivors; rows up to 4096 one pass in blocks of 16 (measured on the
-# issue's 256x32000 and 2048x1024 cases, see BENCHMARKS.md).
+# survivors; rows up to 4096 one pass in blocks of 16 (the faster choice on
+# 256x32000 and 2048x1024 rows in BENCHMARKS.md).
 _BLOCKS = (32, 8)
 _BLOCKS_NARROW = (16,)
 _NARROW = 4096
@@ -108,7 +108,7 @@ def _pool_and_gather(family: Family, z: Tensor, k: int, w: int, lam_lo: Tensor, 
     chosen = (bmax > lam_lo) & ~broken
     count = chosen.sum(-1, keepdim=True)
     kb = int(count.amax()) if count.numel() else 0
-    if first and n <= _NARROW and 3 * kb * w > n:  # (measured slower on wide rows)
+    if first and n <= _NARROW and 3 * kb * w > n:  # (slower on wide rows: BENCHMARKS.md)
         return lam_lo, broken, None, None
     slot = torch.where(chosen, chosen.cumsum(-1) - 1, kb)
     block_idx = torch.zeros(*lead, kb + 1, dtype=torch.long, device=dev)

@@ -61,7 +61,11 @@ def scaled_rows(x: Tensor, tau: float, family=None, k=1, shift: bool = True) -> 
         # entry once divided by a small τ) can overflow to +inf, which would
         # mark the row broken.  It is then the largest finite value instead:
         # p = 1 on it for the capped maps, as in the limit, and the sum is kept.
-        z = torch.where((z == float("inf")) & (x != float("inf")), torch.finfo(z.dtype).max, z)
+        # On the CPU one max (and no sync cost) tells whether any entry is
+        # +inf or NaN, and the three-op fix runs only then; elsewhere it
+        # always runs rather than read a device value back.
+        if not z.is_cpu or not float(z.max()) < float("inf"):
+            z = torch.where((z == float("inf")) & (x != float("inf")), torch.finfo(z.dtype).max, z)
     return z
 
 

@@ -1,4 +1,4 @@
-r"""The memory-efficient route's backward: p recomputed from q, k and λ.
+r"""The blockwise backend's backward: p recomputed from q, k and λ.
 
 Per query row, with p_j = f(u_j), u_j = s_j − m − lam, d_j = f′(u_j) and
 dP_j = dO·v_j, the map's Jacobian is J = diag(d) − d dᵀ/Σd (symmetric), so

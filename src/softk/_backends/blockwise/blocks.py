@@ -1,4 +1,4 @@
-r"""Score blocks of the memory-efficient route, recomputed on demand.
+r"""Score blocks of the blockwise attention backend, recomputed on demand.
 
 The query heads that share a key/value head (GQA: H = G·H_kv) are stacked
 as rows, so query (B, H, L, E) becomes (B, H_kv, R = G·L, E) and one matmul
@@ -27,7 +27,7 @@ MIN_QUERIES = 64  # queries per chunk at least (many heads: fewer, longer loops)
 
 
 def query_chunks(q: Tensor):
-    """(i0, i1) spans of queries: the route runs on one chunk of queries at a
+    """(i0, i1) spans of queries: the backend runs on one chunk of queries at a
     time, so that its temporaries (a few per score of a block, the solver's
     sort among them) hold at most ~ROWS·(BLOCK + CAP) entries, whatever L."""
     B, H, L = q.shape[:3]

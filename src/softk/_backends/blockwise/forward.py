@@ -1,4 +1,4 @@
-r"""The memory-efficient route's forward: blocks of keys, λ from softk's solver.
+r"""The blockwise backend's forward: blocks of keys, λ from softk's solver.
 
 Same interface as the Triton launcher (:mod:`softk._backends.triton.attention`):
 ``attention_forward(q, k, v, *, scale, causal, mask, fam, alpha)`` returns

@@ -7,7 +7,7 @@ large α an entry with p = 0.03 at α = 5 has w = p⁴ ≈ 1e-6, so z_i − λ w
 have to be resolved far below ulp(z_i); for α → 1 the rounding of w is
 multiplied by β.  Instead the unknown is ℓ = log p_j of an anchor entry j
 (the smallest entry of the support; the row maximum for α − 1 < 1/8,
-:func:`_solve_near_one`, as on the torch route): w_j = e^{aℓ}, w_i = w_j + a·d_i with
+:func:`_solve_near_one`, as on the torch backend): w_j = e^{aℓ}, w_i = w_j + a·d_i with
 d_i = z_i − z_j, and
 
 .. math::  \log p_i = \ell + \beta\,\mathrm{softplus}(\log(a d_i) - a\ell)

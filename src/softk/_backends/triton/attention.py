@@ -1,7 +1,7 @@
 r"""Launchers for the fused attention kernels: the forward
 (:mod:`.attention_kernels`) and the backward (:mod:`.attention_bwd`).
 
-``softk.scaled_dot_product_attention`` calls these on its Triton route; the
+``softk.scaled_dot_product_attention`` calls these on its Triton backend; the
 argument checks (shapes, dtypes, devices, α > 1) are its job, this module
 only checks the contract it relies on.
 
@@ -21,7 +21,7 @@ For α-entmax the saved threshold is t = λ + 1/(α−1), and p_j =
 rounding would become a relative error of eps/(α−1) in every p, while t is
 O(log n).  Below α = 1.125 t is refined by Newton passes after the search
 (:func:`.attention_search._refine_t`), so p keeps float32's precision as
-α → 1; the blockwise route does the same.
+α → 1; the blockwise backend does the same.
 
 The kernels shift before they scale: without a float mask and
 with scale > 0, the saved row reference m is the max of the raw q·k and
