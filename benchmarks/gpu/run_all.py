@@ -14,6 +14,8 @@ correctness         ``gpu_correctness.py``: every map's kernels against the floa
                     known failures
 attention_check     ``attention_check.py``: the fused attention forward, backward and
                     dα against the NumPy float64 oracle
+edges               ``edges.py``: α-entmax near α = 1 in every dtype, soft top-k where
+                    (x − r)/τ overflows, attention with α near 1 and on peaked rows
 tune                ``tune.py``: the threshold kernels under every tile / warp /
                     rows-per-program configuration, against ``torch.softmax``
 speed               ``gpu.py``: the maps and losses against ``torch.softmax``,
@@ -62,6 +64,7 @@ STAGES = [
       "--json", "{json}"]),
     ("attention_check", "attention_check.py", 0.08, ["--json", "{json}"],
      ["--device", "cpu", "--quick", "--dtypes", "float32", "--jobs", "0", "--json", "{json}"]),
+    ("edges", "edges.py", 0.04, ["--json", "{json}"], ["--device", "cpu", "--quick", "--json", "{json}"]),
     ("tune", "tune.py", 0.12, ["--json", "{json}"], ["--device", "cpu", "--quick", "--jobs", "0", "--json", "{json}"]),
     ("speed", "gpu.py", 0.30, ["--only", SPEED_CASES, "--warm-timeout-s", "40", "--json", "{json}", "--markdown", "{md}"],
      ["--device", "cpu", "--only", "^wide/sparsemax/65536x128", "--max-rows", "4", "--min-reps", "1", "--warm-jobs", "0", "--impls", "torch,softk",
@@ -75,7 +78,7 @@ STAGES = [
 # Stages whose own option bounds their time; the others are bounded only by the kill.
 BUDGET_FLAG = {"correctness": "--budget-s", "attention_check": "--budget-s", "tune": "--budget-s", "speed": "--budget-s",
                "attention": "--budget-s", "fused_linear": "--budget-s"}
-CORRECTNESS = ("correctness", "attention_check")
+CORRECTNESS = ("correctness", "attention_check", "edges")
 
 
 def install_wheels(folder: str, log) -> str | None:
