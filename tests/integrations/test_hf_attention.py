@@ -130,3 +130,31 @@ def test_attention_dropout_is_refused_in_training():
     with pytest.raises(ValueError, match="attn_pdrop"):
         model(torch.zeros(1, 4, dtype=torch.long))
     model.eval()(torch.zeros(1, 4, dtype=torch.long))  # eval passes dropout=0.0
+
+
+def test_gemma2_with_its_attention_softcap_matches_eager():
+    # Gemma 2 caps its attention logits (attn_logit_softcapping: c·tanh(s/c)) and
+    # alternates sliding-window layers; softk_softmax must give the eager logits
+    Gemma2Config = transformers.Gemma2Config
+    Gemma2ForCausalLM = transformers.Gemma2ForCausalLM
+    torch.manual_seed(0)
+    cfg = Gemma2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=8, max_position_embeddings=64, sliding_window=5,
+                       attn_logit_softcapping=0.02, final_logit_softcapping=None, query_pre_attn_scalar=8)
+    state = Gemma2ForCausalLM(cfg).state_dict()
+    ids, mask = batch()
+
+    def logits(impl, **kw):
+        model = Gemma2ForCausalLM._from_config(cfg, attn_implementation=impl).eval()
+        model.load_state_dict(state)
+        with torch.no_grad():
+            return model(ids, **kw).logits
+
+    want, got = logits("eager"), logits("softk_softmax")
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    # the cap changes the result: without it the logits differ (the test can fail)
+    cfg_nocap = Gemma2Config(**{**cfg.to_dict(), "attn_logit_softcapping": None})
+    model = Gemma2ForCausalLM._from_config(cfg_nocap, attn_implementation="softk_softmax").eval()
+    model.load_state_dict(state)
+    with torch.no_grad():
+        assert (model(ids).logits - want).abs().max() > 1e-4  # ten times the tolerance

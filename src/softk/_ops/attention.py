@@ -38,22 +38,23 @@ from ..threshold.rows import compute_dtype
 
 
 # ------------------------------------------------------------------ the kernels
-def _forward(q, k, v, mask, alpha, scale, causal, fam, backend):
+def _forward(q, k, v, mask, alpha, scale, causal, fam, backend, softcap=0.0):
     if backend == "triton":
         a = alpha.detach().float() if alpha is not None else q.new_full((q.shape[1],), 1.5, dtype=torch.float32)
         return dispatch.triton_attention().attention_forward(q, k, v, scale=scale, causal=causal, mask=mask, fam=fam,
                                                              alpha=a)
     a = alpha.detach() if alpha is not None else None
-    return blockwise.attention_forward(q, k, v, scale=scale, causal=causal, mask=mask, fam=fam, alpha=a)
+    return blockwise.attention_forward(q, k, v, scale=scale, causal=causal, mask=mask, fam=fam, alpha=a,
+                                       softcap=softcap)
 
 
-def _backward(q, k, v, out, dout, m, lam, mask, alpha, scale, causal, fam, backend, need_dalpha):
+def _backward(q, k, v, out, dout, m, lam, mask, alpha, scale, causal, fam, backend, need_dalpha, softcap=0.0):
     kw = dict(scale=scale, causal=causal, mask=mask, fam=fam, need_dalpha=need_dalpha)
     if backend == "triton":
         a = alpha.detach().float() if alpha is not None else q.new_full((q.shape[1],), 1.5, dtype=torch.float32)
         return dispatch.triton_attention().attention_backward(q, k, v, out, dout, m, lam, alpha=a, **kw)
     a = alpha.detach() if alpha is not None else None
-    return blockwise_backward.attention_backward(q, k, v, out, dout, m, lam, alpha=a, **kw)
+    return blockwise_backward.attention_backward(q, k, v, out, dout, m, lam, alpha=a, softcap=softcap, **kw)
 
 
 def _no_double_backward():
@@ -66,21 +67,21 @@ def _no_double_backward():
 
 def _grads(saved, args, dout, needs, kernel):
     q, k, v, out, m, lam, mask, alpha = saved
-    scale, causal, fam, backend = args
+    scale, causal, fam, backend, softcap = args
     need_dalpha = bool(needs[4]) and alpha is not None
     dq, dk, dv, da = kernel(q, k, v, out, dout.contiguous(), m, lam, mask, alpha, scale, causal, fam, backend,
-                            need_dalpha)
+                            need_dalpha, softcap)
     da = da.to(alpha.dtype) if need_dalpha else None
-    return dq, dk, dv, None, da, None, None, None, None
+    return dq, dk, dv, None, da, None, None, None, None, None
 
 
 # ------------------------------------------------------- the eager (lean) path
 class _EagerAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, mask, alpha, scale, causal, fam, backend):
-        out, m, lam = _forward(q, k, v, mask, alpha, scale, causal, fam, backend)
+    def forward(ctx, q, k, v, mask, alpha, scale, causal, fam, backend, softcap):
+        out, m, lam = _forward(q, k, v, mask, alpha, scale, causal, fam, backend, softcap)
         ctx.save_for_backward(q, k, v, out, m, lam, mask, alpha)
-        ctx.args = (scale, causal, fam, backend)
+        ctx.args = (scale, causal, fam, backend, softcap)
         ctx.mark_non_differentiable(m, lam)
         return out, m, lam
 
@@ -94,22 +95,22 @@ class _EagerAttention(torch.autograd.Function):
 attention_op = attention_backward_op = None
 
 
-def _fake_forward(q, k, v, mask, alpha, scale, causal, fam, backend):
+def _fake_forward(q, k, v, mask, alpha, scale, causal, fam, backend, softcap):
     B, H, L, _ = q.shape
     ct = compute_dtype(q.dtype)
     return (q.new_empty(B, H, L, v.shape[-1]), q.new_empty(B, H, L, dtype=ct), q.new_empty(B, H, L, dtype=ct))
 
 
-def _fake_backward(q, k, v, out, dout, m, lam, mask, alpha, scale, causal, fam, backend, need_dalpha):
+def _fake_backward(q, k, v, out, dout, m, lam, mask, alpha, scale, causal, fam, backend, need_dalpha, softcap):
     return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
             q.new_empty(q.shape[1], dtype=compute_dtype(q.dtype)))
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, mask, alpha, scale, causal, fam, backend = inputs
+    q, k, v, mask, alpha, scale, causal, fam, backend, softcap = inputs
     out, m, lam = output
     ctx.save_for_backward(q, k, v, out, m, lam, mask, alpha)
-    ctx.args = (scale, causal, fam, backend)
+    ctx.args = (scale, causal, fam, backend, softcap)
 
 
 def _library_backward(ctx, dout, _dm, _dlam):
@@ -118,15 +119,16 @@ def _library_backward(ctx, dout, _dm, _dlam):
 
 
 def _op_forward(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], alpha: Optional[Tensor], scale: float,
-                causal: bool, fam: int, backend: str) -> tuple[Tensor, Tensor, Tensor]:
-    out, m, lam = _forward(q, k, v, mask, alpha, scale, causal, fam, backend)
+                causal: bool, fam: int, backend: str, softcap: float) -> tuple[Tensor, Tensor, Tensor]:
+    out, m, lam = _forward(q, k, v, mask, alpha, scale, causal, fam, backend, softcap)
     return out.contiguous(), m.contiguous(), lam.contiguous()  # the fake kernel's layout
 
 
 def _op_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tensor, m: Tensor, lam: Tensor,
                  mask: Optional[Tensor], alpha: Optional[Tensor], scale: float, causal: bool, fam: int,
-                 backend: str, need_dalpha: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    dq, dk, dv, da = _backward(q, k, v, out, dout, m, lam, mask, alpha, scale, causal, fam, backend, need_dalpha)
+                 backend: str, need_dalpha: bool, softcap: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    dq, dk, dv, da = _backward(q, k, v, out, dout, m, lam, mask, alpha, scale, causal, fam, backend, need_dalpha,
+                               softcap)
     if da is None:
         da = q.new_zeros(q.shape[1], dtype=compute_dtype(q.dtype))
     return dq.contiguous(), dk.contiguous(), dv.contiguous(), da.to(compute_dtype(q.dtype))
@@ -145,10 +147,12 @@ def _library():
 
 # ------------------------------------------------------------------ one call
 def attention(q: Tensor, k: Tensor, v: Tensor, mask, alpha, scale: float, causal: bool, fam: int,
-              backend: str) -> Tensor:
+              backend: str, softcap: float = 0.0) -> Tensor:
     """The attention output (B, H, L, Ev) of checked tensors on ``backend``
-    ("blockwise" or "triton"); ``alpha`` None unless the map is α-entmax."""
-    args = (q, k, v, mask, alpha, scale, causal, fam, backend)
+    ("blockwise" or "triton"); ``alpha`` None unless the map is α-entmax;
+    ``softcap`` c > 0 caps the scores to c·tanh(s/c) (0: none; the
+    blockwise backend only)."""
+    args = (q, k, v, mask, alpha, scale, causal, fam, backend, float(softcap))
     if _lean.eager(q, k, v, alpha, mask):
         if any(t is not None and _lean.tracked(t) for t in (q, k, v, alpha)):
             return _EagerAttention.apply(*args)[0]

@@ -24,7 +24,7 @@ __all__ = ["scaled_dot_product_attention", "MAPS"]
 
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask=None, dropout_p: float = 0.0,
                                  is_causal: bool = False, scale=None, enable_gqa: bool = False, *,
-                                 map: str = "entmax15", alpha=None) -> Tensor:
+                                 map: str = "entmax15", alpha=None, softcap=None) -> Tensor:
     r"""Attention with a sparse map:  O = map(scale·QKᵀ + M) V, the map on each query's row of keys.
 
     .. math:: O_i = \sum_j p_{ij} v_j, \qquad p_{ij} = f(s_{ij} - \lambda_i), \quad \sum_j p_{ij} = 1,
@@ -66,6 +66,11 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
             is not Lipschitz at the support's edge and the rounding of q·k
             moves p and the gradients; use :func:`softk.entmax` on the
             scores there.
+        softcap: None, or c > 0: the scaled products are capped to
+            c·tanh(q·k·scale / c) before the mask and the map, as Gemma 2
+            caps its attention logits; the gradients go through the cap.
+            The fused Triton kernels have no cap: a capped call runs the
+            blockwise kernels on any device.
 
     Returns:
         (…, H, L, Ev) in the query's dtype.  ``map="softmax"`` is torch's
@@ -93,5 +98,5 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     >>> sa.scaled_dot_product_attention(q, k, v, map="softmax", scale=1.0)
     tensor([[[1.0186]]])
     """
-    call = check_call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, map, alpha)
+    call = check_call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, map, alpha, softcap)
     return _attention(call)

@@ -45,6 +45,7 @@ class Call:
     alpha: Optional[Tensor]  # (H,) per-head α for fam 3 (a float α is expanded), else None
     alpha_value: object  # the α the reference backend passes to softk.entmax: a float or the (H,) tensor
     out_shape: tuple
+    softcap: Optional[float] = None  # c > 0: scores capped to c·tanh(s/c) before the mask and the map
 
     @property
     def learnable(self) -> bool:
@@ -195,7 +196,19 @@ def _mask(mask, q: Tensor, target: tuple) -> Optional[Tensor]:
     return mask
 
 
-def check_call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, map, alpha) -> Call:
+def check_softcap(softcap) -> Optional[float]:
+    """None, or a finite float c > 0 (Gemma 2's attention logit soft-capping)."""
+    if softcap is None:
+        return None
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+        raise TypeError(f"softcap must be None or a float > 0, got {type(softcap).__name__}")
+    if not (softcap > 0 and math.isfinite(softcap)):
+        raise ValueError(f"softcap must be a finite float > 0 (scores become softcap·tanh(s/softcap)), got {softcap}")
+    return float(softcap)
+
+
+def check_call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, map, alpha,
+               softcap=None) -> Call:
     """Validate the arguments and bring them to the (B, H, L, E) layout."""
     q, k, v = _tensor(query, "query"), _tensor(key, "key"), _tensor(value, "value")
     if not (q.dtype == k.dtype == v.dtype):
@@ -231,4 +244,4 @@ def check_call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable
         mask = mask.expand(*batch, h, L, S).reshape(n, h, L, S)
     # torch's output has the inputs' largest rank (a 2-D call has no head dimension)
     out_shape = (tuple(batch) + (h, L, Ev))[nd - max(query.dim(), key.dim(), value.dim()):]
-    return Call(q, k, v, mask, _scale(scale, E), causal, fam, alpha_t, alpha_ref, out_shape)
+    return Call(q, k, v, mask, _scale(scale, E), causal, fam, alpha_t, alpha_ref, out_shape, check_softcap(softcap))

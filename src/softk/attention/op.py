@@ -40,11 +40,12 @@ def attention(call: Call, backend: Optional[str] = None) -> Tensor:
         backend = dispatch.attention_backend(call.q)
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
-    if backend == "triton" and dispatch.triton_attention() is None:
-        backend = "blockwise"
+    if backend == "triton" and (dispatch.triton_attention() is None or call.softcap):
+        backend = "blockwise"  # the fused kernels have no soft cap: the blockwise kernels run on any device
     if backend == "reference" or 0 in call.q.shape or 0 in call.k.shape:
         out = reference.attention(call)  # (an empty call runs here: its result is empty or zeros)
     else:
         alpha = call.alpha if call.fam == ENTMAX_ID else None
-        out = _op.attention(call.q, call.k, call.v, call.mask, alpha, call.scale, call.causal, call.fam, backend)
+        out = _op.attention(call.q, call.k, call.v, call.mask, alpha, call.scale, call.causal, call.fam, backend,
+                            call.softcap or 0.0)
     return out.reshape(call.out_shape)

@@ -21,10 +21,13 @@ from .checks import Call
 from ..threshold.attention_maps import ENTMAX_ID
 
 
-def scores(q: Tensor, k: Tensor, mask, scale: float, causal: bool) -> Tensor:
+def scores(q: Tensor, k: Tensor, mask, scale: float, causal: bool, softcap=None) -> Tensor:
     """(B, H, L, S) scores in the compute dtype, −inf where a key does not take part
-    (k already has one head per query head)."""
+    (k already has one head per query head); ``softcap`` c caps the scaled
+    products to c·tanh(·/c) before the mask."""
     s = (q @ k.transpose(-1, -2)) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
     if mask is not None:
         s = torch.where(mask, s, float("-inf")) if mask.dtype == torch.bool else s + mask.to(s.dtype)
     if causal:
@@ -51,5 +54,5 @@ def attention(call: Call) -> Tensor:
     g = q.shape[1] // k.shape[1]
     if g > 1:
         k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
-    p = weights(scores(q, k, call.mask, call.scale, call.causal), call)
+    p = weights(scores(q, k, call.mask, call.scale, call.causal, call.softcap), call)
     return (p @ v).to(call.q.dtype)

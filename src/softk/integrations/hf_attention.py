@@ -53,8 +53,7 @@ def _attention_function(map_name: str):
                   **kwargs):
         """transformers' attention signature: query (B, H, L, E), key/value (B, H_kv, S, ·)
         -> (output (B, L, H, Ev), None: the weights are not returned)."""
-        if kwargs.get("softcap") is not None:
-            raise ValueError("softk's attention does not support attention logit soft-capping (softcap)")
+        softcap = kwargs.get("softcap")  # Gemma 2's attn_logit_softcapping: c·tanh(s/c) before the mask
         if dropout:
             raise ValueError(
                 f"softk's attention does not implement attention dropout (got dropout={dropout}); set the model "
@@ -81,9 +80,9 @@ def _attention_function(map_name: str):
                 raise ValueError(f"attn_implementation='softk_entmax_learned' needs a learned α on each attention "
                                  f"layer: call softk.integrations.hf_attention.learn_alpha(model) first "
                                  f"({type(module).__name__} has none)")
-            out = layer(*args)
+            out = layer(*args, softcap=softcap)
         else:
-            out = scaled_dot_product_attention(*args, map=map_name)
+            out = scaled_dot_product_attention(*args, map=map_name, softcap=softcap)
         return out.transpose(1, 2).contiguous(), None
 
     attention.__name__ = attention.__qualname__ = f"softk_{map_name}_attention"

@@ -86,12 +86,12 @@ class ScaledDotProductAttention(nn.Module):
         return self._alpha
 
     def forward(self, query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False,
-                scale=None, enable_gqa: bool = False):
+                scale=None, enable_gqa: bool = False, softcap=None):
         alpha = self.alpha
         if isinstance(alpha, torch.Tensor):
             alpha = alpha.to(torch.float64 if query.dtype == torch.float64 else torch.float32)
         return scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                                            map=self.map, alpha=alpha)
+                                            map=self.map, alpha=alpha, softcap=softcap)
 
     def extra_repr(self) -> str:
         if self.learnable:

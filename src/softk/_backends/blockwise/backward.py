@@ -52,7 +52,7 @@ def _xlogx(p: Tensor) -> Tensor:
 
 
 def attention_backward(q, k, v, out, dout, m, lam, *, scale: float, causal: bool, mask, fam: int, alpha,
-                       need_dalpha: bool, block: int | None = None):
+                       need_dalpha: bool, block: int | None = None, softcap: float = 0.0):
     """(dq, dk, dv, dalpha (H,) or None), each in its input's dtype (dalpha in the compute dtype)."""
     ct = compute_dtype(q.dtype)
     kc, vc = k.to(ct), v.to(ct)
@@ -60,7 +60,7 @@ def attention_backward(q, k, v, out, dout, m, lam, *, scale: float, causal: bool
     dqs, dalpha = [], None
     for i0, i1 in query_chunks(q):
         sl = slice(i0, i1)
-        blk = Blocks(q[:, :, sl], kc, vc, None if mask is None else mask[:, :, sl], scale, causal, i0)
+        blk = Blocks(q[:, :, sl], kc, vc, None if mask is None else mask[:, :, sl], scale, causal, i0, softcap)
         dq, da = _chunk(blk, out[:, :, sl], dout[:, :, sl], m[:, :, sl], lam[:, :, sl], dk, dv, fam, alpha,
                         need_dalpha, block or blockwise.BLOCK)
         dqs.append(dq)
@@ -109,6 +109,8 @@ def _chunk(blk: Blocks, out, dout, m, lam, dk, dv, fam, alpha, need_dalpha, bloc
         p = probs(fam, a, s, m, lam)
         dp = do @ blk.v[:, :, j0:j1].transpose(-1, -2)
         ds = _slope(fam, a, s, m, lam, p) * (dp - c)
+        if blk.softcap:  # through the cap: dS of the scaled products
+            ds = ds * blk.cap_slope(j0, j1)
         dq = dq + ds @ blk.k[:, :, j0:j1]
         dk[:, :, j0:j1] += ds.transpose(-1, -2) @ blk.q  # blk.q is scale·q
         dv[:, :, j0:j1] += p.transpose(-1, -2) @ do

@@ -7,7 +7,9 @@ gives the scores of all of them against a block of keys:
 .. math:: S_{r, j_0:j_1} = (\mathrm{scale}\cdot q_r)\,k_{j_0:j_1}^\top + M_{r, j_0:j_1},
 
 M the additive mask (−inf where a boolean mask is False or, with
-``causal``, where key j > query i).  Row r is query i = r mod L of head
+``causal``, where key j > query i).  With a soft cap c > 0 the scaled
+product is capped to c·tanh(·/c) before M is added (Gemma 2's attention
+logit soft-capping); :meth:`Blocks.cap_slope` is the cap's derivative.  Row r is query i = r mod L of head
 h = h_kv·G + ⌊r / L⌋.  Everything is in the compute dtype (float32 for
 half inputs, float64 for float64).
 """
@@ -40,14 +42,15 @@ class Blocks:
     sliced alike), a block of keys (or a set of rows) at a time; ``k`` and
     ``v`` already in the compute dtype."""
 
-    def __init__(self, q: Tensor, k: Tensor, v: Tensor, mask, scale: float, causal: bool, i0: int = 0):
+    def __init__(self, q: Tensor, k: Tensor, v: Tensor, mask, scale: float, causal: bool, i0: int = 0,
+                 softcap: float = 0.0):
         B, H, L, E = q.shape
         self.hkv = k.shape[1]
         # with causal, keys past the chunk's last query are hidden from all of its rows
         self.S = min(k.shape[2], i0 + L) if causal else k.shape[2]
         self.G, self.L, self.R = H // self.hkv, L, (H // self.hkv) * L
         self.ct = compute_dtype(q.dtype)
-        self.scale, self.causal, self.mask = scale, causal, mask
+        self.scale, self.causal, self.mask, self.softcap = scale, causal, mask, softcap
         # scale·q, rows grouped by key/value head (a view when q is contiguous in float32/64)
         self.q = (q.to(self.ct) * scale).reshape(B, self.hkv, self.R, E)
         self.k, self.v = k, v
@@ -72,7 +75,7 @@ class Blocks:
 
     def scores(self, j0: int, j1: int) -> Tensor:
         """(B, H_kv, R, j1 − j0): every row against keys j0..j1−1."""
-        s = self.q @ self.k[:, :, j0:j1].transpose(-1, -2)
+        s = self._cap(self.q @ self.k[:, :, j0:j1].transpose(-1, -2))
         if self.mask is not None:
             mb = self.mask[..., j0:j1].reshape(s.shape)
             s = torch.where(mb, s, NEG_INF) if mb.dtype == torch.bool else s + mb.to(self.ct)
@@ -83,7 +86,7 @@ class Blocks:
 
     def row_scores(self, b: int, h: int, rows: Tensor) -> Tensor:
         """(n, S): rows ``rows`` of batch b, key/value head h against every key."""
-        s = self.q[b, h, rows] @ self.k[b, h, :self.S].transpose(-1, -2)
+        s = self._cap(self.q[b, h, rows] @ self.k[b, h, :self.S].transpose(-1, -2))
         i = self.qpos[rows, 0]
         if self.mask is not None:
             m = self.mask[b, h * self.G + torch.div(rows, self.L, rounding_mode="floor"), rows % self.L, :self.S]
@@ -91,3 +94,11 @@ class Blocks:
         if self.causal:
             s = s.masked_fill(torch.arange(self.S, device=s.device) > i.unsqueeze(-1), NEG_INF)
         return s
+
+    def _cap(self, s: Tensor) -> Tensor:
+        return s if not self.softcap else self.softcap * torch.tanh(s / self.softcap)
+
+    def cap_slope(self, j0: int, j1: int) -> Tensor:
+        """d cap(s)/ds = 1 − tanh²(s/c) on the block's scaled products (1 without a cap)."""
+        t = torch.tanh((self.q @ self.k[:, :, j0:j1].transpose(-1, -2)) / self.softcap)
+        return 1 - t * t

@@ -51,13 +51,14 @@ CAP = 256  # candidates kept per row before the row is solved on whole score row
 
 
 def attention_forward(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: bool, mask, fam: int, alpha,
-                      block: int | None = None, cap: int | None = None):
-    """(out (B, H, L, Ev) in q's dtype, m (B, H, L), lam (B, H, L)) in the compute dtype."""
+                      block: int | None = None, cap: int | None = None, softcap: float = 0.0):
+    """(out (B, H, L, Ev) in q's dtype, m (B, H, L), lam (B, H, L)) in the compute dtype;
+    ``softcap`` c > 0 caps the scaled products to c·tanh(·/c) (:mod:`.blocks`)."""
     ct = compute_dtype(q.dtype)
     kc, vc = k.to(ct), v.to(ct)
     parts = []
     for i0, i1 in query_chunks(q):
-        blk = Blocks(q[:, :, i0:i1], kc, vc, None if mask is None else mask[:, :, i0:i1], scale, causal, i0)
+        blk = Blocks(q[:, :, i0:i1], kc, vc, None if mask is None else mask[:, :, i0:i1], scale, causal, i0, softcap)
         parts.append(_chunk(blk, fam, alpha, block or BLOCK, cap or CAP))
     out, m, lam = (torch.cat(t, 2) for t in zip(*parts))
     return out.to(q.dtype), m, lam
