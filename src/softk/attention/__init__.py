@@ -2,7 +2,8 @@ r"""Sparse attention: ``torch.nn.functional.scaled_dot_product_attention`` with
 softmax, sparsemax, 1.5-entmax or α-entmax (a learnable α per head) for the
 attention weights, at any length.
 
-See :func:`scaled_dot_product_attention`.  Here live the public function,
+See :func:`scaled_dot_product_attention`, and :func:`varlen_attn` for packed
+variable-length sequences (torch's ``varlen_attn`` signature).  Here live the public functions,
 its argument checks (``checks``), the backend choice of one call (``op``) and
 the reference backend (``reference``); the autograd rule and the
 ``softk::attention`` ops are :mod:`softk._ops.attention`, the kernels
@@ -18,8 +19,9 @@ from torch import Tensor
 from .checks import check_call
 from ..threshold.attention_maps import MAPS
 from .op import attention as _attention
+from ._varlen import varlen_attn
 
-__all__ = ["scaled_dot_product_attention", "MAPS"]
+__all__ = ["scaled_dot_product_attention", "varlen_attn", "MAPS"]
 
 
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask=None, dropout_p: float = 0.0,
