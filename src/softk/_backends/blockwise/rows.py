@@ -1,0 +1,133 @@
+r"""The blockwise backend on whole score rows: a chunk of queries against every key.
+
+On a CPU a chunk of queries' whole score rows fits in cache, and the
+threshold maps have fast row kernels.  So for S up to :data:`ROWS_MAX`
+keys, instead of the λ search over key blocks (:mod:`.forward`), each chunk
+of queries (about :data:`CHUNK` scores at a time, whatever L) computes
+
+.. math:: S = \mathrm{scale}\cdot QK^\top + M \ (\text{capped, masked}), \qquad P = \mathrm{map}(S), \qquad O = PV,
+
+with the map's row kernel (:mod:`softk._backends.native` where it serves
+the family and dtype, else the PyTorch path), and the backward recomputes P
+the same way: dP = dO Vᵀ, dS = the map's vector–Jacobian product of dP
+(d ⊙ (dP − Σ d dP / Σ d), from P alone), dQ = scale·dS K, dK = scale·dSᵀQ,
+dV = PᵀdO, and for a per-head α, Σ_j dP_j ∂p_j/∂α in the cancellation-free
+form of :mod:`softk.threshold.entmax_alpha`.  Memory is O(CHUNK) beyond the
+inputs and outputs; the saved statistics are m (the row maximum) and lam = 0:
+this path does not read them.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .. import dispatch, registry
+from ...threshold.attention_maps import ENTMAX_ID, family
+from ...threshold.entmax_alpha import dp_dalpha, entmax_log_d
+from ...threshold.families import entmax_family
+from ...threshold.rows import compute_dtype
+from .blocks import NEG_INF, Blocks
+
+ROWS_MAX = 1 << 16  # keys at most for this path; longer rows take the search over key blocks
+CHUNK = 1 << 20  # scores per chunk of queries (4 MiB in float32)
+
+
+def serves(S: int) -> bool:
+    """Whether rows of S keys take this path."""
+    return S <= ROWS_MAX
+
+
+def _chunks(q: Tensor, S: int):
+    """(i0, i1) spans of queries, the last first: with ``causal`` a chunk's
+    rows get longer with i1, and allocating the largest first lets every
+    later chunk reuse its freed memory (growing sizes left the allocator a
+    new block per chunk: 140 MiB resident at L = 8192 for 4 MiB chunks)."""
+    B, H, L = q.shape[:3]
+    step = max(1, CHUNK // max(B * H * max(S, 1), 1))
+    return [(i, min(i + step, L)) for i in range(0, L, step)][::-1]
+
+
+def _families(fam: int, alpha, blk: Blocks):
+    """[(family, row slice)] covering the chunk's rows: one family, or one per
+    query head for a per-head α (the row kernels take one α per call)."""
+    if fam != ENTMAX_ID:
+        return [(family(fam), slice(None))]
+    a = alpha.detach().to(torch.float64).tolist()
+    if len(set(a)) == 1:
+        return [(entmax_family(a[0]), slice(None))]
+    return [(entmax_family(a[h]), (h // blk.G, slice((h % blk.G) * blk.L, (h % blk.G + 1) * blk.L)))
+            for h in range(len(a))]
+
+
+def _backend(fam_obj, s: Tensor):
+    native = dispatch.get("native")
+    return native if native.serves(fam_obj, s) and registry.native_available() else dispatch.get("torch")
+
+
+def _map(fams, s: Tensor) -> Tensor:
+    if len(fams) == 1:
+        f = fams[0][0]
+        return _backend(f, s).forward(f, s, 1, 1.0)
+    p = torch.empty_like(s)
+    for f, (hk, rows) in fams:
+        part = s[:, hk, rows]
+        p[:, hk, rows] = _backend(f, part).forward(f, part, 1, 1.0)
+    return p
+
+
+def _vjp(fams, p: Tensor, dp: Tensor) -> Tensor:
+    if len(fams) == 1:
+        f = fams[0][0]
+        return _backend(f, p).backward(f, p, dp, 1.0)
+    ds = torch.empty_like(p)
+    for f, (hk, rows) in fams:
+        ds[:, hk, rows] = _backend(f, p[:, hk, rows]).backward(f, p[:, hk, rows], dp[:, hk, rows], 1.0)
+    return ds
+
+
+def attention_forward(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: bool, mask, fam: int, alpha,
+                      softcap: float = 0.0):
+    """(out (B, H, L, Ev) in q's dtype, m (B, H, L), lam = 0 (B, H, L)) in the compute dtype."""
+    ct = compute_dtype(q.dtype)
+    kc, vc = k.to(ct), v.to(ct)
+    outs, ms = [], []
+    for i0, i1 in _chunks(q, k.shape[2]):
+        blk = Blocks(q[:, :, i0:i1], kc, vc, None if mask is None else mask[:, :, i0:i1], scale, causal, i0, softcap)
+        s = blk.scores(0, blk.S)
+        p = _map(_families(fam, alpha, blk), s)
+        outs.append(blk.heads(p @ vc[:, :, :blk.S]))
+        m = s.amax(-1) if s.shape[-1] else s.new_full(s.shape[:-1], NEG_INF)
+        ms.append(blk.heads(torch.where(m > NEG_INF, m, 0.0)))
+    out, m = torch.cat(outs[::-1], 2), torch.cat(ms[::-1], 2)
+    return out.to(q.dtype), m, torch.zeros_like(m)
+
+
+def attention_backward(q, k, v, out, dout, m, lam, *, scale: float, causal: bool, mask, fam: int, alpha,
+                       need_dalpha: bool, softcap: float = 0.0):
+    """(dq, dk, dv, dalpha (H,) or None), each in its input's dtype (dalpha in the compute dtype)."""
+    ct = compute_dtype(q.dtype)
+    kc, vc = k.to(ct), v.to(ct)
+    dk, dv = torch.zeros_like(kc), torch.zeros_like(vc)
+    dqs, dalpha = [], None
+    need_dalpha = need_dalpha and fam == ENTMAX_ID and alpha is not None
+    for i0, i1 in _chunks(q, k.shape[2]):
+        blk = Blocks(q[:, :, i0:i1], kc, vc, None if mask is None else mask[:, :, i0:i1], scale, causal, i0, softcap)
+        S = blk.S
+        fams = _families(fam, alpha, blk)
+        s = blk.scores(0, S)
+        p = _map(fams, s)
+        do = blk.rows(dout[:, :, i0:i1].to(ct))
+        dp = do @ vc[:, :, :S].transpose(-1, -2)
+        ds = _vjp(fams, p, dp)
+        if softcap:
+            ds = ds * blk.cap_slope(0, S)
+        dqs.append(blk.heads((ds @ kc[:, :, :S]) * scale))
+        dk[:, :, :S] += ds.transpose(-1, -2) @ blk.q  # blk.q is scale·q
+        dv[:, :, :S] += p.transpose(-1, -2) @ do
+        if need_dalpha:
+            a = blk.per_row(alpha)
+            row = (dp * dp_dalpha(p, a, entmax_log_d(p, a))).sum(-1, keepdim=True)
+            da = row.reshape(row.shape[0], blk.hkv, blk.G, blk.L).sum((0, 3)).reshape(-1)
+            dalpha = da if dalpha is None else dalpha + da
+    return torch.cat(dqs[::-1], 2).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dalpha
