@@ -18,8 +18,9 @@ from .normface import cosine_logits, normface_loss_bound, normface_min_scale
 from .simplex_losses import entmax15_loss, entmax_loss, softmax_loss, sparsemax_loss
 from .topk_loss import soft_topk_loss
 from ._topk_softmax_ce import topk_softmax_cross_entropy
+from ._ts2 import ts2_loss
 
-from .fused_linear import fused_linear_loss
+from .fused_linear import FusedLossStats, fused_linear_loss
 
 __all__ = [
     "cross_entropy",
@@ -30,6 +31,7 @@ __all__ = [
     "entmax15_loss",
     "entmax_loss",
     "soft_topk_loss",
+    "ts2_loss",
     "normmax_loss",
     "feature_incay",
     "cosine_logits",
@@ -38,4 +40,4 @@ __all__ = [
     "cross_entropy_margin",
     "cross_entropy_floor",
 ]
-__all__ += ["fused_linear_loss"]
+__all__ += ["fused_linear_loss", "FusedLossStats"]
