@@ -10,6 +10,7 @@ import torch
 
 from softk.losses import fused_linear_loss, ts2_loss
 
+from ..distributed.dist_cases import check_fused_against
 from ..distributed.dist_harness import run
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")
@@ -38,7 +39,7 @@ CASES = [
 
 
 def knob_checks(rank, world, sizes, order):
-    from softk.distributed import vocab_parallel_fused_linear_loss, vocab_parallel_loss
+    from softk.distributed import vocab_parallel_loss
 
     v = sum(sizes)
     lo, hi = _bounds(sizes, order)[rank]
@@ -53,18 +54,11 @@ def knob_checks(rank, world, sizes, order):
     for loss, kw in CASES:
         kw = dict(kw, class_weight=cw) if kw.get("class_weight") else kw
         for reduction in ("mean", "sum"):
-            xf, wf, bf = (a.clone().requires_grad_() for a in (x, w, b))
-            ref = fused_linear_loss(xf, wf, t, loss, bf, reduction=reduction, **kw)
-            gx, gw, gb = torch.autograd.grad(ref, (xf, wf, bf))
-            xl, wl, bl = x.clone().requires_grad_(), w[lo:hi].clone().requires_grad_(), b[lo:hi].clone().requires_grad_()
-            out = vocab_parallel_fused_linear_loss(xl, wl, t, loss, bl, vocab_start=lo if explicit else None,
-                                                   reduction=reduction, chunk_size=3, **kw)
-            what = f"fused {loss} {sorted(kw)} {reduction} rank {rank}"
-            _close(out, ref, what)
-            hx, hw, hb = torch.autograd.grad(out, (xl, wl, bl))
-            _close(hx, gx, what + " grad input")
-            _close(hw, gw[lo:hi], what + " grad weight")
-            _close(hb, gb[lo:hi], what + " grad bias")
+            def ref(xf, wf, bf):
+                return fused_linear_loss(xf, wf, t, loss, bf, reduction=reduction, **kw)
+
+            check_fused_against(ref, x, w, b, t, (lo, hi), explicit, f"fused {loss} {sorted(kw)} {reduction} rank {rank}",
+                                loss=loss, reduction=reduction, **kw)
     # vocab_parallel_loss itself, loss="ts2", with a clamped row (off-support
     # softmax mass > 0.99, which needs a few hundred classes): the slices × 25
     v = 25 * sum(sizes)

@@ -54,12 +54,8 @@ class FusedLinearLoss(nn.Module):
         ignore_index: int = -100,
         reduction: str = "mean",
         chunk_size=None,
-        softcap=None,
-        label_smoothing: float = 0.0,
-        class_weight=None,
-        z_loss: float = 0.0,
-        suppression=None,
-        adaptive: bool = False,
+        softcap=None, label_smoothing: float = 0.0, class_weight=None, z_loss: float = 0.0,  # the knobs
+        suppression=None, adaptive: bool = False,  # TS²'s
         device=None,
         dtype=None,
     ):
