@@ -295,3 +295,12 @@ def test_knobs_under_torch_compile_fullgraph(loss, kw):
     torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-14)
     for a, e in zip(torch.autograd.grad(out, args), torch.autograd.grad(ref, refs)):
         torch.testing.assert_close(a, e, rtol=1e-10, atol=1e-12)
+
+
+def test_stats_are_counted_in_float32_for_half_inputs():
+    """A support of 5000 classes is not a bfloat16 number (it rounds to 4992)."""
+    g = torch.Generator().manual_seed(8)
+    x = (torch.randn(6, 8, generator=g) * 0.3).bfloat16()
+    w = (torch.randn(5000, 8, generator=g) * 0.3).bfloat16()
+    _, stats = fused_linear_loss(x, w, torch.arange(6), return_stats=True)
+    assert stats.support.dtype == torch.float32 and stats.support.item() == 5000

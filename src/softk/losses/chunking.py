@@ -156,10 +156,11 @@ def chunk_loss_fn(loss: str, *, alpha, k: int, method: str, tau: float, ignore_i
             zd = zc.detach()
             support = _support(loss, zd, alpha, k, method, tau)
             guess = zd.argmax(-1)
-            correct = (guess == (t.argmax(-1) if dense else idx)).to(rows.dtype)
+            correct = (guess == (t.argmax(-1) if dense else idx)).to(zd.dtype)
             if keep is not None:
                 support, correct = torch.where(keep, support, 0.0), torch.where(keep, correct, 0.0)
-            extra_rows = torch.stack([support.to(rows.dtype), correct, zterm.detach().to(rows.dtype)], -1)
+            # in float32 at least: a count of classes is not exact in a half dtype
+            extra_rows = torch.stack([support, correct, zterm.detach().to(zd.dtype)], -1)
         return rows, extra_rows
 
     return fn
