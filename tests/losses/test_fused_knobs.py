@@ -304,3 +304,32 @@ def test_stats_are_counted_in_float32_for_half_inputs():
     w = (torch.randn(5000, 8, generator=g) * 0.3).bfloat16()
     _, stats = fused_linear_loss(x, w, torch.arange(6), return_stats=True)
     assert stats.support.dtype == torch.float32 and stats.support.item() == 5000
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_knobs_on_the_top_k_losses(reduction):
+    """topk_softmax_ce takes softcap, class_weight and z_loss (row × w[y]); soft_topk
+    (dense targets) softcap and z_loss."""
+    x, w, b, t, cw = _data(9)
+    args = [a.clone().requires_grad_() for a in (x, w, b)]
+    out = fused_linear_loss(args[0], args[1], t, "topk_softmax_ce", args[2], k=3, softcap=2.0, class_weight=cw,
+                            z_loss=0.03, reduction=reduction, chunk_size=4)
+    refs = [a.clone().requires_grad_() for a in (x, w, b)]
+    z = 2.0 * torch.tanh((refs[0] @ refs[1].t() + refs[2]) / 2.0)
+    keep = t != -100
+    idx = torch.where(keep, t, 0)
+    rows = L.topk_softmax_cross_entropy(z, t, 3, reduction="none") * cw[idx]
+    zl = torch.where(keep, 0.03 * torch.logsumexp(z, -1) ** 2, 0.0)
+    ref = _reduce(rows, keep, reduction, torch.where(keep, cw[idx], 0.0).sum()) + _reduce(zl, keep, reduction)
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-14)
+    go = torch.linspace(0.5, 1.5, out.numel(), dtype=D).reshape(out.shape)
+    for a, e in zip(torch.autograd.grad(out, args, go), torch.autograd.grad(ref, refs, go)):
+        torch.testing.assert_close(a, e, rtol=1e-10, atol=1e-12)
+
+    y = torch.zeros(x.shape[0], V, dtype=D)
+    y[:, :2] = 1.0
+    out = fused_linear_loss(x, w, y, "soft_topk", b, k=2, softcap=2.0, z_loss=0.03, reduction=reduction, chunk_size=4)
+    z = 2.0 * torch.tanh((x @ w.t() + b) / 2.0)
+    ref = _reduce(L.soft_topk_loss(z, y, 2, reduction="none") + 0.03 * torch.logsumexp(z, -1) ** 2,
+                  torch.ones(x.shape[0], dtype=torch.bool), reduction)
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-14)

@@ -138,9 +138,12 @@ def fused_linear_loss(
             by chunk: one more solve of the map per chunk, no N×V tensor).
 
     Returns the loss, with gradients for ``input``, ``weight`` and ``bias``
-    (not for ``target``); with ``return_stats``, ``(loss, stats)``.  Memory beyond the inputs: the gradients (N×H, V×H,
-    V) and one chunk's logits and loss temporaries, never N×V.  Equal to the
-    unfused loss to rounding (the sum over chunks is ordered differently).
+    (not for ``target``); with ``return_stats``, ``(loss, stats)``.  Memory
+    beyond the inputs: the gradients (N×H, V×H, V) and one chunk's logits and
+    loss temporaries, never N×V.  Equal to the unfused loss to rounding (the
+    sum over chunks is ordered differently).  Under ``torch.compile`` each
+    chunk is an activation checkpoint (the compiled backward recomputes its
+    logits); there a "mean" with no kept row has NaN gradients, not zeros.
 
     >>> import torch
     >>> torch.manual_seed(0) and None
