@@ -352,7 +352,8 @@ def check_fused_against(ref_fn, x, w, b, t, bounds_r, explicit, what, loss, **kw
     ref = ref_fn(xf, wf, bf)
     gx, gw, gb = torch.autograd.grad(ref, (xf, wf, bf))
     xl, wl, bl = x.clone().requires_grad_(), w[lo:hi].clone().requires_grad_(), b[lo:hi].clone().requires_grad_()
-    out = vocab_parallel_fused_linear_loss(xl, wl, t, loss, bl, vocab_start=lo if explicit else None,
+    tl = t[:, lo:hi] if t.is_floating_point() else t  # a dense target is sliced like the weight
+    out = vocab_parallel_fused_linear_loss(xl, wl, tl, loss, bl, vocab_start=lo if explicit else None,
                                            chunk_size=3, **kwargs)
     _close(out, ref, what)
     hx, hw, hb = torch.autograd.grad(out, (xl, wl, bl))

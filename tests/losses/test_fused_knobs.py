@@ -117,6 +117,11 @@ def test_module_takes_the_knobs():
     ref = _reference("sparsemax", x, w, b, t, reduction="mean", softcap=2.0, eps=0.1, cw=cw, beta=0.01)
     torch.testing.assert_close(head(x, t), ref, rtol=1e-12, atol=0)
     assert "softcap=2.0" in repr(head)
+    head = FusedLinearLoss(5, V, "ts2", suppression=0.3, adaptive=True, tau=0.5, dtype=D)
+    z = head.logits(x)
+    torch.testing.assert_close(head(x, t), ts2_loss(z, t, suppression=0.3, adaptive=True, tau=0.5))
+    assert "suppression=0.3, adaptive=True" in repr(head)
+    assert "class_weight" not in FusedLinearLoss(5, V, class_weight=cw).state_dict()
 
 
 @pytest.mark.parametrize("bad,match", [

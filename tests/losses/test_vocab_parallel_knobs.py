@@ -59,6 +59,17 @@ def knob_checks(rank, world, sizes, order):
 
             check_fused_against(ref, x, w, b, t, (lo, hi), explicit, f"fused {loss} {sorted(kw)} {reduction} rank {rank}",
                                 loss=loss, reduction=reduction, **kw)
+    # dense targets: label smoothing on the sliced rows, softcap and z-loss
+    y = torch.softmax(torch.randn(10, v, dtype=D, generator=g) * 2, -1)
+    ky = torch.zeros(10, v, dtype=D)
+    ky[:, [0, 5, v - 1]] = 1.0
+    for loss, yt, kw in (("sparsemax", y, dict(label_smoothing=0.1, softcap=2.0, z_loss=0.01)),
+                         ("cross_entropy", y, dict(label_smoothing=0.2, z_loss=0.01)),
+                         ("soft_topk", ky, dict(k=3, method="sparse", softcap=2.0, z_loss=0.01))):
+        def ref(xf, wf, bf):
+            return fused_linear_loss(xf, wf, yt, loss, bf, **kw)
+
+        check_fused_against(ref, x, w, b, yt, (lo, hi), explicit, f"fused dense {loss} rank {rank}", loss=loss, **kw)
     # vocab_parallel_loss itself, loss="ts2", with a clamped row (off-support
     # softmax mass > 0.99, which needs a few hundred classes): the slices × 25
     v = 25 * sum(sizes)
