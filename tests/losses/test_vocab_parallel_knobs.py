@@ -59,6 +59,22 @@ def knob_checks(rank, world, sizes, order):
 
             check_fused_against(ref, x, w, b, t, (lo, hi), explicit, f"fused {loss} {sorted(kw)} {reduction} rank {rank}",
                                 loss=loss, reduction=reduction, **kw)
+    # bad knobs: every rank raises (the one that refused its own, the others because of it)
+    from softk.distributed import vocab_parallel_fused_linear_loss as vpf
+
+    for kw, match in ((dict(label_smoothing=0.1), "label_smoothing"), (dict(suppression=-1.0), "suppression")):
+        try:
+            vpf(x, w[lo:hi], t, "ts2", **kw)
+        except ValueError as e:
+            assert match in str(e), e
+        else:
+            raise AssertionError(f"no ValueError for {kw}")
+    try:
+        vpf(x, w[lo:hi], t, "sparsemax", z_loss=0.1 if rank == 0 else 0.0)
+    except ValueError as e:
+        assert "differ between ranks" in str(e), e
+    else:
+        raise AssertionError("no ValueError for z_loss differing between ranks")
     # dense targets: label smoothing on the sliced rows, softcap and z-loss
     y = torch.softmax(torch.randn(10, v, dtype=D, generator=g) * 2, -1)
     ky = torch.zeros(10, v, dtype=D)
