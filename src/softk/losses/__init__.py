@@ -1,11 +1,12 @@
 """Losses: cross-entropy with torch's semantics, Fenchel–Young losses of every
 threshold map (softmax, sparsemax, entmax, smooth top-k), sparse-softmax
-cross-entropy, and the regularisers and bounds of normalised-feature heads.
+cross-entropy, TS² (sparsemax plus a penalty on the softmax mass off its
+support), and the regularisers and bounds of normalised-feature heads.
 
 All take scores (N, C, d1, ...) with classes on dim 1 (or (C,)), like
 ``torch.nn.functional.cross_entropy``.  Here live the public losses, their
 target checks (``targets``) and the fused linear loss's chunks
-(``chunking``); their autograd rules are in :mod:`softk._ops`.  Imported by
+(``chunking``) and knobs (``_knobs``); their autograd rules are in :mod:`softk._ops`.  Imported by
 attention, compat, distributed, nn and integrations; imports the maps and below.
 """
 
