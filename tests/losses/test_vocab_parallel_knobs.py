@@ -95,7 +95,7 @@ def knob_checks(rank, world, sizes, order):
     tz = torch.randint(0, v, (6,), generator=g)
     tz[0], tz[2] = 0, -100
     for adaptive in (False, True):
-        for reduction in ("mean", "none"):
+        for reduction in ("mean", "sum", "none"):
             zf = z.clone().requires_grad_()
             ref = ts2_loss(zf, tz, suppression=0.5, tau=0.25, adaptive=adaptive, reduction=reduction)
             (gz,) = torch.autograd.grad(ref.sum(), zf)

@@ -135,8 +135,8 @@ def chunk_loss_fn(loss: str, *, alpha, k: int, method: str, tau: float, ignore_i
         zc = z if z.dtype in (torch.float32, torch.float64) else z.float()
         if fy_smooth and not dense:
             v = zc.shape[-1]
-            q = torch.tensor([1 - eps + eps / v, eps / v, 1.0], dtype=torch.float64)
-            psi = family.psi(q).tolist()
+            # Ω(q) − ψ(1) as a tensor (no host read: torch.compile traces it)
+            psi = family.psi(zc.new_tensor([1 - eps + eps / v, eps / v, 1.0]))
             const = psi[0] + (v - 1) * psi[1] - psi[2]
             lin = zc.gather(-1, idx.unsqueeze(-1)).squeeze(-1) - zc.mean(-1)
             rows = rows + torch.where(keep, eps * lin / tau + const, 0.0).to(rows.dtype)
