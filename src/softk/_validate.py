@@ -287,7 +287,8 @@ def unwrapped(t: torch.Tensor) -> torch.Tensor:
 
 class LossSpec(NamedTuple):
     """What a loss name takes beyond the shared tau/ignore_index/reduction:
-    ``options`` among "alpha", "k" and "method", and ``targets``: "index"
+    ``options`` among "alpha", "k", "method" and TS²'s "suppression" and
+    "adaptive", and ``targets``: "index"
     (class indices), "dense" (rows summing to k) or "both"."""
 
     options: tuple
@@ -297,7 +298,8 @@ class LossSpec(NamedTuple):
 # The one table of loss names, read by every entry point that takes a loss by
 # name (fused_linear_loss, nn.FusedLinearLoss, vocab_parallel_loss,
 # vocab_parallel_fused_linear_loss, apply_softk): each is the function of that
-# name in softk.losses, "topk_softmax_ce" its top-k softmax cross-entropy.
+# name in softk.losses, "topk_softmax_ce" its top-k softmax cross-entropy,
+# "ts2" its ts2_loss.
 LOSSES = {
     "cross_entropy": LossSpec((), "both"),
     "softmax": LossSpec((), "both"),
@@ -306,6 +308,7 @@ LOSSES = {
     "entmax": LossSpec(("alpha",), "both"),
     "soft_topk": LossSpec(("k", "method"), "dense"),
     "topk_softmax_ce": LossSpec(("k",), "index"),
+    "ts2": LossSpec(("suppression", "adaptive"), "index"),
 }
 # The default ``loss`` of every one of them: torch's, Megatron's and Liger's.
 DEFAULT_LOSS = "cross_entropy"

@@ -341,6 +341,27 @@ def all_checks(rank, world, sizes, order):
         check_subgroup(rank, world)
 
 
+def check_fused_against(ref_fn, x, w, b, t, bounds_r, explicit, what, loss, **kwargs):
+    """vocab_parallel_fused_linear_loss(x, this rank's rows of w and b, t, loss, **kwargs), in chunks
+    of 3 rows, against ``ref_fn(x, w, b)`` on one device: the value and the gradients of x
+    and of this rank's rows (``bounds_r`` = (lo, hi))."""
+    from softk.distributed import vocab_parallel_fused_linear_loss
+
+    lo, hi = bounds_r
+    xf, wf, bf = (a.clone().requires_grad_() for a in (x, w, b))
+    ref = ref_fn(xf, wf, bf)
+    gx, gw, gb = torch.autograd.grad(ref, (xf, wf, bf))
+    xl, wl, bl = x.clone().requires_grad_(), w[lo:hi].clone().requires_grad_(), b[lo:hi].clone().requires_grad_()
+    tl = t[:, lo:hi] if t.is_floating_point() else t  # a dense target is sliced like the weight
+    out = vocab_parallel_fused_linear_loss(xl, wl, tl, loss, bl, vocab_start=lo if explicit else None,
+                                           chunk_size=3, **kwargs)
+    _close(out, ref, what)
+    hx, hw, hb = torch.autograd.grad(out, (xl, wl, bl))
+    _close(hx, gx, what + " grad input")
+    _close(hw, gw[lo:hi], what + " grad weight")
+    _close(hb, gb[lo:hi], what + " grad bias")
+
+
 def check_fused(rank, world, sizes, order):
     """W sharded by vocabulary: loss and gradients equal the single-device fused/unfused ones."""
     from softk.distributed import vocab_parallel_fused_linear_loss
@@ -356,18 +377,11 @@ def check_fused(rank, world, sizes, order):
     t[3] = -100
     for loss, kw in (("sparsemax", {}), ("cross_entropy", {}), ("entmax", {"alpha": 1.4})):
         for reduction in ("mean", "sum"):
-            xf, wf, bf = (a.clone().requires_grad_() for a in (x, w, b))
-            ref = single_loss(loss, xf @ wf.T + bf, t, reduction=reduction, **kw)
-            gx, gw, gb = torch.autograd.grad(ref, (xf, wf, bf))
-            xl, wl, bl = x.clone().requires_grad_(), w[lo:hi].clone().requires_grad_(), b[lo:hi].clone().requires_grad_()
-            out = vocab_parallel_fused_linear_loss(xl, wl, t, loss, bl, vocab_start=lo if explicit else None,
-                                                   reduction=reduction, chunk_size=3, **kw)
-            what = f"fused {loss} {reduction} rank {rank}"
-            _close(out, ref, what)
-            hx, hw, hb = torch.autograd.grad(out, (xl, wl, bl))
-            _close(hx, gx, what + " grad input")
-            _close(hw, gw[lo:hi], what + " grad weight")
-            _close(hb, gb[lo:hi], what + " grad bias")
+            def ref(xf, wf, bf):
+                return single_loss(loss, xf @ wf.T + bf, t, reduction=reduction, **kw)
+
+            check_fused_against(ref, x, w, b, t, (lo, hi), explicit, f"fused {loss} {reduction} rank {rank}",
+                                loss=loss, reduction=reduction, **kw)
     xs = torch.cat([x, x[:1]]) if rank == 0 else x
     ts = torch.cat([t, t[:1]]) if rank == 0 else t
     _expect(ValueError, "number of rows", lambda: vocab_parallel_fused_linear_loss(xs, w[lo:hi], ts, "sparsemax"))

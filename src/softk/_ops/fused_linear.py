@@ -4,19 +4,23 @@ r"""The fused linear loss's pass over chunks of rows and its autograd rule.
 the per-row loss, and (optionally) the gradients G = ∂(Σ_i w_i L_i)/∂logits
 pushed straight into grad_X = G W, grad_W += Gᵀ X_c, grad_b += Σ_rows G, so no
 more than one chunk's (rows × V) logits ever exist.  :class:`FusedLinearLoss`
-is the autograd rule of :func:`softk.losses.fused_linear_loss` around it.
+is the autograd rule of :func:`softk.losses.fused_linear_loss` around it;
+:func:`checkpointed_pass` is the same pass for ``torch.compile`` (which does
+not trace ``torch.autograd.grad`` inside an autograd rule): each chunk an
+activation checkpoint.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 
 def chunked_pass(x, weight, bias, target, fn, chunk: int, row_weight, grads):
     """One pass over the rows of ``x`` (M, H) in chunks of ``chunk`` rows.
 
-    Returns ``(loss (M,), grad_x, grad_w, grad_b)`` with the per-row losses in
+    Returns ``(loss (M,), grad_x, grad_w, grad_b, extra)`` with the per-row losses in
     float32 (float64 for float64 input) and the gradients of Σ_i w_i L_i
     (``row_weight`` w (M,), or all ones when None) for the entries of
     ``grads = (want_x, want_w, want_b)``, None for the others.  Weight and bias
@@ -24,6 +28,8 @@ def chunked_pass(x, weight, bias, target, fn, chunk: int, row_weight, grads):
     chunk's weight-gradient product Gᵀ X runs in the inputs' half precision
     (tensor cores, float32 accumulation inside the product, rounded once to
     the inputs' dtype before it is added); on the CPU it runs in float32.
+    ``fn`` may return ``(rows, extra)``, extra (C, k) per-row numbers that
+    are gathered into ``extra`` (M, k) (None when ``fn`` returns rows only).
     """
     m = x.shape[0]
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
@@ -35,6 +41,7 @@ def chunked_pass(x, weight, bias, target, fn, chunk: int, row_weight, grads):
     gb = torch.zeros(weight.shape[0], dtype=acc, device=x.device) if want_b else None
     wt = weight.t()
     half_product = acc == torch.float32 and x.dtype != torch.float32 and x.device.type != "cpu"
+    extra = None
     for s in range(0, m, chunk):
         e = min(s + chunk, m)
         xc = x[s:e]
@@ -43,6 +50,11 @@ def chunked_pass(x, weight, bias, target, fn, chunk: int, row_weight, grads):
         with torch.enable_grad():
             logits.requires_grad_(any_grad)
             lrow = fn(logits, target[s:e])
+            if isinstance(lrow, tuple):
+                lrow, ex = lrow
+                if extra is None:
+                    extra = torch.empty(m, ex.shape[-1], dtype=acc, device=x.device)
+                extra[s:e] = ex
             if any_grad:
                 w = torch.ones_like(lrow) if row_weight is None else row_weight[s:e].to(lrow.dtype)
                 (g,) = torch.autograd.grad(lrow, logits, grad_outputs=w)
@@ -60,39 +72,67 @@ def chunked_pass(x, weight, bias, target, fn, chunk: int, row_weight, grads):
         if want_b:
             gb += g.sum(0, dtype=acc)
         del g
-    return losses, gx, gw, gb
+    return losses, gx, gw, gb, extra
+
+
+def checkpointed_pass(x, weight, bias, target, fn, chunk: int):
+    """The per-row losses of ``x`` (M, H) in chunks, for torch.compile: each
+    chunk's logits and loss are one activation checkpoint, so autograd keeps
+    only the chunk's inputs and recomputes its logits in the backward (one
+    chunk at a time).  Returns ``(rows (M,), extra)`` as :func:`chunked_pass`
+    does, differentiable for x, weight and bias."""
+    rows, extras = [], []
+    for s in range(0, x.shape[0], chunk):
+        e = min(s + chunk, x.shape[0])
+        out = checkpoint(_chunk_rows, x[s:e], weight, bias, target[s:e], fn, use_reentrant=False)
+        if isinstance(out, tuple):
+            out, ex = out
+            extras.append(ex)
+        rows.append(out)
+    return torch.cat(rows), (torch.cat(extras) if extras else None)
+
+
+def _chunk_rows(xc, weight, bias, target, fn):
+    logits = xc @ weight.t() if bias is None else torch.addmm(bias, xc, weight.t())
+    return fn(logits, target)
 
 
 class FusedLinearLoss(torch.autograd.Function):
     """loss(x Wᵀ + b, target) over chunks of rows, the gradients written during the forward (reductions "mean" and "sum") or recomputed in the backward ("none"); see :func:`softk.losses.fused_linear_loss`."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, target, fn, chunk, reduction, n_kept, want):
+    def forward(ctx, x, weight, bias, target, fn, chunk, reduction, n_kept, want, stats=False):
+        """Returns the reduced loss, and with ``stats`` also ``fn``'s per-row extra (M, k), not differentiable."""
         ctx.fn, ctx.chunk, ctx.reduction, ctx.n_kept = fn, chunk, reduction, n_kept
         if reduction == "none":
-            losses, *_ = chunked_pass(x, weight, bias, target, fn, chunk, None, (False, False, False))
+            losses, _, _, _, extra = chunked_pass(x, weight, bias, target, fn, chunk, None, (False, False, False))
             ctx.save_for_backward(x, weight, bias, target)
             ctx.want = want
-            return losses.to(x.dtype)
-        losses, gx, gw, gb = chunked_pass(x, weight, bias, target, fn, chunk, None, want)
-        ctx.save_for_backward(gx, gw, gb)
-        total = losses.sum()
-        if reduction == "mean":
-            total = total / n_kept
-        return total.to(x.dtype)
+            out = losses.to(x.dtype)
+        else:
+            losses, gx, gw, gb, extra = chunked_pass(x, weight, bias, target, fn, chunk, None, want)
+            ctx.save_for_backward(gx, gw, gb)
+            total = losses.sum()
+            if reduction == "mean":
+                total = total / n_kept
+            out = total.to(x.dtype)
+        if not stats:
+            return out
+        ctx.mark_non_differentiable(extra)
+        return out, extra
 
     @staticmethod
-    def backward(ctx, go):
+    def backward(ctx, go, *_):
         if ctx.reduction == "none":
             x, weight, bias, target = ctx.saved_tensors
-            _, gx, gw, gb = chunked_pass(x, weight, bias, target, ctx.fn, ctx.chunk, go, ctx.want)
+            _, gx, gw, gb, _ = chunked_pass(x, weight, bias, target, ctx.fn, ctx.chunk, go, ctx.want)
         else:
             gx, gw, gb = ctx.saved_tensors
             n_kept = ctx.n_kept.clamp(min=1) if isinstance(ctx.n_kept, Tensor) else max(ctx.n_kept, 1)
             scale = go if ctx.reduction == "sum" else go / n_kept
             gx, gw, gb = (None if g is None else _scaled(g, scale, go.dtype) for g in (gx, gw, gb))
         cast = lambda g, ref: None if g is None else g.to(ref.dtype)  # noqa: E731
-        return cast(gx, go), cast(gw, go), cast(gb, go), None, None, None, None, None, None
+        return cast(gx, go), cast(gw, go), cast(gb, go), None, None, None, None, None, None, None
 
 
 def _scaled(g: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:

@@ -8,8 +8,9 @@ collectives per call (see :mod:`.threshold` for how λ is found).
 :func:`vocab_parallel_fused_linear_loss` adds the output layer, with the
 weight sharded by vocabulary, never holding more than a chunk of logits.
 Here live the public functions, their cross-rank checks (``checks``), the
-loss and map names (``families``) and the collectives that find λ
-(``threshold``); their autograd rules are :mod:`softk._ops.distributed`.
+loss and map names (``families``), the collectives that find λ
+(``threshold``) and the whole-row sums of the fused loss's knobs and of TS²'s
+penalty (``_knobs``); their autograd rules are :mod:`softk._ops.distributed`.
 No softk package imports it; it imports the losses and everything below.
 """
 

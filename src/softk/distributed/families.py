@@ -37,7 +37,8 @@ def map_family(name, k, alpha) -> Family:
 
 
 def loss_family(name, k, alpha, method) -> Family:
-    """The family of ``vocab_parallel_loss(loss=name)`` (None for topk_softmax_ce, which has no λ)."""
+    """The family of ``vocab_parallel_loss(loss=name)`` (None for topk_softmax_ce, which has no λ;
+    sparsemax for "ts2", whose first term is the sparsemax loss)."""
     if name not in LOSSES:
         raise ValueError(f"loss must be one of {list(LOSSES)}, got {name!r}")
     if name == "entmax":
@@ -52,7 +53,8 @@ def loss_family(name, k, alpha, method) -> Family:
         raise ValueError(_REFUSED.format(what=f"soft_topk with method={method!r}, k={k}"))
     if "k" not in LOSSES[name].options and k != 1:
         raise ValueError(f"k applies to loss='soft_topk' and 'topk_softmax_ce' only, got k={k} with loss={name!r}")
-    return {"cross_entropy": SOFTMAX, "softmax": SOFTMAX, "sparsemax": SPARSEMAX, "entmax15": ENTMAX15}.get(name)
+    return {"cross_entropy": SOFTMAX, "softmax": SOFTMAX, "sparsemax": SPARSEMAX, "entmax15": ENTMAX15,
+            "ts2": SPARSEMAX}.get(name)
 
 
 def what_code(*parts) -> int:

@@ -21,17 +21,21 @@ import torch
 import torch.distributed as dist
 
 from .._ops.distributed import ChunkedLinearLoss
-from .._validate import DEFAULT_LOSS, check_input
+from .._validate import DEFAULT_LOSS, check_input, check_loss_options
+from ..losses._knobs import NO_KNOBS, check_knobs, check_ts2_options
 from ..losses.chunking import auto_chunk_size
 from ..losses.targets import check_reduction
+from ._knobs import knobbed_rows
 from .checks import comm_device, resolve_group
+from .families import what_code
 from .losses import vocab_parallel_loss
 
 
 def vocab_parallel_fused_linear_loss(
     input, local_weight, target, loss: str = DEFAULT_LOSS, local_bias=None, *, group=None, vocab_start=None,
     alpha=None, k: int = 1, method: str = "sparse", tau: float = 1.0, ignore_index: int = -100,
-    reduction: str = "mean", chunk_size=None,
+    reduction: str = "mean", chunk_size=None, softcap=None, label_smoothing: float = 0.0, class_weight=None,
+    z_loss: float = 0.0, suppression=None, adaptive: bool = False,
 ):
     r"""``vocab_parallel_loss(input @ local_weight.T + local_bias, target, loss)``, a chunk of rows at a time.
 
@@ -43,15 +47,21 @@ def vocab_parallel_fused_linear_loss(
         local_bias: None or (V_r,).
         chunk_size: rows per chunk; None takes :func:`softk.losses.chunking.auto_chunk_size`
             with the largest slice, so every rank runs the same number of chunks.
+        softcap, label_smoothing, class_weight, z_loss: the knobs of
+            :func:`softk.losses.fused_linear_loss`, over the whole vocabulary
+            (``class_weight`` the full (V,) weights, the same on every rank).
         The rest: as in :func:`vocab_parallel_loss` (``loss`` default
-            "cross_entropy"); reduction is "mean" or "sum".
+            "cross_entropy", "ts2" with ``suppression`` and ``adaptive``);
+            reduction is "mean" or "sum".
 
     The gradient of ``input`` is the full one, Σ_r G_r W_r, all-reduced over
     the group during the forward (do not all-reduce it again).
 
     Collectives: 1 all-reduce (slice sizes and argument agreement), then per
     chunk those of :func:`vocab_parallel_loss` (at most 4), then 1 all-reduce of
-    the (N, H) input gradient when ``input`` requires grad.  Backward: none.
+    the (N, H) input gradient when ``input`` requires grad.  The knobs add per
+    chunk: label smoothing 2 all-reduces (4 for cross-entropy with class
+    weights), z-loss 2.  Backward: none.
 
     >>> import torch, torch.distributed as dist, tempfile, os
     >>> f = os.path.join(tempfile.mkdtemp(), "pg")
@@ -77,13 +87,21 @@ def vocab_parallel_fused_linear_loss(
             raise ValueError("reduction must be 'mean' or 'sum' here (the gradients are computed in the forward)")
         if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral) or chunk_size < 1):
             raise ValueError(f"chunk_size must be None or an int >= 1, got {chunk_size!r}")
+        check_loss_options(loss, alpha, k, "exp")
+        check_ts2_options(loss, suppression, adaptive)
+        knobs = check_knobs(loss, softcap=softcap, label_smoothing=label_smoothing, class_weight=class_weight,
+                            z_loss=z_loss, dense=isinstance(target, torch.Tensor) and target.is_floating_point(),
+                            device=input.device)
     except (TypeError, ValueError) as e:
         err = e
-    # One table (world, 4) of [error, V_r, N, H]: every rank must run the same
-    # number of chunks, so N (and H) must agree before the first chunk.
-    table = torch.zeros(world, 4, dtype=torch.int64, device=comm_device(input, group))
+    # One table (world, 5) of [error, V_r, N, H, knobs]: every rank must run the
+    # same number of chunks, so N (and H) must agree before the first chunk, and
+    # the same collectives, so the knobs must agree too.
+    table = torch.zeros(world, 5, dtype=torch.int64, device=comm_device(input, group))
     if err is None:
-        table[rank] = torch.tensor([0, local_weight.shape[0], *input.shape])
+        cw = None if class_weight is None else tuple(class_weight.shape)
+        code = what_code(softcap, label_smoothing, cw, z_loss)
+        table[rank] = torch.tensor([0, local_weight.shape[0], *input.shape, code])
     else:
         table[rank, 0] = 1
     dist.all_reduce(table, op=dist.ReduceOp.SUM, group=group)
@@ -95,19 +113,46 @@ def vocab_parallel_fused_linear_loss(
     for col, what in ((2, "the number of rows N of input"), (3, "the hidden size H of input")):
         if not bool((table[:, col] == table[0, col]).all()):
             raise ValueError(f"{what} differs between ranks: {table[:, col].tolist()} (input must be the same on every rank)")
+    if not bool((table[:, 4] == table[0, 4]).all()):
+        raise ValueError("softcap, label_smoothing, class_weight's shape or z_loss differ between ranks")
+    vocab = int(table[:, 1].sum())
+    if knobs.class_weight is not None and knobs.class_weight.shape[0] != vocab:
+        raise ValueError(f"class_weight must have one weight per class of the whole vocabulary, ({vocab},), "
+                         f"got {tuple(knobs.class_weight.shape)}")
+    # this rank's first global class (contiguous slices in rank order when not given)
+    start = int(table[:rank, 1].sum()) if vocab_start is None else int(vocab_start)
     info = table[:, 1].max()
     n, h = input.shape
     chunk = chunk_size or auto_chunk_size(n, h, int(info), input.device.type)
+    z_scale = 1.0
     if target.is_floating_point():
         n_kept = n
     else:
-        n_kept = int((target != ignore_index).sum())
-    kwargs = dict(loss=loss, vocab_start=vocab_start, alpha=alpha, k=k, method=method, tau=tau, ignore_index=ignore_index)
+        kept = target != ignore_index
+        n_kept = int(kept.sum())
+        if knobs.class_weight is not None:
+            # torch's weighted mean: divided by Σ w[y] over the kept rows; the
+            # z-loss is averaged over the rows, so it is scaled by Σw/n.
+            n_rows, n_kept = n_kept, float(torch.where(kept, knobs.class_weight[torch.where(kept, target, 0)], 0).sum())
+            z_scale = n_kept / n_rows if reduction == "mean" and n_rows else 1.0
+    ts2 = dict(suppression=suppression, adaptive=adaptive) if loss == "ts2" else {}
+    kwargs = dict(loss=loss, vocab_start=vocab_start, alpha=alpha, k=k, method=method,
+                  tau=tau, ignore_index=ignore_index, **ts2)
     on = torch.is_grad_enabled()
     want = tuple(on and a is not None and a.requires_grad for a in (input, local_weight, local_bias))
+    eps, cap = knobs.label_smoothing, knobs.softcap
 
     def loss_rows(logits, rows):
-        return vocab_parallel_loss(logits, target[rows], group=group, reduction="none", **kwargs)
+        t = target[rows]
+        if cap is not None:
+            logits = cap * torch.tanh(logits / cap)
+        if eps and t.is_floating_point():
+            t = (1 - eps) * t + eps / vocab
+        out = vocab_parallel_loss(logits, t, group=group, reduction="none", **kwargs)
+        if knobs == NO_KNOBS or (cap is not None and knobs._replace(softcap=None) == NO_KNOBS):
+            return out
+        return knobbed_rows(out, logits, t, loss, knobs, alpha=alpha, tau=tau, ignore_index=ignore_index,
+                            start=start, vocab=vocab, z_scale=z_scale, group=group)
 
     return ChunkedLinearLoss.apply(input, local_weight, local_bias, loss_rows, chunk, n_kept, reduction == "mean",
                                    want, group)

@@ -27,11 +27,13 @@ from .._validate import DEFAULT_LOSS, LOSSES, check_input, check_k, check_tau, s
 from ..losses import targets as tg
 from ..threshold.rows import compute_dtype
 from .checks import exchange, resolve_group
+from ..losses._knobs import check_ts2_options
+from ._knobs import ts2_penalty
 from .families import loss_family, what_code
 from .threshold import NEG_INF, distributed_forward
 
 
-def _local_checks(x, target, loss, k, tau, alpha, method, reduction, ignore_index, vocab_start):
+def _local_checks(x, target, loss, k, tau, alpha, method, reduction, ignore_index, vocab_start, suppression, adaptive):
     check_input(x, "local_logits")
     if x.shape[-1] < 1:
         raise ValueError("local_logits must hold at least one class on its last dimension")
@@ -40,6 +42,7 @@ def _local_checks(x, target, loss, k, tau, alpha, method, reduction, ignore_inde
     reduction = tg.check_reduction(reduction)
     ignore_index = tg.check_ignore_index(ignore_index)
     family = loss_family(loss, k, alpha, method)
+    check_ts2_options(loss, suppression, adaptive)
     if vocab_start is not None and (isinstance(vocab_start, bool) or not isinstance(vocab_start, numbers.Integral) or vocab_start < 0):
         raise ValueError(f"vocab_start must be None or an int >= 0 (this slice's first global class), got {vocab_start!r}")
     tg.check_target_tensor(target)
@@ -104,6 +107,8 @@ def vocab_parallel_loss(
     tau: float = 1.0,
     ignore_index: int = -100,
     reduction: str = "mean",
+    suppression=None,
+    adaptive: bool = False,
 ) -> Tensor:
     r"""``loss`` of the logits concatenated over the vocabulary slices of the ranks of ``group``.
 
@@ -117,7 +122,9 @@ def vocab_parallel_loss(
             :func:`softk.losses.fused_linear_loss` and Megatron's
             vocab-parallel cross-entropy), "softmax", "sparsemax", "entmax15", "entmax"
             (``alpha``), "soft_topk" (``method`` "sparse", any k, or "exp" with
-            k = 1; dense targets) or "topk_softmax_ce" (``k``).
+            k = 1; dense targets), "topk_softmax_ce" (``k``) or "ts2"
+            (:func:`softk.losses.ts2_loss`, with ``suppression`` (None: 1.0)
+            and ``adaptive``).
         group: the process group (default: the world).
         vocab_start: this rank's first global class index; None on every
             rank means contiguous slices in rank order.  Uneven slices are fine.
@@ -130,7 +137,8 @@ def vocab_parallel_loss(
     (argument agreement, :mod:`.checks`), then
     cross_entropy/softmax: 2 all-reduces (MAX, SUM);
     sparsemax/entmax15/entmax/soft_topk "sparse": 2 all-reduces + 1 all-gather;
-    topk_softmax_ce: 1 all-gather.  Backward: none.
+    topk_softmax_ce: 1 all-gather; ts2: those of sparsemax + 3 all-reduces
+    (4 with ``adaptive``).  Backward: none.
 
     >>> import torch, torch.distributed as dist, tempfile, os
     >>> f = os.path.join(tempfile.mkdtemp(), "pg")
@@ -143,11 +151,13 @@ def vocab_parallel_loss(
     err, family = None, None
     try:
         k, tau, reduction, ignore_index, family = _local_checks(
-            local_logits, target, loss, k, tau, alpha, method, reduction, ignore_index, vocab_start
+            local_logits, target, loss, k, tau, alpha, method, reduction, ignore_index, vocab_start, suppression,
+            adaptive
         )
     except (TypeError, ValueError) as e:
         err = e
-    code = what_code("loss", loss, alpha, method if loss == "soft_topk" else None, reduction, ignore_index)
+    ts2 = (suppression, adaptive) if loss == "ts2" else ()
+    code = what_code("loss", loss, alpha, method if loss == "soft_topk" else None, reduction, ignore_index, *ts2)
     agreed = exchange(local_logits, target, group=group, rank=rank, world=world, vocab_start=vocab_start,
                       k=k, tau=tau, what=code, local_error=err, ignore_index=ignore_index)
     lead = local_logits.shape[:-1]
@@ -213,6 +223,9 @@ def vocab_parallel_loss(
     if tau != 1.0:
         grad = grad / tau
     rows = RowLoss.apply(x, rows, grad) if local_logits.requires_grad else rows
+    if loss == "ts2":  # the sparsemax loss above, plus the penalty on the softmax of x (not x/τ)
+        a = 1.0 if suppression is None else float(suppression)
+        rows = rows + ts2_penalty(x.to(ct), fwd.p, owned, li.squeeze(-1), keep, a, adaptive, group)
     if keep is not None:
         rows = torch.where(keep, rows, 0.0)
     if reduction == "none":

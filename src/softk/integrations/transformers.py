@@ -69,6 +69,7 @@ from torch import nn
 
 from .._validate import check_choice, check_tau
 from .._validate import DEFAULT_LOSS, LOSSES, check_chunk_size, check_loss_options
+from ..losses._knobs import check_knobs, check_ts2_options
 from ..losses.fused_linear import fused_linear_loss
 from ..losses.targets import check_ignore_index
 
@@ -77,7 +78,8 @@ __all__ = ["apply_softk", "remove_softk", "softk_loss", "SUPPORTED_LOSSES"]
 # The losses of fused_linear_loss that take class-index targets (a causal LM's
 # labels are one class per token; "soft_topk" needs k-hot rows).
 SUPPORTED_LOSSES = tuple(name for name, spec in LOSSES.items() if spec.targets != "dense")
-_LOSS_OPTIONS = ("alpha", "chunk_size", "ignore_index", "k", "tau")
+_LOSS_OPTIONS = ("adaptive", "alpha", "chunk_size", "class_weight", "ignore_index", "k", "label_smoothing", "softcap",
+                 "suppression", "tau", "z_loss")
 # Arguments a causal LM's forward passes on to its loss only (ForCausalLMLoss's keywords).
 _LOSS_ONLY = ("num_items_in_batch", "shift_labels")
 
@@ -113,8 +115,11 @@ def apply_softk(model: nn.Module, loss: str = DEFAULT_LOSS, *, return_logits: bo
         return_logits: also compute and return the logits when labels are
             given (the N×V tensor is then held); default False (``logits`` is None).
         **loss_kwargs: ``alpha`` (loss="entmax"), ``k`` (loss="topk_softmax_ce"),
-            ``tau``, ``ignore_index`` (default -100, transformers' value) and
-            ``chunk_size``, passed to :func:`~softk.losses.fused_linear_loss`.
+            ``suppression`` and ``adaptive`` (loss="ts2"), ``tau``,
+            ``ignore_index`` (default -100, transformers' value),
+            ``chunk_size`` and the knobs ``softcap``, ``label_smoothing``,
+            ``class_weight`` and ``z_loss``, passed to
+            :func:`~softk.losses.fused_linear_loss`.
             The reduction is transformers': mean over kept labels, or sum /
             ``num_items_in_batch``.
 
@@ -186,6 +191,9 @@ def _check_options(loss, loss_kwargs):
         raise TypeError(f"apply_softk got unknown loss option(s) {unknown}; expected some of {list(_LOSS_OPTIONS)}{hint}")
     options = dict(loss_kwargs)
     check_loss_options(loss, options.get("alpha"), options.get("k", 1), "exp")
+    check_ts2_options(loss, options.get("suppression"), options.get("adaptive", False))
+    check_knobs(loss, softcap=options.get("softcap"), label_smoothing=options.get("label_smoothing", 0.0),
+                class_weight=options.get("class_weight"), z_loss=options.get("z_loss", 0.0))
     check_tau(options.get("tau", 1.0))
     check_ignore_index(options.get("ignore_index", -100))
     check_chunk_size(options.get("chunk_size"))

@@ -13,7 +13,14 @@ losses it is (p − y)/τ.
 
 from __future__ import annotations
 
+import torch
+
+from .._maps.simplex import entmax, entmax15, softmax, sparsemax
+from .._maps.soft_topk import soft_topk
 from .._validate import LOSSES
+from ..threshold.families import ENTMAX15, SOFTMAX, SPARSEMAX, entmax_by_alpha
+from ._knobs import NO_KNOBS, Knobs
+from ._ts2 import ts2_loss
 from ._cross_entropy import cross_entropy
 from .simplex_losses import entmax15_loss, entmax_loss, softmax_loss, sparsemax_loss
 from .topk_loss import soft_topk_loss
@@ -56,21 +63,121 @@ def auto_chunk_size(rows: int, hidden: int, vocab: int, device_type: str = "cpu"
 
 
 # The per-row loss of each name of softk._validate.LOSSES, as
-# ``make(alpha, k, method, tau, ignore_index) -> fn(logits (C, V), target) -> (C,)``.
+# ``make(alpha, k, method, tau, ignore_index, extra) -> fn(logits (C, V), target) -> (C,)``,
+# ``extra`` the options of one loss: cross-entropy's class weight and label
+# smoothing (torch's own formula), TS²'s suppression and adaptive.
 _CHUNK_LOSSES = {
-    "cross_entropy": lambda a, k, m, tau, ii: lambda z, t: cross_entropy(z, t, ignore_index=ii, reduction="none",
-                                                                          tau=tau),
-    "softmax": lambda a, k, m, tau, ii: lambda z, t: softmax_loss(z, t, ii, "none", tau),
-    "sparsemax": lambda a, k, m, tau, ii: lambda z, t: sparsemax_loss(z, t, ii, "none", tau),
-    "entmax15": lambda a, k, m, tau, ii: lambda z, t: entmax15_loss(z, t, ii, "none", tau),
-    "entmax": lambda a, k, m, tau, ii: lambda z, t: entmax_loss(z, t, a, ii, "none", tau),
-    "soft_topk": lambda a, k, m, tau, ii: lambda z, t: soft_topk_loss(z, t, k, m, tau, "none"),
-    "topk_softmax_ce": lambda a, k, m, tau, ii: lambda z, t: topk_softmax_cross_entropy(z, t, k, ii, "none", tau),
+    "cross_entropy": lambda a, k, m, tau, ii, x: lambda z, t: cross_entropy(
+        z, t, weight=x.get("weight"), ignore_index=ii, reduction="none", label_smoothing=x.get("label_smoothing", 0.0),
+        tau=tau),
+    "softmax": lambda a, k, m, tau, ii, x: lambda z, t: softmax_loss(z, t, ii, "none", tau),
+    "sparsemax": lambda a, k, m, tau, ii, x: lambda z, t: sparsemax_loss(z, t, ii, "none", tau),
+    "entmax15": lambda a, k, m, tau, ii, x: lambda z, t: entmax15_loss(z, t, ii, "none", tau),
+    "entmax": lambda a, k, m, tau, ii, x: lambda z, t: entmax_loss(z, t, a, ii, "none", tau),
+    "soft_topk": lambda a, k, m, tau, ii, x: lambda z, t: soft_topk_loss(z, t, k, m, tau, "none"),
+    "topk_softmax_ce": lambda a, k, m, tau, ii, x: lambda z, t: topk_softmax_cross_entropy(z, t, k, ii, "none", tau),
+    "ts2": lambda a, k, m, tau, ii, x: lambda z, t: ts2_loss(
+        z, t, suppression=x["suppression"], tau=tau, adaptive=x["adaptive"], ignore_index=ii, reduction="none"),
 }
 assert set(_CHUNK_LOSSES) == set(LOSSES), "every loss name has a chunk loss"
 
+# The Fenchel–Young family of each FY loss name (label smoothing's Ω(q)).
+_FY_FAMILY = {"softmax": lambda a: SOFTMAX, "sparsemax": lambda a: SPARSEMAX, "entmax15": lambda a: ENTMAX15,
+              "entmax": entmax_by_alpha}
 
-def chunk_loss_fn(loss: str, *, alpha, k: int, method: str, tau: float, ignore_index: int):
+
+def chunk_loss_fn(loss: str, *, alpha, k: int, method: str, tau: float, ignore_index: int,
+                  knobs: Knobs = NO_KNOBS, suppression: float = 1.0, adaptive: bool = False,
+                  z_scale=1.0, stats: bool = False):
     """The public loss ``loss`` (a name of :data:`softk._validate.LOSSES`, checked)
-    as ``fn(logits (C, V), target) -> (C,)`` (reduction "none")."""
-    return _CHUNK_LOSSES[loss](alpha, k, method, tau, ignore_index)
+    as ``fn(logits (C, V), target) -> (C,)`` (reduction "none"), with the
+    ``knobs`` (checked by :func:`softk.losses._knobs.check_knobs`) applied:
+
+    * softcap c: the loss (and everything below) sees c·tanh(z/c);
+    * label smoothing ε: cross-entropy takes torch's ``label_smoothing``; a
+      Fenchel–Young loss with class indices adds L(q) − L(e_y) =
+      ε(z_y − mean_j z_j)/τ + Ω(q) − ψ(1), q = (1−ε)e_y + ε/V, to its row
+      (a dense target y becomes (1−ε)y + ε/V);
+    * class weight w: cross-entropy takes torch's ``weight``; every other loss
+      multiplies row i by w[y_i];
+    * z-loss β: adds β·logsumexp(z)²·``z_scale`` to each kept row (z the
+      capped logits, before τ); ``z_scale`` is Σw[y]/(kept rows) for a class-weighted
+      "mean" (whose divisor is Σw[y]), so that the term is averaged over rows.
+
+    With ``stats`` the function returns ``(rows, extra)``, extra (C, 3) detached:
+    the row's support size (classes with p > 0), whether argmax z is the
+    target, and its z-loss term β·lse² (0 at ignored rows).
+    """
+    extra = {"suppression": suppression, "adaptive": adaptive}
+    if loss == "cross_entropy":
+        extra.update(weight=knobs.class_weight, label_smoothing=knobs.label_smoothing)
+    base = _CHUNK_LOSSES[loss](alpha, k, method, tau, ignore_index, extra)
+    plain = knobs == NO_KNOBS and not stats
+    if plain:
+        return base
+    cap, eps, weight, beta = knobs
+    fy_smooth = eps > 0 and loss in _FY_FAMILY
+    family = _FY_FAMILY[loss](alpha) if fy_smooth else None
+    row_weight = weight is not None and loss != "cross_entropy"
+
+    def fn(z, t):
+        if cap is not None:
+            z = cap * torch.tanh(z / cap)
+        dense = t.is_floating_point()
+        if fy_smooth and dense:
+            t = (1 - eps) * t + eps / z.shape[-1]
+        rows = base(z, t)
+        if dense:
+            keep, idx = None, None
+        else:
+            keep = t != ignore_index
+            idx = torch.where(keep, t, 0)
+        zc = z if z.dtype in (torch.float32, torch.float64) else z.float()
+        if fy_smooth and not dense:
+            v = zc.shape[-1]
+            # Ω(q) − ψ(1) as a tensor (no host read: torch.compile traces it)
+            psi = family.psi(zc.new_tensor([1 - eps + eps / v, eps / v, 1.0]))
+            const = psi[0] + (v - 1) * psi[1] - psi[2]
+            lin = zc.gather(-1, idx.unsqueeze(-1)).squeeze(-1) - zc.mean(-1)
+            rows = rows + torch.where(keep, eps * lin / tau + const, 0.0).to(rows.dtype)
+        if row_weight:
+            rows = rows * weight.to(rows.dtype)[idx]
+        zterm = None
+        if beta or stats:
+            lse = torch.logsumexp(zc, -1)
+            zterm = beta * lse * lse
+            if keep is not None:
+                zterm = torch.where(keep, zterm, 0.0)
+            if beta:
+                rows = rows + (zterm * z_scale).to(rows.dtype)
+        if not stats:
+            return rows
+        with torch.no_grad():
+            zd = zc.detach()
+            support = _support(loss, zd, alpha, k, method, tau)
+            guess = zd.argmax(-1)
+            correct = (guess == (t.argmax(-1) if dense else idx)).to(zd.dtype)
+            if keep is not None:
+                support, correct = torch.where(keep, support, 0.0), torch.where(keep, correct, 0.0)
+            # in float32 at least: a count of classes is not exact in a half dtype
+            extra_rows = torch.stack([support, correct, zterm.detach().to(zd.dtype)], -1)
+        return rows, extra_rows
+
+    return fn
+
+
+def _support(loss, z, alpha, k, method, tau):
+    """The number of classes with p > 0 in each row of z (C, V), p the loss's map at z/τ."""
+    if loss == "topk_softmax_ce":
+        return torch.full(z.shape[:-1], float(min(k, z.shape[-1])), dtype=z.dtype, device=z.device)
+    if loss in ("cross_entropy", "softmax"):
+        p = softmax(z, tau=tau)
+    elif loss in ("sparsemax", "ts2"):
+        p = sparsemax(z, tau=tau)
+    elif loss == "entmax15":
+        p = entmax15(z, tau=tau)
+    elif loss == "entmax":
+        p = entmax(z, alpha, tau=tau)
+    else:
+        p = soft_topk(z, k, tau=tau, method=method)
+    return (p > 0).sum(-1).to(z.dtype)

@@ -33,11 +33,14 @@ the torch backend otherwise.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
 from .._validate import DEFAULT_LOSS, check_chunk_size, check_input, check_loss_options
-from .._ops.fused_linear import FusedLinearLoss
+from .._ops.fused_linear import FusedLinearLoss, checkpointed_pass
+from ._knobs import check_knobs, check_ts2_options
 from .chunking import auto_chunk_size, chunk_loss_fn
 from .targets import check_ignore_index, check_reduction, check_target_tensor
 
@@ -81,7 +84,14 @@ def fused_linear_loss(
     ignore_index: int = -100,
     reduction: str = "mean",
     chunk_size=None,
-) -> Tensor:
+    softcap=None,
+    label_smoothing: float = 0.0,
+    class_weight=None,
+    z_loss: float = 0.0,
+    suppression=None,
+    adaptive: bool = False,
+    return_stats: bool = False,
+):
     r"""``loss(input @ weight.T + bias, target)`` computed a chunk of rows at a time.
 
     Args:
@@ -94,8 +104,9 @@ def fused_linear_loss(
             ``F.linear_cross_entropy`` and Liger-Kernel's fused linear
             cross-entropy), "softmax", "sparsemax", "entmax15", "entmax"
             (needs ``alpha``), "soft_topk" (``k``, ``method``) or
-            "topk_softmax_ce" (``k``); each is the function of the same name
-            in :mod:`softk.losses` on the logits.
+            "topk_softmax_ce" (``k``) or "ts2" (``suppression``, ``adaptive``);
+            each is the function of the same name in :mod:`softk.losses` on
+            the logits ("ts2": :func:`~softk.losses.ts2_loss`).
         bias: None or (V,).
         alpha, k, method, tau, ignore_index: passed to that loss.
         reduction: "mean" (over rows whose target is not ``ignore_index``),
@@ -104,11 +115,35 @@ def fused_linear_loss(
             of two C with C·V ≤ max(N·H, 2²²) on the CPU, max(N·H, 2²⁷) on a GPU
             (:func:`~softk.losses.chunking.auto_chunk_size`): a chunk of logits then
             costs about what the input does.
+        softcap: None, or c > 0: the logits become c·tanh(z/c) before
+            everything else (Gemma 2's final-logit soft-capping), its
+            derivative in the gradients.
+        label_smoothing: ε in [0, 1): the target becomes (1−ε)y + ε/V.  For
+            "cross_entropy" the loss is ``F.cross_entropy(label_smoothing=ε)``,
+            class weights included; for the Fenchel–Young losses ("softmax",
+            "sparsemax", "entmax15", "entmax") it is the loss at the smoothed
+            target.  Refused for the other losses.
+        class_weight: None, or (V,) finite weights >= 0, ``F.cross_entropy``'s
+            ``weight``: row i's loss is scaled by w[y_i] ("cross_entropy" with
+            label smoothing: torch's formula, which weights the smoothing term
+            by w_c), and "mean" divides by Σ w[y_i] over the kept rows.  Class
+            indices only: refused with a dense target.
+        z_loss: β >= 0: adds β·logsumexp(z)² per kept row (PaLM's z-loss,
+            Liger's ``lse_square_scale``), z the logits after the softcap and
+            before τ; not class-weighted, and "mean" averages it over the kept
+            rows.
+        suppression, adaptive: TS²'s penalty weight (None: 1.0) and its
+            adaptive form, for loss="ts2" only.
+        return_stats: also return a :class:`FusedLossStats` (computed chunk
+            by chunk: one more solve of the map per chunk, no N×V tensor).
 
     Returns the loss, with gradients for ``input``, ``weight`` and ``bias``
-    (not for ``target``).  Memory beyond the inputs: the gradients (N×H, V×H,
-    V) and one chunk's logits and loss temporaries, never N×V.  Equal to the
-    unfused loss to rounding (the sum over chunks is ordered differently).
+    (not for ``target``); with ``return_stats``, ``(loss, stats)``.  Memory
+    beyond the inputs: the gradients (N×H, V×H, V) and one chunk's logits and
+    loss temporaries, never N×V.  Equal to the unfused loss to rounding (the
+    sum over chunks is ordered differently).  Under ``torch.compile`` each
+    chunk is an activation checkpoint (the compiled backward recomputes its
+    logits); there a "mean" with no kept row has NaN gradients, not zeros.
 
     >>> import torch
     >>> torch.manual_seed(0) and None
@@ -121,6 +156,10 @@ def fused_linear_loss(
     """
     _check_linear(input, weight, bias)
     check_loss_options(loss, alpha, k, method)
+    suppression, adaptive = check_ts2_options(loss, suppression, adaptive)
+    knobs = check_knobs(loss, softcap=softcap, label_smoothing=label_smoothing, class_weight=class_weight,
+                        z_loss=z_loss, dense=target.is_floating_point() if isinstance(target, Tensor) else False,
+                        vocab=weight.shape[0], device=weight.device)
     reduction = check_reduction(reduction)
     ignore_index = check_ignore_index(ignore_index)
     chunk = check_chunk_size(chunk_size)
@@ -145,14 +184,66 @@ def fused_linear_loss(
         t = target.reshape(-1)
         # a count on the device (no host sync): the mean's divisor
         n_kept = (t != ignore_index).sum() if loss != "soft_topk" else x.shape[0]
-    fn = chunk_loss_fn(loss, alpha=alpha, k=k, method=method, tau=tau, ignore_index=ignore_index)
+    n_rows, z_scale = n_kept, 1.0
+    if knobs.class_weight is not None:
+        # torch's weighted mean divides by Σ w[y] over the kept rows; the
+        # z-loss is averaged over the rows themselves, so it is scaled by Σw/n.
+        kept = t != ignore_index
+        n_kept = torch.where(kept, knobs.class_weight[torch.where(kept, t, 0)], 0).sum()
+        if reduction == "mean":
+            z_scale = n_kept / n_rows
+    fn = chunk_loss_fn(loss, alpha=alpha, k=k, method=method, tau=tau, ignore_index=ignore_index, knobs=knobs,
+                       suppression=suppression, adaptive=adaptive, z_scale=z_scale, stats=bool(return_stats))
     if chunk is None:
         chunk = auto_chunk_size(x.shape[0], x.shape[1], vocab, x.device.type)
     if x.shape[0] == 0:
         # No rows: the unfused loss of an empty batch (mean is NaN, as in torch).
-        out = fn(x @ weight.t(), t).sum() * 0
-        return out / 0 if reduction == "mean" else (out if reduction == "sum" else x.new_zeros(lead))
+        rows = fn(x @ weight.t(), t)
+        rows, extra = rows if return_stats else (rows, None)
+        out = rows.sum() * 0
+        out = out / 0 if reduction == "mean" else (out if reduction == "sum" else x.new_zeros(lead))
+        return (out, _stats(extra, n_rows, reduction, lead)) if return_stats else out
     grad_on = torch.is_grad_enabled()
     want = tuple(grad_on and a is not None and a.requires_grad for a in (input, weight, bias))
-    out = FusedLinearLoss.apply(x, weight, bias, t, fn, chunk, reduction, n_kept, want)
-    return out.reshape(lead) if reduction == "none" else out
+    if torch.compiler.is_compiling():
+        # torch.compile does not trace torch.autograd.grad inside an autograd
+        # rule: each chunk is an activation checkpoint instead.
+        rows, extra = checkpointed_pass(x, weight, bias, t, fn, chunk)
+        out = rows if reduction == "none" else (rows.sum() / n_kept if reduction == "mean" else rows.sum())
+        out = out.to(x.dtype)
+    elif return_stats:
+        out, extra = FusedLinearLoss.apply(x, weight, bias, t, fn, chunk, reduction, n_kept, want, True)
+    else:
+        out = FusedLinearLoss.apply(x, weight, bias, t, fn, chunk, reduction, n_kept, want)
+    out = out.reshape(lead) if reduction == "none" else out
+    return (out, _stats(extra, n_rows, reduction, lead)) if return_stats else out
+
+
+class FusedLossStats(NamedTuple):
+    """What :func:`fused_linear_loss` reports with ``return_stats=True``, over
+    the kept rows (those whose target is not ``ignore_index``), as detached
+    tensors (no host sync):
+
+    * ``support``: the mean number of classes with p > 0, p the loss's map at
+      z/τ (sparsemax for "ts2"; for "cross_entropy" and "softmax" it is the
+      count of p > 0 of the softmax, V unless some exp(z_j − lse) underflow;
+      k for "topk_softmax_ce");
+    * ``accuracy``: the share of rows whose argmax z is the target (argmax y
+      for a dense target);
+    * ``z_loss``: the z-loss term β·lse² as it enters the loss, reduced as the
+      loss is (mean over kept rows, sum, or per row for "none"); 0 when β = 0.
+
+    NaN means with no kept row, as the loss's mean.
+    """
+
+    support: Tensor
+    accuracy: Tensor
+    z_loss: Tensor
+
+
+def _stats(extra, n_rows, reduction, lead) -> FusedLossStats:
+    extra = extra.detach()
+    sums = extra.sum(0)
+    count = n_rows.to(sums.dtype) if isinstance(n_rows, Tensor) else torch.tensor(float(n_rows), dtype=sums.dtype)
+    z = extra[:, 2].reshape(lead) if reduction == "none" else (sums[2] / count if reduction == "mean" else sums[2])
+    return FusedLossStats(sums[0] / count, sums[1] / count, z)

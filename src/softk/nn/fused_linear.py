@@ -8,7 +8,8 @@ import numbers
 import torch
 from torch import nn
 
-from .._validate import DEFAULT_LOSS, check_chunk_size, check_loss_options
+from .._validate import DEFAULT_LOSS, LOSSES, check_chunk_size, check_loss_options
+from ..losses._knobs import check_knobs, check_ts2_options
 from ..losses.fused_linear import fused_linear_loss
 from ..losses.targets import check_ignore_index, check_reduction
 from .._validate import check_tau
@@ -25,7 +26,10 @@ class FusedLinearLoss(nn.Module):
     time.  Parameters are initialised as in ``nn.Linear`` (uniform in
     ±1/√in_features); the weight is (num_classes, in_features), so a trained
     ``nn.Linear``'s state dict loads into it.  For inference, ``logits(input)``
-    is the plain linear layer.
+    is the plain linear layer.  The knobs ``softcap``, ``label_smoothing``,
+    ``class_weight`` (a non-persistent buffer), ``z_loss`` and TS²'s ``suppression``
+    and ``adaptive`` are :func:`~softk.losses.fused_linear_loss`'s, checked at
+    construction.
 
     >>> import torch
     >>> head = FusedLinearLoss(8, 100, loss="entmax15")
@@ -50,6 +54,8 @@ class FusedLinearLoss(nn.Module):
         ignore_index: int = -100,
         reduction: str = "mean",
         chunk_size=None,
+        softcap=None, label_smoothing: float = 0.0, class_weight=None, z_loss: float = 0.0,  # the knobs
+        suppression=None, adaptive: bool = False,  # TS²'s
         device=None,
         dtype=None,
     ):
@@ -58,6 +64,11 @@ class FusedLinearLoss(nn.Module):
             if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
         check_loss_options(loss, alpha, k, method)
+        self.suppression, self.adaptive = check_ts2_options(loss, suppression, adaptive)
+        knobs = check_knobs(loss, softcap=softcap, label_smoothing=label_smoothing, class_weight=class_weight,
+                            z_loss=z_loss, dense=LOSSES[loss].targets == "dense", vocab=int(num_classes),
+                            device=device)
+        self.softcap, self.label_smoothing, self.z_loss = knobs.softcap, knobs.label_smoothing, knobs.z_loss
         self.in_features, self.num_classes = int(in_features), int(num_classes)
         self.loss, self.alpha, self.k, self.method = loss, alpha, k, method
         self.tau = check_tau(tau)
@@ -67,6 +78,8 @@ class FusedLinearLoss(nn.Module):
         kw = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty(num_classes, in_features, **kw))
         self.bias = nn.Parameter(torch.empty(num_classes, **kw)) if bias else None
+        # a buffer: it follows the module to its device (not in the state dict, which stays nn.Linear's)
+        self.register_buffer("class_weight", knobs.class_weight, persistent=False)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -84,11 +97,18 @@ class FusedLinearLoss(nn.Module):
             input, self.weight, target, self.loss, self.bias,
             alpha=self.alpha, k=self.k, method=self.method, tau=self.tau,
             ignore_index=self.ignore_index, reduction=self.reduction, chunk_size=self.chunk_size,
+            softcap=self.softcap, label_smoothing=self.label_smoothing, class_weight=self.class_weight,
+            z_loss=self.z_loss, suppression=self.suppression if self.loss == "ts2" else None, adaptive=self.adaptive,
         )
 
     def extra_repr(self) -> str:
         extra = f", alpha={self.alpha}" if self.alpha is not None else ""
         extra += f", k={self.k}, method={self.method!r}" if self.loss in ("soft_topk", "topk_softmax_ce") else ""
+        extra += f", suppression={self.suppression}, adaptive={self.adaptive}" if self.loss == "ts2" else ""
+        extra += f", softcap={self.softcap}" if self.softcap is not None else ""
+        extra += f", label_smoothing={self.label_smoothing}" if self.label_smoothing else ""
+        extra += ", class_weight=(...)" if self.class_weight is not None else ""
+        extra += f", z_loss={self.z_loss}" if self.z_loss else ""
         return (
             f"in_features={self.in_features}, num_classes={self.num_classes}, bias={self.bias is not None}, "
             f"loss={self.loss!r}{extra}, tau={self.tau}, reduction={self.reduction!r}, chunk_size={self.chunk_size}"

@@ -1,0 +1,121 @@
+r"""The TS² loss: train with sparsemax plus a penalty on the softmax mass off its support, test with softmax.
+
+Xu et al. (ICLR 2026), "Training with Sparsemax+, Testing with Softmax",
+fine-tune language models with the sparsemax loss, whose gradient is zero
+outside the sparsemax support, and add a term that pushes down the softmax
+probability the model gives to the classes sparsemax has ruled out, so that
+the softmax of the trained logits (used at test time) is calibrated too.  In
+softk's conventions (the paper's temperature T is 1/τ here), for one row z
+with target class y,
+
+.. math:: p = \operatorname{sparsemax}(z/\tau),\quad s = \operatorname{softmax}(z),\quad
+          m = \sum_{j:\ p_j = 0,\ j \ne y} s_j,
+
+.. math:: L = L_{\text{sparsemax}}(z/\tau;\, y) + a\,\bigl(-\log(1 - \min(0.99,\ m))\bigr),
+
+with a the ``suppression``.  The clamp at 0.99 (the authors') bounds the
+penalty by log 100 and stops its gradient on rows whose off-support mass is
+above 0.99.  With ``adaptive`` the penalty is weighted by 1 − p_y, p_y
+detached (the authors' ``ts2_adaptive``): a row that sparsemax already fits
+(p_y = 1) pays no penalty.  The support mask {p_j = 0} is a constant of the
+gradient (it is piecewise constant in z).
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+from torch import Tensor
+
+from .._validate import reduce
+from .._maps.simplex import sparsemax
+from . import targets as tg
+from .simplex_losses import sparsemax_loss
+
+CLAMP = 0.99
+
+
+def check_suppression(suppression) -> float:
+    """TS²'s weight a of the penalty: a finite number >= 0."""
+    if isinstance(suppression, bool) or not isinstance(suppression, numbers.Real):
+        raise TypeError(f"suppression must be a number >= 0, got {type(suppression).__name__}")
+    a = float(suppression)
+    if not (a >= 0 and a < float("inf")):
+        raise ValueError(f"suppression must be a finite number >= 0, got {suppression!r}")
+    return a
+
+
+def ts2_rows(z: Tensor, t: Tensor, keep: Tensor, suppression: float, tau: float, adaptive: bool) -> Tensor:
+    """TS²'s loss per row of z (M, V) in a float compute dtype, t (M,) valid
+    indices (0 at ignored rows), keep (M,) the rows that count (0 elsewhere)."""
+    fit = sparsemax_loss(z, torch.where(keep, t, -100), -100, "none", tau)
+    with torch.no_grad():
+        p = sparsemax(z / tau if tau != 1.0 else z)
+        off = p == 0
+        off.scatter_(-1, t.unsqueeze(-1), False)
+        py = p.gather(-1, t.unsqueeze(-1)).squeeze(-1)
+    logp = torch.log_softmax(z, -1)
+    # m = Σ_{off} s_j as exp(logsumexp over the off-support classes): no cancellation
+    m = torch.logsumexp(logp.masked_fill(~off, float("-inf")), -1).exp()
+    penalty = -torch.log1p(-torch.clamp(m, max=CLAMP))
+    if adaptive:
+        penalty = penalty * (1 - py)
+    return fit + torch.where(keep, suppression * penalty, 0.0)
+
+
+def ts2_loss(
+    input: Tensor,
+    target: Tensor,
+    *,
+    suppression: float = 1.0,
+    tau: float = 1.0,
+    adaptive: bool = False,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+) -> Tensor:
+    r"""TS² (Xu et al., ICLR 2026): the sparsemax loss at z/τ plus ``suppression`` × −log(1 − min(0.99, m)).
+
+    m is the softmax mass of z on the classes outside sparsemax(z/τ)'s support,
+    the target excepted (see the module's formula); ``adaptive`` weights that
+    term by 1 − p_y (p_y detached).
+
+    Args:
+        input: scores (N, C, d1, ...) with classes on dim 1, or (C,).
+        target: class indices shaped like ``input`` without dim 1 (TS² is
+            defined for class-index targets only).
+        suppression: the penalty's weight a >= 0 (0 gives the sparsemax loss).
+        tau: temperature > 0 of the sparsemax term (the paper's T is 1/τ);
+            the softmax term takes the scores as they are.
+        adaptive: weight the penalty by 1 − p_y, p_y detached.
+        ignore_index: class index whose rows give 0 and are left out of "mean".
+        reduction: "mean", "sum" or "none".
+
+    Returns the loss (a 0-d tensor, or ``target``'s shape for "none") in
+    ``input``'s dtype (computed in float32 for half inputs).
+
+    >>> import torch
+    >>> z, y = torch.tensor([[3.0, 0.0, 2.5, -1.0]]), torch.tensor([0])
+    >>> p = torch.tensor([[0.75, 0.0, 0.25, 0.0]])  # sparsemax(z): classes 1 and 3 are off its support
+    >>> s = torch.softmax(z, -1)
+    >>> ref = sparsemax_loss(z, y) - torch.log(1 - (s[0, 1] + s[0, 3]))
+    >>> bool(torch.isclose(ts2_loss(z, y), ref))
+    True
+    >>> bool(torch.isclose(ts2_loss(z, y, suppression=0.0), sparsemax_loss(z, y)))
+    True
+    """
+    tau, reduction, ignore_index = tg.check_loss_args(input, target, tau, reduction, ignore_index, accepts="index")
+    if target.is_floating_point():
+        raise TypeError(f"ts2_loss takes class-index targets only, got a {target.dtype} target")
+    a = check_suppression(suppression)
+    if not isinstance(adaptive, bool):
+        raise TypeError(f"adaptive must be a bool, got {type(adaptive).__name__}")
+    index, keep = tg.index_target(input, target, ignore_index)
+    cdim = tg.class_dim(input)
+    dtype = input.dtype
+    ct = dtype if dtype in (torch.float32, torch.float64) else torch.float32
+    z = input.to(ct).movedim(cdim, -1)
+    lead = z.shape[:-1]
+    z = z.reshape(-1, z.shape[-1])
+    rows = ts2_rows(z, index.reshape(-1), keep.reshape(-1), a, tau, adaptive).reshape(lead)
+    return reduce(rows, keep, reduction).to(dtype)
