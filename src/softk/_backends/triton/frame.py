@@ -37,18 +37,24 @@ lane sweeps are not counted as passes: they read no memory.
 import triton
 import triton.language as tl
 
-from .prelude import _finite_or_zero, _scaled
+from .prelude import _cols, _finite_or_zero, _frame_z, _load_x
 from .search import EPS, _find_lambda
 
 FAR = tl.constexpr(8.0)
+# 2^20 = 1/(8 eps): a λ this far from its frame is known to a few units of
+# z at most (its entries and λ itself are rounded relatively), which the
+# move by FAR still resolves; beyond it the row takes its k-th largest entry
+LIM = tl.constexpr(1048576.0)
+IMAX = tl.constexpr(2147483647)
+IMIN = tl.constexpr(-2147483648)
 
 
 @triton.jit
-def _frame_values(xmax, xmin, lseS, ref, inv_tau, active):
+def _frame_values(xmax, xmin, lseS, ref, inv_tau, active, FAM: tl.constexpr):
     # max z, min z and lse(z) of the rows in the frame ``ref`` (0 on rows
     # that are not searched, which keeps their brackets finite)
-    zmax = tl.where(active, _scaled(xmax, ref, inv_tau), 0.0)
-    zmin = tl.where(active, _scaled(xmin, ref, inv_tau), 0.0)
+    zmax = tl.where(active, _frame_z(xmax, ref, inv_tau, FAM), 0.0)
+    zmin = tl.where(active, _frame_z(xmin, ref, inv_tau, FAM), 0.0)
     lz = zmax + tl.log(tl.where(active & (lseS > 0), lseS, 1.0))
     return zmax, zmin, lz
 
@@ -60,7 +66,7 @@ def _lane_start(xr, rmask, lanes, ref, inv_tau, active, k, am1,
     """λ_S on the lane maxima (frame ``ref``, the row maximum), a lower bound
     of λ less a margin for its rounding (−inf where not solved), whether the
     lanes could be solved (more than k finite lanes), and λ_S = c + t."""
-    zl = _scaled(lanes, ref, inv_tau)
+    zl = _frame_z(lanes, ref, inv_tau, FAM)
     fin = zl > float("-inf")
     ml = tl.sum(fin.to(tl.float32), 1, keep_dims=True)
     la = active & (ml > k)
@@ -71,10 +77,69 @@ def _lane_start(xr, rmask, lanes, ref, inv_tau, active, k, am1,
         lz = tl.log(tl.where(la, tl.sum(tl.exp(zl - zmax), 1, keep_dims=True), 1.0)) + zmax
     none = tl.full([ROWS, 1], float("-inf"), tl.float32)
     nan = tl.full([ROWS, 1], float("nan"), tl.float32)
+    never = tl.full((), float("inf"), tl.float32)
     c, t, _ = _find_lambda(xr, rmask, lanes, BLOCK, ref, inv_tau, zmax, zmin, tl.where(la, ml, k + 1.0), lz, la,
-                           k, am1, none, nan, FAM, ROWS, BLOCK, True, BIG, PROBE, NEWTON_CAP, MAXIT)
+                           k, am1, none, nan, never, FAM, ROWS, BLOCK, True, BIG, PROBE, NEWTON_CAP, MAXIT)
     lam = c + t
     return tl.where(la, lam - 16.0 * EPS * (tl.abs(lam) + 1.0), float("-inf")), la, c, t
+
+
+@triton.jit
+def _key(x):
+    # a finite float32 as an int32 of the same order (−0 just below +0)
+    b = x.to(tl.int32, bitcast=True)
+    return tl.where(b < 0, b ^ IMAX, b)
+
+
+@triton.jit
+def _count_ge(x, v):
+    """Per row: how many finite x have a key ≥ v, the least such key and
+    the greatest key below v (IMAX / IMIN where none)."""
+    fin = (x > float("-inf")) & (x < float("inf"))
+    kx = _key(x)
+    ge = fin & (kx >= v)
+    return (tl.sum(ge.to(tl.int32), 1, keep_dims=True), tl.min(tl.where(ge, kx, IMAX), 1, keep_dims=True),
+            tl.max(tl.where(fin & (~ge), kx, IMIN), 1, keep_dims=True))
+
+
+@triton.jit
+def _kth_largest(xr, rmask, xrow, n, xmax, xmin, k, sel,
+                 ROWS: tl.constexpr, BLOCK: tl.constexpr, ONCHIP: tl.constexpr):
+    """(the ⌊k⌋-th largest finite x, passes) of the rows ``sel`` (xmax on
+    the others, 0 passes): bisection on the keys of float32 (:func:`_key`),
+    one counting pass per step over the raw row.  [lo, hi) holds the
+    answer, count(≥ lo) ≥ ⌊k⌋ > count(≥ hi); each pass moves an end onto
+    an entry (the least key at or above the midpoint, or one past the
+    greatest below it), and a count of exactly ⌊k⌋ ends it, so a row takes
+    at most 32 passes and fewer where its entries near the answer are few."""
+    kk = tl.maximum((tl.zeros([ROWS, 1], tl.float32) + k).to(tl.int32), 1)
+    lo = tl.where(sel, _key(xmin), 0)
+    hi = tl.where(sel, _key(xmax) + 1, 1)
+    it = tl.zeros([ROWS, 1], tl.int32)
+    mid = (lo >> 1) + (hi >> 1) + (lo & hi & 1)  # ⌊(lo + hi)/2⌋ without overflow
+    run = mid != lo
+    more = tl.max(tl.max(run.to(tl.int32), 1), 0)
+    while more > 0:
+        if ONCHIP:
+            cnt, a, b = _count_ge(xrow, mid)
+        else:
+            cnt = tl.zeros([ROWS, 1], tl.int32)
+            a = tl.full([ROWS, 1], IMAX, tl.int32)
+            b = tl.full([ROWS, 1], IMIN, tl.int32)
+            for start in range(0, n, BLOCK):
+                c1, a1, b1 = _count_ge(_load_x(xr, rmask, _cols(start, BLOCK), n), mid)
+                cnt += c1
+                a = tl.minimum(a, a1)
+                b = tl.maximum(b, b1)
+        it += run.to(tl.int32)
+        up = run & (cnt >= kk)
+        lo = tl.where(up, a, lo)
+        hi = tl.where(run & (cnt == kk), a + 1, tl.where(run & (cnt < kk), b + 1, hi))
+        mid = (lo >> 1) + (hi >> 1) + (lo & hi & 1)
+        run = mid != lo
+        more = tl.max(tl.max(run.to(tl.int32), 1), 0)
+    v = tl.where(lo < 0, lo ^ IMAX, lo).to(tl.float32, bitcast=True)
+    return tl.where(sel, v, xmax), it
 
 
 @triton.jit
@@ -84,7 +149,7 @@ def _solve(xr, rmask, xrow, lanes, n, inv_tau, xmax, xmin, m, lseS, active, k, a
     """(ref, c, t, passes) per row: λ = c + t in the frame z = (x − ref)/τ.
     Rows not ``active`` get the row maximum (0 if none) as ref and λ = 0."""
     ref = _finite_or_zero(xmax)
-    zmax, zmin, lz = _frame_values(xmax, xmin, lseS, ref, inv_tau, active)
+    zmax, zmin, lz = _frame_values(xmax, xmin, lseS, ref, inv_tau, active, FAM)
     zero = tl.zeros([ROWS, 1], tl.float32)
     it = tl.zeros([ROWS, 1], tl.int32)
     if FAM == 0:  # softmax: λ = lse(z) − log k, no search
@@ -100,9 +165,10 @@ def _solve(xr, rmask, xrow, lanes, n, inv_tau, xmax, xmin, m, lseS, active, k, a
                 # the top-k families move their frame to the lanes' λ
                 lam = hlo
                 nref = tl.where(la, ref + lam / inv_tau, ref)
-                hlo = tl.where(la, (lam - _scaled(nref, ref, inv_tau)) - 16.0 * EPS * (tl.abs(lam) + 1.0), hlo)
+                hlo = tl.where(la, (lam - _frame_z(nref, ref, inv_tau, FAM)) - 16.0 * EPS * (tl.abs(lam) + 1.0),
+                               hlo)
                 ref = nref
-                zmax, zmin, lz = _frame_values(xmax, xmin, lseS, ref, inv_tau, active)
+                zmax, zmin, lz = _frame_values(xmax, xmin, lseS, ref, inv_tau, active, FAM)
                 if FAM != 4:  # exp keeps its iterate from above
                     hx0 = tl.where(la, hlo, hx0)
         c = zero
@@ -111,25 +177,37 @@ def _solve(xr, rmask, xrow, lanes, n, inv_tau, xmax, xmin, m, lseS, active, k, a
         stage = tl.full((), 0, tl.int32)
         more = tl.full((), 1, tl.int32)
         while more > 0:
+            lim = tl.where(stage == 0, LIM, float("inf"))
             c2, t2, it2 = _find_lambda(xr, rmask, xrow, n, ref, inv_tau, zmax, zmin, m, lz, todo, k, am1, hlo, hx0,
-                                       FAM, ROWS, BLOCK, ONCHIP, BIG, PROBE, NEWTON_CAP, MAXIT)
+                                       lim, FAM, ROWS, BLOCK, ONCHIP, BIG, PROBE, NEWTON_CAP, MAXIT)
             c = tl.where(todo, c2, c)
             t = tl.where(todo, t2, t)
             it += it2
             far = todo & (zero > 1.0)  # none, for the k = 1 maps
             if FAM >= 4:
-                far = todo & (stage == 0) & (tl.abs(c + t) > FAR)
-                # once more in the frame moved to λ, from λ (exp: from just
-                # above it, its iterates come from above)
                 lam = c + t
+                # beyond LIM: the row's frame becomes its k-th largest entry
+                sel = todo & (stage == 0) & (tl.abs(lam) > LIM)
+                far = todo & (stage == 0) & (tl.abs(lam) > FAR) & (~sel)
+                # else once more in the frame moved to λ, from λ (exp: from
+                # just above it, its iterates come from above)
                 nref = tl.where(far, ref + lam / inv_tau, ref)
-                x0 = lam - _scaled(nref, ref, inv_tau)
+                x0 = lam - _frame_z(nref, ref, inv_tau, FAM)
                 if FAM == 4:
                     x0 += 32.0 * EPS * (tl.abs(lam) + 1.0)
+                kth, its = _kth_largest(xr, rmask, xrow, n, xmax, xmin, k, sel, ROWS, BLOCK, ONCHIP)
+                it += its
+                ref = tl.where(sel, kth, nref)
+                # searched from the entry (exp: from log m + 1 above it,
+                # where g ≤ ⌊k⌋ − 1 + 1/e: its iterates come from above)
+                if FAM == 4:
+                    x0 = tl.where(sel, tl.log(m) + 1.0, x0)
+                else:
+                    x0 = tl.where(sel, 0.0, x0)
+                far = far | sel
                 hx0 = tl.where(far, x0, hx0)
                 hlo = tl.where(far, float("-inf"), hlo)
-                ref = nref
-                zmax, zmin, lz = _frame_values(xmax, xmin, lseS, ref, inv_tau, active)
+                zmax, zmin, lz = _frame_values(xmax, xmin, lseS, ref, inv_tau, active, FAM)
             todo = far
             stage += 1
             more = tl.max(tl.max(far.to(tl.int32), 1), 0)
