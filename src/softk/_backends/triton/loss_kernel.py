@@ -46,7 +46,7 @@ import triton.language as tl
 from .anchor import _anchor_p, _solve_anchor
 from .family_math import _f, _log1p
 from .frame import _solve
-from .prelude import _cols, _frame_z, _load_frame_z, _row_stats
+from .prelude import FLT_MAX, _cols, _frame_z, _load_frame_z, _row_stats
 
 
 @triton.jit
@@ -106,6 +106,10 @@ def _loss_block(T, G, base, rmask, cols, n, z, c, t, A, ell, psi1, am1, scale, a
     mask = rmask & (cols < n)
     fin = z > float("-inf")
     u = (z - c) - t
+    if FAM >= 4:
+        # an entry at ±FLT_MAX (its x/τ overflowed) less a far λ stays
+        # finite, as z does: F(u) − u·y then cancels instead of inf − inf
+        u = tl.where(fin, tl.minimum(tl.maximum(u, -FLT_MAX), FLT_MAX), u)
     if ANCHOR:
         p = tl.where(fin, _anchor_p(z, A, ell, am1, 1.0 / am1, tl.log(am1)), 0.0)
     else:
