@@ -22,21 +22,22 @@ O(1 + log n) of λ in z units.  The kernels take:
 
 The extreme rows.  That move is only as good as the first λ: the entries
 near it were read ~|λ| frame units from the reference, each rounded by
-eps·|λ|, so past ``LIM`` = 2^20 = 1/(8 eps) units the moved frame would miss
-the threshold by more than a unit (and where (x − ref)/τ overflows, as for
+eps·|λ|, so past ``LIM`` = 2^23 = FAR/(8 eps) units the moved frame would
+miss the threshold by more than FAR (and where (x − ref)/τ overflows, as for
 [1, 2, 3e37] at τ = 0.01, the first λ means nothing at all).  The first
 search stops a row as soon as its bracket lies beyond ±LIM
 (:func:`.search._find_lambda`), and such a row takes the torch route's
-reference instead: its ⌊k⌋-th largest finite entry, found exactly by
-bisection on the float32 keys (:func:`_kth_largest`: one counting pass over
-the row, or its register copy, per step, each step moving a bracket end
-onto an entry; at most 32 passes, a few where the entries near it are
-few).  The row is then searched once in that frame, with no move: λ lies
-within O(1 + log n) of it, or where it does not (sigmoid and laplace
-between far clusters) every p is 0 or 1 in float32 anyway.  Rows within LIM
-run none of this; their only extra work is the row-wise test.  In the
-frame of a top-k family a finite entry far below reads as −FLT_MAX, far
-above as FLT_MAX (:func:`.prelude._frame_z`): never as masked or broken.
+reference instead: its ⌊k⌋-th largest finite entry, found exactly by a
+search on the float32 keys (:func:`_kth_largest`: one counting pass over
+the row, or its register copy, per step, at three pivots, each step moving
+the bracket ends onto entries; at most 16 passes, 1-7 on the rows tested,
+none for ⌊k⌋ = 1).  The row is then searched once in that frame, with no
+move: λ lies within O(1 + log n) of it, or where it does not (sigmoid and
+laplace between far clusters) every p is 0 or 1 in float32 anyway.  Rows
+within LIM run none of this (their p and pass count are unchanged); their
+only extra work is the row-wise test.  In the frame of a top-k family a
+finite entry far below reads as −FLT_MAX, far above as FLT_MAX
+(:func:`.prelude._frame_z`): never as masked or broken.
 
 The start (looped variant: rows wider than the on-chip limit, read from
 memory once per pass).  The first pass keeps, per lane, the maximum of the
@@ -60,8 +61,8 @@ from .search import EPS, _find_lambda
 
 FAR = tl.constexpr(8.0)
 # 2^23 = FAR/(8 eps): a λ this far from its frame is known to FAR units of
-# z (its entries and λ itself are rounded relatively), which the move by
-# FAR still resolves; beyond it the row takes its k-th largest entry
+# z (its entries and λ itself are rounded relatively), which one move of
+# the frame still resolves; beyond it the row takes its k-th largest entry
 LIM = tl.constexpr(8388608.0)
 IMAX = tl.constexpr(2147483647)
 IMIN = tl.constexpr(-2147483648)
