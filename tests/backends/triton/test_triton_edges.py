@@ -22,13 +22,8 @@ def test_entmax_near_alpha_one_matches_float64(alpha, dtype):
         assert (err <= tolerance(dtype, ref)).all(), (tuple(x.shape), tau, err.max())
 
 
-_FRAME = pytest.mark.xfail(strict=True, reason="the top-k kernels' frame starts at the row maximum, "
-                           "where (x - max)/tau overflows")
-_CASES = [pytest.param(*case, method, marks=() if method == "exp" and i in (2, 3, 5) else _FRAME)
-          for i, case in enumerate(OVERFLOW_ROWS) for method in METHODS]
-
-
-@pytest.mark.parametrize("row, k, tau, exact, method", _CASES)
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("row, k, tau, exact", OVERFLOW_ROWS)
 def test_soft_topk_where_x_over_tau_overflows(row, k, tau, exact, method):
     x = torch.tensor([row], requires_grad=True)
     with softk.use_backend("triton"):

@@ -46,7 +46,7 @@ import triton.language as tl
 from .anchor import _anchor_p, _solve_anchor
 from .family_math import _f, _log1p
 from .frame import _solve
-from .prelude import _cols, _load_z, _row_stats, _scaled
+from .prelude import FLT_MAX, _cols, _frame_z, _load_frame_z, _row_stats
 
 
 @triton.jit
@@ -106,6 +106,10 @@ def _loss_block(T, G, base, rmask, cols, n, z, c, t, A, ell, psi1, am1, scale, a
     mask = rmask & (cols < n)
     fin = z > float("-inf")
     u = (z - c) - t
+    if FAM >= 4:
+        # an entry at ±FLT_MAX (its x/τ overflowed) less a far λ stays
+        # finite, as z does: F(u) − u·y then cancels instead of inf − inf
+        u = tl.where(fin, tl.minimum(tl.maximum(u, -FLT_MAX), FLT_MAX), u)
     if ANCHOR:
         p = tl.where(fin, _anchor_p(z, A, ell, am1, 1.0 / am1, tl.log(am1)), 0.0)
     else:
@@ -168,16 +172,16 @@ def fenchel_young_fwd_kernel(X, T, G, LOSS, SCALE, R, n, k, inv_tau, am1,
     psi1 = _psi(tl.full((), 1.0, tl.float32), FAM, am1)
     scale = tl.load(SCALE) * inv_tau
     if ONCHIP:
-        acc, pt = _loss_block(T, G, base, rmask, _cols(0, BLOCK), n, _scaled(xrow, ref, inv_tau), c, t, A, ell,
-                              psi1, am1, scale, active, broken, keep, tgt, FAM, DENSE, WANT_GRAD, ANCHOR)
+        acc, pt = _loss_block(T, G, base, rmask, _cols(0, BLOCK), n, _frame_z(xrow, ref, inv_tau, FAM), c, t, A,
+                              ell, psi1, am1, scale, active, broken, keep, tgt, FAM, DENSE, WANT_GRAD, ANCHOR)
     else:
         acc = tl.zeros([ROWS, BLOCK], tl.float32)
         pt = tl.zeros([ROWS, BLOCK], tl.float32)
         for start in range(0, n, BLOCK):
             cols = _cols(start, BLOCK)
-            a_blk, p_blk = _loss_block(T, G, base, rmask, cols, n, _load_z(xr, rmask, cols, n, ref, inv_tau), c, t,
-                                       A, ell, psi1, am1, scale, active, broken, keep, tgt, FAM, DENSE, WANT_GRAD,
-                                       ANCHOR)
+            z = _load_frame_z(xr, rmask, cols, n, ref, inv_tau, FAM)
+            a_blk, p_blk = _loss_block(T, G, base, rmask, cols, n, z, c, t, A, ell, psi1, am1, scale, active, broken,
+                                       keep, tgt, FAM, DENSE, WANT_GRAD, ANCHOR)
             acc += a_blk
             pt += p_blk
     loss = tl.sum(acc, 1, keep_dims=True)

@@ -11,14 +11,15 @@ neighbours.  Each pass has one per-block body, run either once on the
 register copy of the raw rows (``ONCHIP``: the block is the whole row,
 loaded by the first pass) or in a loop over blocks of ``BLOCK`` read from
 memory (any width; the launcher uses ROWS = 1 there).  Every entry is read
-through the prelude: z = (x − ref)/τ in the row's frame ``ref``.
+through the prelude: z = (x − ref)/τ in the row's frame ``ref``
+(:func:`.prelude._frame_z`).
 """
 
 import triton
 import triton.language as tl
 
 from .family_math import _acc, _f, _fin, _init, _red
-from .prelude import _cols, _load_z, _scaled
+from .prelude import _cols, _frame_z, _load_frame_z
 
 
 # --------------------------------------------------------- a search pass
@@ -33,7 +34,7 @@ def _search_pass(xr, rmask, xrow, n, ref, inv_tau, c, t, qc, qt, cc, ct, k, am1,
     accQ = accX
     cntC = tl.zeros([ROWS, BLOCK], tl.float32)
     if ONCHIP:  # reduce each point's sums at once: fewer live registers
-        z = _scaled(xrow, ref, inv_tau)
+        z = _frame_z(xrow, ref, inv_tau, FAM)
         accX = _red(_acc(z, c, t, am1, accX, FAM), FAM)
         accQ = accX
         if PROBE:
@@ -42,7 +43,7 @@ def _search_pass(xr, rmask, xrow, n, ref, inv_tau, c, t, qc, qt, cc, ct, k, am1,
             cntC = ((z > float("-inf")) & (((z - cc) - ct) > 0)).to(tl.float32)
     else:
         for start in range(0, n, BLOCK):
-            z = _load_z(xr, rmask, _cols(start, BLOCK), n, ref, inv_tau)
+            z = _load_frame_z(xr, rmask, _cols(start, BLOCK), n, ref, inv_tau, FAM)
             accX = _acc(z, c, t, am1, accX, FAM)
             if PROBE:
                 accQ = _acc(z, qc, qt, am1, accQ, FAM)
@@ -71,8 +72,10 @@ def _write_p(xr, yr, rmask, xrow, n, ref, inv_tau, c, t, am1, active, broken,
              FAM: tl.constexpr, BLOCK: tl.constexpr, ONCHIP: tl.constexpr):
     """The last pass: p at λ = c + t ([ROWS, 1] columns) in the frame ``ref``."""
     if ONCHIP:
-        _store_p(yr, rmask, _cols(0, BLOCK), n, _scaled(xrow, ref, inv_tau), c, t, am1, active, broken, FAM)
+        z = _frame_z(xrow, ref, inv_tau, FAM)
+        _store_p(yr, rmask, _cols(0, BLOCK), n, z, c, t, am1, active, broken, FAM)
     else:
         for start in range(0, n, BLOCK):
             cols = _cols(start, BLOCK)
-            _store_p(yr, rmask, cols, n, _load_z(xr, rmask, cols, n, ref, inv_tau), c, t, am1, active, broken, FAM)
+            z = _load_frame_z(xr, rmask, cols, n, ref, inv_tau, FAM)
+            _store_p(yr, rmask, cols, n, z, c, t, am1, active, broken, FAM)

@@ -7,10 +7,11 @@ so that neither an offset of 1e6 nor τ = 1e-3 rounds away the differences
 that carry the mass (x/τ first rounds every entry to ulp(x/τ): at offset
 1e4 and τ = 0.3 that is 2e-3 of p).  The kernels do the same: the first
 pass reads the raw x (:func:`_row_stats`); every later pass reads an entry
-through :func:`_load_z`, which forms (x − ref)·(1/τ) with ``ref`` a [ROWS, 1]
-column chosen after the first pass (the row maximum, or an entry-scale
-point next to the threshold for the top-k families: see
-:mod:`softk._backends.triton.frame`).  Arithmetic is float32 whatever the input dtype.
+through :func:`_scaled` (:func:`_frame_z` for the λ search and the last
+pass), which forms (x − ref)·(1/τ) with ``ref`` a [ROWS, 1] column chosen
+after the first pass (the row maximum, or a point next to the threshold for
+the top-k families: see :mod:`softk._backends.triton.frame`).  Arithmetic is
+float32 whatever the input dtype.
 """
 
 import triton
@@ -44,6 +45,27 @@ def _scaled(x, ref, inv_tau):
 @triton.jit
 def _load_z(xr, rmask, cols, n, ref, inv_tau):
     return _scaled(_load_x(xr, rmask, cols, n), ref, inv_tau)
+
+
+@triton.jit
+def _frame_z(x, ref, inv_tau, FAM: tl.constexpr):
+    """z in a row's frame for the family ``FAM``: :func:`_scaled`, and for
+    the top-k families (FAM ≥ 4) a finite x also stays finite below, at
+    −FLT_MAX where (x − ref)/τ overflows: it remains an entry of the row
+    (p = 0 there, and p = 1 on a row of at most k finite entries), where
+    −inf would read as masked.  The k = 1 maps keep :func:`_scaled`."""
+    if FAM >= 4:
+        z = (x - ref) * inv_tau
+        fin = (x > float("-inf")) & (x < float("inf"))
+        z = tl.where(fin, tl.minimum(tl.maximum(z, -FLT_MAX), FLT_MAX), z)
+    else:
+        z = _scaled(x, ref, inv_tau)
+    return z
+
+
+@triton.jit
+def _load_frame_z(xr, rmask, cols, n, ref, inv_tau, FAM: tl.constexpr):
+    return _frame_z(_load_x(xr, rmask, cols, n), ref, inv_tau, FAM)
 
 
 @triton.jit

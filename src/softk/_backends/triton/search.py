@@ -200,12 +200,14 @@ def _next_probe(nc, nt, lo, hi, mid, go, FAM: tl.constexpr):
 
 
 @triton.jit
-def _find_lambda(xr, rmask, xrow, n, ref, inv_tau, zmax, zmin, m, lz, active, k, am1, hlo, hx0,
+def _find_lambda(xr, rmask, xrow, n, ref, inv_tau, zmax, zmin, m, lz, active, k, am1, hlo, hx0, lim,
                  FAM: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, ONCHIP: tl.constexpr,
                  BIG: tl.constexpr, PROBE: tl.constexpr, NEWTON_CAP: tl.constexpr, MAXIT: tl.constexpr):
     """λ = c + t in the frame ``ref`` for every family but softmax, and the
     number of passes, per row ([ROWS, 1] columns).  Rows not ``active``
-    keep their first iterate and count 0 passes."""
+    keep their first iterate and count 0 passes.  The top-k families stop
+    a row as soon as its bracket lies beyond ±``lim`` (inf: never), with λ
+    at the bracket end there: its frame cannot resolve it (:mod:`.frame`)."""
     zero = tl.zeros([ROWS, 1], tl.float32)
     izero = tl.zeros([ROWS, 1], tl.int32)
     it = izero
@@ -248,6 +250,8 @@ def _find_lambda(xr, rmask, xrow, n, ref, inv_tau, zmax, zmin, m, lz, active, k,
         # Newton while allowed and inside the bracket, else bisection
         go = bok & (it < NEWTON_CAP)
         stop, fc, ft = _converged(stop, fc, ft, X, pxc, pxt, bok, bc, bt, mid, zero, lo, hi, mid, tol, go, BIG)
+        if FAM >= 4:
+            stop, fc, ft = _stop_at(stop, fc, ft, (hi < -lim) | (lo > lim), tl.where(hi < -lim, hi, lo), zero)
         # ---- next point (the state of stopped rows moves on too, unread:
         # only their λ and count are kept, below)
         if FAM == 2:

@@ -1,0 +1,72 @@
+"""The top-k kernels' extreme rows (λ beyond ``frame.LIM`` frame units of
+the first frame, as where (x − max)/τ overflows float32): searched in the
+frame of their k-th largest entry, on both variants, several rows to a
+program, and in the fused loss; the rows next to them in a program keep
+their p and their pass count bit for bit."""
+
+import numpy as np
+import pytest
+import torch
+
+import softk
+from softk._backends.triton.function import FAMILY_IDS, forward_rows
+from softk._backends.triton.loss import fenchel_young_fused_rows
+from tests.precision.edge_cases import METHODS, OVERFLOW_ROWS, overflow_reference
+
+VARIANTS = {"onchip": dict(onchip=True), "looped": dict(onchip=False, block=16)}
+
+
+def _normal_rows(n, r=3, seed=0):
+    return torch.tensor(np.random.default_rng(seed).normal(size=(r, n)) * 3, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("row, k, tau, exact", OVERFLOW_ROWS)
+def test_extreme_row_among_normal_rows(row, k, tau, exact, method, variant):
+    n = len(row)
+    normal = _normal_rows(n)
+    x = torch.cat([normal[:1], torch.tensor([row]), normal[1:]])
+    kw = dict(VARIANTS[variant], rows_per_program=4 if variant == "onchip" else None)
+    p, its = forward_rows(x, FAMILY_IDS[method], k, tau, return_passes=True, **kw)
+    np.testing.assert_allclose(p[1].double().numpy(), overflow_reference(row, k, tau, method, exact), rtol=0, atol=1e-6)
+    alone, its_alone = forward_rows(normal, FAMILY_IDS[method], k, tau, return_passes=True, **kw)
+    assert torch.equal(p[[0, 2, 3]], alone) and torch.equal(its[[0, 2, 3]], its_alone)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("method", METHODS)
+def test_at_most_k_finite_entries_far_apart(method, variant):
+    # p = 1 on every finite entry, however far below the maximum it lies
+    ninf = float("-inf")
+    x = torch.tensor([[1.0, 3e37, ninf, ninf], [ninf, ninf, -3e38, 3e38]])
+    p = forward_rows(x, FAMILY_IDS[method], 2, 0.01, **VARIANTS[variant])
+    assert p.tolist() == [[1.0, 1.0, 0.0, 0.0], [0.0, 0.0, 1.0, 1.0]]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_wide_extreme_row_passes(method):
+    # a looped row of 3000 with an outlier at 3e37: the k-th largest entry
+    # costs at most 16 counting passes, and the row is exact
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(1, 3000))
+    x[0, 17] = 3e37
+    xt = torch.tensor(x, dtype=torch.float32)
+    p, its = forward_rows(xt, FAMILY_IDS[method], 64, 0.5, return_passes=True)
+    with softk.use_backend("torch"):  # float64: nothing overflows there
+        ref = softk.soft_topk(xt.double(), 64, tau=0.5, method=method)
+    np.testing.assert_allclose(p.double().numpy(), ref.numpy(), rtol=0, atol=1e-6)
+    assert its.item() <= 40, its.item()
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("row, k, tau, exact", OVERFLOW_ROWS)
+def test_fused_loss_on_extreme_rows(row, k, tau, exact, method, variant):
+    # the gradient is (p − y)/τ with the forward's exact p; with y = p the loss is 0
+    ref = overflow_reference(row, k, tau, method, exact)
+    y = torch.tensor(ref[None], dtype=torch.float32)
+    loss, g = fenchel_young_fused_rows(torch.tensor([row]), y, torch.ones(1), FAMILY_IDS[method], k, tau,
+                                       **VARIANTS[variant])
+    np.testing.assert_allclose((g * tau + y)[0].double().numpy(), ref, rtol=0, atol=1e-6)
+    assert 0.0 <= loss.item() <= 1e-6
