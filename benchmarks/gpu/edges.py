@@ -84,7 +84,7 @@ def attention_cases(device, quick):
         got = run(q, k, v, g, [alpha, min(alpha + 0.2, 2.0)], torch.float32, device)
         want = run(q, k, v, g, [alpha, min(alpha + 0.2, 2.0)], torch.float64, "cpu")
         errs = [float((a - b).abs().max() / b.abs().max()) for a, b in zip(got, want)]
-        yield {"case": f"attention a={alpha}", "err": errs, "ok": max(errs[:4]) <= 2e-6 and errs[4] <= 2e-4}
+        yield {"case": f"attention a={alpha}", "err": errs, "ok": max(errs[:4]) <= 1e-5 and errs[4] <= 2e-4}
     gen = torch.Generator().manual_seed(0)
     q, k, v = torch.randn(2, 2, 3, 64, generator=gen) * 3, torch.randn(2, 1, 17, 64, generator=gen) * 3, \
         torch.randn(2, 1, 17, 64, generator=gen)
