@@ -48,7 +48,9 @@ def scaled_rows(x: Tensor, tau: float, family=None, k=1, shift: bool = True) -> 
     their backward takes τ separately.  ``shift=False`` (the compiled
     kernels at τ = 1, which find λ relative to the row themselves) skips it.
     A finite entry whose z overflows becomes the largest finite value (p = 1
-    there for the top-k maps), never +inf, which is kept for +inf in x.
+    there for the top-k maps), never +inf, which is kept for +inf in x; for
+    the top-k maps one that overflows below becomes the smallest finite
+    value, so that it still counts as a finite entry.
     """
     ct = compute_dtype(x.dtype)
     z = x if x.dtype == ct else x.to(ct)
@@ -56,16 +58,28 @@ def scaled_rows(x: Tensor, tau: float, family=None, k=1, shift: bool = True) -> 
     if shift:
         z = z - lambda_reference(z, k, capped)
     z = z if tau == 1.0 else z / tau
-    if tau < 1.0 or (capped and (isinstance(k, Tensor) or k != 1)):
-        # A finite entry far above the reference (a top-k threshold, or any
-        # entry once divided by a small τ) can overflow to +inf, which would
-        # mark the row broken.  It is then the largest finite value instead:
-        # p = 1 on it for the capped maps, as in the limit, and the sum is kept.
-        # On the CPU one max (and no sync cost) tells whether any entry is
-        # +inf or NaN, and the three-op fix runs only then; elsewhere it
-        # always runs rather than read a device value back.
-        if not z.is_cpu or not float(z.max()) < float("inf"):
-            z = torch.where((z == float("inf")) & (x != float("inf")), torch.finfo(z.dtype).max, z)
+    topk = capped and (isinstance(k, Tensor) or k != 1)
+    if (tau < 1.0 or topk) and z.numel():
+        # A finite entry far from the reference (a top-k threshold, or any
+        # entry once divided by a small τ) can overflow.  Above, +inf would
+        # mark the row broken: it becomes the largest finite value instead
+        # (p = 1 on it for the capped maps, as in the limit).  Below, −inf
+        # would drop the entry from the count of finite entries that the
+        # top-k maps' row convention reads (a row with at most k finite
+        # entries gets 1 on each): it becomes the smallest finite value (p = 0
+        # on it otherwise, as in the limit).  On the CPU one aminmax (no sync
+        # cost) tells whether either can have happened, and the three-op
+        # fixes run only then; elsewhere they always run rather than read a
+        # device value back.
+        fix_hi, fix_lo = True, topk
+        if z.is_cpu:
+            lo, hi = (float(t) for t in torch.aminmax(z))
+            fix_hi, fix_lo = not hi < float("inf"), topk and lo == float("-inf")
+        big = torch.finfo(z.dtype).max
+        if fix_hi:
+            z = torch.where((z == float("inf")) & (x != float("inf")), big, z)
+        if fix_lo:
+            z = torch.where((z == float("-inf")) & (x != float("-inf")), -big, z)
     return z
 
 
