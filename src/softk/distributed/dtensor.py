@@ -68,7 +68,7 @@ def _check_placements(x, what):
     for i, p in enumerate(x.placements):
         if isinstance(p, Partial):
             raise ValueError(
-                f"{what} is a DTensor with placement {p} on mesh dimension {i}: a pending reduction; softk takes "
+                f"{what} is a DTensor with placement {type(p).__name__} ({p}) on mesh dimension {i}: a pending reduction; softk takes "
                 f"Shard or Replicate placements (redistribute to Replicate or Shard first)"
             )
 
@@ -250,6 +250,22 @@ def _map(name, fn, a):
             out = vocab_parallel_map(lx, mp, tau=tau, group=group, **kw)
         out = out.movedim(-1, cdim)
     return DTensor.from_local(out, mesh, x.placements, shape=x.shape, stride=x.stride())
+
+
+def rows_entry(x, labels=None):
+    """(local (…, V_r), local labels, group, vocab_start, finish) for a DTensor ``x`` sharded on its last
+    dimension: ``finish(rows)`` wraps this rank's per-row results as a DTensor (class mesh dimension
+    replicated).  Used by the RL functions of :mod:`.rl`."""
+    _check_placements(x, "local_logits")
+    cdim = x.ndim - 1
+    cmesh = _class_mesh_dim(x, cdim, "local_logits")
+    if cmesh is None:
+        raise ValueError(f"local_logits is a DTensor placed {list(x.placements)}: its last (class) dimension must "
+                         f"be sharded (Shard(-1)) on one mesh dimension")
+    mesh = x.device_mesh
+    _, offset = compute_local_shape_and_global_offset(x.shape, mesh, x.placements)
+    t = None if labels is None else _local_target(labels, x, cdim, cmesh, False)
+    return x.to_local(), t, mesh.get_group(cmesh), offset[cdim], lambda rows: _reduce(rows, None, "none", x, cdim, cmesh)
 
 
 _SIGS = {}

@@ -19,7 +19,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .. import _dtensor
 from .._ops.distributed import ReplicatedSum, VocabParallelLogSoftmax
+from .._maps.simplex import log_softmax
 from .._validate import check_input, check_tau
 from ..losses import targets as tg
 from .checks import exchange, resolve_group
@@ -45,6 +47,8 @@ def vocab_parallel_log_softmax(local_logits: Tensor, *, tau: float = 1.0, group=
     tensor([[-0.6931, -0.6931]])
     >>> dist.destroy_process_group()
     """
+    if _dtensor.is_dtensor(local_logits):
+        return log_softmax(local_logits, -1, tau)  # the public entry: the same placements back
     rank, world = resolve_group(group)
     err = None
     try:
@@ -86,13 +90,17 @@ def vocab_parallel_logprobs(
         tau: temperature (p = map(x/τ)).
         ignore_index: rows with this label give 0.
 
+    A fully masked row (every logit −inf) gives NaN under softmax (it is
+    −cross_entropy, whose convention that is, as torch's) and −inf under the
+    sparse maps (p = 0 there).
+
     Returns (...) log p_t, the same on every rank, with gradients to
     ``local_logits``.  Nothing of size N×V is gathered.
 
     Collectives: softmax is ``−cross_entropy`` (forward 1 + 2 all-reduces,
     backward none); the sparse maps run :func:`vocab_parallel_map` (forward
     1 + 2 all-reduces + 1 all-gather) and 1 all-reduce of p_t; backward 1
-    all-reduce.
+    all-reduce; +1 all-reduce of the slice sizes when ``vocab_start`` is None.
 
     >>> import torch, torch.distributed as dist, tempfile, os
     >>> f = os.path.join(tempfile.mkdtemp(), "pg")
@@ -101,6 +109,12 @@ def vocab_parallel_logprobs(
     tensor([-0.6931])
     >>> dist.destroy_process_group()
     """
+    if _dtensor.is_dtensor(local_logits):
+        from .dtensor import rows_entry
+
+        x, t, grp, start, finish = rows_entry(local_logits, labels)
+        return finish(vocab_parallel_logprobs(x, t, grp, vocab_start=start, map=map, alpha=alpha, tau=tau,
+                                              ignore_index=ignore_index))
     if map == "softmax" and alpha is None:
         return -vocab_parallel_loss(local_logits, labels, "cross_entropy", group=group, vocab_start=vocab_start,
                                     tau=tau, ignore_index=ignore_index, reduction="none")
@@ -143,6 +157,11 @@ def vocab_parallel_entropy(local_logits: Tensor, map: str = "softmax", *, alpha=
     tensor([0.2500])
     >>> dist.destroy_process_group()
     """
+    if _dtensor.is_dtensor(local_logits):
+        from .dtensor import rows_entry
+
+        x, _, grp, _, finish = rows_entry(local_logits)
+        return finish(vocab_parallel_entropy(x, map, alpha=alpha, tau=tau, group=grp))
     a = _alpha(map, alpha)
     p = vocab_parallel_map(local_logits, map, tau=tau, alpha=alpha, group=group)
     if a == 1.0:
