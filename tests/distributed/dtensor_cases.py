@@ -245,3 +245,29 @@ def all_checks(rank, world, v):
     check_counts(mesh, v, rank)
     check_other_placements(mesh, v, rank, world)
     dist.barrier()
+
+
+def mesh_2d_checks(rank, world, v):
+    """A (2, 2) mesh: rows sharded on mesh dimension 0, classes on mesh dimension 1 (and the reverse order)."""
+    mesh = init_device_mesh("cpu", (2, 2))
+    z, t = rows(v)
+    for pl in ([Shard(0), Shard(1)], [Shard(1), Shard(0)], [Replicate(), Shard(1)]):
+        for name, f in (("cross_entropy", L.cross_entropy), ("entmax15_loss", L.entmax15_loss)):
+            for reduction in ("mean", "sum", "none"):
+                zf = z.clone().requires_grad_()
+                ref = f(zf, t, reduction=reduction)
+                zd = distribute_tensor(z, mesh, pl).requires_grad_()
+                got = f(zd, t, reduction=reduction)
+                what = f"2d {pl} {name} {reduction} rank {rank}"
+                full = got.full_tensor()
+                _close(full, ref, what)
+                w = torch.where(torch.isfinite(ref), torch.linspace(0.5, 1.5, ref.numel(), dtype=D).reshape(ref.shape), 0.0)
+                (gf,) = torch.autograd.grad((torch.where(torch.isfinite(ref), ref, 0.0) * w).sum(), zf)
+                keep = distribute_tensor(torch.isfinite(ref).to(D) * w, mesh, [Replicate(), Replicate()])
+                (gd,) = torch.autograd.grad((got * keep).sum(), zd)
+                assert gd.placements == tuple(pl), (what, gd.placements)
+                _close(gd.full_tensor(), gf, what + " grad")
+        p = softk.sparsemax(distribute_tensor(z, mesh, pl))
+        assert p.placements == tuple(pl)
+        _close(p.full_tensor(), softk.sparsemax(z), f"2d {pl} sparsemax")
+    dist.barrier()

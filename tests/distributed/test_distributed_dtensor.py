@@ -37,3 +37,14 @@ def test_plain_tensors_skip_the_dtensor_entry():
     x = torch.randn(3, 5)
     assert not _dtensor.is_dtensor(x) and not _dtensor.is_dtensor(torch.nn.Parameter(x))
     torch.testing.assert_close(softk.sparsemax(x), softk.sparsemax.__wrapped__(x))
+
+
+def _mesh_2d(rank, world, v):
+    from . import dtensor_cases as C
+
+    C.mesh_2d_checks(rank, world, v)
+
+
+@pytest.mark.slow
+def test_dtensor_two_by_two_mesh_rows_and_classes_sharded(tmp_path):
+    run(4, _mesh_2d, tmp_path, 13)

@@ -27,16 +27,19 @@ import torch.distributed as dist
 from ..threshold.rows import compute_dtype
 
 
+def _solved(x, solve, tau):
+    """``solve(x/τ)`` with x in the compute dtype (half precision: float32)."""
+    z = x.to(compute_dtype(x.dtype))
+    return solve(z / tau if tau != 1.0 else z)
+
+
 class VocabParallelMap(torch.autograd.Function):
     """This rank's columns of p = map(x/τ) in x's dtype; ``solve(z)`` gives
     them in the compute dtype (the forward's collectives)."""
 
     @staticmethod
     def forward(ctx, x, solve, family, tau, group):
-        z = x.to(compute_dtype(x.dtype))
-        if tau != 1.0:
-            z = z / tau
-        p = solve(z)
+        p = _solved(x, solve, tau)
         ctx.family, ctx.tau, ctx.group = family, tau, group
         out = p.to(x.dtype)
         ctx.save_for_backward(out)
@@ -66,14 +69,10 @@ class VocabParallelLogSoftmax(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, solve, tau, group):
-        z = x.to(compute_dtype(x.dtype))
-        if tau != 1.0:
-            z = z / tau
-        logp = solve(z)
-        ctx.tau, ctx.group = tau, group
-        out = logp.to(x.dtype)
+        logp = _solved(x, solve, tau)
+        ctx.tau, ctx.group, ctx.x_dtype = tau, group, x.dtype
         ctx.save_for_backward(logp)
-        return out
+        return logp.to(x.dtype)
 
     @staticmethod
     def backward(ctx, g):
@@ -85,7 +84,7 @@ class VocabParallelLogSoftmax(torch.autograd.Function):
         sg = g.sum(-1, keepdim=True)
         dist.all_reduce(sg, op=dist.ReduceOp.SUM, group=ctx.group)
         grad = (g - torch.exp(logp) * sg) / ctx.tau
-        return grad.to(g.dtype), None, None, None
+        return grad.to(ctx.x_dtype), None, None, None
 
 
 class ReplicatedSum(torch.autograd.Function):
