@@ -39,10 +39,11 @@ argument agreement + 2 all-reduces (softmax family) or 2 all-reduces and
 topk_softmax_cross_entropy; its backward none.  A map's forward the same, its
 backward 1 all-reduce.
 
-How the public functions reach this module is :mod:`softk._dtensor` (a hook
-that ``softk.distributed`` registers on import and that imports this
-module on the first DTensor call, since the import layers keep the losses and maps from
-importing ``softk.distributed``).
+How the public functions reach this module: each carries a hook (one
+``type(x) is Tensor`` test on a plain tensor) that ``softk.distributed``
+fills on import and that imports this module on the first DTensor call,
+since the import layers keep the losses and maps from importing
+``softk.distributed``.
 """
 
 from __future__ import annotations

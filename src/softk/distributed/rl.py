@@ -143,7 +143,7 @@ def vocab_parallel_entropy(local_logits: Tensor, map: str = "softmax", *, alpha=
 
     Shannon H(p) = −Σ p log p for "softmax"; Tsallis H_α(p) = (1 − Σ p^α)/(α(α−1))
     for "sparsemax" (α = 2), "entmax15" (α = 1.5) and "entmax" (``alpha`` > 1);
-    both are 0 on a one-hot p (see the module docstring).  Returns (...), the
+    both are 0 on a one-hot p, and each map maximises ⟨z, p⟩ + H(p).  Returns (...), the
     same on every rank, with gradients to ``local_logits``; a fully masked row
     gives 0.
 
