@@ -48,3 +48,32 @@ def _mesh_2d(rank, world, v):
 @pytest.mark.slow
 def test_dtensor_two_by_two_mesh_rows_and_classes_sharded(tmp_path):
     run(4, _mesh_2d, tmp_path, 13)
+
+
+def test_one_rank_mesh_in_process(tmp_path):
+    """The DTensor entry in the default (fast) run: a one-rank gloo mesh in this process."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+
+    import softk
+    from softk import losses as L
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        z = torch.randn(4, 6, dtype=torch.float64)
+        t = torch.tensor([0, 5, -100, 2])
+        zd = distribute_tensor(z, mesh, [Shard(-1)]).requires_grad_()
+        loss = L.entmax15_loss(zd, t)
+        assert isinstance(loss, DTensor) and loss.placements == (Replicate(),)
+        torch.testing.assert_close(loss.to_local(), L.entmax15_loss(z, t), rtol=1e-12, atol=1e-12)
+        loss.backward()
+        assert zd.grad.placements == (Shard(1),)
+        p = softk.entmax(zd, alpha=1.3)
+        assert p.placements == (Shard(1),)
+        torch.testing.assert_close(p.to_local(), softk.entmax(z, alpha=1.3), rtol=1e-12, atol=1e-12)
+        with pytest.raises(ValueError, match="Partial"):
+            softk.sparsemax(DTensor.from_local(z, mesh, [Partial()]))
+    finally:
+        dist.destroy_process_group()
