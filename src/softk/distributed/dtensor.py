@@ -21,7 +21,8 @@ loss (``softk.losses.cross_entropy``, ``softmax_loss``, ``sparsemax_loss``,
   input's placements (``to_local`` / ``from_local`` carry autograd);
 * with the classes not sharded (``Replicate``, ``Shard`` on a batch
   dimension) the function runs on the local shard; "mean"/"sum" over batch
-  shards are reduced over the mesh (DTensor's own all-reduce);
+  shards are reduced over the mesh (one all-reduce of the sum and the
+  count, by DTensor);
 * a ``Partial`` placement, classes sharded over two mesh dimensions, class
   indices sharded differently from the logits' rows, and options the
   vocab-parallel losses lack (class ``weight``, ``label_smoothing``, a tensor
@@ -157,11 +158,11 @@ def _reduce(rows, keep, reduction, x, cdim, cmesh):
         d = DTensor.from_local(t, mesh, part)
         return d.redistribute(mesh, rep) if any(isinstance(p, Partial) for p in part) else d
 
-    s = total(rows.sum())
     if reduction == "sum":
-        return s
+        return total(rows.sum())
     n = keep.sum() if keep is not None else torch.tensor(rows.numel(), device=rows.device)
-    return s / total(n.to(rows.dtype).detach())
+    both = total(torch.stack([rows.sum(), n.to(rows.dtype).detach()]))  # one all-reduce for the sum and the count
+    return both[0] / both[1]
 
 
 def _loss(name, fn, a):
