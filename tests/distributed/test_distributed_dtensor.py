@@ -75,5 +75,13 @@ def test_one_rank_mesh_in_process(tmp_path):
         torch.testing.assert_close(p.to_local(), softk.entmax(z, alpha=1.3), rtol=1e-12, atol=1e-12)
         with pytest.raises(ValueError, match="Partial"):
             softk.sparsemax(DTensor.from_local(z, mesh, [Partial()]))
+        # maps without a vocab-parallel form: a clear error on class shards, the local result otherwise
+        with pytest.raises(ValueError, match=r"softk.hard_topk has no vocab-parallel form.*Shard\(dim=1\)"):
+            softk.hard_topk(zd, 2)
+        with pytest.raises(ValueError, match="softk.normmax_loss has no vocab-parallel form"):
+            L.normmax_loss(zd, t)
+        rows = softk.normmax(distribute_tensor(z, mesh, [Shard(0)]))
+        assert rows.placements == (Shard(0),)
+        torch.testing.assert_close(rows.to_local(), softk.normmax(z))
     finally:
         dist.destroy_process_group()

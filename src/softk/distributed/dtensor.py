@@ -23,6 +23,10 @@ loss (``softk.losses.cross_entropy``, ``softmax_loss``, ``sparsemax_loss``,
   dimension) the function runs on the local shard; "mean"/"sum" over batch
   shards are reduced over the mesh (one all-reduce of the sum and the
   count, by DTensor);
+* the other public maps (``hard_topk``, ``topk_softmax``, ``normmax``,
+  ``budget_sparsemax``) and ``normmax_loss`` have no vocab-parallel form:
+  on class-sharded logits they raise a ValueError naming the function and
+  the placements; otherwise they run on the local shard;
 * a ``Partial`` placement, classes sharded over two mesh dimensions, class
   indices sharded differently from the logits' rows, and options the
   vocab-parallel losses lack (class ``weight``, ``label_smoothing``, a tensor
@@ -270,6 +274,38 @@ def rows_entry(x, labels=None):
     return x.to_local(), t, mesh.get_group(cmesh), offset[cdim], lambda rows: _reduce(rows, None, "none", x, cdim, cmesh)
 
 
+_SERVED = ("softk.softmax, log_softmax, sparsemax, entmax15, entmax, soft_topk and the losses cross_entropy, "
+           "softmax_loss, sparsemax_loss, entmax15_loss, entmax_loss, soft_topk_loss, topk_softmax_cross_entropy")
+
+
+def _local_only(kind, name, fn, a):
+    """A public function with no vocab-parallel form: run on the local shard where the classes are whole."""
+    first = next(iter(a))
+    x = a.pop(first)
+    _check_placements(x, first)
+    if kind == "local map":
+        dim = a.get("dim", -1)
+        cdim = dim % x.ndim if isinstance(dim, numbers.Integral) and -x.ndim <= dim < x.ndim else None
+    else:
+        cdim = 1 if x.ndim > 1 else 0
+    cmesh = None if cdim is None else _class_mesh_dim(x, cdim, first)
+    if cmesh is not None:
+        raise ValueError(
+            f"softk.{name} has no vocab-parallel form: got a DTensor placed {list(x.placements)}, its class "
+            f"dimension {cdim} sharded on mesh dimension {cmesh}; redistribute it to Replicate on that mesh "
+            f"dimension first, or use one of {_SERVED}, which take class-sharded logits"
+        )
+    rest = {k: (v.to_local() if isinstance(v, DTensor) else v) for k, v in a.items()}
+    out = fn(x.to_local(), **rest)
+    mesh = x.device_mesh
+    if kind == "local map" and isinstance(out, Tensor) and out.shape == x.to_local().shape:
+        return DTensor.from_local(out, mesh, x.placements, shape=x.shape, stride=x.stride())
+    if all(isinstance(p, Replicate) for p in x.placements):
+        return DTensor.from_local(out, mesh, x.placements)
+    raise ValueError(f"softk.{name} on a DTensor placed {list(x.placements)}: only replicated inputs are served "
+                     f"(its result is not shaped like its input); pass x.to_local() and reduce yourself")
+
+
 _SIGS = {}
 
 
@@ -281,6 +317,8 @@ def handle(kind, name, fn, args, kwargs):
     b = sig.bind(*args, **kwargs)
     b.apply_defaults()
     a = dict(b.arguments)
+    if kind.startswith("local"):
+        return _local_only(kind, name, fn, a)
     if kind == "map":
         first = next(iter(a))
         a["x"] = a.pop(first) if first != "x" else a["x"]
