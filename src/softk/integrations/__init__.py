@@ -12,6 +12,8 @@
   gives every softk loss Megatron-LM's cross-entropy signature
   ``target(logits[s, b, V/tp], labels, tp_group) -> [s, b]`` on the
   vocab-parallel logits (no Megatron import).
+* :mod:`softk.integrations.torchtitan`: :class:`~softk.integrations.torchtitan.SoftkLoss`,
+  every softk loss with torchtitan's loss-object interface (no torchtitan import).
 
 Nothing here imports transformers at ``import softk`` time; each submodule is
 imported on its own (``pip install "softk[hf]"``).  No softk package imports
