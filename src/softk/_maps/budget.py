@@ -22,6 +22,8 @@ import numbers
 import torch
 from torch import Tensor
 
+from .. import _dtensor
+
 from .._validate import check_dim, check_input, check_tau, per_row, require, unwrapped
 from ..threshold.families import SPARSE
 from .._ops.op import threshold_map
@@ -58,6 +60,7 @@ def check_budget(budget, x: Tensor, dim: int):
     return torch.full(shape, float(budget), dtype=compute_dtype(x.dtype), device=x.device)
 
 
+@_dtensor.entry("local map", "budget_sparsemax")
 def budget_sparsemax(x: Tensor, budget, dim: int = -1, tau=1.0) -> Tensor:
     r"""Budget sparsemax: p = clip(x/τ − λ, 0, 1) with Σp = ``budget`` along ``dim``.
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .. import _dtensor
+
 from .._validate import check_dim, check_input, check_k, check_tau
 from .simplex import softmax
 
@@ -34,6 +36,7 @@ def topk_mask(x: Tensor, k: int, dim: int) -> Tensor:
     return _mask_last(x.detach().movedim(dim, -1), k).movedim(-1, dim)
 
 
+@_dtensor.entry("local map", "hard_topk")
 def hard_topk(x: Tensor, k: int, dim: int = -1) -> Tensor:
     r"""The k-hot indicator of the k largest entries along ``dim``.
 
@@ -68,6 +71,7 @@ def hard_topk(x: Tensor, k: int, dim: int = -1) -> Tensor:
     return out.movedim(-1, dim)
 
 
+@_dtensor.entry("local map", "topk_softmax")
 def topk_softmax(x: Tensor, k: int, dim: int = -1, tau: float = 1.0) -> Tensor:
     r"""Sparse (top-k) softmax: softmax over the k largest entries, 0 elsewhere.
 

@@ -44,6 +44,8 @@ import numbers
 import torch
 from torch import Tensor
 
+from .. import _dtensor
+
 from .._ops.normmax import normmax_apply
 from .._validate import check_dim, check_input, check_tau, per_row, require, unwrapped
 
@@ -69,6 +71,7 @@ def check_normmax_alpha(alpha, x, dim: int):
     return float(alpha)
 
 
+@_dtensor.entry("local map", "normmax")
 def normmax(x: Tensor, alpha=2.0, dim: int = -1, tau=1.0) -> Tensor:
     r"""α-normmax: :math:`\arg\max_{p\in\Delta}\ \langle x/\tau, p\rangle - \|p\|_\alpha`, exactly.
 

@@ -19,6 +19,8 @@ import math
 import torch
 from torch import Tensor
 
+from .. import _dtensor
+
 from .._backends import dispatch
 from .._ops import lean as _lean
 from .._validate import check_alpha, check_dim, check_input, check_tau
@@ -100,6 +102,7 @@ def _torch_logsumexp(x: Tensor, dim: int, tau: float, keepdim: bool):
     return out if out.dtype == x.dtype else out.to(x.dtype)
 
 
+@_dtensor.entry("map", "softmax")
 def softmax(x: Tensor, dim: int = -1, tau: float = 1.0) -> Tensor:
     r"""Softmax with temperature: :math:`p_i = e^{x_i/\tau} / \sum_j e^{x_j/\tau}`.
 
@@ -128,6 +131,7 @@ def softmax(x: Tensor, dim: int = -1, tau: float = 1.0) -> Tensor:
     return threshold_map(x, SOFTMAX, 1, dim, tau)
 
 
+@_dtensor.entry("map", "log_softmax")
 def log_softmax(x: Tensor, dim: int = -1, tau: float = 1.0) -> Tensor:
     r"""``log(softmax(x, dim, tau))`` computed stably: :math:`z_i - \operatorname{logsumexp}(z)`.
 
@@ -180,6 +184,7 @@ def logsumexp(x: Tensor, dim: int = -1, tau: float = 1.0, keepdim: bool = False)
     return out.to(x.dtype)
 
 
+@_dtensor.entry("map", "sparsemax")
 def sparsemax(x: Tensor, dim: int = -1, tau: float = 1.0) -> Tensor:
     r"""Sparsemax (Martins & Astudillo, 2016): the Euclidean projection of x/τ onto the simplex.
 
@@ -209,6 +214,7 @@ def sparsemax(x: Tensor, dim: int = -1, tau: float = 1.0) -> Tensor:
     return threshold_map(x, SPARSEMAX, 1, dim, tau)
 
 
+@_dtensor.entry("map", "entmax15")
 def entmax15(x: Tensor, dim: int = -1, tau: float = 1.0) -> Tensor:
     r"""1.5-entmax (Peters, Niculae & Martins, 2019), exactly.
 
@@ -226,6 +232,7 @@ def entmax15(x: Tensor, dim: int = -1, tau: float = 1.0) -> Tensor:
     return threshold_map(x, ENTMAX15, 1, dim, tau)
 
 
+@_dtensor.entry("map", "entmax")
 def entmax(x: Tensor, alpha=1.5, dim: int = -1, tau: float = 1.0) -> Tensor:
     r"""α-entmax (Peters, Niculae & Martins, 2019): Tsallis-regularised argmax.
 

@@ -36,6 +36,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from .. import _dtensor
+
 from .._validate import check_topk_args
 from .._ops.gradtopk import gradtopk
 from .iterative import su_iterative, weighted
@@ -54,6 +56,7 @@ _REGISTRY.update(grad=gradtopk, iterative=su_iterative, weighted=weighted)
 METHODS = tuple(_REGISTRY)
 
 
+@_dtensor.entry("map", "soft_topk")
 def soft_topk(x: Tensor, k: int | float | Tensor, dim: int = -1, tau: float = 1.0, method: str = "exp") -> Tensor:
     r"""Smooth top-k mask: p with Σp = k along ``dim``, 0 ≤ p ≤ 1 for every
     method except "iterative" and "weighted" (whose entries can exceed 1).

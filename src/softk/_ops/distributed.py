@@ -4,6 +4,12 @@ r"""The autograd rules of :mod:`softk.distributed`: a vocabulary split between r
   needs the two sums Σd and Σd⊙g over the whole row, one all-reduce;
 * :class:`RowLoss`: a per-row loss whose local gradient (p − y)/τ was
   computed in the forward; its backward runs no collective;
+* :class:`VocabParallelLogSoftmax`: this rank's slice of log softmax(z);
+  its backward needs Σg over the whole row, one all-reduce;
+* :class:`ReplicatedSum`: a per-row sum over the ranks' slices whose result
+  every rank holds and uses alike (so its backward is the identity, with no
+  collective: summing the gradients of a replicated value would count it
+  once per rank);
 * :class:`ChunkedLinearLoss`: the fused linear layer + loss over chunks of
   rows, whose gradients (∇X all-reduced over the group) are computed in the
   forward; its backward only scales them.
@@ -21,16 +27,19 @@ import torch.distributed as dist
 from ..threshold.rows import compute_dtype
 
 
+def _solved(x, solve, tau):
+    """``solve(x/τ)`` with x in the compute dtype (half precision: float32)."""
+    z = x.to(compute_dtype(x.dtype))
+    return solve(z / tau if tau != 1.0 else z)
+
+
 class VocabParallelMap(torch.autograd.Function):
     """This rank's columns of p = map(x/τ) in x's dtype; ``solve(z)`` gives
     them in the compute dtype (the forward's collectives)."""
 
     @staticmethod
     def forward(ctx, x, solve, family, tau, group):
-        z = x.to(compute_dtype(x.dtype))
-        if tau != 1.0:
-            z = z / tau
-        p = solve(z)
+        p = _solved(x, solve, tau)
         ctx.family, ctx.tau, ctx.group = family, tau, group
         out = p.to(x.dtype)
         ctx.save_for_backward(out)
@@ -52,6 +61,45 @@ class VocabParallelMap(torch.autograd.Function):
         # A NaN row (NaN or +inf scores) has a NaN gradient, as on one device.
         grad = torch.where(torch.isnan(out).any(-1, keepdim=True), float("nan"), grad)
         return grad.to(out.dtype), None, None, None, None
+
+
+class VocabParallelLogSoftmax(torch.autograd.Function):
+    """This rank's columns of log softmax(x/τ) in x's dtype; ``solve(z)`` gives
+    them in the compute dtype (the forward's collectives)."""
+
+    @staticmethod
+    def forward(ctx, x, solve, tau, group):
+        logp = _solved(x, solve, tau)
+        ctx.tau, ctx.group, ctx.x_dtype = tau, group, x.dtype
+        ctx.save_for_backward(logp)
+        return logp.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        (logp,) = ctx.saved_tensors
+        g = g.to(logp.dtype)
+        # d log p_i / d z_j = δ_ij − p_j: the gradient g − p Σg needs Σg over the whole row.
+        # A masked entry (log p = −inf) has p = 0 and its g may be anything: leave it out of Σg.
+        g = torch.where(logp > float("-inf"), g, 0.0)
+        sg = g.sum(-1, keepdim=True)
+        dist.all_reduce(sg, op=dist.ReduceOp.SUM, group=ctx.group)
+        grad = (g - torch.exp(logp) * sg) / ctx.tau
+        return grad.to(ctx.x_dtype), None, None, None
+
+
+class ReplicatedSum(torch.autograd.Function):
+    """Σ over the ranks of ``x`` (an all-reduce SUM); every rank then holds the
+    same value and uses it alike, so each rank's ∂/∂x is the incoming gradient."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        out = x.clone()
+        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
 
 
 class RowLoss(torch.autograd.Function):

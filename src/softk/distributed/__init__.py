@@ -11,11 +11,29 @@ Here live the public functions, their cross-rank checks (``checks``), the
 loss and map names (``families``), the collectives that find λ
 (``threshold``) and the whole-row sums of the fused loss's knobs and of TS²'s
 penalty (``_knobs``); their autograd rules are :mod:`softk._ops.distributed`.
-No softk package imports it; it imports the losses and everything below.
+:mod:`.rl` gives per-token log-probabilities and entropies for RL, and
+:mod:`.dtensor` the DTensor entry of the public maps and losses.
+No softk package imports it (``softk/__init__`` does, to register that entry);
+it imports the losses and everything below.
 """
 
 from .losses import vocab_parallel_loss
 from .fused import vocab_parallel_fused_linear_loss
 from .maps import vocab_parallel_map
+from .rl import vocab_parallel_entropy, vocab_parallel_log_softmax, vocab_parallel_logprobs
+from .. import _dtensor
 
-__all__ = ["vocab_parallel_loss", "vocab_parallel_map", "vocab_parallel_fused_linear_loss"]
+__all__ = [
+    "vocab_parallel_loss", "vocab_parallel_map", "vocab_parallel_fused_linear_loss",
+    "vocab_parallel_log_softmax", "vocab_parallel_logprobs", "vocab_parallel_entropy",
+]
+
+
+def _dtensor_handler(kind, name, fn, args, kwargs):
+    # torch.distributed.tensor costs a second to import: only a call that got a DTensor pays it.
+    from .dtensor import handle
+
+    return handle(kind, name, fn, args, kwargs)
+
+
+_dtensor.register(_dtensor_handler)

@@ -8,8 +8,14 @@
 * ``softk.integrations.hf_attention`` (its own module, with a ``register()``
   function): sparse attention registered with transformers' attention
   interface.
+* :mod:`softk.integrations.megatron`: :func:`~softk.integrations.megatron.megatron_loss`
+  gives every softk loss Megatron-LM's cross-entropy signature
+  ``target(logits[s, b, V/tp], labels, tp_group) -> [s, b]`` on the
+  vocab-parallel logits (no Megatron import).
+* :mod:`softk.integrations.torchtitan`: :class:`~softk.integrations.torchtitan.SoftkLoss`,
+  every softk loss with torchtitan's loss-object interface (no torchtitan import).
 
 Nothing here imports transformers at ``import softk`` time; each submodule is
 imported on its own (``pip install "softk[hf]"``).  No softk package imports
-this one; it imports nn, attention, the losses and below.
+this one; it imports nn, attention, distributed, the losses and below.
 """

@@ -40,6 +40,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .. import _dtensor
+
 
 from .._validate import check_smoothing, require
 from . import targets as tg
@@ -64,6 +66,7 @@ def _check_weight(weight, n_classes: int, device) -> Tensor:
     return weight
 
 
+@_dtensor.entry("loss", "cross_entropy")
 def cross_entropy(
     input: Tensor,
     target: Tensor,

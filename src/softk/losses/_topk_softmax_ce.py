@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from .. import _dtensor
+
 from .._backends import dispatch
 from .._ops import lean as _lean
 from .._ops.topk_softmax_ce import fused_topk_softmax_ce, topk_softmax_ce_rows
@@ -30,6 +32,7 @@ from .._backends.native.loss import BadTarget
 from . import targets as tg
 
 
+@_dtensor.entry("loss", "topk_softmax_cross_entropy")
 def topk_softmax_cross_entropy(
     input: Tensor, target: Tensor, k: int, ignore_index: int = -100, reduction: str = "mean", tau: float = 1.0
 ) -> Tensor:

@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .. import _dtensor
+
 from .._maps.normmax import check_normmax_alpha
 from .._ops.normmax import normmax_apply
 from .._ops.potential import regularised_potential
@@ -60,6 +62,7 @@ def _d_alpha_norm(v: Tensor, a) -> Tensor:
     return torch.exp(lse / a) * (mean_log / a - lse / a**2)
 
 
+@_dtensor.entry("local loss", "normmax_loss")
 def normmax_loss(input: Tensor, target: Tensor, alpha=2.0, ignore_index: int = -100,
                  reduction: str = "mean", tau=1.0) -> Tensor:
     r"""Fenchel–Young loss of α-normmax: :math:`\langle z, p\rangle - \|p\|_\alpha + \|y\|_\alpha - \langle z, y\rangle`.

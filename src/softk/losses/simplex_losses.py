@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from .. import _dtensor
+
 from ..threshold.families import ENTMAX15, SOFTMAX, SPARSEMAX, entmax_by_alpha, entmax_family
 from .._validate import check_alpha
 from .fenchel_young import fenchel_young_loss
@@ -41,6 +43,7 @@ _ARGS = """
 """
 
 
+@_dtensor.entry("loss", "softmax_loss")
 def softmax_loss(input: Tensor, target: Tensor, ignore_index: int = -100, reduction: str = "mean", tau: float = 1.0) -> Tensor:
     r"""Fenchel–Young loss of softmax: :math:`\operatorname{lse}(z) - \langle z, y\rangle + \sum_i y_i\log y_i`.
 
@@ -68,6 +71,7 @@ def softmax_loss(input: Tensor, target: Tensor, ignore_index: int = -100, reduct
     return fenchel_young_loss(input, target, SOFTMAX, 1, ignore_index, reduction, tau)
 
 
+@_dtensor.entry("loss", "sparsemax_loss")
 def sparsemax_loss(input: Tensor, target: Tensor, ignore_index: int = -100, reduction: str = "mean", tau: float = 1.0) -> Tensor:
     r"""Sparsemax loss (Martins & Astudillo, 2016): :math:`\langle z, p\rangle - \tfrac12\|p\|^2 + \tfrac12\|y\|^2 - \langle z, y\rangle`, p = sparsemax(z).
 
@@ -83,6 +87,7 @@ def sparsemax_loss(input: Tensor, target: Tensor, ignore_index: int = -100, redu
     return fenchel_young_loss(input, target, SPARSEMAX, 1, ignore_index, reduction, tau)
 
 
+@_dtensor.entry("loss", "entmax15_loss")
 def entmax15_loss(input: Tensor, target: Tensor, ignore_index: int = -100, reduction: str = "mean", tau: float = 1.0) -> Tensor:
     r"""1.5-entmax loss: :math:`\Phi(z) + \tfrac43\sum_i y_i^{3/2} - \langle z, y\rangle`, Φ the potential of entmax15.
 
@@ -96,6 +101,7 @@ def entmax15_loss(input: Tensor, target: Tensor, ignore_index: int = -100, reduc
     return fenchel_young_loss(input, target, ENTMAX15, 1, ignore_index, reduction, tau)
 
 
+@_dtensor.entry("loss", "entmax_loss")
 def entmax_loss(
     input: Tensor, target: Tensor, alpha: float = 1.5, ignore_index: int = -100, reduction: str = "mean", tau: float = 1.0
 ) -> Tensor:

@@ -15,12 +15,15 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from .. import _dtensor
+
 from .._validate import check_choice, check_input
 from ..threshold.families import THRESHOLD_METHODS
 from .fenchel_young import fenchel_young_loss
 from .targets import check_target_tensor
 
 
+@_dtensor.entry("loss", "soft_topk_loss")
 def soft_topk_loss(input: Tensor, target: Tensor, k: int, method: str = "exp", tau: float = 1.0, reduction: str = "mean") -> Tensor:
     r"""Fenchel–Young loss of :func:`softk.soft_topk`, for multi-label and top-k targets.
 

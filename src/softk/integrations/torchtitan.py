@@ -1,0 +1,120 @@
+r"""softk's losses in torchtitan's loss slot, shaped like its ``BaseLoss``.
+
+torchtitan (``torchtitan/components/loss.py``) calls a loss object as
+``loss_fn(pred, labels, global_valid_tokens) -> (loss, metrics)``: the loss
+is *summed* over tokens (``IGNORE_INDEX = -100`` rows give 0) and divided by
+``global_valid_tokens`` when given; each loss class has a ``Config``.
+:class:`SoftkLoss` does the same for every softk loss:
+
+* ``pred`` (T, V) plain logits, or a DTensor sharded on the vocabulary
+  (``Shard(-1)``, as torchtitan's tensor-parallel LM head makes it), which
+  goes through softk's DTensor entry (vocab-parallel, no rank holds T×V);
+* ``pred`` (T, V/tp) this rank's plain slice with ``group=`` the
+  tensor-parallel group, through :func:`softk.distributed.vocab_parallel_loss`
+  (slices contiguous in rank order, as torchtitan's ceil-division sharding);
+* the loss comes back a plain tensor, as torchtitan's own.
+
+torchtitan is not imported: the class is duck-typed on ``BaseLoss``
+(``Config``, ``fn``, ``__call__``), so it can be passed where torchtitan takes
+a loss object; it is not tested against torchtitan itself here, nor under
+``torch.compile``.
+
+>>> import torch
+>>> loss_fn = SoftkLoss(SoftkLoss.Config(loss="sparsemax"))
+>>> loss_fn(torch.tensor([[0.0, 0.0], [0.0, 3.0]]), torch.tensor([0, 1]), torch.tensor(2.0))
+(tensor(0.1250), {})
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor
+
+from .. import _dtensor
+from .._validate import LOSSES
+from ..distributed import vocab_parallel_loss
+from ..losses import (cross_entropy, entmax15_loss, entmax_loss, soft_topk_loss, softmax_loss, sparsemax_loss,
+                      topk_softmax_cross_entropy)
+
+__all__ = ["SoftkLoss", "IGNORE_INDEX"]
+
+#: torchtitan's ignore index (torch's default).
+IGNORE_INDEX = -100
+
+
+def _single(name, alpha, k, method, tau):
+    r = {"reduction": "sum", "tau": tau}
+    return {
+        "cross_entropy": lambda x, y: cross_entropy(x, y, ignore_index=IGNORE_INDEX, **r),
+        "softmax": lambda x, y: softmax_loss(x, y, IGNORE_INDEX, **r),
+        "sparsemax": lambda x, y: sparsemax_loss(x, y, IGNORE_INDEX, **r),
+        "entmax15": lambda x, y: entmax15_loss(x, y, IGNORE_INDEX, **r),
+        "entmax": lambda x, y: entmax_loss(x, y, 1.5 if alpha is None else alpha, IGNORE_INDEX, **r),
+        "soft_topk": lambda x, y: soft_topk_loss(x, y, k, method, **r),
+        "topk_softmax_ce": lambda x, y: topk_softmax_cross_entropy(x, y, k, IGNORE_INDEX, **r),
+    }[name]
+
+
+class SoftkLoss:
+    """A softk loss with torchtitan's loss-object interface (sum reduction, ``global_valid_tokens``)."""
+
+    @dataclass(kw_only=True)
+    class Config:
+        """Which softk loss, and its options.
+
+        Attributes:
+            loss: a name of :func:`softk.distributed.vocab_parallel_loss`.
+            alpha: α of "entmax"; k of "soft_topk" / "topk_softmax_ce";
+                method of "soft_topk"; tau the temperature.
+            global_vocab_size: checked against the classes of whole or DTensor
+                logits when given (torchtitan's field of the same name); plain
+                slices agree on the vocabulary among themselves.
+        """
+
+        loss: str = "cross_entropy"
+        alpha: float | None = None
+        k: int = 1
+        method: str = "sparse"
+        tau: float = 1.0
+        global_vocab_size: int | None = None
+
+    def __init__(self, config: Config | None = None, *, group=None, compile_config=None):
+        """``group``: the tensor-parallel process group of plain (T, V/tp) slices (None: plain logits are whole)."""
+        self.config = config = config if config is not None else self.Config()
+        if config.loss not in LOSSES:
+            raise ValueError(f"loss must be one of {list(LOSSES)}, got {config.loss!r}")
+        self.group = group
+        self._single = _single(config.loss, config.alpha, config.k, config.method, config.tau)
+        self.fn = self._loss
+        del compile_config  # accepted for torchtitan's signature; softk's collectives are eager
+
+    def _loss(self, pred: Tensor, labels: Tensor) -> Tensor:
+        c = self.config
+        if _dtensor.is_dtensor(pred):
+            if c.global_vocab_size is not None and pred.shape[-1] != c.global_vocab_size:
+                raise ValueError(f"pred has {pred.shape[-1]} classes, global_vocab_size is {c.global_vocab_size}")
+            out = self._single(pred, labels)
+            return out.to_local() if _dtensor.is_dtensor(out) else out
+        if self.group is None:
+            if c.global_vocab_size is not None and pred.shape[-1] != c.global_vocab_size:
+                raise ValueError(f"pred has {pred.shape[-1]} classes, global_vocab_size is {c.global_vocab_size}")
+            return self._single(pred, labels)
+        opts = {"alpha": c.alpha, "tau": c.tau, "reduction": "sum"}
+        if c.loss in ("soft_topk", "topk_softmax_ce"):
+            opts["k"] = c.k
+        if c.loss == "soft_topk":
+            opts["method"] = c.method
+        else:
+            opts["ignore_index"] = IGNORE_INDEX
+        return vocab_parallel_loss(pred, labels, c.loss, group=self.group, **opts)
+
+    def __call__(self, pred: Tensor, labels: Tensor, global_valid_tokens: Tensor | None = None,
+                 **kwargs: Any) -> tuple[Tensor, dict[str, Tensor]]:
+        """(the summed loss / ``global_valid_tokens``, {}), as torchtitan's ``BaseLoss.__call__``."""
+        del kwargs
+        loss = self.fn(pred, labels)
+        if global_valid_tokens is not None:
+            loss = loss / global_valid_tokens
+        return loss, {}
