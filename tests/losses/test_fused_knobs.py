@@ -340,3 +340,16 @@ def test_knobs_on_the_top_k_losses(reduction):
     ref = _reduce(L.soft_topk_loss(z, y, 2, reduction="none") + 0.03 * torch.logsumexp(z, -1) ** 2,
                   torch.ones(x.shape[0], dtype=torch.bool), reduction)
     torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-14)
+
+
+def test_ts2_gradient_is_finite_where_every_other_class_is_masked():
+    # one finite class (p = 1) and the target masked: the loss is +inf and, left
+    # out by the caller, must not send NaN into the other rows' gradient; and a
+    # row whose only unmasked classes are the support has no penalty mass
+    inf = float("-inf")
+    z = torch.tensor([[inf, inf, 1.0], [0.5, inf, 1.0], [0.3, -0.2, 1.0]], dtype=torch.float64, requires_grad=True)
+    t = torch.tensor([0, 2, 2])
+    out = ts2_loss(z, t, reduction="none")
+    assert out[0] == float("inf") and torch.isfinite(out[1:]).all()
+    (g,) = torch.autograd.grad(torch.where(torch.isfinite(out), out, 0.0).sum(), z)
+    assert torch.isfinite(g).all() and (g[0] == 0).all()

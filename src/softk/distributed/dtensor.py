@@ -67,7 +67,7 @@ from .rl import vocab_parallel_log_softmax
 
 _LOSSES = {"cross_entropy": "cross_entropy", "softmax_loss": "softmax", "sparsemax_loss": "sparsemax",
            "entmax15_loss": "entmax15", "entmax_loss": "entmax", "soft_topk_loss": "soft_topk",
-           "topk_softmax_cross_entropy": "topk_softmax_ce"}
+           "topk_softmax_cross_entropy": "topk_softmax_ce", "ts2_loss": "ts2"}
 
 
 def _check_placements(x, what):
@@ -210,6 +210,8 @@ def _loss(name, fn, a):
         kw["k"] = int(a["k"])
     if name == "soft_topk_loss":
         kw["method"] = a["method"]
+    if name == "ts2_loss":
+        kw["suppression"], kw["adaptive"] = a.get("suppression", 1.0), a.get("adaptive", False)
     if "ignore_index" in a:
         kw["ignore_index"] = ignore_index
     mesh = x.device_mesh

@@ -28,6 +28,7 @@ import numbers
 import torch
 from torch import Tensor
 
+from .. import _dtensor
 from .._validate import reduce
 from .._maps.simplex import sparsemax
 from . import targets as tg
@@ -52,18 +53,21 @@ def ts2_rows(z: Tensor, t: Tensor, keep: Tensor, suppression: float, tau: float,
     fit = sparsemax_loss(z, torch.where(keep, t, -100), -100, "none", tau)
     with torch.no_grad():
         p = sparsemax(z / tau if tau != 1.0 else z)
-        off = p == 0
+        off = (p == 0) & (z > float("-inf"))  # masked classes have no softmax mass either
         off.scatter_(-1, t.unsqueeze(-1), False)
         py = p.gather(-1, t.unsqueeze(-1)).squeeze(-1)
     logp = torch.log_softmax(z, -1)
-    # m = Σ_{off} s_j as exp(logsumexp over the off-support classes): no cancellation
-    m = torch.logsumexp(logp.masked_fill(~off, float("-inf")), -1).exp()
+    # m = Σ_{off} s_j, a sum of non-negative terms (no cancellation); summed
+    # directly rather than as exp(logsumexp), whose gradient is NaN on a row
+    # with no off-support class left (every other class masked)
+    m = torch.where(off, logp.exp(), 0.0).sum(-1)
     penalty = -torch.log1p(-torch.clamp(m, max=CLAMP))
     if adaptive:
         penalty = penalty * (1 - py)
     return fit + torch.where(keep, suppression * penalty, 0.0)
 
 
+@_dtensor.entry("loss", "ts2_loss")
 def ts2_loss(
     input: Tensor,
     target: Tensor,
