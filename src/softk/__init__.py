@@ -15,7 +15,6 @@ from ._maps.routing import Route, route
 from ._maps.properties import properties, property_violations
 from .attention import scaled_dot_product_attention
 from . import families, losses, nn
-from . import distributed  # registers the DTensor entry of the maps and losses (softk._dtensor)
 
 __version__ = "0.1.0"
 

@@ -33,7 +33,6 @@ from torch import Tensor
 
 from . import lean as _lean
 from .._backends import dispatch
-from .._backends.blockwise import backward as blockwise_backward, forward as blockwise
 from ..threshold.rows import compute_dtype
 
 
@@ -43,6 +42,8 @@ def _forward(q, k, v, mask, alpha, scale, causal, fam, backend, softcap=0.0):
         a = alpha.detach().float() if alpha is not None else q.new_full((q.shape[1],), 1.5, dtype=torch.float32)
         return dispatch.triton_attention().attention_forward(q, k, v, scale=scale, causal=causal, mask=mask, fam=fam,
                                                              alpha=a)
+    from .._backends.blockwise import forward as blockwise  # on first use: ``import softk`` stays light
+
     a = alpha.detach() if alpha is not None else None
     return blockwise.attention_forward(q, k, v, scale=scale, causal=causal, mask=mask, fam=fam, alpha=a,
                                        softcap=softcap)
@@ -53,6 +54,8 @@ def _backward(q, k, v, out, dout, m, lam, mask, alpha, scale, causal, fam, backe
     if backend == "triton":
         a = alpha.detach().float() if alpha is not None else q.new_full((q.shape[1],), 1.5, dtype=torch.float32)
         return dispatch.triton_attention().attention_backward(q, k, v, out, dout, m, lam, alpha=a, **kw)
+    from .._backends.blockwise import backward as blockwise_backward
+
     a = alpha.detach() if alpha is not None else None
     return blockwise_backward.attention_backward(q, k, v, out, dout, m, lam, alpha=a, softcap=softcap, **kw)
 
