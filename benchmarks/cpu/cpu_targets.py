@@ -1,4 +1,4 @@
-"""Issue 6's CPU targets: fwd+bwd, fp32, 256x32000 and 2048x1024, softk (the
+"""The CPU targets: fwd+bwd, fp32, 256x32000 and 2048x1024, softk (the
 default backend and the PyTorch path) vs torch.softmax vs the entmax package,
 providers interleaved.
 
@@ -8,7 +8,7 @@ providers interleaved.
 
 The second form prints the targets table and the per-pass tables from saved
 rows (every ratio in BENCHMARKS.md is computed here, not by hand).  The
-third (issue 19) times forward+backward of the losses (a mean over class
+third times forward+backward of the losses (a mean over class
 indices, multi-hot rows with k ones for soft_topk_loss) against
 ``F.cross_entropy`` on the same scores, providers interleaved within each
 repeat, and prints the µs and the ratios of one run (:mod:`loss_timing`).

@@ -1,5 +1,5 @@
 """Forward+backward time of softk's losses against ``F.cross_entropy`` on the
-CPU (issue 19), providers interleaved within each repeat, ratios from one run.
+CPU, providers interleaved within each repeat, ratios from one run.
 
 Run through ``benchmarks/cpu/cpu_targets.py --losses`` (or directly:
 ``python benchmarks/cpu/loss_timing.py --threads 1``).  Each provider computes a

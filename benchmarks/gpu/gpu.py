@@ -139,7 +139,7 @@ def _peer_phase(cases, peers, meta, args, deadline, flush):
     """Each isolated peer in ``peers`` over its cases, in a child process of its own."""
     rows = []
     for i, name in enumerate(peers):
-        # The issue's columns first (sparsemax, entmax15, the losses), so that a budget cut drops α = 1.3.
+        # The headline columns first (sparsemax, entmax15, the losses), so that a budget cut drops α = 1.3.
         mine = sorted((c for c in cases if name in impls_for(c.group, c.op)), key=lambda c: PEER_ORDER.get(c.op, len(PEER_ORDER)))
         if not mine:
             continue

@@ -2,9 +2,9 @@
 
 A :class:`Case` is one (op, shape, dtype); every implementation that serves
 the op (``gpu_peers.IMPLS``) is timed on it, forward and forward+backward.
-The groups follow issue 13:
+The groups:
 
-* ``wide``: the issue's table (8192×32768 bf16/fp32, 512×262144 bf16,
+* ``wide``: the target table (8192×32768 bf16/fp32, 512×262144 bf16,
   32768×1024 fp32, 65536×128 fp32), for softmax, sparsemax, entmax15,
   entmax α=1.3 and soft_topk k=64 (exp, sigmoid, laplace, sparse);
 * ``router``: widths 16–512, bf16, 2^25 entries, for MoE-router shaped ops;

@@ -155,7 +155,7 @@ SERVES = {
     "softmax_loss": ("softk",),
 }
 SERVES.update({op: ("softk",) for op in SOFT_TOPK_OPS})
-# A router row is a MoE gate: AdaSplash's sparsemax is the only peer kernel listed there (issue 13).
+# A router row is a MoE gate: AdaSplash's sparsemax is the only peer kernel listed there.
 ROUTER_SERVES = {"softmax": ("torch",), "sparsemax": ("softk", "adasplash"), "soft_topk_exp_k2": ("softk",), "route_top2": ("torch", "softk")}
 
 

@@ -1,5 +1,5 @@
 """Bad input to the `softk` command: exactly one line `softk <cmd>: error: ...`
-naming the option or file, exit status 2, no traceback (issue 12).
+naming the option or file, exit status 2, no traceback.
 
 Most cases call the CLI's ``main()`` in-process (the message is the point,
 and a subprocess costs 1-2 s of torch import each); a few run ``python -m

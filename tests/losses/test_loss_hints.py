@@ -1,6 +1,6 @@
 """Every hint a loss gives for a refused target suggests something the same loss
 then accepts: each case takes the suggested expression from the message, runs
-it, and checks the loss against the NumPy reference (issue 12: a bool
+it, and checks the loss against the NumPy reference (a bool
 multi-hot target used to be told to normalise to 1, which soft_topk_loss with
 k = 2 and topk_softmax_cross_entropy refuse)."""
 

@@ -35,7 +35,7 @@ EXPECTED = {
 
 
 # shift_invariant is measured at exact offsets up to ±7e13 (float64): every
-# method holds it on both CPU backends (issue 12: rows are shifted before τ).
+# method holds it on both CPU backends (rows are shifted before τ).
 
 
 @pytest.mark.parametrize("method", softk._maps.soft_topk.METHODS)

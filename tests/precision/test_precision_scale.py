@@ -29,7 +29,7 @@ for entmax (p = e^{β·log w}, β = 1/(α−1)).  The test allows 8× this bound
 softk._ops.gradtopk._clamp_margin).
 
 A wrong λ by one ulp of the offset (what the unshifted path did) is d_i·ulp(c)
-≫ tol_i, so every failure listed in issue 12 fails here.  |Σp − k| is also
+≫ tol_i, so every failure listed in the precision targets fails here.  |Σp − k| is also
 checked against 8·n·eps·k.
 """
 

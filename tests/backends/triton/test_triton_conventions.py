@@ -11,7 +11,7 @@ side.  An entry within eps/2 (relative) of the kink has p = 1.0 in float32
 and is saturated there, while float64 may still hold p = 1 − 3e-9 < 1 and
 take the left side: on exp k = 3, τ = 0.05 with integer ties, dx then
 differs between float32 and float64 by the whole of its scale, on the torch
-backend, the native one and the Triton one alike (issue 20's "49 %", measured
+backend, the native one and the Triton one alike (the "49 %", measured
 against the float64 torch backend).  In float32 the three agree; that is what
 is checked here, with the saturated-side value written out by hand.
 """

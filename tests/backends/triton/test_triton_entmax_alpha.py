@@ -5,7 +5,7 @@ looped, against mpmath (tests/oracle_mp.py) on the rounded float32 input;
 the fused loss at α = 10; which α the kernels serve
 (softk._backends.triton.function.serves) and the launcher's refusal of the others.
 
-Issue 20 found entmax(x, alpha=10) off by 0.065 in p (Σp = 1.06) and a
+The first Triton kernels had entmax(x, alpha=10) off by 0.065 in p (Σp = 1.06) and a
 support-2 row with gradient 0 where the exact value is −2.39: the kernels
 formed p = f(z − λ) from a float λ and d = p^(2−α) directly.
 
@@ -43,7 +43,7 @@ def _rows(n=20):
     rng = np.random.default_rng(3)
     r = [rng.normal(size=n), rng.normal(size=n) + 1e4]
     two = np.full(n, -3.0) - rng.random(n)
-    two[[2, 7]] = [0.0, -0.05]  # support 2 at α = 10 (issue 20)
+    two[[2, 7]] = [0.0, -0.05]  # support 2 at α = 10
     r.append(two)
     ties = rng.normal(size=n) - 2
     ties[[1, 5, 9]] = 1.0  # three-way tie at the top
@@ -114,7 +114,7 @@ def test_large_alpha_forward_and_backward_are_exact(alpha):
         want, tol = _vjp_reference(ref, g, alpha, tau)
         bad = ~(np.abs(dx - want) <= tol)
         assert not bad.any(), (alpha, kw, dx[bad], want[bad], tol[bad])
-    if alpha == 10.0:  # issue 20's support-2 row: a gradient of 0 there before
+    if alpha == 10.0:  # the support-2 row: a gradient of 0 there before
         assert np.count_nonzero(ref[2]) == 2 and np.abs(want[2]).max() > 1
 
 

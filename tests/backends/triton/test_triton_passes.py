@@ -1,6 +1,6 @@
 """λ-search passes per row of the looped (wide-row) Triton kernel at n = 16384,
 counted by the kernel itself (``return_passes``) in the interpreter, over the
-row distributions of issue 20: normal, normal×10, uniform, lognormal, and
+row distributions of the precision targets: normal, normal×10, uniform, lognormal, and
 rounded scores (ties) with every 7th entry masked.
 
 Targets, met: ≤ 3 passes for sparsemax, entmax15 and α-entmax at α = 3, ≤ 4

@@ -12,7 +12,7 @@ derivation), float32 eps: the shifted scores s = (x − r)/τ rounded at 2·eps,
 that bound by ``FACTOR`` = 2 at most (they round the frame's reference
 itself, and sum in a different order); |Σp − k| within 8·n·eps·k·FACTOR.
 The matrix is marked slow (its mpmath references take about a minute); the
-cases of issue 20 run in the fast tier.
+cases of the precision targets run in the fast tier.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def _cases():
     rng = np.random.default_rng(20)
     base = rng.normal(size=N)
     out = {}
-    for c, name in ((1e2, "1e2"), (1e4, "1e4"), (1e6, "1e6")):  # far from the origin, τ ≠ 1 (issue 20)
+    for c, name in ((1e2, "1e2"), (1e4, "1e4"), (1e6, "1e6")):  # far from the origin, τ ≠ 1
         out[f"offset{name}-tau0.3"] = (base + c, 0.3)
     out["offset1e3-tau1e-3"] = (1e3 + 1e-3 * base, 1e-3)  # rounded to ulp(1e3): ties
     out["tau1e-3"] = (0.3 + 1e-3 * base, 1e-3)
@@ -88,7 +88,7 @@ def check_map(map_id, case_id, k, variant):
     assert abs(p.sum() - k) <= FACTOR * 8 * N * EPS * k
 
 
-# the cases of issue 20, and the top-k frame's hard rows: the fast tier
+# the cases of the precision targets, and the top-k frame's hard rows: the fast tier
 FAST = [("sparsemax", "offset1e4-tau0.3", 1), ("entmax15", "offset1e6-tau0.3", 1), ("exp", "offset1e4-tau0.3", 3),
         ("softmax", "offset1e6-tau0.3", 1), ("exp", "outlier1e7-tau1", 3), ("laplace", "tau1e-3", 3),
         ("sparse", "outlier1e4-tau0.05", 3), ("exp", "offset-1e3-tau0.05", 3), ("entmax10", "offset1e4-tau0.3", 1),
