@@ -17,6 +17,14 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 
+# The gradient's live columns (classes), as a share of V, up to which the
+# backward products run on those columns only (``fn.sparse_grad``), per
+# device type.  On the CPU no crossover was found (the columns were as fast at
+# a 3 % union and 1.5-2x faster from 10 % to 90 %: BENCHMARKS.md); on a GPU it
+# is unmeasured, so the dense products stay there.
+SPARSE_MAX_SHARE = {"cpu": 1.0}
+
+
 def chunked_pass(x, weight, bias, target, fn, chunk: int, row_weight, grads):
     """One pass over the rows of ``x`` (M, H) in chunks of ``chunk`` rows.
 
@@ -30,6 +38,12 @@ def chunked_pass(x, weight, bias, target, fn, chunk: int, row_weight, grads):
     the inputs' dtype before it is added); on the CPU it runs in float32.
     ``fn`` may return ``(rows, extra)``, extra (C, k) per-row numbers that
     are gathered into ``extra`` (M, k) (None when ``fn`` returns rows only).
+
+    Where ``fn.sparse_grad`` is true (a sparse loss: G is exactly 0 outside
+    the union of the chunk's supports and targets) and that union holds at
+    most the device's :data:`SPARSE_MAX_SHARE` of the classes, G W, Gᵀ X and
+    Σ G run on those columns of G and rows of W only: the same sums without
+    their zero terms.
     """
     m = x.shape[0]
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
@@ -42,6 +56,7 @@ def chunked_pass(x, weight, bias, target, fn, chunk: int, row_weight, grads):
     wt = weight.t()
     half_product = acc == torch.float32 and x.dtype != torch.float32 and x.device.type != "cpu"
     extra = None
+    sparse = bool(getattr(fn, "sparse_grad", False))
     for s in range(0, m, chunk):
         e = min(s + chunk, m)
         xc = x[s:e]
@@ -62,6 +77,15 @@ def chunked_pass(x, weight, bias, target, fn, chunk: int, row_weight, grads):
         del logits, lrow
         if not any_grad:
             continue
+        cols = None
+        if sparse and SPARSE_MAX_SHARE.get(x.device.type, 0.0) > 0:
+            live = (g != 0).any(0)
+            if int(live.sum()) <= SPARSE_MAX_SHARE[x.device.type] * live.numel():
+                cols = live.nonzero().squeeze(1)
+        if cols is not None:
+            _sparse_products(g[:, cols], cols, weight, xc, gx[s:e] if want_x else None, gw, gb, acc, half_product)
+            del g
+            continue
         if want_x:
             torch.mm(g, weight, out=gx[s:e])
         if want_w:
@@ -73,6 +97,17 @@ def chunked_pass(x, weight, bias, target, fn, chunk: int, row_weight, grads):
             gb += g.sum(0, dtype=acc)
         del g
     return losses, gx, gw, gb, extra
+
+
+def _sparse_products(gs, cols, weight, xc, gx, gw, gb, acc, half_product):
+    """G W, Gᵀ X and Σ G from G's live columns ``gs`` = G[:, cols] only."""
+    if gx is not None:
+        torch.mm(gs, weight.index_select(0, cols), out=gx)
+    if gw is not None:
+        gw.index_add_(0, cols, torch.mm(gs.t().to(xc.dtype), xc).to(acc) if half_product
+                      else torch.mm(gs.t().to(acc), xc.to(acc)))
+    if gb is not None:
+        gb.index_add_(0, cols, gs.sum(0, dtype=acc))
 
 
 def checkpointed_pass(x, weight, bias, target, fn, chunk: int):

@@ -81,6 +81,11 @@ _CHUNK_LOSSES = {
 }
 assert set(_CHUNK_LOSSES) == set(LOSSES), "every loss name has a chunk loss"
 
+# The losses whose gradient p − y is exactly 0 outside the union of the
+# supports and targets (soft top-k with method "sparse" only): the fused
+# pass then runs its backward products on those columns (fn.sparse_grad).
+_SPARSE_GRAD = {"sparsemax", "entmax15", "entmax", "topk_softmax_ce", "soft_topk"}
+
 # The Fenchel–Young family of each FY loss name (label smoothing's Ω(q)).
 _FY_FAMILY = {"softmax": lambda a: SOFTMAX, "sparsemax": lambda a: SPARSEMAX, "entmax15": lambda a: ENTMAX15,
               "entmax": entmax_by_alpha}
@@ -112,8 +117,10 @@ def chunk_loss_fn(loss: str, *, alpha, k: int, method: str, tau: float, ignore_i
     if loss == "cross_entropy":
         extra.update(weight=knobs.class_weight, label_smoothing=knobs.label_smoothing)
     base = _CHUNK_LOSSES[loss](alpha, k, method, tau, ignore_index, extra)
+    sparse = loss in _SPARSE_GRAD and (loss != "soft_topk" or method == "sparse")
     plain = knobs == NO_KNOBS and not stats
     if plain:
+        base.sparse_grad = sparse
         return base
     cap, eps, weight, beta = knobs
     fy_smooth = eps > 0 and loss in _FY_FAMILY
@@ -163,6 +170,8 @@ def chunk_loss_fn(loss: str, *, alpha, k: int, method: str, tau: float, ignore_i
             extra_rows = torch.stack([support, correct, zterm.detach().to(zd.dtype)], -1)
         return rows, extra_rows
 
+    # smoothing and the z-loss give every class a gradient; the cap keeps zeros zero
+    fn.sparse_grad = sparse and eps == 0 and not beta
     return fn
 
 
