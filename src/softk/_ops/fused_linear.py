@@ -62,19 +62,27 @@ def chunked_pass(x, weight, bias, target, fn, chunk: int, row_weight, grads):
         xc = x[s:e]
         with torch.no_grad():
             logits = xc @ wt if bias is None else torch.addmm(bias, xc, wt)
-        with torch.enable_grad():
-            logits.requires_grad_(any_grad)
-            lrow = fn(logits, target[s:e])
-            if isinstance(lrow, tuple):
-                lrow, ex = lrow
-                if extra is None:
-                    extra = torch.empty(m, ex.shape[-1], dtype=acc, device=x.device)
-                extra[s:e] = ex
-            if any_grad:
-                w = torch.ones_like(lrow) if row_weight is None else row_weight[s:e].to(lrow.dtype)
-                (g,) = torch.autograd.grad(lrow, logits, grad_outputs=w)
-        losses[s:e] = lrow.detach()
-        del logits, lrow
+        in_place = getattr(fn, "in_place", None)
+        if (any_grad and in_place is not None and logits.dtype in (torch.float32, torch.float64)
+                and not target.is_floating_point()):
+            # the loss's own one-pass form: the logits become G
+            losses[s:e] = in_place(logits, target[s:e], None if row_weight is None else row_weight[s:e])
+            g = logits
+        else:
+            with torch.enable_grad():
+                logits.requires_grad_(any_grad)
+                lrow = fn(logits, target[s:e])
+                if isinstance(lrow, tuple):
+                    lrow, ex = lrow
+                    if extra is None:
+                        extra = torch.empty(m, ex.shape[-1], dtype=acc, device=x.device)
+                    extra[s:e] = ex
+                if any_grad:
+                    w = torch.ones_like(lrow) if row_weight is None else row_weight[s:e].to(lrow.dtype)
+                    (g,) = torch.autograd.grad(lrow, logits, grad_outputs=w)
+            losses[s:e] = lrow.detach()
+            del lrow
+        del logits
         if not any_grad:
             continue
         cols = None

@@ -23,6 +23,7 @@ from ._knobs import NO_KNOBS, Knobs
 from ._ts2 import ts2_loss
 from ._cross_entropy import cross_entropy
 from .simplex_losses import entmax15_loss, entmax_loss, softmax_loss, sparsemax_loss
+from .targets import index_target
 from .topk_loss import soft_topk_loss
 from ._topk_softmax_ce import topk_softmax_cross_entropy
 
@@ -86,6 +87,31 @@ assert set(_CHUNK_LOSSES) == set(LOSSES), "every loss name has a chunk loss"
 # pass then runs its backward products on those columns (fn.sparse_grad).
 _SPARSE_GRAD = {"sparsemax", "entmax15", "entmax", "topk_softmax_ce", "soft_topk"}
 
+def _ce_in_place(ignore_index: int, tau: float):
+    """Cross-entropy's rows and its gradient in one pass over the logits:
+    ``f(z, t, w) -> rows`` overwrites z (C, V), float32/float64, with
+    G = w·(softmax(z/τ) − e_t)/τ (0 on ignored rows), the gradient of Σ w_i L_i,
+    where L_i = logsumexp(z_i/τ) − z_{i,t_i}/τ: no autograd graph and no
+    buffer beside the logits."""
+
+    def f(z, t, w):
+        idx, keep = index_target(z, t, ignore_index)  # the losses' own range check and message
+        idx = idx.unsqueeze(1)
+        if tau != 1.0:
+            z.mul_(1.0 / tau)
+        torch.log_softmax(z, 1, out=z)  # one fused kernel, in place (logsumexp is several)
+        rows = torch.where(keep, -z.gather(1, idx).squeeze(1), 0.0)
+        z.exp_()
+        z.scatter_add_(1, idx, torch.full_like(rows, -1.0).unsqueeze(1))
+        scale = (w.to(z.dtype) if w is not None else torch.ones_like(rows)) / tau
+        z.mul_(torch.where(keep, scale, 0.0).unsqueeze(1))
+        if not z.is_cpu or not bool(keep.all()):  # (no host read on a GPU)
+            z.masked_fill_(~keep.unsqueeze(1), 0.0)  # a fully masked ignored row: NaN · 0 above
+        return rows
+
+    return f
+
+
 # The Fenchel–Young family of each FY loss name (label smoothing's Ω(q)).
 _FY_FAMILY = {"softmax": lambda a: SOFTMAX, "sparsemax": lambda a: SPARSEMAX, "entmax15": lambda a: ENTMAX15,
               "entmax": entmax_by_alpha}
@@ -121,6 +147,8 @@ def chunk_loss_fn(loss: str, *, alpha, k: int, method: str, tau: float, ignore_i
     plain = knobs == NO_KNOBS and not stats
     if plain:
         base.sparse_grad = sparse
+        # cross-entropy with class indices: the rows and G in one pass (chunked_pass)
+        base.in_place = _ce_in_place(ignore_index, tau) if loss in ("cross_entropy", "softmax") else None
         return base
     cap, eps, weight, beta = knobs
     fy_smooth = eps > 0 and loss in _FY_FAMILY
