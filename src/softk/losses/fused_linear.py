@@ -33,6 +33,8 @@ the torch backend otherwise.
 
 from __future__ import annotations
 
+import math
+
 from typing import NamedTuple
 
 import torch
@@ -205,6 +207,16 @@ def fused_linear_loss(
         return (out, _stats(extra, n_rows, reduction, lead)) if return_stats else out
     grad_on = torch.is_grad_enabled()
     want = tuple(grad_on and a is not None and a.requires_grad for a in (input, weight, bias))
+    rows_kept, extra = None, None
+    if x.is_cpu and not torch.compiler.is_compiling() and not t.is_floating_point() and loss != "soft_topk":
+        # ignored rows add nothing: leave them out of the matmuls (on the CPU,
+        # where reading the mask costs no device sync; a batch with no kept
+        # row keeps its rows, for the mean's NaN with zero gradients)
+        kept = t != ignore_index
+        n = int(kept.sum())
+        if 0 < n < kept.numel():
+            rows_kept = kept.nonzero().squeeze(1)
+            x, t = x.index_select(0, rows_kept), t.index_select(0, rows_kept)
     if torch.compiler.is_compiling():
         # torch.compile does not trace torch.autograd.grad inside an autograd
         # rule: each chunk is an activation checkpoint instead.
@@ -215,6 +227,10 @@ def fused_linear_loss(
         out, extra = FusedLinearLoss.apply(x, weight, bias, t, fn, chunk, reduction, n_kept, want, True)
     else:
         out = FusedLinearLoss.apply(x, weight, bias, t, fn, chunk, reduction, n_kept, want)
+    if rows_kept is not None and reduction == "none":
+        out = out.new_zeros(math.prod(lead)).index_copy(0, rows_kept, out)
+    if rows_kept is not None and return_stats and extra is not None and reduction == "none":
+        extra = extra.new_zeros(math.prod(lead), extra.shape[-1]).index_copy(0, rows_kept, extra)
     out = out.reshape(lead) if reduction == "none" else out
     return (out, _stats(extra, n_rows, reduction, lead)) if return_stats else out
 
