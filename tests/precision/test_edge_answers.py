@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import softk
+from tests.oracle.mp import threshold_row
 from tests.precision.edge_cases import (HALF, METHODS, NEAR_ONE, OVERFLOW_ROWS, entmax_reference,
                                         near_one_rows, overflow_reference, tolerance)
 
@@ -48,3 +49,19 @@ def test_soft_topk_where_x_over_tau_overflows(row, k, tau, exact, method):
     np.testing.assert_allclose(p.detach().double().numpy()[0], ref, rtol=0, atol=1e-6)
     (g,) = torch.autograd.grad(p, x, torch.randn(p.shape, generator=torch.Generator().manual_seed(2)))
     assert torch.isfinite(g).all()
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-6), (torch.float32, 1e-5)], ids=str)
+@pytest.mark.parametrize("alpha", [1.00001, 1.001, 1.01, 1.5])
+def test_entmax_alpha_gradient_near_one_matches_a_central_difference(alpha, dtype, tol):
+    # softk.entmax's tensor-α gradient (the attention tests' float64 reference for dα)
+    # against a central difference of the mpmath oracle: independent of softk's formula
+    g = torch.Generator().manual_seed(0)
+    x, cot = torch.randn(4, 9, generator=g, dtype=torch.float64), torch.randn(4, 9, generator=g, dtype=torch.float64)
+    a = torch.full((4, 1), alpha, dtype=dtype, requires_grad=True)
+    (got,) = torch.autograd.grad(softk.entmax(x.to(dtype), alpha=a), a, cot.to(dtype))
+    h = 1e-7 * alpha
+    want = np.array([(threshold_row("entmax", r, 1, alpha=alpha + h) - threshold_row("entmax", r, 1, alpha=alpha - h))
+                     @ c / (2 * h) for r, c in zip(x.numpy(), cot.numpy())])
+    err = np.abs(got.double().numpy()[:, 0] - want).max() / np.abs(want).max()
+    assert err <= tol, err

@@ -28,7 +28,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .._validate import FLOAT_DTYPES, require, unwrapped
+from .._validate import FLOAT_DTYPES, check_positive, require, unwrapped
 from ..threshold.rows import compute_dtype
 from ..threshold.attention_maps import ENTMAX_ID, MAPS, family_id
 
@@ -198,13 +198,7 @@ def _mask(mask, q: Tensor, target: tuple) -> Optional[Tensor]:
 
 def check_softcap(softcap) -> Optional[float]:
     """None, or a finite float c > 0 (Gemma 2's attention logit soft-capping)."""
-    if softcap is None:
-        return None
-    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
-        raise TypeError(f"softcap must be None or a float > 0, got {type(softcap).__name__}")
-    if not (softcap > 0 and math.isfinite(softcap)):
-        raise ValueError(f"softcap must be a finite float > 0 (scores become softcap·tanh(s/softcap)), got {softcap}")
-    return float(softcap)
+    return None if softcap is None else check_positive(softcap, "softcap")
 
 
 def check_call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, map, alpha,
