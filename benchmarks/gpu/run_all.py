@@ -64,7 +64,7 @@ STAGES = [
       "--json", "{json}"]),
     ("attention_check", "attention_check.py", 0.08, ["--json", "{json}"],
      ["--device", "cpu", "--quick", "--dtypes", "float32", "--jobs", "0", "--json", "{json}"]),
-    ("edges", "edges.py", 0.04, ["--json", "{json}"], ["--device", "cpu", "--quick", "--json", "{json}"]),
+    ("edges", "edges.py", 0.10, ["--json", "{json}"], ["--device", "cpu", "--quick", "--json", "{json}"]),
     ("tune", "tune.py", 0.12, ["--json", "{json}"], ["--device", "cpu", "--quick", "--jobs", "0", "--json", "{json}"]),
     ("speed", "gpu.py", 0.30, ["--only", SPEED_CASES, "--warm-timeout-s", "40", "--json", "{json}", "--markdown", "{md}"],
      ["--device", "cpu", "--only", "^wide/sparsemax/65536x128", "--max-rows", "4", "--min-reps", "1", "--warm-jobs", "0", "--impls", "torch,softk",

@@ -118,9 +118,13 @@ def test_seqused_k_uses_the_first_keys_of_a_larger_slot():
 
 
 def test_a_query_that_sees_no_key_gets_zero():
-    q, k, v, cq, ck = _packed([3], [4], seed=5)
-    out = varlen_attn(q, k, v, cq, ck, 3, 4, window_size=(0, 0), map="entmax15", enable_gqa=True)  # pos = i + 1: sees key i + 1
-    assert torch.isfinite(out).all()
+    # causal, bottom-right aligned with more queries than keys: pos = i + 2 - 3, so
+    # query 0 sees no key (pos = -1): output 0 and no gradient
+    q, k, v, cq, ck = _packed([3], [2], seed=5)
+    out = varlen_attn(q, k, v, cq, ck, 3, 2, window_size=(-1, 0), map="entmax15", enable_gqa=True)
+    assert (out[0] == 0).all() and (out[1:] != 0).any()
+    (gq,) = torch.autograd.grad(out.sum(), q)
+    assert (gq[0] == 0).all()
     q, k, v, cq, ck = _packed([2, 2], [0, 3], seed=6)
     out = varlen_attn(q, k, v, cq, ck, 2, 3, map="sparsemax", enable_gqa=True)
     assert (out[:2] == 0).all() and (out[2:] != 0).any()
