@@ -13,6 +13,7 @@ peak_mb, version, date.  Benchmarks are not tests: nothing asserts on time.
 from __future__ import annotations
 
 import datetime
+import gc
 import platform
 import time
 
@@ -208,8 +209,11 @@ class PeakRSS:
     """The peak extra resident memory of a block, in bytes (Linux): VmHWM
     after it minus VmRSS before it, with VmHWM reset to the current RSS on
     entry (``/proc/self/clear_refs``), so every byte the CPU allocator takes
-    inside the block counts, torch's or not.  Used by the memory benchmarks
-    in their own fresh processes.  The resident set also holds file-backed
+    inside the block counts, torch's or not.  Garbage is collected on entry:
+    memory that a collection would free inside the block lowers the resident
+    set under the baseline and hides as much of the block's own allocation.
+    Used by the memory benchmarks in their own fresh processes.  The resident
+    set also holds file-backed
     pages (the shared libraries' code), which the kernel may evict while the
     block runs when other processes need memory: on a busy machine the figure
     can fall short of what the block allocated by what was evicted.
@@ -224,6 +228,7 @@ class PeakRSS:
     extra: int = 0
 
     def __enter__(self) -> "PeakRSS":
+        gc.collect()
         with open("/proc/self/clear_refs", "w") as fh:
             fh.write("5")  # reset VmHWM to the current RSS
         self._base = _proc_status("VmRSS")
