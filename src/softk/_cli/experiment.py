@@ -5,7 +5,9 @@
   (:mod:`softk._experiments.topk_softmax`, ``.attention``, ``.router``), each with
   ``--seeds``, ``--epochs``, ``--out DIR`` (NAME.json, NAME.md), ``--figure PNG``,
   ``--json`` and ``--quiet`` (no progress bar); they need the ``experiments``
-  extra (mlxtend, matplotlib) and exit 2 naming it when it is missing.
+  extra (mlxtend, matplotlib) and exit 2 naming it when it is missing;
+* ``lm`` — a small GPT-2 trained on Shakespeare with every loss and attention
+  (:mod:`softk._cli.experiment_lm`).
 
     softk experiment multilabel --data ../shared/data/mulan/emotions [--loss sparsemax ...]
                                 [--folds contiguous shuffled] [--cv-score per-fold pooled]
@@ -25,7 +27,7 @@ import json
 import os
 import sys
 
-from . import UsageError
+from . import UsageError, experiment_lm
 
 from .._experiments.multilabel import CV_SCORES, FOLD_SIZES
 from .._experiments.multilabel import FOLD_SCHEMES as FOLDS
@@ -41,7 +43,7 @@ MULAN_HELP = (
 
 
 def register(sub):
-    p = sub.add_parser("experiment", help="run an experiment on real data (multilabel, topk-softmax, attention, router)")
+    p = sub.add_parser("experiment", help="run an experiment on real data (multilabel, topk-softmax, attention, router, lm)")
     kinds = p.add_subparsers(dest="experiment", metavar="EXPERIMENT")
     m = kinds.add_parser(
         "multilabel",
@@ -70,6 +72,7 @@ def register(sub):
     m.set_defaults(run=_run_multilabel)
 
     _register_networks(kinds)
+    experiment_lm.register(kinds)
 
     def no_experiment(args) -> int:  # `softk experiment` alone: usage, exit 2
         p.print_usage(sys.stderr)

@@ -8,7 +8,8 @@
   training seed, so the seeds measure training variance only).
 * :class:`Progress` — a one-line progress bar on stderr (stdlib only).
 * :func:`ece` — expected calibration error of the top-1 confidence
-  (Guo et al. 2017), 15 equal-width bins.
+  (Guo et al. 2017), 15 equal-width bins (:func:`calibration_error` from the
+  confidences and hits).
 * :func:`mean_std` — mean and sample standard deviation over seeds.
 
 >>> import torch
@@ -82,8 +83,13 @@ def batches(n: int, size: int, generator: torch.Generator):
 def ece(probs: torch.Tensor, y: torch.Tensor, bins: int = 15) -> float:
     """Σ_b (|b|/N) |accuracy(b) − confidence(b)| over equal-width bins of max p."""
     conf, pred = probs.max(-1)
-    correct = (pred == y).double()
-    conf = conf.double()
+    return calibration_error(conf, pred == y, bins)
+
+
+def calibration_error(confidence: torch.Tensor, correct: torch.Tensor, bins: int = 15) -> float:
+    """:func:`ece` from each row's top-1 confidence and whether its top-1 was right."""
+    correct = correct.double()
+    conf = confidence.double()
     edges = torch.linspace(0, 1, bins + 1, dtype=torch.float64)
     which = torch.clamp(torch.bucketize(conf, edges[1:-1], right=False), 0, bins - 1)
     total = 0.0

