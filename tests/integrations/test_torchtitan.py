@@ -70,10 +70,111 @@ def test_dtensor_and_slices_on_two_ranks(tmp_path):
     run(2, _ranks, tmp_path)
 
 
-def test_against_torchtitan_itself():
-    pytest.importorskip("torchtitan.components.loss", reason="torchtitan is not installed (an optional extra)")
-    from torchtitan.components.loss import cross_entropy_loss
+# ------------------------------------------------- against torchtitan itself
+def _titan():
+    return pytest.importorskip("torchtitan.components.loss", reason="torchtitan is not installed (the torchtitan extra)")
 
-    z, t = _data()
-    out, _ = SoftkLoss(SoftkLoss.Config(loss="cross_entropy"))(z.float(), t)
-    torch.testing.assert_close(out, cross_entropy_loss(z.float(), t))
+
+def _data3(dtype=torch.float32, v=11):
+    """(B, L, V) logits and (B, L) labels, as torchtitan's LM head and data loader make them."""
+    g = torch.Generator().manual_seed(1)
+    z = (torch.randn(2, 4, v, dtype=torch.float64, generator=g) * 2).to(dtype)
+    t = torch.randint(0, v, (2, 4), generator=g)
+    t[0, 1] = t[1, 3] = IGNORE_INDEX
+    return z, t
+
+
+def _value_and_grad(fn, z, *args):
+    zr = z.clone().requires_grad_()
+    out = fn(zr, *args)
+    (g,) = torch.autograd.grad(out.full_tensor() if hasattr(out, "full_tensor") else out, zr)
+    return out, g
+
+
+def test_cross_entropy_as_torchtitan_on_whole_logits():
+    """(B, L, V) logits, ignored labels, float32 and bfloat16 (torchtitan sums in float32)."""
+    tt = _titan()
+    for dtype, tol in ((torch.float32, 1e-6), (torch.bfloat16, 1e-2)):
+        z, t = _data3(dtype)
+        n = torch.tensor(6.0)
+        want, gw = _value_and_grad(lambda x: tt.CrossEntropyLoss(tt.CrossEntropyLoss.Config())(x, t, n)[0], z)
+        got, g = _value_and_grad(lambda x: SoftkLoss(SoftkLoss.Config(loss="cross_entropy"))(x, t, n)[0], z)
+        assert got.dtype == want.dtype == torch.float32 and g.dtype == gw.dtype == dtype
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(g, gw, rtol=tol, atol=tol)
+        # and the bare function, with no global_valid_tokens
+        torch.testing.assert_close(SoftkLoss()(z, t)[0], tt.cross_entropy_loss(z, t), rtol=1e-6, atol=1e-6)
+
+
+def test_as_chunked_loss_wrappers_loss_fn():
+    """ChunkedLossWrapper builds SoftkLoss from its Config and runs lm_head + loss chunk by chunk."""
+    tt = _titan()
+    if not hasattr(tt, "ChunkedLossWrapper"):
+        pytest.skip("this torchtitan has no ChunkedLossWrapper")
+    torch.manual_seed(0)
+    head = torch.nn.Linear(5, 11, bias=False)
+    _, t = _data3()
+    hidden = torch.randn(2, 4, 5)
+    results = []
+    for inner in (tt.CrossEntropyLoss.Config(), SoftkLoss.Config(loss="cross_entropy")):
+        wrapper = tt.ChunkedLossWrapper(tt.ChunkedLossWrapper.Config(num_chunks=2, loss_fn=inner))
+        wrapper.set_lm_head(head)
+        h = hidden.clone().requires_grad_()
+        loss, metrics = wrapper(h, t, torch.tensor(6.0))
+        loss.backward()
+        results.append((wrapper.loss_fn, loss.detach(), h.grad, head.weight.grad.clone(), metrics))
+        head.weight.grad = None
+    (_, *want), (built, *got) = results
+    assert isinstance(built, SoftkLoss)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+def _titan_dtensor(mesh):
+    """torchtitan's vocabulary-parallel cross-entropy (its "partial_dtensor" backend, mesh axis "tp")
+    against the adapter on Shard(-1) logits, with plain and DTensor labels."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+    from torchtitan.components.loss import cross_entropy_loss
+    from torchtitan.distributed import utils as tu
+
+    z, t = _data3()
+    before = tu.get_spmd_backend()
+    tu.set_spmd_backend("partial_dtensor")
+    try:
+        for labels in (t, distribute_tensor(t, mesh, [Replicate()])):
+            zd = distribute_tensor(z, mesh, [Shard(2)])
+            want, gw = _value_and_grad(lambda x: cross_entropy_loss(x, labels), zd)
+            got, g = _value_and_grad(lambda x: SoftkLoss(SoftkLoss.Config(global_vocab_size=11))(x, labels)[0], zd)
+            assert type(got) is type(want), (type(got), type(want))
+            if isinstance(want, DTensor):
+                assert got.placements == want.placements
+                got, want = got.full_tensor(), want.full_tensor()
+            torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+            assert g.placements == gw.placements == (Shard(2),)
+            torch.testing.assert_close(g.full_tensor(), gw.full_tensor(), rtol=1e-6, atol=1e-6)
+    finally:
+        tu.set_spmd_backend(before)
+
+
+def test_cross_entropy_as_torchtitan_on_vocab_sharded_dtensor_one_rank(tmp_path):
+    _titan()
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        _titan_dtensor(init_device_mesh("cpu", (1,), mesh_dim_names=("tp",)))
+    finally:
+        dist.destroy_process_group()
+
+
+def _titan_ranks(rank, world):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    _titan_dtensor(init_device_mesh("cpu", (world,), mesh_dim_names=("tp",)))
+
+
+@pytest.mark.slow
+def test_cross_entropy_as_torchtitan_on_vocab_sharded_dtensor_two_ranks(tmp_path):
+    _titan()
+    run(2, _titan_ranks, tmp_path)
