@@ -178,3 +178,63 @@ def _titan_ranks(rank, world):
 def test_cross_entropy_as_torchtitan_on_vocab_sharded_dtensor_two_ranks(tmp_path):
     _titan()
     run(2, _titan_ranks, tmp_path)
+
+
+# ------------------------------------------------------------ torch.compile
+def _sparsemax_loss_ref(z, y):
+    """Fenchel–Young with Ω = ½‖p‖², summed over the rows whose label is not ignored (float64, sort and cumsum)."""
+    zs, _ = z.sort(-1, descending=True)
+    cs = zs.cumsum(-1)
+    j = torch.arange(1, z.shape[-1] + 1, dtype=z.dtype)
+    k = (1 + j * zs > cs).sum(-1, keepdim=True)
+    p = (z - (cs.gather(-1, k - 1) - 1) / k).clamp_min(0)
+    keep = y != IGNORE_INDEX
+    zy = z.gather(-1, torch.where(keep, y, 0).unsqueeze(-1)).squeeze(-1)
+    rows = (z * p).sum(-1) - 0.5 * (p * p).sum(-1) + 0.5 - zy
+    return torch.where(keep, rows, 0.0).sum()
+
+
+@pytest.mark.parametrize("loss, backend", [("cross_entropy", "inductor"), ("sparsemax", "aot_eager")])
+def test_compiled_as_torchtitans_compile_config(loss, backend):
+    """compile_config (torchtitan's fields enable, components, backend) compiles the loss of plain logits:
+    value and gradient as the float64 references, through a graph the backend received."""
+    from types import SimpleNamespace
+
+    graphs = []
+
+    def recording(gm, inputs):
+        graphs.append(gm)
+        return torch._dynamo.lookup_backend(backend)(gm, inputs)
+
+    z, t = _data3(torch.float64)
+    n = torch.tensor(6.0, dtype=D)
+    cc = SimpleNamespace(enable=True, components=["loss"], backend=recording)
+    fn = SoftkLoss(SoftkLoss.Config(loss=loss), compile_config=cc)
+    if loss == "cross_entropy":
+        ref = lambda x: torch.nn.functional.cross_entropy(x.flatten(0, 1), t.flatten(), reduction="sum") / n
+    else:
+        ref = lambda x: _sparsemax_loss_ref(x.flatten(0, 1), t.flatten()) / n
+    got, g = _value_and_grad(lambda x: fn(x, t, n)[0], z)
+    want, gw = _value_and_grad(ref, z)
+    assert graphs, "the loss did not run under torch.compile"
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(g, gw, rtol=1e-12, atol=1e-12)
+    # not asked to: eager
+    assert SoftkLoss(SoftkLoss.Config(loss=loss), compile_config=SimpleNamespace(enable=False, components=["loss"])
+                     ).fn.__name__ == "_loss"
+
+
+def test_built_with_torchtitans_compile_config():
+    tt = _titan()
+    from torchtitan.config import CompileConfig
+
+    cc = CompileConfig(enable=True, components=["loss"], backend="aot_eager")
+    z, t = _data3()
+    n = torch.tensor(6.0)
+    ours = SoftkLoss.Config(loss="cross_entropy").build(compile_config=cc)
+    theirs = tt.CrossEntropyLoss.Config().build(compile_config=cc)
+    assert ours._compiled is not None
+    got, g = _value_and_grad(lambda x: ours(x, t, n)[0], z)
+    want, gw = _value_and_grad(lambda x: theirs(x, t, n)[0], z)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(g, gw, rtol=1e-6, atol=1e-6)

@@ -21,7 +21,10 @@ the loss object (``ChunkedLossWrapper`` builds its inner ``loss_fn`` so).
   (slices contiguous in rank order, as torchtitan's ceil-division sharding);
 * the loss comes back a plain tensor, as torchtitan's own, except with
   DTensor labels, where torchtitan's (``local_map``) returns a DTensor and so
-  does this one (replicated).
+  does this one (replicated);
+* with torchtitan's ``compile_config`` asking for it (``enable``, ``"loss"``
+  in ``components``) the loss of plain whole logits runs under
+  ``torch.compile`` with its ``backend``; DTensor logits and slices stay eager.
 
 torchtitan is not imported: the class is duck-typed on ``BaseLoss``
 (``Config`` with ``build``, ``fn``, ``__call__``).  The tests compare it with
@@ -97,14 +100,27 @@ class SoftkLoss:
             return SoftkLoss(config=replace(self), **kwargs)
 
     def __init__(self, config: Config | None = None, *, group=None, compile_config=None):
-        """``group``: the tensor-parallel process group of plain (T, V/tp) slices (None: plain logits are whole)."""
+        """``group``: the tensor-parallel process group of plain (T, V/tp) slices (None: plain logits are whole).
+        ``compile_config``: torchtitan's; with ``enable`` and ``"loss"`` in its
+        ``components``, the loss of plain whole logits runs under
+        ``torch.compile`` (its ``backend``), as torchtitan compiles its own."""
         self.config = config = config if config is not None else self.Config()
         if config.loss not in LOSSES:
             raise ValueError(f"loss must be one of {list(LOSSES)}, got {config.loss!r}")
         self.group = group
         self._single = _single(config.loss, config.alpha, config.k, config.method, config.tau)
-        self.fn = self._loss
-        del compile_config  # accepted for torchtitan's signature; softk's collectives are eager
+        self._compiled = None
+        if (compile_config is not None and getattr(compile_config, "enable", False)
+                and "loss" in getattr(compile_config, "components", ())):
+            # as torchtitan's BaseLoss._maybe_compile, for plain whole logits only:
+            # DTensor logits and slices run softk's collectives eagerly
+            self._compiled = torch.compile(self._loss, backend=getattr(compile_config, "backend", "inductor"))
+        self.fn = self._loss if self._compiled is None else self._compiled_or_eager
+
+    def _compiled_or_eager(self, pred: Tensor, labels: Tensor) -> Tensor:
+        if self.group is None and not _dtensor.is_dtensor(pred) and not _dtensor.is_dtensor(labels):
+            return self._compiled(pred, labels)
+        return self._loss(pred, labels)
 
     def _loss(self, pred: Tensor, labels: Tensor) -> Tensor:
         c = self.config
