@@ -140,6 +140,14 @@ def test_rules_on_a_one_rank_mesh(tmp_path):
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
     try:
         checks(init_device_mesh("cpu", (1,)))
+        # two mesh dimensions: each keeps the rule's choice for its own placement
+        from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+        x = torch.randn(4, 6, dtype=torch.float64)
+        xd = distribute_tensor(x, init_device_mesh("cpu", (1, 1)), [Shard(0), Shard(1)])
+        p = torch.ops.softk.threshold(xd, "sparsemax", 2.0, 1, 1.0, "torch")
+        assert tuple(p.placements) == (Shard(0), Replicate())
+        torch.testing.assert_close(p.full_tensor(), sparsemax_ref(x), **TOL)
     finally:
         dist.destroy_process_group()
 
