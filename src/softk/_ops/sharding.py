@@ -45,6 +45,9 @@ inputs, so one rule serves every op without a table of signatures.
 The rules are registered when an op is (the library path registers its ops
 on first use, :func:`softk._ops.lean.library`), and only where
 ``torch.distributed.tensor`` imports; the eager path registers neither.
+Registering imports ``torch.distributed.tensor`` (about half a second, once
+per process, on the first call that takes the library path) so that an op
+registered before the caller's first DTensor still has its rule.
 """
 
 from __future__ import annotations
