@@ -155,3 +155,39 @@ def test_rules_on_a_one_rank_mesh(tmp_path):
 @pytest.mark.slow
 def test_rules_on_two_ranks(tmp_path):
     run(2, _two_ranks, tmp_path)
+
+
+def test_rules_wait_for_the_first_dtensor():
+    """The library path does not import torch.distributed.tensor for the rules'
+    sake; ops it registered earlier get them when a DTensor first reaches softk."""
+    pytest.importorskip("torch.distributed.tensor")
+    import subprocess
+    import sys
+
+    code = """
+import os, sys, torch
+from softk._ops import op
+op._library()
+assert "torch.distributed.tensor" not in sys.modules, "the library path imported DTensor"
+import torch.distributed as dist
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PORT"])
+dist.init_process_group("gloo", rank=0, world_size=1)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+funcs = DTensor._op_dispatcher.sharding_propagator.op_strategy_funcs
+assert torch.ops.softk.threshold.default not in funcs
+import softk
+x = distribute_tensor(torch.randn(4, 6, dtype=torch.float64), init_device_mesh("cpu", (1,)), [Shard(-1)])
+softk.sparsemax(x)
+assert torch.ops.softk.threshold.default in funcs, "no rule after the first DTensor"
+dist.destroy_process_group()
+print("ok")
+"""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**__import__("os").environ, "PORT": str(port)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

@@ -57,8 +57,8 @@ def library(register):
     """Wrap ``register`` (a function that defines an op's ``torch.library``
     ops, see :func:`custom_op`) to run once, on the first call that takes the
     library path, so that eager users never pay for torch.library; the new
-    ops then get their DTensor sharding rules (:mod:`softk._ops.sharding`,
-    where ``torch.distributed.tensor`` imports).  It is
+    ops then get their DTensor sharding rules (:mod:`softk._ops.sharding`)
+    if the process uses DTensor already.  It is
     marked like ``torch.compiler.assume_constant_result``: while compiling,
     Dynamo runs it for real (registering the ops) instead of tracing it."""
     done = []
@@ -70,7 +70,7 @@ def library(register):
                     register()
                     from .sharding import register_new  # the DTensor rules of the new ops
 
-                    register_new()
+                    register_new(only_if_imported=True)
                     done.append(True)
         return True
 

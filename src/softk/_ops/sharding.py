@@ -43,15 +43,17 @@ come from the op's own fake kernel, run on meta tensors shaped like the
 inputs, so one rule serves every op without a table of signatures.
 
 The rules are registered when an op is (the library path registers its ops
-on first use, :func:`softk._ops.lean.library`), and only where
-``torch.distributed.tensor`` imports; the eager path registers neither.
-Registering imports ``torch.distributed.tensor`` (about half a second, once
-per process, on the first call that takes the library path) so that an op
-registered before the caller's first DTensor still has its rule.
+on first use, :func:`softk._ops.lean.library`) if the process has already
+imported ``torch.distributed.tensor``, and otherwise for every op registered
+so far when the first DTensor reaches a softk function (importing
+:mod:`softk.distributed` calls :func:`register_new`).  A process that never
+uses DTensor never imports it (about half a second) for softk's sake; the
+eager path registers nothing.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import torch
@@ -125,11 +127,14 @@ def rule_for(overload):
     return rule
 
 
-def register_new() -> list[str]:
+def register_new(only_if_imported: bool = False) -> list[str]:
     """Register the rule of every ``softk::`` row op that has none yet;
     return their names.  Nothing where torch has no ``torch.distributed``
-    or no ``torch.distributed.tensor``."""
+    or no ``torch.distributed.tensor``, nor, with ``only_if_imported``, where
+    this process has not imported ``torch.distributed.tensor`` yet."""
     if not torch.distributed.is_available():
+        return []
+    if only_if_imported and "torch.distributed.tensor" not in sys.modules:
         return []
     try:
         from torch.distributed.tensor.experimental import register_sharding
