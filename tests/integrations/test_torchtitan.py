@@ -70,10 +70,171 @@ def test_dtensor_and_slices_on_two_ranks(tmp_path):
     run(2, _ranks, tmp_path)
 
 
-def test_against_torchtitan_itself():
-    pytest.importorskip("torchtitan.components.loss", reason="torchtitan is not installed (an optional extra)")
-    from torchtitan.components.loss import cross_entropy_loss
+# ------------------------------------------------- against torchtitan itself
+def _titan():
+    return pytest.importorskip("torchtitan.components.loss", reason="torchtitan is not installed (the torchtitan extra)")
 
-    z, t = _data()
-    out, _ = SoftkLoss(SoftkLoss.Config(loss="cross_entropy"))(z.float(), t)
-    torch.testing.assert_close(out, cross_entropy_loss(z.float(), t))
+
+def _data3(dtype=torch.float32, v=11):
+    """(B, L, V) logits and (B, L) labels, as torchtitan's LM head and data loader make them."""
+    g = torch.Generator().manual_seed(1)
+    z = (torch.randn(2, 4, v, dtype=torch.float64, generator=g) * 2).to(dtype)
+    t = torch.randint(0, v, (2, 4), generator=g)
+    t[0, 1] = t[1, 3] = IGNORE_INDEX
+    return z, t
+
+
+def _value_and_grad(fn, z, *args):
+    zr = z.clone().requires_grad_()
+    out = fn(zr, *args)
+    (g,) = torch.autograd.grad(out.full_tensor() if hasattr(out, "full_tensor") else out, zr)
+    return out, g
+
+
+def test_cross_entropy_as_torchtitan_on_whole_logits():
+    """(B, L, V) logits, ignored labels, float32 and bfloat16 (torchtitan sums in float32)."""
+    tt = _titan()
+    for dtype, tol in ((torch.float32, 1e-6), (torch.bfloat16, 1e-2)):
+        z, t = _data3(dtype)
+        n = torch.tensor(6.0)
+        want, gw = _value_and_grad(lambda x: tt.CrossEntropyLoss(tt.CrossEntropyLoss.Config())(x, t, n)[0], z)
+        got, g = _value_and_grad(lambda x: SoftkLoss(SoftkLoss.Config(loss="cross_entropy"))(x, t, n)[0], z)
+        assert got.dtype == want.dtype == torch.float32 and g.dtype == gw.dtype == dtype
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(g, gw, rtol=tol, atol=tol)
+        # and the bare function, with no global_valid_tokens
+        torch.testing.assert_close(SoftkLoss()(z, t)[0], tt.cross_entropy_loss(z, t), rtol=1e-6, atol=1e-6)
+
+
+def test_as_chunked_loss_wrappers_loss_fn():
+    """ChunkedLossWrapper builds SoftkLoss from its Config and runs lm_head + loss chunk by chunk."""
+    tt = _titan()
+    if not hasattr(tt, "ChunkedLossWrapper"):
+        pytest.skip("this torchtitan has no ChunkedLossWrapper")
+    torch.manual_seed(0)
+    head = torch.nn.Linear(5, 11, bias=False)
+    _, t = _data3()
+    hidden = torch.randn(2, 4, 5)
+    results = []
+    for inner in (tt.CrossEntropyLoss.Config(), SoftkLoss.Config(loss="cross_entropy")):
+        wrapper = tt.ChunkedLossWrapper(tt.ChunkedLossWrapper.Config(num_chunks=2, loss_fn=inner))
+        wrapper.set_lm_head(head)
+        h = hidden.clone().requires_grad_()
+        loss, metrics = wrapper(h, t, torch.tensor(6.0))
+        loss.backward()
+        results.append((wrapper.loss_fn, loss.detach(), h.grad, head.weight.grad.clone(), metrics))
+        head.weight.grad = None
+    (_, *want), (built, *got) = results
+    assert isinstance(built, SoftkLoss)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+def _titan_dtensor(mesh):
+    """torchtitan's vocabulary-parallel cross-entropy (its "partial_dtensor" backend, mesh axis "tp")
+    against the adapter on Shard(-1) logits, with plain and DTensor labels."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+    from torchtitan.components.loss import cross_entropy_loss
+    from torchtitan.distributed import utils as tu
+
+    z, t = _data3()
+    before = tu.get_spmd_backend()
+    tu.set_spmd_backend("partial_dtensor")
+    try:
+        for labels in (t, distribute_tensor(t, mesh, [Replicate()])):
+            zd = distribute_tensor(z, mesh, [Shard(2)])
+            want, gw = _value_and_grad(lambda x: cross_entropy_loss(x, labels), zd)
+            got, g = _value_and_grad(lambda x: SoftkLoss(SoftkLoss.Config(global_vocab_size=11))(x, labels)[0], zd)
+            assert type(got) is type(want), (type(got), type(want))
+            if isinstance(want, DTensor):
+                assert got.placements == want.placements
+                got, want = got.full_tensor(), want.full_tensor()
+            torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+            assert g.placements == gw.placements == (Shard(2),)
+            torch.testing.assert_close(g.full_tensor(), gw.full_tensor(), rtol=1e-6, atol=1e-6)
+    finally:
+        tu.set_spmd_backend(before)
+
+
+def test_cross_entropy_as_torchtitan_on_vocab_sharded_dtensor_one_rank(tmp_path):
+    _titan()
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        _titan_dtensor(init_device_mesh("cpu", (1,), mesh_dim_names=("tp",)))
+    finally:
+        dist.destroy_process_group()
+
+
+def _titan_ranks(rank, world):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    _titan_dtensor(init_device_mesh("cpu", (world,), mesh_dim_names=("tp",)))
+
+
+@pytest.mark.slow
+def test_cross_entropy_as_torchtitan_on_vocab_sharded_dtensor_two_ranks(tmp_path):
+    _titan()
+    run(2, _titan_ranks, tmp_path)
+
+
+# ------------------------------------------------------------ torch.compile
+def _sparsemax_loss_ref(z, y):
+    """Fenchel–Young with Ω = ½‖p‖², summed over the rows whose label is not ignored (float64, sort and cumsum)."""
+    zs, _ = z.sort(-1, descending=True)
+    cs = zs.cumsum(-1)
+    j = torch.arange(1, z.shape[-1] + 1, dtype=z.dtype)
+    k = (1 + j * zs > cs).sum(-1, keepdim=True)
+    p = (z - (cs.gather(-1, k - 1) - 1) / k).clamp_min(0)
+    keep = y != IGNORE_INDEX
+    zy = z.gather(-1, torch.where(keep, y, 0).unsqueeze(-1)).squeeze(-1)
+    rows = (z * p).sum(-1) - 0.5 * (p * p).sum(-1) + 0.5 - zy
+    return torch.where(keep, rows, 0.0).sum()
+
+
+@pytest.mark.parametrize("loss, backend", [("cross_entropy", "inductor"), ("sparsemax", "aot_eager")])
+def test_compiled_as_torchtitans_compile_config(loss, backend):
+    """compile_config (torchtitan's fields enable, components, backend) compiles the loss of plain logits:
+    value and gradient as the float64 references, through a graph the backend received."""
+    from types import SimpleNamespace
+
+    graphs = []
+
+    def recording(gm, inputs):
+        graphs.append(gm)
+        return torch._dynamo.lookup_backend(backend)(gm, inputs)
+
+    z, t = _data3(torch.float64)
+    n = torch.tensor(6.0, dtype=D)
+    cc = SimpleNamespace(enable=True, components=["loss"], backend=recording)
+    fn = SoftkLoss(SoftkLoss.Config(loss=loss), compile_config=cc)
+    if loss == "cross_entropy":
+        ref = lambda x: torch.nn.functional.cross_entropy(x.flatten(0, 1), t.flatten(), reduction="sum") / n
+    else:
+        ref = lambda x: _sparsemax_loss_ref(x.flatten(0, 1), t.flatten()) / n
+    got, g = _value_and_grad(lambda x: fn(x, t, n)[0], z)
+    want, gw = _value_and_grad(ref, z)
+    assert graphs, "the loss did not run under torch.compile"
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(g, gw, rtol=1e-12, atol=1e-12)
+    # not asked to: eager
+    assert SoftkLoss(SoftkLoss.Config(loss=loss), compile_config=SimpleNamespace(enable=False, components=["loss"])
+                     ).fn.__name__ == "_loss"
+
+
+def test_built_with_torchtitans_compile_config():
+    tt = _titan()
+    from torchtitan.config import CompileConfig
+
+    cc = CompileConfig(enable=True, components=["loss"], backend="aot_eager")
+    z, t = _data3()
+    n = torch.tensor(6.0)
+    ours = SoftkLoss.Config(loss="cross_entropy").build(compile_config=cc)
+    theirs = tt.CrossEntropyLoss.Config().build(compile_config=cc)
+    assert ours._compiled is not None
+    got, g = _value_and_grad(lambda x: ours(x, t, n)[0], z)
+    want, gw = _value_and_grad(lambda x: theirs(x, t, n)[0], z)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(g, gw, rtol=1e-6, atol=1e-6)

@@ -21,6 +21,8 @@
 * ``attention``: sparse attention on the blockwise and Triton kernels;
 * ``distributed``: the vocabulary-parallel map and losses;
 * ``family_keys``: a family as an op argument.
+* ``sharding``: the DTensor sharding rules of the ops on rows (registered
+  with the ops, where ``torch.distributed.tensor`` imports).
 
 The backend that runs a call is chosen by :mod:`softk._backends.dispatch`;
 the maths is :mod:`softk.threshold`'s.  The maps, losses, attention,

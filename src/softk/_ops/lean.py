@@ -56,7 +56,9 @@ def tracked(x: torch.Tensor) -> bool:
 def library(register):
     """Wrap ``register`` (a function that defines an op's ``torch.library``
     ops, see :func:`custom_op`) to run once, on the first call that takes the
-    library path, so that eager users never pay for torch.library.  It is
+    library path, so that eager users never pay for torch.library; the new
+    ops then get their DTensor sharding rules (:mod:`softk._ops.sharding`)
+    if the process uses DTensor already.  It is
     marked like ``torch.compiler.assume_constant_result``: while compiling,
     Dynamo runs it for real (registering the ops) instead of tracing it."""
     done = []
@@ -66,6 +68,9 @@ def library(register):
             with _LOCK:
                 if not done:
                     register()
+                    from .sharding import register_new  # the DTensor rules of the new ops
+
+                    register_new(only_if_imported=True)
                     done.append(True)
         return True
 

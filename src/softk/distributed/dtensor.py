@@ -61,9 +61,13 @@ from torch import Tensor
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
+from .._ops.sharding import register_new
 from .losses import vocab_parallel_loss
 from .maps import vocab_parallel_map
 from .rl import vocab_parallel_log_softmax
+
+# The softk:: ops registered before this process's first DTensor get their sharding rules now.
+register_new()
 
 _LOSSES = {"cross_entropy": "cross_entropy", "softmax_loss": "softmax", "sparsemax_loss": "sparsemax",
            "entmax15_loss": "entmax15", "entmax_loss": "entmax", "soft_topk_loss": "soft_topk",

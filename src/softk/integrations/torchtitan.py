@@ -1,23 +1,36 @@
 r"""softk's losses in torchtitan's loss slot, shaped like its ``BaseLoss``.
 
 torchtitan (``torchtitan/components/loss.py``) calls a loss object as
-``loss_fn(pred, labels, global_valid_tokens) -> (loss, metrics)``: the loss
-is *summed* over tokens (``IGNORE_INDEX = -100`` rows give 0) and divided by
-``global_valid_tokens`` when given; each loss class has a ``Config``.
+``loss_fn(pred, labels, global_valid_tokens) -> (loss, metrics)``, with
+``pred`` (B, L, V), classes last, and ``labels`` (B, L): the loss is
+*summed* over tokens (``IGNORE_INDEX = -100`` rows give 0), computed in
+float32 for half logits, and divided by ``global_valid_tokens`` when given;
+each loss class has a ``Config`` whose ``build(compile_config=...)`` makes
+the loss object (``ChunkedLossWrapper`` builds its inner ``loss_fn`` so).
 :class:`SoftkLoss` does the same for every softk loss:
 
-* ``pred`` (T, V) plain logits, or a DTensor sharded on the vocabulary
-  (``Shard(-1)``, as torchtitan's tensor-parallel LM head makes it), which
-  goes through softk's DTensor entry (vocab-parallel, no rank holds T×V);
-* ``pred`` (T, V/tp) this rank's plain slice with ``group=`` the
+* ``pred`` (..., V) plain logits (the leading dimensions are flattened into
+  rows, as torchtitan does, since softk's losses read an N-d input with
+  torch's convention, classes on dimension 1); half logits are computed in
+  float32, as torchtitan's;
+* ``pred`` a DTensor sharded on the vocabulary (``Shard(-1)``, as
+  torchtitan's tensor-parallel LM head makes it), which goes through softk's
+  DTensor entry (vocab-parallel, no rank holds T×V);
+* ``pred`` (..., V/tp) this rank's plain slice with ``group=`` the
   tensor-parallel group, through :func:`softk.distributed.vocab_parallel_loss`
   (slices contiguous in rank order, as torchtitan's ceil-division sharding);
-* the loss comes back a plain tensor, as torchtitan's own.
+* the loss comes back a plain tensor, as torchtitan's own, except with
+  DTensor labels, where torchtitan's (``local_map``) returns a DTensor and so
+  does this one (replicated);
+* with torchtitan's ``compile_config`` asking for it (``enable``, ``"loss"``
+  in ``components``) the loss of plain whole logits runs under
+  ``torch.compile`` with its ``backend``; DTensor logits and slices stay eager.
 
 torchtitan is not imported: the class is duck-typed on ``BaseLoss``
-(``Config``, ``fn``, ``__call__``), so it can be passed where torchtitan takes
-a loss object; it is not tested against torchtitan itself here, nor under
-``torch.compile``.
+(``Config`` with ``build``, ``fn``, ``__call__``).  The tests compare it with
+torchtitan 0.3's ``cross_entropy_loss`` (plain and vocabulary-sharded
+logits) and run it as ``ChunkedLossWrapper``'s ``loss_fn``, where torchtitan
+is installed (the ``torchtitan`` extra).
 
 >>> import torch
 >>> loss_fn = SoftkLoss(SoftkLoss.Config(loss="sparsemax"))
@@ -27,9 +40,10 @@ a loss object; it is not tested against torchtitan itself here, nor under
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from .. import _dtensor
@@ -80,23 +94,48 @@ class SoftkLoss:
         tau: float = 1.0
         global_vocab_size: int | None = None
 
+        def build(self, **kwargs) -> "SoftkLoss":
+            """The loss object, as torchtitan's ``Config.build``: ``kwargs``
+            (``compile_config``, ``group``) go to :class:`SoftkLoss`."""
+            return SoftkLoss(config=replace(self), **kwargs)
+
     def __init__(self, config: Config | None = None, *, group=None, compile_config=None):
-        """``group``: the tensor-parallel process group of plain (T, V/tp) slices (None: plain logits are whole)."""
+        """``group``: the tensor-parallel process group of plain (T, V/tp) slices (None: plain logits are whole).
+        ``compile_config``: torchtitan's; with ``enable`` and ``"loss"`` in its
+        ``components``, the loss of plain whole logits runs under
+        ``torch.compile`` (its ``backend``), as torchtitan compiles its own."""
         self.config = config = config if config is not None else self.Config()
         if config.loss not in LOSSES:
             raise ValueError(f"loss must be one of {list(LOSSES)}, got {config.loss!r}")
         self.group = group
         self._single = _single(config.loss, config.alpha, config.k, config.method, config.tau)
-        self.fn = self._loss
-        del compile_config  # accepted for torchtitan's signature; softk's collectives are eager
+        self._compiled = None
+        if (compile_config is not None and getattr(compile_config, "enable", False)
+                and "loss" in getattr(compile_config, "components", ())):
+            # as torchtitan's BaseLoss._maybe_compile, for plain whole logits only:
+            # DTensor logits and slices run softk's collectives eagerly
+            self._compiled = torch.compile(self._loss, backend=getattr(compile_config, "backend", "inductor"))
+        self.fn = self._loss if self._compiled is None else self._compiled_or_eager
+
+    def _compiled_or_eager(self, pred: Tensor, labels: Tensor) -> Tensor:
+        if self.group is None and not _dtensor.is_dtensor(pred) and not _dtensor.is_dtensor(labels):
+            return self._compiled(pred, labels)
+        return self._loss(pred, labels)
 
     def _loss(self, pred: Tensor, labels: Tensor) -> Tensor:
         c = self.config
+        if pred.dtype in (torch.float16, torch.bfloat16):
+            pred = pred.float()  # as torchtitan: the summed loss in float32
+        if pred.dim() > 2:  # (B, L, V): rows, as torchtitan's flatten
+            labels = labels.flatten() if labels.dim() < pred.dim() else labels.flatten(0, -2)  # indices or dense
+            pred = pred.flatten(0, -2)
         if _dtensor.is_dtensor(pred):
             if c.global_vocab_size is not None and pred.shape[-1] != c.global_vocab_size:
                 raise ValueError(f"pred has {pred.shape[-1]} classes, global_vocab_size is {c.global_vocab_size}")
             out = self._single(pred, labels)
-            return out.to_local() if _dtensor.is_dtensor(out) else out
+            if _dtensor.is_dtensor(out) and not _dtensor.is_dtensor(labels):
+                return out.to_local()
+            return out
         if self.group is None:
             if c.global_vocab_size is not None and pred.shape[-1] != c.global_vocab_size:
                 raise ValueError(f"pred has {pred.shape[-1]} classes, global_vocab_size is {c.global_vocab_size}")
