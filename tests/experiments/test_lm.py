@@ -171,3 +171,23 @@ def test_quick_run_end_to_end(tmp_path, capsys):
     text = (out / "lm.md").read_text()
     assert all(arm in text for arm in lm.ARMS) and (out / "lm.png").stat().st_size > 0
     assert text in capsys.readouterr().out
+
+
+def test_experiments_md_holds_the_committed_run():
+    """EXPERIMENTS.md's language-model tables are the committed lm.json rendered:
+    no number there is typed by hand."""
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    with open(os.path.join(root, "experiments", "lm", "lm.json")) as fh:
+        report = json.load(fh)
+    with open(os.path.join(root, "EXPERIMENTS.md")) as fh:
+        text = fh.read()
+    begin, end = "<!-- lm.md: begin -->\n", "<!-- lm.md: end -->"
+    assert begin in text and end in text
+    assert text.split(begin, 1)[1].split(end, 1)[0] == lm.markdown(report)
+    runs = {(r["arm"], r["seed"]) for r in report["runs"]}
+    assert runs == {(a, s) for a in report["arms"] for s in report["seeds"]} and len(report["seeds"]) >= 3
+    for arm, seed in runs:
+        path = os.path.join(root, "experiments", "lm", "runs", f"{arm.replace('/', '-')}-seed{seed}.json")
+        with open(path) as fh:
+            saved = json.load(fh)
+        assert saved == next(r for r in report["runs"] if (r["arm"], r["seed"]) == (arm, seed))

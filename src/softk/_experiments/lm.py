@@ -422,16 +422,18 @@ def figure(report: dict, path: str) -> str:
     keys = (("softmax_perplexity", "softmax perplexity", True), ("eps_perplexity", f"ε-perplexity (ε = {EPS:g})", True),
             ("sparsemax_score", "sparsemax score", False))
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    for arm in report["arms"]:
+    colours = plt.cm.tab20.colors
+    for i, arm in enumerate(report["arms"]):
         rows = [r for r in report["runs"] if r["arm"] == arm]
         steps = [c["step"] for c in rows[0]["curve"]]
         for ax, (key, title, log) in zip(axes, keys):
             ys = [sum(r["curve"][i][key] for r in rows) / len(rows) for i in range(len(steps))]
-            ax.plot(steps, ys, label=arm, marker=".", linestyle="--" if arm.startswith("finetune/") else "-")
+            ax.plot(steps, ys, label=arm, marker=".", color=colours[(2 * i) % 20 + (2 * i) // 20], linestyle="--" if arm.startswith("finetune/") else "-")
             ax.set_title(title)
             ax.set_xlabel("step")
             if log:
                 ax.set_yscale("log")
-    axes[0].legend(fontsize=7)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, bbox_to_anchor=(0.5, -0.2))
     fig.suptitle("held-out curves (the scored subset of the held-out windows), mean over seeds")
     return save_figure(fig, path)
