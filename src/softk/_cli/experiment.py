@@ -238,14 +238,19 @@ def _run_network(args) -> int:
     text = module.markdown(result)
     if args.figure:
         module.figure(result, args.figure)
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        stem = os.path.join(args.out, args.network)
+    return emit(result, text, args.out, args.network, args.json)
+
+
+def emit(result: dict, text: str, out: str | None, name: str, as_json: bool) -> int:
+    """Write NAME.md and NAME.json to ``out`` (when given) and print the JSON or the Markdown; exit status 0."""
+    if out:
+        os.makedirs(out, exist_ok=True)
+        stem = os.path.join(out, name)
         with open(stem + ".md", "w") as fh:
             fh.write(text)
         with open(stem + ".json", "w") as fh:
             json.dump(result, fh, indent=1)
-    if args.json:
+    if as_json:
         json.dump(result, sys.stdout, indent=1)
         print()
     else:

@@ -13,9 +13,7 @@ saying what to install.
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 
 from . import UsageError
 
@@ -85,14 +83,6 @@ def run(args) -> int:
     text = lm.markdown(report)
     if args.figure:
         lm.figure(report, args.figure)
-    if args.out:
-        with open(os.path.join(args.out, "lm.md"), "w") as fh:
-            fh.write(text)
-        with open(os.path.join(args.out, "lm.json"), "w") as fh:
-            json.dump(report, fh, indent=1)
-    if args.json:
-        json.dump(report, sys.stdout, indent=1)
-        print()
-    else:
-        print(text, flush=True)
-    return 0
+    from .experiment import emit  # lazily: experiment imports this module
+
+    return emit(report, text, args.out, "lm", args.json)
