@@ -97,6 +97,7 @@ def has_sparse_grad(loss: str, method: str = "sparse", knobs: Knobs = NO_KNOBS) 
     return (loss in _SPARSE_GRAD and (loss != "soft_topk" or method == "sparse")
             and not knobs.label_smoothing and not knobs.z_loss)
 
+
 def _ce_in_place(ignore_index: int, tau: float):
     """Cross-entropy's rows and its gradient in one pass over the logits:
     ``f(z, t, w) -> rows`` overwrites z (C, V), float32/float64, with
