@@ -20,13 +20,13 @@ def test_live_columns_give_the_dense_gradients(monkeypatch, loss, kw, reduction)
     y[5] = -100  # an ignored row
     b = torch.randn(V, generator=g, dtype=torch.float64) * 0.1
     grads, used = [], []
-    real = FL._sparse_products
+    real = FL.live_products
 
     def spy(gs, *args):
         used.append(gs.shape[1])
         return real(gs, *args)
 
-    monkeypatch.setattr(FL, "_sparse_products", spy)
+    monkeypatch.setattr(FL, "live_products", spy)
     for share in (0.0, 1.0):
         monkeypatch.setattr(FL, "SPARSE_MAX_SHARE", {"cpu": share})
         leaves = [t.clone().requires_grad_() for t in (x, w, b)]
@@ -40,7 +40,7 @@ def test_live_columns_give_the_dense_gradients(monkeypatch, loss, kw, reduction)
 def test_smoothing_keeps_the_dense_products(monkeypatch):
     # label smoothing gives every class a gradient: no columns to skip
     used = []
-    monkeypatch.setattr(FL, "_sparse_products", lambda *a: used.append(1))
+    monkeypatch.setattr(FL, "live_products", lambda *a: used.append(1))
     x, w = torch.randn(8, 4, dtype=torch.float64, requires_grad=True), torch.randn(20, 4, dtype=torch.float64)
     fused_linear_loss(x, w, torch.randint(0, 20, (8,)), "sparsemax", label_smoothing=0.1).backward()
     assert not used

@@ -12,7 +12,9 @@ r"""The autograd rules of :mod:`softk.distributed`: a vocabulary split between r
   once per rank);
 * :class:`ChunkedLinearLoss`: the fused linear layer + loss over chunks of
   rows, whose gradients (∇X all-reduced over the group) are computed in the
-  forward; its backward only scales them.
+  forward, on the live columns of each chunk's local gradient for a sparse
+  loss on the CPU (as the single-process fused loss does); its backward only
+  scales them.
 
 The collectives that find λ and the loss of a chunk live in
 :mod:`softk.distributed`; they come in as functions (``solve``, ``loss_rows``),
@@ -25,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from ..threshold.rows import compute_dtype
+from . import fused_linear
 
 
 def _solved(x, solve, tau):
@@ -121,7 +124,14 @@ class ChunkedLinearLoss(torch.autograd.Function):
     """The loss of x Wᵀ + b (W this rank's rows), a chunk of rows at a time:
     ``loss_rows(logits, rows)`` gives the per-row loss of one chunk's
     logits (``rows`` the chunk's slice); ``want`` says which of x, W, b
-    get a gradient; ``mean`` divides by ``n_kept``."""
+    get a gradient; ``mean`` divides by ``n_kept``.
+
+    Where ``loss_rows.sparse_grad`` is true (G = (p − y)/τ is exactly 0
+    outside the union of the chunk's supports and targets), each rank runs
+    G_r W_r, G_rᵀ X_c and Σ G_r on the live columns of its own G_r
+    (:func:`softk._ops.fused_linear.live_columns`, the share rule counted in
+    its slice's V_r) and the dense products above that share.  The choice is
+    local to each rank and chunk: it adds no collective."""
 
     @staticmethod
     def forward(ctx, x, w, b, loss_rows, chunk, n_kept, mean, want, group):
@@ -131,6 +141,7 @@ class ChunkedLinearLoss(torch.autograd.Function):
         gx = torch.zeros(x.shape, dtype=acc, device=x.device) if want[0] else None
         gw = torch.zeros(w.shape, dtype=acc, device=x.device) if want[1] else None
         gb = torch.zeros(w.shape[0], dtype=acc, device=x.device) if want[2] else None
+        sparse = bool(getattr(loss_rows, "sparse_grad", False))
         for s in range(0, m, chunk):
             e = min(s + chunk, m)
             xc = x[s:e]
@@ -142,6 +153,11 @@ class ChunkedLinearLoss(torch.autograd.Function):
                 (g,) = torch.autograd.grad(rows.sum(), logits)
             total += rows.detach().sum().to(acc)
             g = g.to(acc)
+            # (through the module, so that tests may watch which products ran)
+            cols = fused_linear.live_columns(g) if sparse else None
+            if cols is not None:
+                fused_linear.live_products(g[:, cols], cols, w, xc, None if gx is None else gx[s:e], gw, gb, acc, False)
+                continue
             if gx is not None:
                 gx[s:e] = g @ w.to(acc)
             if gw is not None:

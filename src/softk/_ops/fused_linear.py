@@ -85,13 +85,9 @@ def chunked_pass(x, weight, bias, target, fn, chunk: int, row_weight, grads):
         del logits
         if not any_grad:
             continue
-        cols = None
-        if sparse and SPARSE_MAX_SHARE.get(x.device.type, 0.0) > 0:
-            live = (g != 0).any(0)
-            if int(live.sum()) <= SPARSE_MAX_SHARE[x.device.type] * live.numel():
-                cols = live.nonzero().squeeze(1)
+        cols = live_columns(g) if sparse else None
         if cols is not None:
-            _sparse_products(g[:, cols], cols, weight, xc, gx[s:e] if want_x else None, gw, gb, acc, half_product)
+            live_products(g[:, cols], cols, weight, xc, gx[s:e] if want_x else None, gw, gb, acc, half_product)
             del g
             continue
         if want_x:
@@ -107,10 +103,30 @@ def chunked_pass(x, weight, bias, target, fn, chunk: int, row_weight, grads):
     return losses, gx, gw, gb, extra
 
 
-def _sparse_products(gs, cols, weight, xc, gx, gw, gb, acc, half_product):
-    """G W, Gᵀ X and Σ G from G's live columns ``gs`` = G[:, cols] only."""
+def live_columns(g: Tensor):
+    """The live columns of a chunk's gradient G (C, V): the classes where some
+    row of G is not zero, as indices (K,), when they are at most the device's
+    :data:`SPARSE_MAX_SHARE` of the V columns; None otherwise (then the dense
+    products run).  For a sparse loss (G = p − y) they are the union of the
+    rows' supports and targets.  V is the columns G has: on a rank of the
+    vocab-parallel loss, its own slice of the vocabulary."""
+    share = SPARSE_MAX_SHARE.get(g.device.type, 0.0)
+    if share <= 0:
+        return None
+    live = (g != 0).any(0)
+    if int(live.sum()) > share * live.numel():
+        return None
+    return live.nonzero().squeeze(1)
+
+
+def live_products(gs, cols, weight, xc, gx, gw, gb, acc, half_product):
+    """G W into ``gx``, Gᵀ X into ``gw`` and Σ G into ``gb`` (each skipped
+    when None) from G's live columns ``gs`` = G[:, cols] and the rows ``cols``
+    of W only: the dense products without their zero terms.  ``gw`` and
+    ``gb`` are accumulators (``acc``); with ``half_product`` Gᵀ X runs in
+    X's half precision."""
     if gx is not None:
-        torch.mm(gs, weight.index_select(0, cols), out=gx)
+        torch.mm(gs, weight.index_select(0, cols).to(gs.dtype), out=gx)
     if gw is not None:
         gw.index_add_(0, cols, torch.mm(gs.t().to(xc.dtype), xc).to(acc) if half_product
                       else torch.mm(gs.t().to(acc), xc.to(acc)))

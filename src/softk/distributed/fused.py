@@ -11,6 +11,9 @@ whose gradient G_r = (p − y)/τ is local.  It then accumulates
           \nabla_X = \textstyle\sum_r G_r W_r \ (\text{one all-reduce at the end}).
 
 No rank ever holds more than one chunk of its own slice of the logits.
+For the sparse losses G_r is exactly 0 outside the union of the chunk's
+supports and targets, and on the CPU the three products run on those
+columns of G_r (rows of W_r) only, as in :func:`softk.losses.fused_linear_loss`.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import torch.distributed as dist
 from .._ops.distributed import ChunkedLinearLoss
 from .._validate import DEFAULT_LOSS, check_input, check_loss_options
 from ..losses._knobs import NO_KNOBS, check_knobs, check_ts2_options
-from ..losses.chunking import auto_chunk_size
+from ..losses.chunking import auto_chunk_size, has_sparse_grad
 from ..losses.targets import check_reduction
 from ._knobs import knobbed_rows
 from .checks import comm_device, resolve_group
@@ -56,6 +59,17 @@ def vocab_parallel_fused_linear_loss(
 
     The gradient of ``input`` is the full one, Σ_r G_r W_r, all-reduced over
     the group during the forward (do not all-reduce it again).
+
+    For the sparse losses (sparsemax, entmax15, α-entmax, soft top-k
+    "sparse", the top-k softmax cross-entropy; not with label smoothing or
+    the z-loss, which give every class a gradient) each chunk's local
+    gradient G_r is exactly 0 outside the union of its rows' supports and
+    targets.  On the CPU each rank then computes its part of ∇X and its rows
+    of ∇W and ∇b from the live columns of its own G_r only, the same sums
+    without their zero terms, and falls back to the dense products when that
+    union is above :data:`softk._ops.fused_linear.SPARSE_MAX_SHARE` of its
+    slice (on a GPU the products stay dense).  Each rank chooses for itself:
+    no collective is added.
 
     Collectives: 1 all-reduce (slice sizes and argument agreement), then per
     chunk those of :func:`vocab_parallel_loss` (at most 4), then 1 all-reduce of
@@ -154,5 +168,6 @@ def vocab_parallel_fused_linear_loss(
         return knobbed_rows(out, logits, t, loss, knobs, alpha=alpha, tau=tau, ignore_index=ignore_index,
                             start=start, vocab=vocab, z_scale=z_scale, group=group)
 
+    loss_rows.sparse_grad = has_sparse_grad(loss, method, knobs)
     return ChunkedLinearLoss.apply(input, local_weight, local_bias, loss_rows, chunk, n_kept, reduction == "mean",
                                    want, group)

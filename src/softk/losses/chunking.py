@@ -87,6 +87,17 @@ assert set(_CHUNK_LOSSES) == set(LOSSES), "every loss name has a chunk loss"
 # pass then runs its backward products on those columns (fn.sparse_grad).
 _SPARSE_GRAD = {"sparsemax", "entmax15", "entmax", "topk_softmax_ce", "soft_topk"}
 
+
+def has_sparse_grad(loss: str, method: str = "sparse", knobs: Knobs = NO_KNOBS) -> bool:
+    """Whether the gradient of ``loss`` (with ``knobs``) is exactly 0 outside
+    the union of the rows' supports and targets, so that the fused losses'
+    backward may run on those columns only (:func:`softk._ops.fused_linear.live_columns`).
+    Label smoothing and the z-loss give every class a gradient; the softcap
+    and class weights keep zeros zero."""
+    return (loss in _SPARSE_GRAD and (loss != "soft_topk" or method == "sparse")
+            and not knobs.label_smoothing and not knobs.z_loss)
+
+
 def _ce_in_place(ignore_index: int, tau: float):
     """Cross-entropy's rows and its gradient in one pass over the logits:
     ``f(z, t, w) -> rows`` overwrites z (C, V), float32/float64, with
@@ -143,7 +154,7 @@ def chunk_loss_fn(loss: str, *, alpha, k: int, method: str, tau: float, ignore_i
     if loss == "cross_entropy":
         extra.update(weight=knobs.class_weight, label_smoothing=knobs.label_smoothing)
     base = _CHUNK_LOSSES[loss](alpha, k, method, tau, ignore_index, extra)
-    sparse = loss in _SPARSE_GRAD and (loss != "soft_topk" or method == "sparse")
+    sparse = has_sparse_grad(loss, method, knobs)
     plain = knobs == NO_KNOBS and not stats
     if plain:
         base.sparse_grad = sparse
@@ -198,8 +209,7 @@ def chunk_loss_fn(loss: str, *, alpha, k: int, method: str, tau: float, ignore_i
             extra_rows = torch.stack([support, correct, zterm.detach().to(zd.dtype)], -1)
         return rows, extra_rows
 
-    # smoothing and the z-loss give every class a gradient; the cap keeps zeros zero
-    fn.sparse_grad = sparse and eps == 0 and not beta
+    fn.sparse_grad = sparse
     return fn
 
 
