@@ -38,20 +38,20 @@ from .common import calibration_error
 
 def row_metrics(p: torch.Tensor, y: torch.Tensor, eps: float) -> dict:
     """Per-row tensors (float64) of the module's quantities for p (n, V) and targets y (n,)."""
-    p = p.double()
     V = p.shape[-1]
-    py = p.gather(-1, y[:, None]).squeeze(-1)
-    sq = (p * p).sum(-1)
+    py = p.gather(-1, y[:, None]).squeeze(-1).double()
+    sq = (p * p).sum(-1, dtype=torch.float64)  # row sums in float64 without a float64 copy of p
+    confidence, top = p.max(-1)
     m_y = 0.5 * (py + 1)  # m = (p + e_y)/2 is p/2 off the target
     # KL(p||m) = Σ_j p_j log(p_j/m_j) with 0·log 0 = 0; off y, p_j/m_j = 2
-    kl_p = (p.sum(-1) - py) * math.log(2.0) + torch.where(py > 0, py * torch.log(py / m_y), 0.0)
+    kl_p = (p.sum(-1, dtype=torch.float64) - py) * math.log(2.0) + torch.where(py > 0, py * torch.log(py / m_y), 0.0)
     kl_e = -torch.log(m_y)  # KL(e_y||m) = log(1/m_y)
     return {
         "log_eps": torch.log((py + eps) / (1 + V * eps)),
         "sparsemax_score": py + 0.5 * (1 - sq),
         "js_divergence": 0.5 * (kl_p + kl_e),
-        "correct": (p.argmax(-1) == y).double(),
-        "confidence": p.max(-1).values,
+        "correct": (top == y).double(),
+        "confidence": confidence.double(),
         "support": (p > 0).sum(-1).double(),
     }
 
