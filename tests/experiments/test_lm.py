@@ -191,3 +191,13 @@ def test_experiments_md_holds_the_committed_run():
         with open(path) as fh:
             saved = json.load(fh)
         assert saved == next(r for r in report["runs"] if (r["arm"], r["seed"]) == (arm, seed))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="PeakRSS reads Linux's /proc")
+def test_step_memory_sees_the_logits_the_fused_loss_does_not_hold():
+    from softk._experiments.lm_memory import step_memory
+
+    cfg = lm.Config(vocab=4096, context=64, width=16, layers=1, heads=2, batch=16)
+    mib = step_memory(cfg, [("cross_entropy", "softmax", True), ("cross_entropy", "softmax", False)])
+    logits = 16 * 63 * 4096 * 4 / 2**20  # the (B, T - 1, V) float32 logits the unfused step holds: 15.75 MiB
+    assert mib[("cross_entropy", "softmax", False)] - mib[("cross_entropy", "softmax", True)] >= logits

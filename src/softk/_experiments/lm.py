@@ -32,9 +32,11 @@ whose Fenchel–Young map it is; 1.5-entmax; the top-k softmax for Su's loss),
 plus the softmax perplexity of the same logits (TS²'s "decode with softmax"
 reading).  Samples: greedy continuations of one held-out prompt, and sampled
 continuations (softmax and own map) of :data:`N_PROMPTS` held-out prompts
-scored by distinct-n.  Training throughput (tokens/s) and the peak extra
-resident memory of a training step are measured in every run, and once per
-loss with and without the fused loss (:func:`fused_vs_unfused`).
+scored by distinct-n.  Training throughput (tokens/s) is measured in every
+run, and once per loss with and without the fused loss
+(:func:`fused_vs_unfused`); the peak extra resident memory of a training step
+of every configuration, fused and not, in a child process
+(:mod:`.lm_memory`).
 
 >>> [a for a in ARMS if a.startswith("finetune/")]
 ['finetune/cross_entropy/softmax', 'finetune/topk_softmax_ce/softmax', 'finetune/ts2/softmax']
@@ -61,6 +63,7 @@ from softk.losses import (cross_entropy, entmax15_loss, sparsemax_loss, topk_sof
 from . import corpus
 from .common import Progress, mean_std, pyplot, save_figure
 from .lm_arms import ARMS, ATTENTIONS, FT_LOSSES, LOSS_ARMS, REGIMES  # noqa: F401  (re-exported)
+from .lm_memory import step_memory
 from .lm_metrics import Accumulator, distinct_n
 
 K = 20  # Su's sparse softmax keeps the top k = 20 of the vocabulary
@@ -135,16 +138,34 @@ def schedule(step: int, steps: int, peak: float) -> float:
     return peak * (0.1 + 0.45 * (1 + math.cos(math.pi * t)))
 
 
+def make_step(model, loss: Loss, fused: bool, opt):
+    """One AdamW step of ``loss`` on a batch of windows ``ids`` (B, T): ``step(ids)``.
+    Fused: softk's fused linear loss through apply_softk (the model is patched);
+    unfused: the model's (B, T, V) logits, then the loss on them."""
+    if fused:
+        apply_softk(model, loss.name, **loss.options)
+
+    def step(ids):
+        opt.zero_grad(set_to_none=True)
+        if fused:
+            value = model(input_ids=ids, labels=ids).loss
+        else:
+            z = model(input_ids=ids).logits[:, :-1].reshape(-1, model.config.vocab_size)
+            value = loss.plain(z, ids[:, 1:].reshape(-1))
+        value.backward()
+        opt.step()
+
+    return step
+
+
 def train(model, stream: torch.Tensor, cfg: Config, loss: Loss, steps: int, peak_lr: float, seed: int,
           evaluate_curve: Callable, bar: Progress, step0: int = 0) -> dict:
     """``steps`` AdamW steps of ``loss`` (fused, through apply_softk); returns
-    the held-out curve, tokens/s over the steps and the peak MiB of one step."""
-    from .memory import PeakRSS
-
-    apply_softk(model, loss.name, **loss.options)
+    the held-out curve and the training tokens/s over the steps (held-out scoring left out)."""
     opt = torch.optim.AdamW(model.parameters(), lr=peak_lr, betas=(0.9, 0.95), weight_decay=0.1)
+    step_fn = make_step(model, loss, True, opt)
     gen = torch.Generator().manual_seed(10_000 + seed + step0)
-    curve, elapsed, peak = [], 0.0, None
+    curve, elapsed = [], 0.0
     starts_max = len(stream) - cfg.context
     model.train()
     for step in range(steps):
@@ -153,12 +174,7 @@ def train(model, stream: torch.Tensor, cfg: Config, loss: Loss, steps: int, peak
         for group in opt.param_groups:
             group["lr"] = schedule(step, steps, peak_lr)
         t0 = time.perf_counter()
-        if step == 1 and _linux():
-            with PeakRSS() as mem:
-                _step(model, opt, ids)
-            peak = mem.extra / 2**20
-        else:
-            _step(model, opt, ids)
+        step_fn(ids)
         elapsed += time.perf_counter() - t0
         if (step + 1) % cfg.eval_every == 0 or step + 1 == steps:
             model.eval()
@@ -167,17 +183,7 @@ def train(model, stream: torch.Tensor, cfg: Config, loss: Loss, steps: int, peak
         bar.step()
     remove_softk(model)
     model.eval()
-    return {"curve": curve, "tokens_per_s": steps * cfg.batch * cfg.context / elapsed, "peak_mib": peak}
-
-
-def _step(model, opt, ids):
-    opt.zero_grad(set_to_none=True)
-    model(input_ids=ids, labels=ids).loss.backward()
-    opt.step()
-
-
-def _linux() -> bool:
-    return os.path.exists("/proc/self/clear_refs")
+    return {"curve": curve, "tokens_per_s": steps * cfg.batch * cfg.context / elapsed}
 
 
 @torch.no_grad()
@@ -227,47 +233,29 @@ def samples(model, tok, prompts: torch.Tensor, own_map: Callable, cfg: Config, s
     return out
 
 
-def fused_vs_unfused(cfg: Config, stream: torch.Tensor, losses, steps: int = 6) -> dict:
-    """Per loss: training tokens/s over ``steps`` steps (after two warm-up steps) and
-    the peak extra MiB of one step, with the fused loss (apply_softk) and with the
-    loss on materialised logits; same model, seed 0, one process."""
-    from .memory import PeakRSS
-
+def fused_vs_unfused(cfg: Config, stream: torch.Tensor, losses, memory: dict, steps: int = 6) -> dict:
+    """Per loss: training tokens/s over ``steps`` steps (after two warm-up steps),
+    with the fused loss (apply_softk) and with the loss on materialised logits,
+    same model, seed 0, in this process; and the peak MiB of a step from
+    ``memory`` (:func:`~.lm_memory.step_memory`)."""
     out = {}
     gen = torch.Generator().manual_seed(0)
     batches = [torch.stack([stream[s:s + cfg.context] for s in
                             torch.randint(0, len(stream) - cfg.context, (cfg.batch,), generator=gen).tolist()])
                for _ in range(steps + 2)]
     for name in losses:
-        loss = LOSSES[name]
         row = {}
         for fused in (True, False):
             model = build_model(cfg, "softmax", 0)
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-            if fused:
-                apply_softk(model, loss.name, **loss.options)
-
-            def step(ids):
-                opt.zero_grad(set_to_none=True)
-                if fused:
-                    value = model(input_ids=ids, labels=ids).loss
-                else:
-                    z = model(input_ids=ids).logits[:, :-1].reshape(-1, cfg.vocab)
-                    value = loss.plain(z, ids[:, 1:].reshape(-1))
-                value.backward()
-                opt.step()
-
-            step(batches[0])
-            if _linux():
-                with PeakRSS() as mem:
-                    step(batches[1])
+            step = make_step(model, LOSSES[name], fused, torch.optim.AdamW(model.parameters(), lr=1e-4))
+            for ids in batches[:2]:
+                step(ids)
             t0 = time.perf_counter()
             for ids in batches[2:]:
                 step(ids)
             dt = time.perf_counter() - t0
-            key = "fused" if fused else "unfused"
-            row[key] = {"tokens_per_s": steps * cfg.batch * cfg.context / dt,
-                        "peak_mib": mem.extra / 2**20 if _linux() else None}
+            row["fused" if fused else "unfused"] = {"tokens_per_s": steps * cfg.batch * cfg.context / dt,
+                                                    "peak_mib": memory[(name, "softmax", fused)]}
         out[name] = row
     return out
 
@@ -300,6 +288,10 @@ def run_lm(seeds=(0, 1, 2), arms=None, cfg: Config = Config(), corpus_path: str 
                                       "support_mean")}
         return score
 
+    losses_run = sorted({arm_parts(a)[1] for a in arms if arm_parts(a)[0] == "scratch"}, key=list(LOSSES).index)
+    # (loss arm, attention, fused): every arm's own configuration, and each scratch loss unfused
+    memory = step_memory(cfg, [(arm_parts(a)[1], arm_parts(a)[2], True) for a in arms]
+                         + ([(loss, "softmax", False) for loss in losses_run] if throughput else []))
     n_steps = sum(cfg.ft_steps if a.startswith("finetune/") else cfg.steps for a in arms)
     needs_base = any(a.startswith("finetune/") for a in arms) and "scratch/cross_entropy/softmax" not in arms
     n_steps += cfg.steps * needs_base
@@ -328,7 +320,7 @@ def run_lm(seeds=(0, 1, 2), arms=None, cfg: Config = Config(), corpus_path: str 
             wall = time.perf_counter() - t0
             result = {"arm": arm, "regime": regime, "loss": loss.name, "loss_options": loss.options,
                       "attention": attention, "seed": seed, **evaluate(model, test_windows, loss.own_map),
-                      "tokens_per_s": fit["tokens_per_s"], "peak_mib": fit["peak_mib"], "train_wall_s": wall,
+                      "tokens_per_s": fit["tokens_per_s"], "peak_mib": memory[(loss_name, attention, True)], "train_wall_s": wall,
                       "curve": fit["curve"], **samples(model, tok, prompts, loss.own_map, cfg, seed)}
             if attention == "entmax_learned":
                 result["learned_alpha"] = hf_attention.learned_alphas(model)
@@ -347,9 +339,8 @@ def run_lm(seeds=(0, 1, 2), arms=None, cfg: Config = Config(), corpus_path: str 
                            for n in (1, 2, 3)},
         "runs": runs,
     }
-    losses_run = sorted({arm_parts(a)[1] for a in arms if arm_parts(a)[0] == "scratch"}, key=list(LOSSES).index)
     if throughput:
-        report["fused_vs_unfused"] = fused_vs_unfused(cfg, train_stream, losses_run)
+        report["fused_vs_unfused"] = fused_vs_unfused(cfg, train_stream, losses_run, memory)
     report["wall_s"] = time.perf_counter() - t_start
     report["threads"] = torch.get_num_threads()
     return report
