@@ -18,11 +18,13 @@ The collectives that find λ and the loss of a chunk live in
 :mod:`softk.distributed`; they come in as functions (``solve``, ``loss_rows``),
 so this package needs only ``torch.distributed`` itself.
 
-Every collective of :mod:`softk.distributed` goes through :func:`all_reduce`
-and :func:`all_gather`: c10d's in-place collectives when eager, PyTorch's
-functional collectives while ``torch.compile`` traces, which Dynamo and AOT
-autograd put in the graph as ops (also inside the rules' forward and
-backward), so a compiled loss runs the same collectives, in the same order.
+The collectives of :mod:`softk.distributed`'s maps and losses go through
+:func:`all_reduce` and :func:`all_gather`: c10d's in-place collectives when
+eager, PyTorch's functional collectives while ``torch.compile`` traces,
+which Dynamo and AOT autograd put in the graph as ops (also inside the
+rules' forward and backward), so a compiled loss runs the same collectives,
+in the same order.  (The all-reduces of the argument checks run eagerly,
+outside the graph.)
 """
 
 from __future__ import annotations
