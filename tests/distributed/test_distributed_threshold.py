@@ -19,6 +19,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from softk._ops import distributed as collectives
 from softk.distributed import threshold as T
 from softk.threshold import ENTMAX15, SOFTMAX, SPARSE, SPARSEMAX, entmax_family
 from softk.threshold.torch_path import forward as threshold_forward
@@ -85,8 +86,8 @@ def run_ranks(world, fn):
         finally:
             fake.leave(r)
 
-    saved = T.dist
-    T.dist = fake
+    saved = collectives.dist  # where softk.distributed's collectives are made
+    collectives.dist = fake
     try:
         threads = [threading.Thread(target=body, args=(r,)) for r in range(world)]
         for th in threads:
@@ -94,7 +95,7 @@ def run_ranks(world, fn):
         for th in threads:
             th.join()
     finally:
-        T.dist = saved
+        collectives.dist = saved
     if errors:
         raise errors[0]
     return results

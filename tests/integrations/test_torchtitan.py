@@ -238,3 +238,55 @@ def test_built_with_torchtitans_compile_config():
     want, gw = _value_and_grad(lambda x: theirs(x, t, n)[0], z)
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(g, gw, rtol=1e-6, atol=1e-6)
+
+
+def _compiled_ranks(rank, world):
+    """compile_config on two ranks: class-sharded DTensor logits (a 1-D mesh, and a (1, 2) mesh whose first
+    dimension shards the rows) and plain (B, L, V/tp) slices with group=, compiled against eager in float64."""
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (world,))
+    mesh2 = init_device_mesh("cpu", (1, world), mesh_dim_names=("dp", "tp"))
+    z, t = _data3(D)  # (2, 4, 11), two ignored labels
+    lo, hi = (0, 6) if rank == 0 else (6, 11)  # DTensor's uneven shards of 11 classes
+    n = torch.tensor(6.0, dtype=D)
+    inputs = {
+        "dtensor": (lambda: distribute_tensor(z, mesh, [Shard(-1)]).requires_grad_(), None),
+        "dtensor 2-D mesh": (lambda: distribute_tensor(z, mesh2, [Shard(0), Shard(-1)]).requires_grad_(), None),
+        "slice": (lambda: z[..., lo:hi].clone().requires_grad_(), dist.group.WORLD),
+    }
+    for loss, kw in (("cross_entropy", {}), ("sparsemax", {}), ("entmax15", {}), ("topk_softmax_ce", {"k": 3})):
+        for kind, (make, group) in inputs.items():
+            torch._dynamo.reset()
+            graphs = []
+
+            def recording(gm, example_inputs):
+                graphs.append(gm)
+                return torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
+
+            cfg = SoftkLoss.Config(loss=loss, global_vocab_size=11, **kw)
+            cc = SimpleNamespace(enable=True, components=["loss"], backend=recording)
+            results = []
+            for fn in (SoftkLoss(cfg, group=group), SoftkLoss(cfg, group=group, compile_config=cc)):
+                x = make()
+                out, _ = fn(x, t, n)
+                assert type(out) is torch.Tensor, (kind, type(out))
+                (g,) = torch.autograd.grad(out, x)
+                results.append((out.detach(), g.full_tensor() if hasattr(g, "full_tensor") else g))
+            mods = [m for gm in graphs for m in gm.modules() if isinstance(m, torch.fx.GraphModule)]
+            ops = {str(nd.target) for m in mods for nd in m.graph.nodes}
+            want_op = "all_gather_into_tensor" if loss == "topk_softmax_ce" else "all_reduce"
+            assert any(op.startswith(f"_c10d_functional.{want_op}") for op in ops), (loss, kind, "not compiled")
+            (want, gw), (got, g) = results
+            what = f"{loss} {kind} rank {rank}"
+            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, msg=lambda m: f"{what}: {m}")
+            torch.testing.assert_close(g, gw, rtol=1e-12, atol=1e-12, msg=lambda m: f"{what} grad: {m}")
+
+
+@pytest.mark.slow
+def test_compiled_dtensor_and_slices_equal_eager_on_two_ranks(tmp_path):
+    run(2, _compiled_ranks, tmp_path)

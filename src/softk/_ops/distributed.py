@@ -19,6 +19,14 @@ r"""The autograd rules of :mod:`softk.distributed`: a vocabulary split between r
 The collectives that find λ and the loss of a chunk live in
 :mod:`softk.distributed`; they come in as functions (``solve``, ``loss_rows``),
 so this package needs only ``torch.distributed`` itself.
+
+The collectives of :mod:`softk.distributed`'s maps and losses go through
+:func:`all_reduce` and :func:`all_gather`: c10d's in-place collectives when
+eager, PyTorch's functional collectives while ``torch.compile`` traces,
+which Dynamo and AOT autograd put in the graph as ops (also inside the
+rules' forward and backward), so a compiled loss runs the same collectives,
+in the same order.  (The all-reduces of the argument checks run eagerly,
+outside the graph.)
 """
 
 from __future__ import annotations
@@ -28,6 +36,35 @@ import torch.distributed as dist
 
 from ..threshold.rows import compute_dtype
 from . import fused_linear
+
+_OPS = {"sum": "SUM", "max": "MAX"}
+
+
+def all_reduce(t, op: str, group):
+    """``t`` reduced (``op`` "sum" or "max") over the ranks of ``group`` (None: the world).
+
+    Eager: c10d's in-place all-reduce, which returns ``t`` itself; while
+    ``torch.compile`` traces: a functional all-reduce, which returns a new
+    tensor (so callers always use the result)."""
+    if torch.compiler.is_compiling():
+        from torch.distributed import _functional_collectives as funcol
+
+        return funcol.all_reduce(t, op, group if group is not None else dist.group.WORLD)
+    dist.all_reduce(t, op=getattr(dist.ReduceOp, _OPS[op]), group=group)
+    return t
+
+
+def all_gather(t, group, world: int):
+    """The ``world`` tensors ``t`` of the ranks of ``group``, in rank order (a list);
+    c10d's all-gather when eager, a functional one while ``torch.compile`` traces."""
+    t = t.contiguous()
+    if torch.compiler.is_compiling():
+        from torch.distributed import _functional_collectives as funcol
+
+        return list(funcol.all_gather_tensor(t, 0, group if group is not None else dist.group.WORLD).chunk(world))
+    blocks = [torch.empty_like(t) for _ in range(world)]
+    dist.all_gather(blocks, t, group=group)
+    return blocks
 
 
 def _solved(x, solve, tau):
@@ -56,8 +93,7 @@ class VocabParallelMap(torch.autograd.Function):
         g = g.to(ct)
         # The Jacobian-vector product d⊙(g − Σd⊙g / Σd)/τ needs the two sums
         # over the whole row: one all-reduce.
-        sums = torch.cat([d.sum(-1, keepdim=True), (d * g).sum(-1, keepdim=True)], -1)
-        dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=ctx.group)
+        sums = all_reduce(torch.cat([d.sum(-1, keepdim=True), (d * g).sum(-1, keepdim=True)], -1), "sum", ctx.group)
         sd, sdg = sums[:, :1], sums[:, 1:]
         coef = torch.where(sd > 0, sdg / torch.where(sd > 0, sd, 1.0), 0.0)
         grad = (g - coef) * d / ctx.tau
@@ -84,8 +120,7 @@ class VocabParallelLogSoftmax(torch.autograd.Function):
         # d log p_i / d z_j = δ_ij − p_j: the gradient g − p Σg needs Σg over the whole row.
         # A masked entry (log p = −inf) has p = 0 and its g may be anything: leave it out of Σg.
         g = torch.where(logp > float("-inf"), g, 0.0)
-        sg = g.sum(-1, keepdim=True)
-        dist.all_reduce(sg, op=dist.ReduceOp.SUM, group=ctx.group)
+        sg = all_reduce(g.sum(-1, keepdim=True), "sum", ctx.group)
         grad = (g - torch.exp(logp) * sg) / ctx.tau
         return grad.to(ctx.x_dtype), None, None, None
 
@@ -96,9 +131,7 @@ class ReplicatedSum(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, group):
-        out = x.clone()
-        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)
-        return out
+        return all_reduce(x.clone(), "sum", group)
 
     @staticmethod
     def backward(ctx, g):
@@ -165,7 +198,7 @@ class ChunkedLinearLoss(torch.autograd.Function):
             if gb is not None:
                 gb += g.sum(0)
         if gx is not None:
-            dist.all_reduce(gx, op=dist.ReduceOp.SUM, group=group)  # Σ_r G_r W_r
+            gx = all_reduce(gx, "sum", group)  # Σ_r G_r W_r
         ctx.save_for_backward(gx, gw, gb)
         ctx.scale = 1.0 / max(n_kept, 1) if mean else 1.0
         out = total / n_kept if mean else total

@@ -13,8 +13,8 @@ backward runs no collective.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
+from .._ops.distributed import all_reduce
 from ..losses._ts2 import CLAMP
 from ..threshold.rows import compute_dtype
 from .families import loss_family
@@ -22,8 +22,7 @@ from .families import loss_family
 
 def global_sum(local, group):
     """Σ over the ranks of ``local`` (M,): the global value, the local gradient."""
-    total = local.detach().clone()
-    dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)
+    total = all_reduce(local.detach().clone(), "sum", group)
     return local + (total - local.detach())
 
 
@@ -31,11 +30,9 @@ def global_lse(z, group):
     """logsumexp over the whole row of the local slices z (M, V_r): the global
     value, with gradient s (the global softmax's local columns).  2 all-reduces."""
     zd = z.detach()
-    mx = zd.amax(-1)
-    dist.all_reduce(mx, op=dist.ReduceOp.MAX, group=group)
+    mx = all_reduce(zd.amax(-1), "max", group)
     mx = torch.where(torch.isfinite(mx), mx, 0.0)
-    s = torch.exp(zd - mx.unsqueeze(-1)).sum(-1)
-    dist.all_reduce(s, op=dist.ReduceOp.SUM, group=group)
+    s = all_reduce(torch.exp(zd - mx.unsqueeze(-1)).sum(-1), "sum", group)
     lse = mx + torch.log(s)
     p = torch.exp(zd - lse.unsqueeze(-1))
     p = torch.where(p > 0, p, 0.0)
@@ -55,15 +52,15 @@ def ts2_penalty(x, p, owned, local_index, keep, suppression, adaptive, group):
     (M, V_r) its columns of the global sparsemax(x/τ).  m = Σ_{p_j = 0, j ≠ y}
     softmax(x)_j = A·exp(c − lse), A = Σ_off exp(x_j − c) over every rank.
     3 all-reduces, 4 with ``adaptive``."""
-    off = p == 0
-    off[owned, local_index[owned]] = False
+    li = local_index.unsqueeze(-1)
+    off = (p == 0) & ~torch.zeros_like(p, dtype=torch.bool).scatter_(-1, li, owned.unsqueeze(-1))
     lse, c = global_lse(x, group)
     a_local = torch.where(off, torch.exp(x - c.unsqueeze(-1)), 0.0).sum(-1)  # c the row's max: no overflow
     m = global_sum(a_local, group) * torch.exp(c - lse)
     penalty = -torch.log1p(-torch.clamp(m, max=CLAMP))
     if adaptive:
         py = torch.where(owned, p.gather(-1, local_index.unsqueeze(-1)).squeeze(-1), 0.0)
-        dist.all_reduce(py, op=dist.ReduceOp.SUM, group=group)
+        py = all_reduce(py, "sum", group)
         penalty = penalty * (1 - py)
     return torch.where(keep, suppression * penalty, 0.0)
 

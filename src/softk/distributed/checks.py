@@ -18,6 +18,10 @@ cross-rank checks on the same table and raises the same error, or none:
 
 Only an uninitialised torch.distributed (no collective possible at all) is
 raised before the exchange.
+
+These checks read tensors' values on the host and branch on them, so under
+``torch.compile`` they run eagerly outside the graph (:func:`outside_graph`);
+the collectives of the computation that follows are traced.
 """
 
 from __future__ import annotations
@@ -32,6 +36,12 @@ _DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 # Columns of the metadata table.
 _ERR, _NDIM, _LEAD, _LEADHASH, _DTYPE, _V, _START, _K, _TAU, _WHAT, _TSUM, _THASH, _TKIND, _TMAX = range(14)
 _F = 14
+
+
+def outside_graph(fn):
+    """``fn`` itself when eager; while ``torch.compile`` traces, ``fn`` run eagerly
+    outside the graph (one graph break), as the host-side checks must be."""
+    return torch.compiler.disable(fn) if torch.compiler.is_compiling() else fn
 
 
 def resolve_group(group):

@@ -19,14 +19,13 @@ from __future__ import annotations
 import numbers
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
-from .._ops.distributed import RowLoss
+from .._ops.distributed import RowLoss, all_gather
 from .._validate import DEFAULT_LOSS, LOSSES, check_input, check_k, check_tau, sum_tolerance
 from ..losses import targets as tg
 from ..threshold.rows import compute_dtype
-from .checks import exchange, resolve_group
+from .checks import exchange, outside_graph, resolve_group
 from ..losses._knobs import check_ts2_options
 from ._knobs import ts2_penalty
 from .families import loss_family, what_code
@@ -73,14 +72,31 @@ def _local_checks(x, target, loss, k, tau, alpha, method, reduction, ignore_inde
     return k, tau, reduction, ignore_index, family
 
 
+def _agree(x, target, loss, group, vocab_start, alpha, k, method, tau, ignore_index, reduction, suppression, adaptive):
+    """The local checks, then the agreement of the ranks (:mod:`.checks`): (k, tau, reduction, ignore_index,
+    family, Agreed), or the same error on every rank."""
+    rank, world = resolve_group(group)
+    err, family = None, None
+    try:
+        k, tau, reduction, ignore_index, family = _local_checks(
+            x, target, loss, k, tau, alpha, method, reduction, ignore_index, vocab_start, suppression, adaptive
+        )
+    except (TypeError, ValueError) as e:
+        err = e
+    ts2 = (suppression, adaptive) if loss == "ts2" else ()
+    code = what_code("loss", loss, alpha, method if loss == "soft_topk" else None, reduction, ignore_index, *ts2)
+    agreed = exchange(x, target, group=group, rank=rank, world=world, vocab_start=vocab_start,
+                      k=k, tau=tau, what=code, local_error=err, ignore_index=ignore_index)
+    return k, tau, reduction, ignore_index, family, agreed
+
+
 def _topk_ce(z, index, owned, zt_local, k, group, rank, world):
     """Su's top-k softmax cross-entropy over the concatenated row: 1 all-gather."""
     m, width = z.shape
     zz = z if width >= k else torch.cat([z, z.new_full((m, k - width), NEG_INF)], -1)
     vals, idx = torch.topk(zz, k, dim=-1, sorted=False)
     block = torch.cat([vals, zt_local], -1).contiguous()
-    blocks = [torch.empty_like(block) for _ in range(world)]
-    dist.all_gather(blocks, block, group=group)
+    blocks = all_gather(block, group, world)
     allv = torch.cat([b[:, :k] for b in blocks], -1)
     zt = torch.stack([b[:, k] for b in blocks], -1).amax(-1, keepdim=True)
     top, pos = torch.topk(allv, k, dim=-1, sorted=False)
@@ -147,19 +163,11 @@ def vocab_parallel_loss(
     tensor(0.2500)
     >>> dist.destroy_process_group()
     """
-    rank, world = resolve_group(group)
-    err, family = None, None
-    try:
-        k, tau, reduction, ignore_index, family = _local_checks(
-            local_logits, target, loss, k, tau, alpha, method, reduction, ignore_index, vocab_start, suppression,
-            adaptive
-        )
-    except (TypeError, ValueError) as e:
-        err = e
-    ts2 = (suppression, adaptive) if loss == "ts2" else ()
-    code = what_code("loss", loss, alpha, method if loss == "soft_topk" else None, reduction, ignore_index, *ts2)
-    agreed = exchange(local_logits, target, group=group, rank=rank, world=world, vocab_start=vocab_start,
-                      k=k, tau=tau, what=code, local_error=err, ignore_index=ignore_index)
+    k, tau, reduction, ignore_index, family, agreed = outside_graph(_agree)(
+        local_logits, target, loss, group, vocab_start, alpha, k, method, tau, ignore_index, reduction, suppression,
+        adaptive
+    )
+    rank, world = agreed.rank, agreed.world
     lead = local_logits.shape[:-1]
     x = local_logits.reshape(-1, local_logits.shape[-1])
     ct = compute_dtype(x.dtype)
@@ -184,7 +192,7 @@ def vocab_parallel_loss(
         return (out + local_logits.sum() * 0).to(local_logits.dtype)
     if loss == "topk_softmax_ce":
         rows, grad = _topk_ce(z, t, owned, zt_local, k, group, rank, world)
-        grad[owned, li.squeeze(-1)[owned]] -= 1
+        grad.scatter_add_(-1, li, -owned.unsqueeze(-1).to(grad.dtype))  # − e_t on the owner (no data-dependent shape)
     else:
         ce = loss == "cross_entropy"
         extra = {}
@@ -210,7 +218,7 @@ def vocab_parallel_loss(
         else:
             rest = -(fwd.max_extra - fwd.shift) + (0.0 if ce else family.psi(torch.ones_like(fwd.shift)))
             grad = fwd.p.clone()
-            grad[owned, li.squeeze(-1)[owned]] -= 1
+            grad.scatter_add_(-1, li, -owned.unsqueeze(-1).to(grad.dtype))
         if ce:
             # Φ = lse + 1 ≥ 1 on a row with a finite entry (the shift is its max), 0 on a fully masked row.
             lse = torch.where(fwd.phi > 0, fwd.phi - 1, NEG_INF)

@@ -6,9 +6,29 @@ from torch import Tensor
 
 from .._ops.distributed import VocabParallelMap
 from .._validate import check_input, check_k, check_tau
-from .checks import exchange, resolve_group
+from .checks import exchange, outside_graph, resolve_group
 from .families import map_family, what_code
 from .threshold import distributed_forward
+
+
+def _agree(local_logits, map, k, tau, alpha, group):
+    """The local checks, then the agreement of the ranks (:mod:`.checks`): (rank, world, k, tau, family),
+    or the same error on every rank."""
+    rank, world = resolve_group(group)
+    err, family = None, None
+    try:
+        check_input(local_logits, "local_logits")
+        k = check_k(k)
+        tau = check_tau(tau)
+        family = map_family(map, k, alpha)
+        if local_logits.shape[-1] < 1:
+            raise ValueError("local_logits must hold at least one class on its last dimension")
+    except (TypeError, ValueError) as e:
+        err = e
+    code = what_code("map", map, alpha)
+    exchange(local_logits, None, group=group, rank=rank, world=world, vocab_start=None,
+             k=k, tau=tau, what=code, local_error=err)
+    return rank, world, k, tau, family
 
 
 def vocab_parallel_map(local_logits: Tensor, map: str = "sparsemax", *, k: int = 1, tau: float = 1.0, alpha=None, group=None) -> Tensor:
@@ -44,20 +64,7 @@ def vocab_parallel_map(local_logits: Tensor, map: str = "sparsemax", *, k: int =
     tensor([[0., 0., 1.]])
     >>> dist.destroy_process_group()
     """
-    rank, world = resolve_group(group)
-    err, family = None, None
-    try:
-        check_input(local_logits, "local_logits")
-        k = check_k(k)
-        tau = check_tau(tau)
-        family = map_family(map, k, alpha)
-        if local_logits.shape[-1] < 1:
-            raise ValueError("local_logits must hold at least one class on its last dimension")
-    except (TypeError, ValueError) as e:
-        err = e
-    code = what_code("map", map, alpha)
-    exchange(local_logits, None, group=group, rank=rank, world=world, vocab_start=None,
-             k=k, tau=tau, what=code, local_error=err)
+    rank, world, k, tau, family = outside_graph(_agree)(local_logits, map, k, tau, alpha, group)
     lead = local_logits.shape[:-1]
     x = local_logits.reshape(-1, local_logits.shape[-1])
     if x.shape[0] == 0:

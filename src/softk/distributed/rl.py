@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from .. import _dtensor
-from .._ops.distributed import ReplicatedSum, VocabParallelLogSoftmax
+from .._ops.distributed import ReplicatedSum, VocabParallelLogSoftmax, all_reduce
 from .._maps.simplex import log_softmax
 from .._validate import check_input, check_tau
 from ..losses import targets as tg
@@ -126,7 +126,7 @@ def vocab_parallel_logprobs(
     start = vocab_start
     if start is None:  # contiguous slices in rank order, as vocab_parallel_map's agreement found them
         sizes[rank] = p.shape[-1]
-        torch.distributed.all_reduce(sizes, group=group)
+        sizes = all_reduce(sizes, "sum", group)
         start = int(sizes[:rank].sum())
     t = labels.to(p.device).long()
     keep = t != ignore_index

@@ -42,12 +42,12 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
 from ..threshold.families import Family
 from ..threshold.rows import row_status
 from ..threshold.torch_path import forward as threshold_forward
+from .._ops.distributed import all_gather, all_reduce
 from .._ops.potential import value_at
 from ..threshold.solve import solve_lambda
 
@@ -74,9 +74,7 @@ def _broken(z: Tensor) -> Tensor:
 
 
 def _max_round(parts, group):
-    buf = torch.cat(parts, -1)
-    dist.all_reduce(buf, op=dist.ReduceOp.MAX, group=group)
-    return buf
+    return all_reduce(torch.cat(parts, -1), "max", group)
 
 
 def softmax_forward(z: Tensor, group, max_extra=None, sum_extra: Optional[Callable] = None) -> Forward:
@@ -94,7 +92,7 @@ def softmax_forward(z: Tensor, group, max_extra=None, sum_extra: Optional[Callab
     e = torch.exp(zs)
     extra = sum_extra(zs) if sum_extra is not None else None
     sums = torch.cat([e.sum(-1, keepdim=True), (z > NEG_INF).sum(-1, keepdim=True).to(dt)] + ([extra] if extra is not None else []), -1)
-    dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=group)
+    sums = all_reduce(sums, "sum", group)
     s, count = sums[:, :1], sums[:, 1:2]
     p = torch.where(count > 0, e / torch.where(count > 0, s, 1.0), 0.0)
     p = torch.where(broken, float("nan"), p)
@@ -128,15 +126,13 @@ def sparse_forward(family: Family, z: Tensor, k: int, group, rank: int, world: i
     counts[rank] = cand.sum(-1).max() if m else 0
     extra = sum_extra(zs) if sum_extra is not None else None
     sums = torch.cat([counts] + ([extra.reshape(-1)] if extra is not None else []))
-    dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=group)
+    sums = all_reduce(sums, "sum", group)
     c = max(int(sums[:world].max()), 1)
     zz = torch.where(cand, z, NEG_INF)
     if width < c:
         zz = torch.cat([zz, zz.new_full((m, c - width), NEG_INF)], -1)
     vals, idx = torch.topk(zz, c, dim=-1, sorted=False)
-    blocks = [torch.empty_like(vals) for _ in range(world)]
-    dist.all_gather(blocks, vals.contiguous(), group=group)
-    s = torch.cat(blocks, -1) - shift
+    s = torch.cat(all_gather(vals, group, world), -1) - shift
     pc = threshold_forward(family, s, k)
     phi = torch.where(broken, float("nan"), value_at(family, s, pc))
     mine = pc[:, rank * c : (rank + 1) * c]

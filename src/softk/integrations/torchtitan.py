@@ -23,8 +23,15 @@ the loss object (``ChunkedLossWrapper`` builds its inner ``loss_fn`` so).
   DTensor labels, where torchtitan's (``local_map``) returns a DTensor and so
   does this one (replicated);
 * with torchtitan's ``compile_config`` asking for it (``enable``, ``"loss"``
-  in ``components``) the loss of plain whole logits runs under
-  ``torch.compile`` with its ``backend``; DTensor logits and slices stay eager.
+  in ``components``) the loss runs under ``torch.compile`` with its
+  ``backend``: the whole loss of plain logits, whole or sliced (the
+  vocab-parallel collectives are traced as functional collectives); for
+  DTensor logits sharded on the classes, the vocab-parallel loss of the
+  local shard, with the mesh, the placements and the shard's offset read
+  eagerly around it and the sum over rows left to DTensor (Dynamo cannot
+  yet carry a view of a DTensor input across the graph break that reading
+  the shard's offset makes).  DTensor logits not sharded on the classes,
+  and dense DTensor targets, stay eager.
 
 torchtitan is not imported: the class is duck-typed on ``BaseLoss``
 (``Config`` with ``build``, ``fn``, ``__call__``).  The tests compare it with
@@ -102,52 +109,79 @@ class SoftkLoss:
     def __init__(self, config: Config | None = None, *, group=None, compile_config=None):
         """``group``: the tensor-parallel process group of plain (T, V/tp) slices (None: plain logits are whole).
         ``compile_config``: torchtitan's; with ``enable`` and ``"loss"`` in its
-        ``components``, the loss of plain whole logits runs under
-        ``torch.compile`` (its ``backend``), as torchtitan compiles its own."""
+        ``components``, the loss runs under ``torch.compile`` (its
+        ``backend``), as torchtitan compiles its own (for class-sharded
+        DTensor logits, the vocab-parallel loss of the local shard: see the
+        module docstring)."""
         self.config = config = config if config is not None else self.Config()
         if config.loss not in LOSSES:
             raise ValueError(f"loss must be one of {list(LOSSES)}, got {config.loss!r}")
         self.group = group
         self._single = _single(config.loss, config.alpha, config.k, config.method, config.tau)
-        self._compiled = None
+        self._compiled = self._compiled_rows = None
         if (compile_config is not None and getattr(compile_config, "enable", False)
                 and "loss" in getattr(compile_config, "components", ())):
-            # as torchtitan's BaseLoss._maybe_compile, for plain whole logits only:
-            # DTensor logits and slices run softk's collectives eagerly
-            self._compiled = torch.compile(self._loss, backend=getattr(compile_config, "backend", "inductor"))
-        self.fn = self._loss if self._compiled is None else self._compiled_or_eager
+            # as torchtitan's BaseLoss._maybe_compile; for class-sharded DTensor logits, the local vocab-parallel loss
+            backend = getattr(compile_config, "backend", "inductor")
+            self._compiled = torch.compile(self._loss, backend=backend)
+            self._compiled_rows = torch.compile(self._local_rows, backend=backend)
+        self.fn = self._loss if self._compiled is None else self._compiled_loss
 
-    def _compiled_or_eager(self, pred: Tensor, labels: Tensor) -> Tensor:
-        if self.group is None and not _dtensor.is_dtensor(pred) and not _dtensor.is_dtensor(labels):
-            return self._compiled(pred, labels)
-        return self._loss(pred, labels)
-
-    def _loss(self, pred: Tensor, labels: Tensor) -> Tensor:
+    def _opts(self, reduction):
         c = self.config
-        if pred.dtype in (torch.float16, torch.bfloat16):
-            pred = pred.float()  # as torchtitan: the summed loss in float32
-        if pred.dim() > 2:  # (B, L, V): rows, as torchtitan's flatten
-            labels = labels.flatten() if labels.dim() < pred.dim() else labels.flatten(0, -2)  # indices or dense
-            pred = pred.flatten(0, -2)
-        if _dtensor.is_dtensor(pred):
-            if c.global_vocab_size is not None and pred.shape[-1] != c.global_vocab_size:
-                raise ValueError(f"pred has {pred.shape[-1]} classes, global_vocab_size is {c.global_vocab_size}")
-            out = self._single(pred, labels)
-            if _dtensor.is_dtensor(out) and not _dtensor.is_dtensor(labels):
-                return out.to_local()
-            return out
-        if self.group is None:
-            if c.global_vocab_size is not None and pred.shape[-1] != c.global_vocab_size:
-                raise ValueError(f"pred has {pred.shape[-1]} classes, global_vocab_size is {c.global_vocab_size}")
-            return self._single(pred, labels)
-        opts = {"alpha": c.alpha, "tau": c.tau, "reduction": "sum"}
+        opts = {"alpha": c.alpha, "tau": c.tau, "reduction": reduction}
         if c.loss in ("soft_topk", "topk_softmax_ce"):
             opts["k"] = c.k
         if c.loss == "soft_topk":
             opts["method"] = c.method
         else:
             opts["ignore_index"] = IGNORE_INDEX
-        return vocab_parallel_loss(pred, labels, c.loss, group=self.group, **opts)
+        return opts
+
+    def _rows(self, pred: Tensor, labels: Tensor):
+        """pred and labels as torchtitan's loss sees them: float32 for half logits, (B, L, V) flattened to rows."""
+        c = self.config
+        if pred.dtype in (torch.float16, torch.bfloat16):
+            pred = pred.float()  # as torchtitan: the summed loss in float32
+        if pred.dim() > 2:  # (B, L, V): rows, as torchtitan's flatten
+            labels = labels.flatten() if labels.dim() < pred.dim() else labels.flatten(0, -2)  # indices or dense
+            pred = pred.flatten(0, -2)
+        if (self.group is None or _dtensor.is_dtensor(pred)) and c.global_vocab_size is not None \
+                and pred.shape[-1] != c.global_vocab_size:
+            raise ValueError(f"pred has {pred.shape[-1]} classes, global_vocab_size is {c.global_vocab_size}")
+        return pred, labels
+
+    def _compiled_loss(self, pred: Tensor, labels: Tensor) -> Tensor:
+        if not _dtensor.is_dtensor(pred) and not _dtensor.is_dtensor(labels):
+            return self._compiled(pred, labels)
+        if not _dtensor.is_dtensor(pred) or labels.is_floating_point():
+            return self._loss(pred, labels)
+        from torch.distributed.tensor import Replicate, Shard
+
+        if not any(isinstance(p, Shard) and p.dim % pred.dim() == pred.dim() - 1 for p in pred.placements):
+            return self._loss(pred, labels)  # classes whole on every rank: the single-device loss, eager
+        from ..distributed.dtensor import rows_entry
+
+        pred, labels = self._rows(pred, labels)
+        x, t, group, start, finish = rows_entry(pred, labels)  # eager: the mesh and the shard's offset
+        out = finish(self._compiled_rows(x, t, group, start)).sum()
+        if not all(isinstance(p, Replicate) for p in out.placements):  # rows sharded over the batch: their sum
+            out = out.redistribute(out.device_mesh, [Replicate()] * out.device_mesh.ndim)
+        return out if _dtensor.is_dtensor(labels) else out.to_local()
+
+    def _local_rows(self, x: Tensor, t: Tensor, group, start: int) -> Tensor:
+        return vocab_parallel_loss(x, t, self.config.loss, group=group, vocab_start=start, **self._opts("none"))
+
+    def _loss(self, pred: Tensor, labels: Tensor) -> Tensor:
+        pred, labels = self._rows(pred, labels)
+        if _dtensor.is_dtensor(pred):
+            out = self._single(pred, labels)
+            if _dtensor.is_dtensor(out) and not _dtensor.is_dtensor(labels):
+                return out.to_local()
+            return out
+        if self.group is None:
+            return self._single(pred, labels)
+        return vocab_parallel_loss(pred, labels, self.config.loss, group=self.group, **self._opts("sum"))
 
     def __call__(self, pred: Tensor, labels: Tensor, global_valid_tokens: Tensor | None = None,
                  **kwargs: Any) -> tuple[Tensor, dict[str, Tensor]]:
