@@ -158,3 +158,108 @@ def test_gemma2_with_its_attention_softcap_matches_eager():
     model.load_state_dict(state)
     with torch.no_grad():
         assert (model(ids).logits - want).abs().max() > 1e-4  # ten times the tolerance
+
+
+# ---- packed batches: several documents in one row -------------------------------------------------------------
+
+def packed_docs(kind, lengths=(5, 7, 4)):
+    """Three documents, as DataCollatorWithFlattening packs them into one row
+    (position_ids restarting at 0, and the flash kwargs cu_seq_lens_q/k)."""
+    g = torch.Generator().manual_seed(2)
+    docs = [torch.randint(0, 64, (n,), generator=g) for n in lengths]
+    batch = transformers.DataCollatorWithFlattening(return_flash_attn_kwargs=True)(
+        [{"input_ids": d.tolist()} for d in docs])
+    assert batch["input_ids"].shape == (1, sum(lengths))
+    return docs, batch
+
+
+def build64(kind, impl):
+    return build(kind, impl).double()
+
+
+FLASH_KW = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+# how the packing reaches softk's attention function: the kwargs the flash implementations read, or only the
+# restarting position_ids (in training mode the model makes a cache, so transformers' mask builder, which looks
+# for restarting positions only without a cache, leaves the mask to the attention), or the mask builder's
+# block-diagonal mask (use_cache=False)
+ROUTES = {
+    "cu_seq_lens": lambda b: dict(position_ids=b["position_ids"], **{k: b[k] for k in FLASH_KW}),
+    "position_ids": lambda b: dict(position_ids=b["position_ids"]),
+    "mask_builder": lambda b: dict(position_ids=b["position_ids"], use_cache=False),
+}
+
+
+def per_document(model, docs):
+    return torch.cat([model(d[None]).logits[0] for d in docs])
+
+
+@pytest.mark.parametrize("route", list(ROUTES))
+@pytest.mark.parametrize("impl", ["softk_sparsemax", "softk_entmax15"])
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_packed_documents_attend_only_to_themselves(kind, impl, route, monkeypatch):
+    docs, batch = packed_docs(kind)
+    model = build64(kind, impl).train()  # training mode, dropout 0: the model makes its cache as in training
+    with torch.no_grad():
+        want = per_document(model, docs)
+        got = model(batch["input_ids"], **ROUTES[route](batch)).logits[0]
+        torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-12)
+        if route != "mask_builder":  # the test can fail: with the packing ignored, documents 2 and 3 see document 1
+            monkeypatch.setattr(hfa, "_packed_keep", lambda *a: None)
+            leak = model(batch["input_ids"], **ROUTES[route](batch)).logits[0]
+            first = len(docs[0])
+            torch.testing.assert_close(leak[:first], want[:first], atol=1e-12, rtol=1e-12)
+            assert (leak[first:] - want[first:]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_packed_gradients_are_those_of_the_documents_alone(kind):
+    docs, batch = packed_docs(kind)
+    model = build64(kind, "softk_entmax15").train()
+    w = torch.randn(batch["input_ids"].shape[1], 64, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    (per_document(model, docs) * w).sum().backward()
+    want = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    (model(batch["input_ids"], **ROUTES["cu_seq_lens"](batch)).logits[0] * w).sum().backward()
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, want[n], atol=1e-11, rtol=1e-10, msg=n)
+    assert any(g.abs().max() > 1e-3 for g in want.values())
+
+
+def test_packed_keys_longer_than_queries_are_bottom_right_aligned():
+    # cu_seq_lens_k ≠ cu_seq_lens_q (documents with keys before their queries): FlashAttention's causal
+    # alignment, as softk.attention.varlen_attn computes it
+    from softk.attention import varlen_attn
+
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(1, 4, 7, 8, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(1, 2, 11, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    cu_q = torch.tensor([0, 3, 7], dtype=torch.int32)
+    cu_k = torch.tensor([0, 5, 11], dtype=torch.int32)
+    module = torch.nn.Module()
+    module.is_causal = True
+    for impl, map_name in (("softk_sparsemax", "sparsemax"), ("softk_entmax15", "entmax15")):
+        fn = AttentionInterface._global_mapping[impl]
+        got, _ = fn(module, q, k, v, None, scaling=0.5, cu_seq_lens_q=cu_q, cu_seq_lens_k=cu_k, max_length_q=4,
+                    max_length_k=6)
+        want = varlen_attn(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), cu_q, cu_k, 4, 6,
+                           scale=0.5, window_size=(-1, 0), enable_gqa=True, map=map_name)
+        torch.testing.assert_close(got[0], want, atol=1e-12, rtol=1e-12)
+    with pytest.raises(ValueError, match="packed length"):
+        fn(module, q, k, v, None, cu_seq_lens_q=torch.tensor([0, 3, 6], dtype=torch.int32), cu_seq_lens_k=cu_k)
+    with pytest.raises(ValueError, match="batch size 1"):
+        fn(module, q.expand(2, -1, -1, -1), k.expand(2, -1, -1, -1), v.expand(2, -1, -1, -1), None,
+           cu_seq_lens_q=cu_q, cu_seq_lens_k=cu_k)
+
+
+def test_unpacked_calls_keep_the_causal_path(monkeypatch):
+    # positions 0, 1, 2, … in one row, or several rows: no mask is built, the maps get is_causal as before
+    seen = []
+    real = hfa.scaled_dot_product_attention
+    monkeypatch.setattr(hfa, "scaled_dot_product_attention",
+                        lambda *a, **kw: seen.append((a[3], a[5])) or real(*a, **kw))
+    model = build("llama", "softk_entmax15").train()
+    ids, _ = batch()
+    with torch.no_grad():
+        model(ids[:1], position_ids=torch.arange(12)[None])
+        model(ids)
+    assert seen and all(mask is None and causal for mask, causal in seen)

@@ -48,6 +48,68 @@ IMPLEMENTATIONS = {
 LEARNED_ATTR = "softk_attention"  # the submodule learn_alpha adds to each attention layer
 
 
+def _is_packed(position_ids, batch: int, length: int) -> bool:
+    """transformers' flash-attention test for documents packed in one row: one
+    row, several positions, and positions that are not min + 0, 1, 2, …"""
+    if (position_ids is None or batch != 1 or length == 1 or position_ids.numel() != length  # not M-RoPE's 3 rows
+            or torch.compiler.is_compiling()):  # reading the values would break the graph
+        return False
+    flat = position_ids.reshape(-1)
+    return bool((flat != torch.arange(length, device=flat.device) + flat.min()).any())
+
+
+def _segments(cu, length: int, name: str):
+    """(length,) document index of each row, its row within the document, and
+    the documents' lengths, from the cumulative offsets ``cu`` (0 … length)."""
+    if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.numel() < 2 or cu.dtype.is_floating_point:
+        raise ValueError(f"{name} must be a 1-D integer tensor of cumulative offsets 0 … {length}, got "
+                         f"{cu!r}")
+    if not torch.compiler.is_compiling() and (cu[0] != 0 or cu[-1] != length or (cu.diff() < 0).any()):
+        raise ValueError(f"{name} must start at 0, never decrease and end at the packed length {length} "
+                         f"(one packed row), got {cu.tolist()}")
+    idx = torch.arange(length, device=cu.device)
+    doc = torch.searchsorted(cu[1:].contiguous(), idx, right=True)
+    return doc, idx - cu[doc], cu.diff()
+
+
+def _packed_keep(query, key, attention_mask, causal: bool, kwargs):
+    """The (L, S) bool mask of a packed row, or None when the call is not packed.
+
+    Packed as transformers' flash implementations read it: ``cu_seq_lens_q`` and
+    ``cu_seq_lens_k`` among the kwargs (``DataCollatorWithFlattening(return_flash_attn_kwargs=True)``),
+    else, with no mask, ``position_ids`` of one row that restart.  Query i of
+    document d sees key j of d, and with ``causal`` only those up to its own
+    position (bottom-right aligned: j − k_d ≤ i − q_d + S_d − L_d)."""
+    length, keys = query.shape[2], key.shape[2]
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    if cu_q is not None or cu_k is not None:
+        if cu_q is None or cu_k is None:
+            raise ValueError("packed sequences need both cu_seq_lens_q and cu_seq_lens_k")
+        if query.shape[0] != 1:
+            raise ValueError(f"packed sequences (cu_seq_lens_q/k) must be one row: batch size 1, got "
+                             f"{query.shape[0]}")
+        cu_q, cu_k = cu_q.to(query.device), cu_k.to(query.device)
+    elif attention_mask is None and keys == length and _is_packed(kwargs.get("position_ids"), query.shape[0],
+                                                                  length):
+        # as transformers' prepare_fa_kwargs_from_position_ids: a document starts where the position is lowest
+        pos = kwargs["position_ids"].reshape(-1).to(query.device)
+        starts = (pos == pos.min()).nonzero().reshape(-1)
+        if starts.numel() == 0 or starts[0] != 0:
+            return None
+        cu_q = cu_k = torch.cat([starts, starts.new_tensor([length])])
+    else:
+        return None
+    doc_q, row_q, len_q = _segments(cu_q, length, "cu_seq_lens_q")
+    doc_k, row_k, len_k = _segments(cu_k, keys, "cu_seq_lens_k")
+    if len_q.numel() != len_k.numel():
+        raise ValueError(f"cu_seq_lens_q and cu_seq_lens_k must count the same documents, got {len_q.numel()} "
+                         f"and {len_k.numel()}")
+    keep = doc_q[:, None] == doc_k[None, :]
+    if causal:
+        keep &= row_k[None, :] <= (row_q + (len_k - len_q)[doc_q])[:, None]
+    return keep
+
+
 def _attention_function(map_name: str):
     def attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, is_causal=None,
                   **kwargs):
@@ -65,6 +127,11 @@ def _attention_function(map_name: str):
         mask = attention_mask
         if mask is not None and mask.dtype != torch.bool:
             mask = mask.to(query.dtype)
+        keep = _packed_keep(query, key, attention_mask, causal, kwargs)
+        if keep is not None:  # packed documents: each sees only its own keys (causal within it)
+            mask = keep if mask is None else (mask & keep if mask.dtype == torch.bool
+                                               else mask.masked_fill(~keep, float("-inf")))
+            causal = False
         bias = kwargs.get("position_bias")
         if bias is not None:  # T5-style: added to the scores, with the mask's −inf where a key is hidden
             if causal:
