@@ -22,6 +22,26 @@ runs :func:`softk.attention.scaled_dot_product_attention`.  transformers is
 an optional dependency (the ``hf`` extra); importing this module does not
 import it.
 
+Packed documents (several documents in one row, as
+``DataCollatorWithFlattening`` makes them) attend only to themselves, as with
+transformers' flash implementations, which read the packing from the same
+signals: ``cu_seq_lens_q`` and ``cu_seq_lens_k`` among the attention kwargs,
+or else, when the call brings no mask, ``position_ids`` of one row that
+restart.  The "sdpa" mask builder looks for restarting positions only when
+there is neither a cache nor a 2-D mask, and a training forward makes a cache
+by default, so without this a packed row reached the maps with ``is_causal``
+and each document attended to the ones before it.  The packing becomes a
+block-diagonal boolean mask (causal within each document), intersected with
+the model's own mask, rather than a call of :func:`softk.attention.varlen_attn`
+per document: the mask keeps everything the dense call does (padding and
+sliding-window masks, the soft cap, a position bias, the learned α) and is
+exact, as hidden keys get weight exactly 0; its cost is that of the row's
+causal attention, not of the documents alone.  Calls that are not packed keep
+``is_causal`` and no mask.  Detecting restarting ``position_ids`` reads their
+values (one synchronisation per layer on a GPU, as in transformers' flash
+path) and is skipped under ``torch.compile``; there, pass the ``cu_seq_lens``
+kwargs (``DataCollatorWithFlattening(return_flash_attn_kwargs=True)``).
+
 Attention dropout is not implemented: a model whose configuration sets it
 (GPT-2's ``attn_pdrop``, Llama's ``attention_dropout``) raises a ValueError
 in training mode; set it to 0.0.
