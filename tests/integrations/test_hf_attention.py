@@ -211,6 +211,22 @@ def test_packed_documents_attend_only_to_themselves(kind, impl, route, monkeypat
             assert (leak[first:] - want[first:]).abs().max() > 1e-3
 
 
+def test_packed_positions_are_read_once_per_forward(monkeypatch):
+    docs, batch = packed_docs("llama")
+    model = build64("llama", "softk_sparsemax").train()
+    assert model.config.num_hidden_layers > 1
+    calls = []
+    real = hfa._is_packed
+    monkeypatch.setattr(hfa, "_is_packed", lambda *a: calls.append(1) or real(*a))
+    with torch.no_grad():
+        first = model(batch["input_ids"], position_ids=batch["position_ids"]).logits
+        assert len(calls) == 1  # every layer got the same position_ids tensor
+        again = model(batch["input_ids"], position_ids=batch["position_ids"].clone()).logits
+    assert len(calls) == 2  # a new tensor is read again
+    torch.testing.assert_close(again, first, atol=0, rtol=0)
+    torch.testing.assert_close(first[0], per_document(model, docs), atol=1e-12, rtol=1e-12)
+
+
 @pytest.mark.parametrize("kind", ["llama", "gpt2"])
 def test_packed_gradients_are_those_of_the_documents_alone(kind):
     docs, batch = packed_docs(kind)

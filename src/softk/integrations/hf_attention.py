@@ -38,8 +38,9 @@ sliding-window masks, the soft cap, a position bias, the learned α) and is
 exact, as hidden keys get weight exactly 0; its cost is that of the row's
 causal attention, not of the documents alone.  Calls that are not packed keep
 ``is_causal`` and no mask.  Detecting restarting ``position_ids`` reads their
-values (one synchronisation per layer on a GPU, as in transformers' flash
-path) and is skipped under ``torch.compile``; there, pass the ``cu_seq_lens``
+values (one synchronisation per forward on a GPU: every layer gets the same
+tensor, whose document offsets are kept until the next) and is skipped under
+``torch.compile``; there, pass the ``cu_seq_lens``
 kwargs (``DataCollatorWithFlattening(return_flash_attn_kwargs=True)``).
 
 Attention dropout is not implemented: a model whose configuration sets it
@@ -78,13 +79,13 @@ def _is_packed(position_ids, batch: int, length: int) -> bool:
     return bool((flat != torch.arange(length, device=flat.device) + flat.min()).any())
 
 
-def _segments(cu, length: int, name: str):
+def _segments(cu, length: int, name: str, check: bool = True):
     """(length,) document index of each row, its row within the document, and
     the documents' lengths, from the cumulative offsets ``cu`` (0 … length)."""
     if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.numel() < 2 or cu.dtype.is_floating_point:
         raise ValueError(f"{name} must be a 1-D integer tensor of cumulative offsets 0 … {length}, got "
                          f"{cu!r}")
-    if not torch.compiler.is_compiling() and (cu[0] != 0 or cu[-1] != length or (cu.diff() < 0).any()):
+    if check and not torch.compiler.is_compiling() and (cu[0] != 0 or cu[-1] != length or (cu.diff() < 0).any()):
         raise ValueError(f"{name} must start at 0, never decrease and end at the packed length {length} "
                          f"(one packed row), got {cu.tolist()}")
     idx = torch.arange(length, device=cu.device)
@@ -109,18 +110,40 @@ def _packed_keep(query, key, attention_mask, causal: bool, kwargs):
             raise ValueError(f"packed sequences (cu_seq_lens_q/k) must be one row: batch size 1, got "
                              f"{query.shape[0]}")
         cu_q, cu_k = cu_q.to(query.device), cu_k.to(query.device)
-    elif attention_mask is None and keys == length and _is_packed(kwargs.get("position_ids"), query.shape[0],
-                                                                  length):
-        # as transformers' prepare_fa_kwargs_from_position_ids: a document starts where the position is lowest
-        pos = kwargs["position_ids"].reshape(-1).to(query.device)
-        starts = (pos == pos.min()).nonzero().reshape(-1)
-        if starts.numel() == 0 or starts[0] != 0:
-            return None
-        cu_q = cu_k = torch.cat([starts, starts.new_tensor([length])])
+    elif attention_mask is None and keys == length and kwargs.get("position_ids") is not None:
+        return _packed_by_positions(kwargs["position_ids"], query, causal)
     else:
         return None
-    doc_q, row_q, len_q = _segments(cu_q, length, "cu_seq_lens_q")
-    doc_k, row_k, len_k = _segments(cu_k, keys, "cu_seq_lens_k")
+    return _document_mask(cu_q, cu_k, length, keys, causal)
+
+
+# The last position_ids seen and the document offsets read from them: every
+# layer of one forward gets the same tensor, so its values are read (a device
+# sync on a GPU) once per forward; the small offsets are kept, not the mask.
+_LAST_POSITIONS: list = []
+
+
+def _packed_by_positions(position_ids, query, causal: bool):
+    length = query.shape[2]
+    key = (position_ids._version, length, query.shape[0], query.device)
+    if _LAST_POSITIONS and _LAST_POSITIONS[0] is position_ids and _LAST_POSITIONS[1] == key:
+        cu = _LAST_POSITIONS[2]
+    else:
+        cu = None
+        if _is_packed(position_ids, query.shape[0], length):
+            # as transformers' prepare_fa_kwargs_from_position_ids: a document starts where the position is lowest
+            pos = position_ids.reshape(-1).to(query.device)
+            starts = (pos == pos.min()).nonzero().reshape(-1)
+            if starts.numel() and starts[0] == 0:
+                cu = torch.cat([starts, starts.new_tensor([length])])
+        if not torch.compiler.is_compiling():
+            _LAST_POSITIONS[:] = [position_ids, key, cu]
+    return None if cu is None else _document_mask(cu, cu, length, length, causal, check=False)
+
+
+def _document_mask(cu_q, cu_k, length: int, keys: int, causal: bool, check: bool = True):
+    doc_q, row_q, len_q = _segments(cu_q, length, "cu_seq_lens_q", check)
+    doc_k, row_k, len_k = _segments(cu_k, keys, "cu_seq_lens_k", check)
     if len_q.numel() != len_k.numel():
         raise ValueError(f"cu_seq_lens_q and cu_seq_lens_k must count the same documents, got {len_q.numel()} "
                          f"and {len_k.numel()}")
