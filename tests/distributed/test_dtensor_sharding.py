@@ -161,8 +161,9 @@ def test_rules_wait_for_the_first_dtensor():
     """The library path does not import torch.distributed.tensor for the rules'
     sake; ops it registered earlier get them when a DTensor first reaches softk."""
     pytest.importorskip("torch.distributed.tensor")
-    import subprocess
     import sys
+
+    from .. import safety_net
 
     code = """
 import os, sys, torch
@@ -189,5 +190,5 @@ print("ok")
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**__import__("os").environ, "PORT": str(port)}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
+    out = safety_net.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

@@ -67,8 +67,8 @@ def vocab_parallel_fused_linear_loss(
     targets.  On the CPU each rank then computes its part of ∇X and its rows
     of ∇W and ∇b from the live columns of its own G_r only, the same sums
     without their zero terms, and falls back to the dense products when that
-    union is above :data:`softk._ops.fused_linear.SPARSE_MAX_SHARE` of its
-    slice (on a GPU the products stay dense).  Each rank chooses for itself:
+    union is above a set share of its slice, as the single-process fused loss
+    does (on a GPU the products stay dense).  Each rank chooses for itself:
     no collective is added.
 
     Collectives: 1 all-reduce (slice sizes and argument agreement), then per
