@@ -43,3 +43,22 @@ def test_out_of_range_target_is_refused_on_the_one_pass():
     x, w = torch.randn(3, 2, requires_grad=True), torch.randn(5, 2)
     with pytest.raises(ValueError, match="outside"):
         FusedLinearLoss(2, 5)(x, torch.tensor([0, 5, 1]))
+
+
+def test_probabilities_under_the_smallest_normal_are_exact_zeros():
+    # exp of a log-probability under log(tiny) is a denormal, which the CPU's exp computes slowly: the
+    # one pass makes those exact zeros (p < 1.2e-38); the other classes keep float32's softmax − e_t
+    tiny = torch.finfo(torch.float32).tiny
+    logits = torch.tensor([0.0, -1.0, -20.0, -80.0, -83.0, -95.0, -102.0, -110.0, -300.0, 5.0], dtype=torch.float64)
+    x = torch.ones(1, 1, requires_grad=True)
+    w = torch.zeros(10, 1, requires_grad=True)
+    b = logits.float().requires_grad_()
+    t = torch.tensor([0])
+    fused_linear_loss(x, w, t, "cross_entropy", b).backward()
+    p = torch.softmax(logits, 0)  # float64 reference
+    want = p - F.one_hot(t[0], 10).double()
+    small = p < tiny
+    assert small.tolist() == [False] * 4 + [True] * 5 + [False]  # log p = logit − 5.007: -83 … -300 lie under it, -80 not
+    assert (b.grad[small] == 0).all()
+    # a float32 log-probability near -85 carries about 85·2⁻²⁴ of absolute error: 5e-6 relative in p
+    torch.testing.assert_close(b.grad[~small].double(), want[~small], rtol=1e-5, atol=0)
