@@ -1,6 +1,8 @@
 """softk's attention on the CPU against torch's SDPA: every map, L = S in
 {2048, 8192}, causal and not, forward and forward + backward, and decoding
-(one query per sequence against S keys).
+(one query per sequence against S keys), with the share of the values a
+sparse map lets P·V skip (keys with p = 0 for every query of the head, and
+pages of 16 such keys: what a paged cache could leave unread).
 
     python benchmarks/cpu/attention.py [--threads 1] [--lengths 2048 8192] [--reps 3] [--json out.json]
 
@@ -25,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 import softk
+from softk._backends.blockwise import support
 from softk.attention import scaled_dot_product_attention as softk_sdpa
 
 MAPS = ["softmax", "sparsemax", "entmax15", "entmax_a1.3"]
@@ -69,6 +72,18 @@ def _case(shape, causal, backward, reps):
             **{n: statistics.median(t / b for t, b in zip(times[n], base)) for n in MAPS}}
 
 
+def _skips(shape):
+    """{map: (share of keys, share of 16-key pages) whose values P·V skips} on
+    the decoding case's inputs (the same generator as :func:`_case`)."""
+    B, H, L, S, E = shape
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(B, H, L, E, generator=g), torch.randn(B, H, S, E, generator=g)
+    s = (q @ k.transpose(-1, -2)) / E ** 0.5
+    maps = {"softmax": softk.softmax, "sparsemax": softk.sparsemax, "entmax15": softk.entmax15,
+            "entmax_a1.3": lambda t: softk.entmax(t, alpha=1.3)}
+    return {m: support.skipped(maps[m](s)) for m in MAPS}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=1)
@@ -84,6 +99,8 @@ def main(argv=None):
     for shape, causal, bwd in cases:
         r = _case(shape, causal, bwd, args.reps)
         rows.append({"shape": list(shape), "causal": causal, "pass": "fwd+bwd" if bwd else "fwd", **r})
+        if shape[2] == 1:
+            rows[-1]["skipped"] = _skips(shape)
         print(json.dumps(rows[-1]), flush=True)
     meta = {"date": datetime.date.today().isoformat(), "machine": platform.machine(), "threads": args.threads,
             "torch": torch.__version__, "softk_backend": softk.get_backend() if hasattr(softk, "get_backend") else "auto"}
@@ -93,6 +110,13 @@ def main(argv=None):
     for r in rows:
         print(f"| {', '.join(map(str, r['shape'][:4]))} | {'yes' if r['causal'] else 'no'} | {r['pass']} | "
               f"{r['torch_ms']:.1f} | " + " | ".join(f"{r[m]:.2f}" for m in MAPS) + " |")
+    print("\nDecoding: the values P·V skips, share of keys / of 16-key pages\n")
+    print("| B, H, L, S | " + " | ".join(MAPS) + " |")
+    print("|---|" + "---|" * len(MAPS))
+    for r in rows:
+        if "skipped" in r:
+            print(f"| {', '.join(map(str, r['shape'][:4]))} | "
+                  + " | ".join(f"{r['skipped'][m][0]:.3f} / {r['skipped'][m][1]:.3f}" for m in MAPS) + " |")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"meta": meta, "rows": rows}, fh, indent=1)

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import softk
-from softk._backends.blockwise import blocks, forward as blockwise, rows
+from softk._backends.blockwise import blocks, forward as blockwise, rows, support
 from softk._backends import dispatch
 from softk.attention import checks, op, scaled_dot_product_attention as sdpa
 
@@ -38,19 +38,24 @@ def run(backend, q, k, v, **kw):
     return op.attention(call, backend)
 
 
-@pytest.fixture(params=["reference", "blockwise", "blockwise_rows", "blockwise_small"])
+@pytest.fixture(params=["reference", "blockwise", "blockwise_rows", "blockwise_small", "blockwise_gather"])
 def backend(request, monkeypatch):
     """The CPU backends.  "blockwise" at these sizes runs on whole score rows
     (:mod:`softk._backends.blockwise.rows`); "blockwise_rows" runs them in
     chunks of 3 queries; "blockwise_small" runs the λ search over key blocks
-    (what rows longer than ``rows.ROWS_MAX`` take) with chunks of 5 queries,
+    (what rows longer than ``rows.ROWS_MAX`` take at many heads) with chunks of 5 queries,
     blocks of 16 keys and at most 3 candidates per row, so that several
     chunks and blocks, the candidate merge and the whole-row fallback for
-    wide supports all run at these sizes."""
+    wide supports all run at these sizes.  "blockwise_gather" forms P·V from
+    the support on every call of a sparse map (:mod:`softk._backends.blockwise.support`,
+    which otherwise takes it only for decoding-sized supports)."""
+    if request.param == "blockwise_gather":
+        monkeypatch.setattr(support, "GATHER_SHARE", float("inf"))
     if request.param == "blockwise_rows":
         monkeypatch.setattr(rows, "CHUNK", 1)
     if request.param == "blockwise_small":
         monkeypatch.setattr(rows, "ROWS_MAX", 0)
+        monkeypatch.setattr(rows, "ROW_SCORES", 0)
         monkeypatch.setattr(blockwise, "BLOCK", 16)
         monkeypatch.setattr(blockwise, "CAP", 3)
         monkeypatch.setattr(blocks, "ROWS", 1)

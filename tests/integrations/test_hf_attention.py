@@ -106,6 +106,28 @@ def test_sparsemax_and_generation():
 
 
 @pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_generate_with_a_cache_decodes_on_the_support(kind, monkeypatch):
+    # greedy decoding through the KV cache: each new query against the cached
+    # keys, P·V gathered from the support (forced at these tiny lengths), and
+    # the step's logits equal the float64 oracle's attention in the same model
+    from softk._backends.blockwise import support
+    monkeypatch.setattr(support, "GATHER_SHARE", float("inf"))
+    gathered = []
+    real = support.product
+    monkeypatch.setattr(support, "product", lambda p, v, sparse: gathered.append(p.shape[2]) or real(p, v, sparse))
+    ids, _ = batch()
+    kw = dict(max_new_tokens=5, do_sample=False, pad_token_id=0, return_dict_in_generate=True, output_scores=True)
+    with torch.no_grad():
+        got = build(kind, "softk_entmax15").generate(ids[:1], **kw)
+        want = build(kind, "oracle_entmax15").generate(ids[:1], **kw)
+    assert torch.equal(got.sequences, want.sequences)
+    for a, b in zip(got.scores, want.scores):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), atol=2e-5, rtol=1e-4)
+    heads = 2 if kind == "llama" else 1  # query rows per key/value head at one query (GQA 4/2, MHA)
+    assert gathered.count(heads) >= 4 * 2  # 4 decoding steps after the prompt, 2 layers
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
 def test_learned_alpha(kind):
     model = build(kind, "softk_entmax_learned").train()
     ids, mask = batch()

@@ -54,7 +54,7 @@ def _xlogx(p: Tensor) -> Tensor:
 def attention_backward(q, k, v, out, dout, m, lam, *, scale: float, causal: bool, mask, fam: int, alpha,
                        need_dalpha: bool, block: int | None = None, softcap: float = 0.0):
     """(dq, dk, dv, dalpha (H,) or None), each in its input's dtype (dalpha in the compute dtype)."""
-    if block is None and rows.serves(k.shape[2]):  # the forward's own rule: whole score rows
+    if block is None and rows.serves(q, k.shape[2]):  # the forward's own rule: whole score rows
         return rows.attention_backward(q, k, v, out, dout, m, lam, scale=scale, causal=causal, mask=mask, fam=fam,
                                        alpha=alpha, need_dalpha=need_dalpha, softcap=softcap)
     ct = compute_dtype(q.dtype)

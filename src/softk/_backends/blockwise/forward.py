@@ -47,7 +47,8 @@ from .blocks import NEG_INF, Blocks, query_chunks
 from ...threshold.attention_maps import ENTMAX_ID, SOFTMAX_ID, family, unit_offset
 from ...threshold.entmax_anchor import NEAR_ONE
 
-BLOCK = 256  # keys per block of scores
+BLOCK = 256  # keys per block of scores, at least
+BLOCK_SCORES = 1 << 17  # scores per block over a chunk's rows: few rows (decoding) take longer blocks
 CAP = 256  # candidates kept per row before the row is solved on whole score rows
 
 
@@ -55,7 +56,7 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: 
                       block: int | None = None, cap: int | None = None, softcap: float = 0.0):
     """(out (B, H, L, Ev) in q's dtype, m (B, H, L), lam (B, H, L)) in the compute dtype;
     ``softcap`` c > 0 caps the scaled products to c·tanh(·/c) (:mod:`.blocks`)."""
-    if block is None and cap is None and rows.serves(k.shape[2]):
+    if block is None and cap is None and rows.serves(q, k.shape[2]):
         return rows.attention_forward(q, k, v, scale=scale, causal=causal, mask=mask, fam=fam, alpha=alpha,
                                       softcap=softcap)
     ct = compute_dtype(q.dtype)
@@ -63,9 +64,18 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: 
     parts = []
     for i0, i1 in query_chunks(q):
         blk = Blocks(q[:, :, i0:i1], kc, vc, None if mask is None else mask[:, :, i0:i1], scale, causal, i0, softcap)
-        parts.append(_chunk(blk, fam, alpha, block or BLOCK, cap or CAP))
+        parts.append(_chunk(blk, fam, alpha, block or _block(blk), cap or CAP))
     out, m, lam = (torch.cat(t, 2) for t in zip(*parts))
     return out.to(q.dtype), m, lam
+
+
+def _block(blk: Blocks) -> int:
+    """Keys per block for a chunk: BLOCK, or for a chunk of few rows (one query
+    per head against a long cache) a multiple of it up to BLOCK_SCORES scores
+    over the rows, so that the per-block work of pass 1 (the merge and the
+    solve) is not paid S / BLOCK times for a handful of rows."""
+    rows = blk.q.shape[0] * blk.hkv * blk.R
+    return max(BLOCK, BLOCK_SCORES // max(rows, 1) // BLOCK * BLOCK)
 
 
 def _chunk(blk: Blocks, fam: int, alpha, block: int, cap: int):

@@ -2,19 +2,24 @@ r"""The blockwise backend on whole score rows: a chunk of queries against every 
 
 On a CPU a chunk of queries' whole score rows fits in cache, and the
 threshold maps have fast row kernels.  So for S up to :data:`ROWS_MAX`
-keys, instead of the λ search over key blocks (:mod:`.forward`), each chunk
-of queries (about :data:`CHUNK` scores at a time, whatever L) computes
+keys (or longer rows when a query's rows over the batch and heads hold at
+most :data:`ROW_SCORES` scores: decoding), instead of the λ search over key
+blocks (:mod:`.forward`), each chunk of queries (about :data:`CHUNK` scores
+at a time, whatever L, and at least one query) computes
 
 .. math:: S = \mathrm{scale}\cdot QK^\top + M \ (\text{capped, masked}), \qquad P = \mathrm{map}(S), \qquad O = PV,
 
 with the map's row kernel (:mod:`softk._backends.native` where it serves
-the family and dtype, else the PyTorch path), and the backward recomputes P
+the family and dtype, else the PyTorch path) and PV over the support where
+P is sparse enough (:mod:`.support`: decoding reads only the values of
+the keys with p > 0), and the backward recomputes P
 the same way: dP = dO Vᵀ, dS = the map's vector–Jacobian product of dP
 (d ⊙ (dP − Σ d dP / Σ d), from P alone), dQ = scale·dS K, dK = scale·dSᵀQ,
 dV = PᵀdO, and for a per-head α, Σ_j dP_j ∂p_j/∂α in the cancellation-free
-form of :mod:`softk.threshold.entmax_alpha`.  Memory is O(CHUNK) beyond the
-inputs and outputs; the saved statistics are m (the row maximum) and lam = 0:
-this path does not read them.
+form of :mod:`softk.threshold.entmax_alpha`.  Memory is O(CHUNK) (one
+query's rows, at most ROW_SCORES, where they are longer) beyond the inputs
+and outputs; the saved statistics are m (the row maximum) and lam = 0: this
+path does not read them.
 """
 
 from __future__ import annotations
@@ -23,19 +28,24 @@ import torch
 from torch import Tensor
 
 from .. import dispatch, registry
-from ...threshold.attention_maps import ENTMAX_ID, family
+from ...threshold.attention_maps import ENTMAX_ID, SOFTMAX_ID, family
 from ...threshold.entmax_alpha import dp_dalpha, entmax_log_d
 from ...threshold.families import entmax_family
 from ...threshold.rows import compute_dtype
+from . import support
 from .blocks import NEG_INF, Blocks
 
-ROWS_MAX = 1 << 16  # keys at most for this path; longer rows take the search over key blocks
+ROWS_MAX = 1 << 16  # keys at most for this path at any batch and head count
+ROW_SCORES = 1 << 23  # ... or longer rows, when one query's rows over the batch and heads hold at most this many
 CHUNK = 1 << 20  # scores per chunk of queries (4 MiB in float32)
 
 
-def serves(S: int) -> bool:
-    """Whether rows of S keys take this path."""
-    return S <= ROWS_MAX
+def serves(q: Tensor, S: int) -> bool:
+    """Whether the rows of queries ``q`` (B, H, L, E) against S keys take this
+    path: S ≤ ROWS_MAX, or B·H·S ≤ ROW_SCORES (32 MiB of float32 scores per
+    query position: decoding against a long cache, where the search over key
+    blocks would read the keys twice and this path reads them once)."""
+    return S <= ROWS_MAX or q.shape[0] * q.shape[1] * S <= ROW_SCORES
 
 
 def _chunks(q: Tensor, S: int):
@@ -96,7 +106,7 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: 
         blk = Blocks(q[:, :, i0:i1], kc, vc, None if mask is None else mask[:, :, i0:i1], scale, causal, i0, softcap)
         s = blk.scores(0, blk.S)
         p = _map(_families(fam, alpha, blk), s)
-        outs.append(blk.heads(p @ vc[:, :, :blk.S]))
+        outs.append(blk.heads(support.product(p, vc, fam != SOFTMAX_ID)))
         m = s.amax(-1) if s.shape[-1] else s.new_full(s.shape[:-1], NEG_INF)
         ms.append(blk.heads(torch.where(m > NEG_INF, m, 0.0)))
     out, m = torch.cat(outs[::-1], 2), torch.cat(ms[::-1], 2)
