@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from softk import losses as L
-from softk.losses import fused_linear_loss, ts2_loss
+from softk.losses import _ts2 as ts2_module, fused_linear_loss, ts2_loss
 from softk.nn import FusedLinearLoss
 
 D = torch.float64
@@ -223,9 +223,17 @@ def test_ts2_loss_shapes_and_checks():
         ts2_loss(z, torch.softmax(z, -1))
 
 
+@pytest.fixture(params=["gathered", "dense"])
+def ts2_form(request, monkeypatch):
+    """The fused TS² pass's two forms: the support's entries gathered (the
+    CPU's) and dense masked sums (a GPU's, no wait on nonzero())."""
+    monkeypatch.setattr(ts2_module, "GATHER_ON_CPU", request.param == "gathered")
+    return request.param
+
+
 @pytest.mark.parametrize("adaptive", [False, True])
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-def test_fused_ts2_matches_the_authors_formula(adaptive, reduction):
+def test_fused_ts2_matches_the_authors_formula(adaptive, reduction, ts2_form):
     z, t = _ts2_logits(v=600, n=7)
     g = torch.Generator().manual_seed(5)
     h = 6
@@ -243,6 +251,29 @@ def test_fused_ts2_matches_the_authors_formula(adaptive, reduction):
     go = torch.linspace(0.5, 1.5, out.numel(), dtype=D).reshape(out.shape)
     for a, e in zip(torch.autograd.grad(out, args, go), torch.autograd.grad(ref, refs, go)):
         torch.testing.assert_close(a, e, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_fused_ts2_in_float32_matches_the_float64_formula(adaptive, ts2_form):
+    # the one-pass form on float32 logits (softmax thresholded under tiny, the
+    # off-support mass as Σs minus the support's): against the authors'
+    # formula in float64 on the same inputs, to float32's rounding of logits of size ~3
+    z, t = _ts2_logits(v=600, n=7)
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(7, 6, dtype=D, generator=g)
+    w = torch.randn(600, 6, dtype=D, generator=g)
+    x[0] = 0
+    x[0, 0] = 1
+    w[:, 0] = z[0]
+    args = [x.float().requires_grad_(), w.float().requires_grad_()]
+    out = fused_linear_loss(*args, t, "ts2", suppression=0.4, adaptive=adaptive, tau=0.8, reduction="none",
+                            chunk_size=4)
+    refs = [x.clone().requires_grad_(), w.clone().requires_grad_()]
+    ref = ts2_authors(refs[0] @ refs[1].t(), t, 0.4, 1 / 0.8, adaptive)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+    go = torch.linspace(0.5, 1.5, 7, dtype=D)
+    for a, e in zip(torch.autograd.grad(out, args, go.float()), torch.autograd.grad(ref, refs, go)):
+        torch.testing.assert_close(a.double(), e, rtol=1e-4, atol=1e-5)
 
 
 # --- return_stats --------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ gradient (it is piecewise constant in z).
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import torch
@@ -35,6 +36,7 @@ from . import targets as tg
 from .simplex_losses import sparsemax_loss
 
 CLAMP = 0.99
+GATHER_ON_CPU = True  # ts2_in_place's support entries gathered on the CPU (False: the device's dense form)
 
 
 def check_suppression(suppression) -> float:
@@ -65,6 +67,71 @@ def ts2_rows(z: Tensor, t: Tensor, keep: Tensor, suppression: float, tau: float,
     if adaptive:
         penalty = penalty * (1 - py)
     return fit + torch.where(keep, suppression * penalty, 0.0)
+
+
+def ts2_in_place(ignore_index: int, tau: float, suppression: float, adaptive: bool):
+    r"""TS²'s rows and gradient in one pass over a chunk's logits, for the fused
+    loss: ``f(z, t, w) -> rows`` overwrites z (C, V), float32/float64, with
+    G = w·∂L/∂z (0 on ignored rows), the gradient of Σ w_i L_i.  With the
+    support mask constant, ∂m/∂z = s ⊙ 1_off − m·s, so
+
+    .. math:: G_j = a\,c\,s_j\,(1 - m) \ (j \text{ off}), \qquad
+              G_j = -a\,c\,s_j\,m + (p_j - [j = y])/\tau \ (j \in \operatorname{supp} p \cup \{y\}),
+
+    c = [m ≤ 0.99]·(1 − p_y if adaptive, else 1)/(1 − m): one scaling of the
+    softmax s over the row, then a write of the few support entries.  The
+    sparsemax loss at z/τ is Σ_supp p_j (z_j − z_y)/τ + ½(1 − ‖p‖²) (Σp = 1;
+    differences to z_y keep far-from-origin logits exact) and m is Σ s
+    minus the mass on the support and the target.  Beside the logits it holds
+    p and, on the CPU, O(support) numbers (elsewhere the same sums run as
+    dense masked sums, with no wait for the device): no autograd graph."""
+
+    def f(z, t, w):
+        idx, keep = tg.index_target(z, t, ignore_index)
+        idx1 = idx.unsqueeze(1)
+        p = sparsemax(z, tau=tau) if tau != 1.0 else sparsemax(z)
+        py = p.gather(1, idx1).squeeze(1)
+        zy = z.gather(1, idx1).squeeze(1)
+        zero = torch.zeros_like(zy)
+        # on the CPU the support's entries are gathered; elsewhere dense masked
+        # sums (nonzero() would wait for the device)
+        sup = p.nonzero(as_tuple=True) if z.is_cpu and GATHER_ON_CPU else None
+        if sup is not None:
+            r, j = sup
+            pj = p[r, j]
+            lin = zero.index_add(0, r, pj * (z[r, j] - zy[r]))
+            norm = zero.index_add(0, r, pj * pj)
+        else:
+            lin = (p * (z - zy.unsqueeze(1))).sum(1)
+            norm = (p * p).sum(1)
+        fit = torch.clamp(lin / tau + 0.5 * (1 - norm), min=0.0)  # exact L ≥ 0; rounding only
+        torch.log_softmax(z, 1, out=z)
+        if z.is_cpu:  # the CPU's exp is slow on underflowing results: they become exact zeros first
+            torch.nn.functional.threshold(z, math.log(torch.finfo(z.dtype).tiny), -math.inf, inplace=True)
+        z.exp_()  # s = softmax(z)
+        sy = z.gather(1, idx1).squeeze(1)
+        if sup is not None:
+            sj = z[r, j]
+            on = zero.index_add(0, r, sj)
+        else:
+            on = torch.where(p > 0, z, 0.0).sum(1)
+        on = on + torch.where(py == 0, sy, 0.0)  # the mass on supp p ∪ {y}
+        m = torch.clamp(z.sum(1) - on, min=0.0)
+        weight = 1.0 - py if adaptive else torch.ones_like(m)
+        mc = torch.clamp(m, max=CLAMP)
+        rows = torch.where(keep, fit - suppression * torch.log1p(-mc) * weight, 0.0)
+        c = torch.where(m <= CLAMP, suppression * weight / (1 - mc), 0.0)
+        scale = torch.where(keep, w.to(z.dtype) if w is not None else torch.ones_like(m), 0.0)
+        off, on_sup = c * (1 - m) * scale, -c * m * scale  # G/s off the support and on it
+        if sup is not None:
+            z.mul_(off.unsqueeze(1))  # every class as if off the support
+            z[r, j] = sj * on_sup[r] + pj * (scale[r] / tau)
+        else:
+            z.mul_(torch.where(p > 0, on_sup.unsqueeze(1), off.unsqueeze(1))).add_(p * (scale / tau).unsqueeze(1))
+        z[torch.arange(z.shape[0], device=z.device), idx] = sy * on_sup + (py - 1) * (scale / tau)
+        return rows
+
+    return f
 
 
 @_dtensor.entry("loss", "ts2_loss")

@@ -22,7 +22,7 @@ from .._maps.soft_topk import soft_topk
 from .._validate import LOSSES
 from ..threshold.families import ENTMAX15, SOFTMAX, SPARSEMAX, entmax_by_alpha
 from ._knobs import NO_KNOBS, Knobs
-from ._ts2 import ts2_loss
+from ._ts2 import ts2_in_place, ts2_loss
 from ._cross_entropy import cross_entropy
 from .simplex_losses import entmax15_loss, entmax_loss, softmax_loss, sparsemax_loss
 from .targets import index_target
@@ -164,8 +164,11 @@ def chunk_loss_fn(loss: str, *, alpha, k: int, method: str, tau: float, ignore_i
     plain = knobs == NO_KNOBS and not stats
     if plain:
         base.sparse_grad = sparse
-        # cross-entropy with class indices: the rows and G in one pass (chunked_pass)
-        base.in_place = _ce_in_place(ignore_index, tau) if loss in ("cross_entropy", "softmax") else None
+        # cross-entropy and TS² with class indices: the rows and G in one pass (chunked_pass)
+        if loss in ("cross_entropy", "softmax"):
+            base.in_place = _ce_in_place(ignore_index, tau)
+        elif loss == "ts2":
+            base.in_place = ts2_in_place(ignore_index, tau, suppression, adaptive)
         return base
     cap, eps, weight, beta = knobs
     fy_smooth = eps > 0 and loss in _FY_FAMILY
