@@ -220,6 +220,8 @@ def test_float64_keeps_the_torch_products(monkeypatch):
 
 
 def test_the_route_is_the_explicit_triton_backends_on_cuda():
+    import types
+
     import softk
     from softk._backends import dispatch
 
@@ -228,6 +230,14 @@ def test_the_route_is_the_explicit_triton_backends_on_cuda():
         assert dispatch.live_tiles_backend(x) is None  # a CPU tensor: the CPU's live columns
         assert not FL.live_tiles_route(x)
     assert dispatch.live_tiles_backend(torch.zeros(2, 2, device="meta")) is None
+    # what the choice reads of a CUDA tensor (no GPU here): its device flag and dtype
+    cuda = lambda dtype: types.SimpleNamespace(is_cuda=True, dtype=dtype)  # noqa: E731
+    for name, dtype, want in (("triton", torch.bfloat16, "triton"), ("triton", torch.float32, "triton"),
+                              ("triton", torch.float64, None), ("auto", torch.bfloat16, None),
+                              ("torch", torch.bfloat16, None)):
+        with softk.use_backend(name):
+            assert dispatch.live_tiles_backend(cuda(dtype)) == want, (name, dtype)
+            assert FL.live_tiles_route(cuda(dtype)) == (want == "triton")
 
 
 def _vocab_parallel_tiles(rank, world):
@@ -259,3 +269,34 @@ def test_vocab_parallel_loss_takes_the_tiles(tmp_path):
     from ...distributed.dist_harness import run
 
     run(2, _vocab_parallel_tiles, tmp_path)
+
+
+_COMPILE = r"""
+from softk._backends.triton.live_tiles import BLOCK_C, BLOCK_H, BLOCK_V, _grad_w_kernel, _grad_x_kernel
+
+blocks = dict(BLOCK_C=BLOCK_C, BLOCK_V=BLOCK_V, BLOCK_H=BLOCK_H)
+ints = {n: "i32" for n in ("C", "V", "H")}
+built = 0
+# G in the inputs' half dtype (the autograd route) or float32 (float32 inputs,
+# and the vocab-parallel loss's G beside half weights: widened)
+for g, t in (("*bf16", "*bf16"), ("*fp16", "*fp16"), ("*fp32", "*fp32"), ("*fp32", "*bf16")):
+    widen = g != t
+    build(_grad_x_kernel, dict(G=g, W=t, GX=t if not widen else "*fp32", tiles="*i32", n_tiles="i32", **ints,
+                               **{s: "i32" for s in ("sgc", "sgv", "swv", "swh", "sxc", "sxh")}),
+          dict(blocks, WIDEN=widen), 4)
+    for has_w, has_b in ((True, True), (True, False), (False, True)):
+        build(_grad_w_kernel, dict(G=g, X=t, GW="*fp32", GB="*fp32", tiles="*i32", **ints,
+                                   **{s: "i32" for s in ("sgc", "sgv", "sxc", "sxh", "swv", "swh")}),
+              dict(blocks, HAS_W=has_w, HAS_B=has_b, WIDEN=widen), 4)
+        built += 1
+    built += 1
+assert built == 16, built
+print("OK")
+"""
+
+
+@pytest.mark.slow
+def test_live_tile_kernels_compile_for_a_gpu():
+    from . import gpu_build
+
+    gpu_build.compile_for_gpu(_COMPILE)

@@ -60,7 +60,8 @@ MAX_LIVE_SHARE = 1.0
 def live_tiles(g: Tensor, block_v: int = BLOCK_V) -> Tensor:
     """The tiles of ``block_v`` classes in which some entry of G (C, V) is not
     zero, as increasing int32 indices (the tile t covers the classes
-    t·block_v … (t+1)·block_v − 1, the last one cut at V)."""
+    t·block_v … (t+1)·block_v − 1, the last one cut at V).  One read over G
+    and a host sync per chunk: the kernels' grid needs the count."""
     live = (g != 0).any(0)
     pad = -live.numel() % block_v
     if pad:
