@@ -149,6 +149,9 @@ def products(g: Tensor, weight: Tensor, xc: Tensor, gx: Tensor | None, gw: Tenso
     then runs the dense products.  CUDA tensors, or CPU tensors under
     ``TRITON_INTERPRET=1`` (how the tests run it).  The block sizes are
     keywords so that tests can cut small shapes into several blocks."""
+    for b in (block_v, block_c, block_h):
+        if b < 16 or b & (b - 1):
+            raise ValueError(f"block sizes must be powers of two ≥ 16 (tl.dot), got {(block_v, block_c, block_h)}")
     c, v = g.shape
     h = weight.shape[1]
     tiles = live_tiles(g, block_v)
