@@ -15,6 +15,8 @@ dtype) into the backend that runs this call:
   ``"triton"`` or None (the unfused loss through :func:`resolve`);
 * :func:`topk_softmax_ce_backend` (Su's top-k softmax cross-entropy):
   ``"native"`` or None (its tensor code);
+* :func:`live_tiles_backend` (the fused linear loss's backward products on
+  a sparse gradient): ``"triton"`` or None (torch's products);
 * :func:`attention_backend` (sparse attention): ``"reference"``,
   ``"blockwise"`` or ``"triton"``.
 
@@ -189,6 +191,31 @@ def topk_softmax_ce_backend(x: Tensor) -> str | None:
     cross-entropy of ``x`` (the configured backend resolves to "native" for
     it), else None.  The caller also requires a plain eager call."""
     return "native" if x.numel() and _backend.resolve(x) == "native" else None
+
+
+@functools.lru_cache(maxsize=None)
+def triton_live_tiles():
+    """softk._backends.triton.live_tiles, or None where it is not built (read once)."""
+    try:
+        from .triton import live_tiles as module
+    except ImportError:
+        return None
+    return module
+
+
+def live_tiles_backend(x: Tensor) -> str | None:
+    """"triton" when the fused linear loss runs its backward products on the
+    live vocabulary tiles of a sparse gradient
+    (:mod:`softk._backends.triton.live_tiles`) for inputs ``x``, else None.
+
+    Only where the backend is set to "triton" explicitly, on a CUDA tensor
+    in float32 or a half dtype, with the kernels built: under "auto" the
+    dense products (cuBLAS) stay until a GPU has measured the crossover.
+    A CPU tensor never takes it here (the CPU has its live columns); tests
+    reach the kernels on CPU tensors through the interpreter directly."""
+    if not x.is_cuda or x.dtype == torch.float64 or _backend.backend() != "triton":
+        return None
+    return "triton" if triton_live_tiles() is not None else None
 
 
 @functools.lru_cache(maxsize=None)

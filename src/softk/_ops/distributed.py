@@ -163,8 +163,11 @@ class ChunkedLinearLoss(torch.autograd.Function):
     outside the union of the chunk's supports and targets), each rank runs
     G_r W_r, G_rᵀ X_c and Σ G_r on the live columns of its own G_r
     (:func:`softk._ops.fused_linear.live_columns`, the share rule counted in
-    its slice's V_r) and the dense products above that share.  The choice is
-    local to each rank and chunk: it adds no collective."""
+    its slice's V_r) and the dense products above that share; under the
+    "triton" backend on CUDA, on the live vocabulary tiles of G_r
+    (:func:`softk._ops.fused_linear.sparse_products`, as the single-device
+    pass).  The choice is local to each rank and chunk: it adds no
+    collective."""
 
     @staticmethod
     def forward(ctx, x, w, b, loss_rows, chunk, n_kept, mean, want, group):
@@ -175,6 +178,7 @@ class ChunkedLinearLoss(torch.autograd.Function):
         gw = torch.zeros(w.shape, dtype=acc, device=x.device) if want[1] else None
         gb = torch.zeros(w.shape[0], dtype=acc, device=x.device) if want[2] else None
         sparse = bool(getattr(loss_rows, "sparse_grad", False))
+        tiles = sparse and acc == torch.float32 and fused_linear.live_tiles_route(x)
         for s in range(0, m, chunk):
             e = min(s + chunk, m)
             xc = x[s:e]
@@ -187,9 +191,8 @@ class ChunkedLinearLoss(torch.autograd.Function):
             total += rows.detach().sum().to(acc)
             g = g.to(acc)
             # (through the module, so that tests may watch which products ran)
-            cols = fused_linear.live_columns(g) if sparse else None
-            if cols is not None:
-                fused_linear.live_products(g[:, cols], cols, w, xc, None if gx is None else gx[s:e], gw, gb, acc, False)
+            if sparse and fused_linear.sparse_products(g, w, xc, None if gx is None else gx[s:e], gw, gb, acc, False,
+                                                       tiles):
                 continue
             if gx is not None:
                 gx[s:e] = g @ w.to(acc)

@@ -16,13 +16,29 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from .._backends import dispatch
+
 
 # The gradient's live columns (classes), as a share of V, up to which the
 # backward products run on those columns only (``fn.sparse_grad``), per
 # device type.  On the CPU no crossover was found (the columns were as fast at
 # a 3 % union and 1.5-2x faster from 10 % to 90 %: BENCHMARKS.md); on a GPU it
-# is unmeasured, so the dense products stay there.
+# is unmeasured, so the dense products stay there.  The GPU's form of the
+# skip is the live vocabulary tiles (:func:`live_tiles_route`), taken only
+# under the explicit "triton" backend; "auto" on CUDA keeps the dense
+# products until a GPU measures the crossover
+# (benchmarks/gpu/fused_live_tiles.py).
 SPARSE_MAX_SHARE = {"cpu": 1.0}
+
+
+def live_tiles_route(x: Tensor) -> bool:
+    """Whether a pass over inputs ``x`` with a sparse gradient runs its
+    backward products on G's live vocabulary tiles (the Triton kernels of
+    :mod:`softk._backends.triton.live_tiles`): the choice of
+    :func:`softk._backends.dispatch.live_tiles_backend`, read once per pass
+    (a module function, so that tests can force it on CPU tensors under
+    Triton's interpreter)."""
+    return dispatch.live_tiles_backend(x) == "triton"
 
 
 def chunked_pass(x, weight, bias, target, fn, chunk: int, row_weight, grads):
@@ -43,7 +59,10 @@ def chunked_pass(x, weight, bias, target, fn, chunk: int, row_weight, grads):
     the union of the chunk's supports and targets) and that union holds at
     most the device's :data:`SPARSE_MAX_SHARE` of the classes, G W, Gᵀ X and
     Σ G run on those columns of G and rows of W only: the same sums without
-    their zero terms.
+    their zero terms.  Under the "triton" backend on CUDA
+    (:func:`live_tiles_route`) they run instead on the live vocabulary tiles
+    of G (tiles of classes where G is not all zero), the same exact skip in
+    blocks that a GPU's matrix units take.
     """
     m = x.shape[0]
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
@@ -57,6 +76,8 @@ def chunked_pass(x, weight, bias, target, fn, chunk: int, row_weight, grads):
     half_product = acc == torch.float32 and x.dtype != torch.float32 and x.device.type != "cpu"
     extra = None
     sparse = bool(getattr(fn, "sparse_grad", False))
+    # the tile kernels accumulate in float32: float64 keeps the torch products
+    tiles = sparse and any_grad and acc == torch.float32 and live_tiles_route(x)
     for s in range(0, m, chunk):
         e = min(s + chunk, m)
         xc = x[s:e]
@@ -85,9 +106,7 @@ def chunked_pass(x, weight, bias, target, fn, chunk: int, row_weight, grads):
         del logits
         if not any_grad:
             continue
-        cols = live_columns(g) if sparse else None
-        if cols is not None:
-            live_products(g[:, cols], cols, weight, xc, gx[s:e] if want_x else None, gw, gb, acc, half_product)
+        if sparse and sparse_products(g, weight, xc, gx[s:e] if want_x else None, gw, gb, acc, half_product, tiles):
             del g
             continue
         if want_x:
@@ -101,6 +120,24 @@ def chunked_pass(x, weight, bias, target, fn, chunk: int, row_weight, grads):
             gb += g.sum(0, dtype=acc)
         del g
     return losses, gx, gw, gb, extra
+
+
+def sparse_products(g, weight, xc, gx, gw, gb, acc, half_product, tiles: bool) -> bool:
+    """G W into ``gx``, Gᵀ X into ``gw`` and Σ G into ``gb`` (each skipped
+    when None) for a sparse gradient G (C, V) on its live vocabulary tiles
+    (with ``tiles``, while they are at most the Triton kernels'
+    ``MAX_LIVE_SHARE`` of the tiles) or else its live columns (while they are
+    at most :data:`SPARSE_MAX_SHARE`); False, having written nothing, when
+    neither applies and the dense products are the caller's to run.  Shared
+    by :func:`chunked_pass` and the vocab-parallel loss
+    (:class:`softk._ops.distributed.ChunkedLinearLoss`)."""
+    if tiles and dispatch.triton_live_tiles().products(g, weight, xc, gx, gw, gb):
+        return True
+    cols = live_columns(g)
+    if cols is None:
+        return False
+    live_products(g[:, cols], cols, weight, xc, gx, gw, gb, acc, half_product)
+    return True
 
 
 def live_columns(g: Tensor):
