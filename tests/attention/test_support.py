@@ -38,8 +38,8 @@ def test_gathered_product_equals_the_dense_sum(monkeypatch, dtype, tol, vshape):
 
 
 def test_an_empty_p_gives_zeros(monkeypatch):
-    p = torch.zeros(1, 2, 1, 30, dtype=torch.float64)
-    v = torch.randn(1, 2, 30, 4, dtype=torch.float64)
+    p = torch.zeros(1, 2, 1, 100, dtype=torch.float64)
+    v = torch.randn(1, 2, 100, 4, dtype=torch.float64)
     assert support.gathers(p, True)
     assert torch.equal(support.product(p, v, True), torch.zeros(1, 2, 1, 4, dtype=torch.float64))
 
@@ -58,6 +58,8 @@ def test_the_gather_is_chosen_for_decoding_sized_supports_only():
     assert not support.gathers(dense, True)
     # a chunk of 256 query rows per head at 1 % nonzeros: a GEMM, the dense product stays
     assert not support.gathers(sparse_p((1, 4, 256, 2048), 0.01), True)
+    # more rows per head than GATHER_SHARE·S: over the budget without a count, even if P were empty
+    assert not support.gathers(torch.zeros(1, 1, int(support.GATHER_SHARE * 2048) + 1, 2048), True)
     v = torch.randn(4, 8, S, 3, dtype=torch.float64)
     np.testing.assert_allclose(support.product(dense, v, True).numpy(), numpy_pv(dense, v), rtol=0, atol=1e-10)
 

@@ -45,10 +45,14 @@ def product(p: Tensor, v: Tensor, sparse: bool) -> Tensor:
 
 def gathers(p: Tensor, sparse: bool) -> bool:
     """Whether :func:`product` forms P V (p (B, H_kv, R, S)) from the support:
-    a sparse map, and nnz(P) ≤ GATHER_SHARE · B·H_kv·S."""
+    a sparse map, and nnz(P) ≤ GATHER_SHARE · B·H_kv·S.  Chunks of more than
+    GATHER_SHARE·S rows per head are not counted (a count over P took a fifth
+    of a prefill chunk's time): with a key or more per row they are over."""
     if not sparse or p.numel() == 0:
         return False
     B, Hkv, R, S = p.shape
+    if R > GATHER_SHARE * S:  # a row has a key at least: nnz(P) ≥ B·H_kv·R, over budget (and no count to pay)
+        return False
     return int(torch.count_nonzero(p)) <= GATHER_SHARE * B * Hkv * S
 
 
