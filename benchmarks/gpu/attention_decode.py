@@ -197,7 +197,9 @@ def torch_varlen_kwargs(window, paged=None):
 
 # ----------------------------------------------------------------- the sections
 def decode_cases(a, device, dtype):
-    """(case, inputs, impls, mode) of the decoding section, built lazily (one case's tensors at a time)."""
+    """The decoding section's cases, each (case, build, impls): ``build()`` makes its inputs
+    ((q, k, v), extra) when the case starts, so one case's tensors live at a time, and
+    ``impls(q, k, v, extra)`` the rows to run on them (the paged and packed sections alike)."""
     import torch
 
     import softk.attention as sa
@@ -246,7 +248,8 @@ def _skips(p, page):
 
 
 def paged_lengths(S, N):
-    """N ragged lengths, the longest S − 3·i for one i (not page-aligned), the rest spread below."""
+    """N ragged lengths spread up to S, minus 3·i so that most end inside a page
+    (for N coprime with 5 the longest is S − 3·i for one i)."""
     return [max(1, S * ((5 * i) % N + 1) // N - 3 * i) for i in range(N)]
 
 
