@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import softk
-from softk.attention import varlen_attn
+from softk.attention import _varlen as varlen_module, varlen_attn
 
 from ..oracle import attention as ora
 
@@ -105,6 +105,54 @@ def test_paged_decoding_matches_the_contiguous_cache():
     dout = torch.zeros(got.shape, dtype=torch.float64)
     want = _oracle(q, k, v, dout, cq, ck, (-1, -1), "entmax15", None)[0]
     np.testing.assert_allclose(got.numpy(), want, atol=1e-12)
+
+
+def _paged(lk, page, k, v, ck, order):
+    """key and value pools of pages of ``page`` keys, shuffled by ``order``, and the block table."""
+    npages = [-(-n // page) for n in lk]
+    pool_k = torch.full((len(order), page) + tuple(k.shape[1:]), float("nan"), dtype=torch.float64)
+    pool_v = torch.full((len(order), page) + tuple(v.shape[1:]), float("nan"), dtype=torch.float64)
+    table = torch.full((len(lk), max(npages) + 1), 10 ** 6, dtype=torch.int32)  # unused entries: out of range
+    logical = 0
+    for i, n in enumerate(lk):
+        k0 = int(ck[i])
+        for p in range(npages[i]):
+            rows = slice(k0 + p * page, k0 + min((p + 1) * page, n))
+            slot = order[logical]
+            pool_k[slot, : rows.stop - rows.start] = k[rows].detach()
+            pool_v[slot, : rows.stop - rows.start] = v[rows].detach()
+            table[i, p] = slot
+            logical += 1
+    return pool_k, pool_v, table
+
+
+@pytest.mark.parametrize("batched", [True, False])
+@pytest.mark.parametrize("name", MAPS)
+@pytest.mark.parametrize("lq, window", [([1, 1, 1, 1], (-1, -1)), ([2, 0, 3, 1], (-1, 0)), ([2, 1, 3, 1], (2, 0))])
+def test_paged_queries_match_each_sequence_alone(monkeypatch, batched, name, lq, window):
+    # one padded call over every sequence's pages (DECODE_QUERIES) or one call per
+    # sequence: ragged caches of 5, 9, 1 and 7 keys in shuffled pages of 4, whose
+    # padding is NaN (never read: a read would make the output NaN)
+    monkeypatch.setattr(varlen_module, "DECODE_QUERIES", 16 if batched else 0)
+    lk, page = [5, 9, 1, 7], 4
+    q, k, v, cq, ck = _packed(lq, lk, seed=7)
+    pool_k, pool_v, table = _paged(lk, page, k, v, ck, [4, 0, 2, 5, 1, 3, 7, 6])
+    alpha = torch.tensor(ALPHA) if name == "entmax" else None
+    with torch.no_grad():
+        got = varlen_attn(q, pool_k, pool_v, cq, None, 3, 9, seqused_k=torch.tensor(lk, dtype=torch.int32),
+                          block_table=table, window_size=window, map=name, alpha=alpha, enable_gqa=True)
+    want = _oracle(q, k, v, torch.zeros(sum(lq), 4, 3, dtype=torch.float64), cq, ck, window, name, None)[0]
+    np.testing.assert_allclose(got.numpy(), want, atol=1e-12)
+
+
+def test_a_block_table_page_outside_the_pool_is_refused():
+    lk, page = [5, 9], 4
+    q, k, v, cq, ck = _packed([1, 1], lk, seed=8)
+    pool_k, pool_v, table = _paged(lk, page, k, v, ck, [0, 1, 2, 3, 4])
+    table[1, 2] = 5  # the third page of the second sequence (in use): the pool holds 5
+    with pytest.raises(ValueError, match="block_table's pages in use must index the pool of 5 pages"):
+        varlen_attn(q.detach(), pool_k, pool_v, cq, None, 1, 9, seqused_k=torch.tensor(lk, dtype=torch.int32),
+                    block_table=table, enable_gqa=True)
 
 
 def test_seqused_k_uses_the_first_keys_of_a_larger_slot():

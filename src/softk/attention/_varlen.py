@@ -6,7 +6,11 @@ cumulative sequence offsets.  :func:`varlen_attn` takes torch's arguments
 (``torch.nn.attention.varlen.varlen_attn``), the map, α and a soft cap, and
 runs each sequence as one call of :func:`softk.attention.scaled_dot_product_attention`
 on views of the packed tensors, so every backend, the learned α and the
-gradients are those of that function.  Its cost is one call per sequence.
+gradients are those of that function.  Its cost is one call per sequence,
+except for decoding from a paged cache (at most :data:`DECODE_QUERIES`
+queries per sequence): the sequences' pages are gathered into one padded
+batch with a mask, one call for all of them (the pages are copied either
+way, and N calls would pay N times the per-call cost).
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from torch import Tensor
 from .checks import check_softcap
 
 __all__ = ["varlen_attn"]
+
+DECODE_QUERIES = 16  # queries per sequence at most for one padded call over a paged cache
 
 
 def _offsets(cu: Tensor, name: str, total: int, n=None) -> list:
@@ -138,6 +144,10 @@ def varlen_attn(query: Tensor, key: Tensor, value: Tensor, cu_seq_q: Tensor, cu_
         if any(u > page * block_table.shape[1] for u in used):
             raise ValueError(f"seqused_k asks for more keys than block_table's {block_table.shape[1]} pages of "
                              f"{page} hold")
+        npages = torch.tensor([-(-u // page) for u in used], device=block_table.device)
+        live = torch.arange(block_table.shape[1], device=block_table.device) < npages.unsqueeze(1)
+        if bool(((block_table < 0) | (block_table >= key.shape[0]))[live].any()):
+            raise ValueError(f"block_table's pages in use must index the pool of {key.shape[0]} pages")
         keys = None
     else:
         ko = _offsets(cu_seq_k, "cu_seq_k", key.shape[0], n)
@@ -153,6 +163,9 @@ def varlen_attn(query: Tensor, key: Tensor, value: Tensor, cu_seq_q: Tensor, cu_
     if n and max(lk) > max_k:
         raise ValueError(f"max_k = {max_k} is smaller than a sequence's {max(lk)} keys")
 
+    kw = dict(scale=scale, enable_gqa=enable_gqa, map=map, alpha=alpha, softcap=softcap)
+    if paged and n and max(lq) <= DECODE_QUERIES:
+        return _paged_batch(query, key, value, qo, lq, lk, block_table, window, kw)
     outs = []
     for i in range(n):
         if lq[i] == 0:
@@ -167,9 +180,43 @@ def varlen_attn(query: Tensor, key: Tensor, value: Tensor, cu_seq_q: Tensor, cu_
         causal = window == (-1, 0) and lq[i] == lk[i]  # top-left and bottom-right alignments agree
         mask = None if window == (-1, -1) or causal else window_mask(lq[i], lk[i], window, query.device)
         out = scaled_dot_product_attention(q_i.transpose(0, 1), k_i.transpose(0, 1), v_i.transpose(0, 1), mask,
-                                           is_causal=causal, scale=scale, enable_gqa=enable_gqa, map=map,
-                                           alpha=alpha, softcap=softcap)
+                                           is_causal=causal, **kw)
         outs.append(out.transpose(0, 1))
     if not outs:
         return query.new_zeros(query.shape[0], query.shape[1], value.shape[-1])
     return torch.cat(outs, 0)
+
+
+def _paged_batch(query, key, value, qo, lq, lk, block_table, window, kw):
+    """Every sequence of a paged cache in one padded call: queries (N, H,
+    max_q, D) and each sequence's pages (N, H_kv, pages·page_size, ·), with
+    a mask that keeps key j for query t of sequence i iff j < seqused_k[i],
+    t < L_q,i and the window sees it; padding rows see no key (output 0)."""
+    from . import scaled_dot_product_attention
+
+    dev = query.device
+    n, mq, mk = len(lq), max(lq), max(max(lk), 1)
+    page = key.shape[1]
+    npg = -(-mk // page)
+    lq_t, lk_t = torch.tensor(lq, device=dev), torch.tensor(lk, device=dev)
+    t, j = torch.arange(mq, device=dev), torch.arange(npg * page, device=dev)
+    qvalid = t < lq_t.unsqueeze(1)  # (N, max_q)
+    rows = torch.clamp(torch.tensor(qo[:-1], device=dev).unsqueeze(1) + t, max=query.shape[0] - 1)
+    pages = block_table[:, :npg].long()
+    pages = torch.where(j[::page] < lk_t.unsqueeze(1), pages, 0)  # pages past a sequence's keys: never read
+    k = key[pages].reshape(n, npg * page, *key.shape[2:])
+    v = value[pages].reshape(n, npg * page, *value.shape[2:])
+    # a page's unused tail may hold anything, NaN included, and a dense P·V
+    # multiplies it by p = 0: the copies' padding is zeroed (keys need not be:
+    # their scores are masked to −inf)
+    v.masked_fill_((j >= lk_t.unsqueeze(1)).view(n, -1, *([1] * (v.dim() - 2))), 0.0)
+    keep = (j < lk_t.view(n, 1, 1)) & qvalid.unsqueeze(-1)  # (N, max_q, keys)
+    pos = t.view(1, mq, 1) + (lk_t - lq_t).view(n, 1, 1)  # bottom-right alignment
+    left, right = window
+    if left >= 0:
+        keep &= j >= pos - left
+    if right >= 0:
+        keep &= j <= pos + right
+    out = scaled_dot_product_attention(query[rows].transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                       keep.unsqueeze(1), **kw)
+    return out.transpose(1, 2)[qvalid]

@@ -51,7 +51,7 @@ def test_paged_decoding_on_the_triton_route(launches):
     cq = torch.tensor([0, 1, 2, 3], dtype=torch.int32)
     used = torch.tensor(lk, dtype=torch.int32)
     table = torch.tensor([[0, 1, 0], [2, 3, 4], [5, 0, 0]], dtype=torch.int32)
-    pool_k, pool_v = torch.zeros(6, page, 2, 5), torch.zeros(6, page, 2, 3)
+    pool_k, pool_v = torch.full((6, page, 2, 5), float("nan")), torch.full((6, page, 2, 3), float("nan"))  # tails unread
     for i, n in enumerate(lk):
         k0 = int(ck[i])
         for p in range(-(-n // page)):
@@ -61,6 +61,6 @@ def test_paged_decoding_on_the_triton_route(launches):
     with torch.no_grad(), softk.use_backend("triton"):
         got = varlen_attn(q.detach().float(), pool_k, pool_v, cq, None, 1, 9, seqused_k=used, block_table=table,
                           map="entmax15", enable_gqa=True)
-    assert len(launches) == 3
+    assert len(launches) == 1  # the three sequences' pages in one padded call
     want = _oracle(q, k, v, torch.zeros(3, 4, 3, dtype=torch.float64), cq, ck, (-1, -1), "entmax15", None)[0]
     np.testing.assert_allclose(got.double().numpy(), want, atol=2e-6, rtol=1e-5)
