@@ -1,5 +1,6 @@
 r"""The fused attention forward kernel: out = p·V with p = f(s − m − λ) per
-query row, s = scale·q·kᵀ + mask, for softmax, sparsemax, entmax15 and
+query row, s = scale·q·kᵀ + mask (with a soft cap c·tanh(scale·q·kᵀ / c) +
+mask, :mod:`.attention_tiles`), for softmax, sparsemax, entmax15 and
 entmax α (per head), without ever holding the L×S scores.
 
 Program (i, b·H + h) takes query rows i·BM … i·BM + BM − 1 of head h of
