@@ -41,7 +41,7 @@ def _forward(q, k, v, mask, alpha, scale, causal, fam, backend, softcap=0.0):
     if backend == "triton":
         a = alpha.detach().float() if alpha is not None else q.new_full((q.shape[1],), 1.5, dtype=torch.float32)
         return dispatch.triton_attention().attention_forward(q, k, v, scale=scale, causal=causal, mask=mask, fam=fam,
-                                                             alpha=a)
+                                                             alpha=a, softcap=softcap)
     from .._backends.blockwise import forward as blockwise  # on first use: ``import softk`` stays light
 
     a = alpha.detach() if alpha is not None else None
@@ -53,7 +53,8 @@ def _backward(q, k, v, out, dout, m, lam, mask, alpha, scale, causal, fam, backe
     kw = dict(scale=scale, causal=causal, mask=mask, fam=fam, need_dalpha=need_dalpha)
     if backend == "triton":
         a = alpha.detach().float() if alpha is not None else q.new_full((q.shape[1],), 1.5, dtype=torch.float32)
-        return dispatch.triton_attention().attention_backward(q, k, v, out, dout, m, lam, alpha=a, **kw)
+        return dispatch.triton_attention().attention_backward(q, k, v, out, dout, m, lam, alpha=a, softcap=softcap,
+                                                              **kw)
     from .._backends.blockwise import backward as blockwise_backward
 
     a = alpha.detach() if alpha is not None else None
@@ -153,8 +154,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask, alpha, scale: float, causal
               backend: str, softcap: float = 0.0) -> Tensor:
     """The attention output (B, H, L, Ev) of checked tensors on ``backend``
     ("blockwise" or "triton"); ``alpha`` None unless the map is α-entmax;
-    ``softcap`` c > 0 caps the scores to c·tanh(s/c) (0: none; the
-    blockwise backend only)."""
+    ``softcap`` c > 0 caps the scores to c·tanh(s/c) (0: none)."""
     args = (q, k, v, mask, alpha, scale, causal, fam, backend, float(softcap))
     if _lean.eager(q, k, v, alpha, mask):
         if any(t is not None and _lean.tracked(t) for t in (q, k, v, alpha)):

@@ -71,8 +71,7 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
         softcap: None, or c > 0: the scaled products are capped to
             c·tanh(q·k·scale / c) before the mask and the map, as Gemma 2
             caps its attention logits; the gradients go through the cap.
-            The fused Triton kernels have no cap: a capped call runs the
-            blockwise kernels on any device.
+            Every backend takes it (the fused Triton kernels too).
 
     Returns:
         (…, H, L, Ev) in the query's dtype.  ``map="softmax"`` is torch's

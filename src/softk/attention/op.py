@@ -40,8 +40,8 @@ def attention(call: Call, backend: Optional[str] = None) -> Tensor:
         backend = dispatch.attention_backend(call.q)
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
-    if backend == "triton" and (dispatch.triton_attention() is None or call.softcap):
-        backend = "blockwise"  # the fused kernels have no soft cap: the blockwise kernels run on any device
+    if backend == "triton" and dispatch.triton_attention() is None:
+        backend = "blockwise"  # a build without triton
     if backend == "reference" or 0 in call.q.shape or 0 in call.k.shape:
         out = reference.attention(call)  # (an empty call runs here: its result is empty or zeros)
     else:

@@ -16,35 +16,41 @@ def strides(*names):
 
 # every family, with the three mask kinds and both causal settings taking
 # turns, at E = Ev = 64 and 128 (padded from 80) and the dtypes in turn;
-# the backward with and without dα for entmax α
+# the backward with and without dα for entmax α; then every family with a
+# soft cap, on the mask kinds a capped call runs (3 none, 4 boolean, 2 float)
 dtypes = ("*bf16", "*fp16", "*fp32")
-masks = ("*u8", "*u8", "*fp32")  # (none: the q pointer, typed as the mask slot's)
+masks = ("*u8", "*u8", "*fp32", "", "*u8")  # (none: the q pointer, typed as the mask slot's)
 ints = {n: "i32" for n in ("H", "GROUP", "L", "S", "E", "EV", "NKB")}
 built = 0
+
+def build_all(fam, e, ty, kind, causal, softcap, stats):
+    global built
+    mty = masks[kind] or ty
+    ptrs = dict(Q=ty, K=ty, V=ty, MASK=mty, ALPHA="*fp32", M="*fp32", LAM="*fp32", TILES="*i8")
+    base = dict(ints, scale="fp32", softcap="fp32", alpha_f="fp32")
+    sq = {"sq" + c: "i32" for c in "bhmd"} | {"sk" + c: "i32" for c in "bhnd"} | {"sv" + c: "i32" for c in "bhnd"} \
+        | {"sm" + c: "i32" for c in ("b", "h", "m", "n")}
+    cs = dict(FAM=fam, MASK_KIND=kind, CAUSAL=causal, SOFTCAP=softcap, BM=BLOCK_M, BN=BLOCK_N, EP=_pad(e),
+              EVP=_pad(e))
+    w = _warps(e)
+    build(attn_fwd_kernel, dict(ptrs, OUT=ty, STATS="*i32", **sq, **base),
+          dict(cs, SKIP=True, WITH_STATS=stats, NEWTON_CAP=NEWTON_CAP, MAXIT=MAXIT), w)
+    for need in ((False, True) if fam == 3 else (False,)):
+        so = {"so" + c: "i32" for c in "bhmd"} | {"sd" + c: "i32" for c in "bhmd"}
+        build(attn_bwd_dq_kernel, dict(ptrs, OUT=ty, DO=ty, DQ=ty, DELTA="*fp32", DAROW="*fp32", **sq, **so, **base),
+              dict(cs, SKIP=True, NEED_DALPHA=need, OUT_F32=ty == "*fp32"), w)
+        built += 1
+    sd = {"sd" + c: "i32" for c in "bhmd"}
+    b2 = dict(base, HKV="i32", NQB="i32")
+    build(attn_bwd_dkdv_kernel, dict(ptrs, DO=ty, DELTA="*fp32", DK=ty, DV=ty, **sq, **sd, **b2), cs, w)
+    built += 2
+
 for fam in range(4):
     for i, e in enumerate((64, 80)):
-        ty = dtypes[(fam + i) % 3]
-        kind = (fam + i) % 3
-        mty = ty if kind == 0 else masks[kind]
-        causal = bool((fam + i) % 2)
-        ptrs = dict(Q=ty, K=ty, V=ty, MASK=mty, ALPHA="*fp32", M="*fp32", LAM="*fp32", TILES="*i8")
-        base = dict(ints, scale="fp32", alpha_f="fp32")
-        sq = {"sq" + c: "i32" for c in "bhmd"} | {"sk" + c: "i32" for c in "bhnd"} | {"sv" + c: "i32" for c in "bhnd"} \
-            | {"sm" + c: "i32" for c in ("b", "h", "m", "n")}
-        cs = dict(FAM=fam, MASK_KIND=kind, CAUSAL=causal, BM=BLOCK_M, BN=BLOCK_N, EP=_pad(e), EVP=_pad(e))
-        w = _warps(e)
-        build(attn_fwd_kernel, dict(ptrs, OUT=ty, STATS="*i32", **sq, **base),
-              dict(cs, SKIP=True, WITH_STATS=i == 1, NEWTON_CAP=NEWTON_CAP, MAXIT=MAXIT), w)
-        for need in ((False, True) if fam == 3 else (False,)):
-            so = {"so" + c: "i32" for c in "bhmd"} | {"sd" + c: "i32" for c in "bhmd"}
-            build(attn_bwd_dq_kernel, dict(ptrs, OUT=ty, DO=ty, DQ=ty, DELTA="*fp32", DAROW="*fp32", **sq, **so, **base),
-                  dict(cs, SKIP=True, NEED_DALPHA=need, OUT_F32=ty == "*fp32"), w)
-            built += 1
-        sd = {"sd" + c: "i32" for c in "bhmd"}
-        b2 = dict(base, HKV="i32", NQB="i32")
-        build(attn_bwd_dkdv_kernel, dict(ptrs, DO=ty, DELTA="*fp32", DK=ty, DV=ty, **sq, **sd, **b2), cs, w)
-        built += 2
-assert built == 26, built
+        build_all(fam, e, dtypes[(fam + i) % 3], (fam + i) % 3, bool((fam + i) % 2), False, i == 1)
+for fam in range(4):
+    build_all(fam, 64, dtypes[fam % 3], (3, 4, 2, 4)[fam], bool(fam % 2), True, False)
+assert built == 39, built
 print("OK")
 """
 

@@ -7,7 +7,9 @@ only checks the contract it relies on.
 
 Maths.  Scores s = scale·q·kᵀ + mask (the mask: a boolean keep-mask, True =
 takes part, or an additive float mask; ``causal``: key j takes part for
-query i iff j ≤ i, torch's top-left alignment), and per query row
+query i iff j ≤ i, torch's top-left alignment), or with a soft cap c > 0
+s = c·tanh(scale·q·kᵀ / c) + mask (Gemma 2's attention logit soft-capping),
+and per query row
 
 .. math:: p_j = f(z_j - \lambda), \quad z_j = s_j - \max_i s_i, \qquad \textstyle\sum_j p_j = 1,
 
@@ -26,14 +28,17 @@ O(log n).  Below α = 1.125 t is refined by Newton passes after the search
 The kernels shift before they scale: without a float mask and
 with scale > 0, the saved row reference m is the max of the raw q·k and
 z = (q·k − m)·scale, so a far-from-origin offset in q·k cancels exactly
-before the scale multiplies it; with a float mask (or scale ≤ 0) m is the
-row max of s and z = s − m (:mod:`.attention_tiles`).
+before the scale multiplies it; with a float mask (or scale ≤ 0, or a soft
+cap, which is not linear in q·k) m is the row max of s and z = s − m
+(:mod:`.attention_tiles`).
 
 The backward recomputes p from q, k, m and λ.  With d = f′(z − λ)
 (d = p for softmax, 1 on the support for sparsemax, √p for entmax15,
 p^{2−α} for entmax α) the Jacobian of a row is diag(d) − d dᵀ/Σd, so with
 dP_j = dO·v_j, δ = Σ_j d_j dP_j / Σd and dS_j = d_j (dP_j − δ):
-dq = scale·Σ_j dS_j k_j, dk_j = scale·Σ_i dS_ij q_i, dv_j = Σ_i p_ij dO_i.
+dq = scale·Σ_j dS_j k_j, dk_j = scale·Σ_i dS_ij q_i, dv_j = Σ_i p_ij dO_i;
+with a soft cap dS_j is first multiplied by the cap's slope
+1 − tanh²(scale·q·k_j / c), recomputed from q·k (no L×S tensor is saved).
 For a learned α (Correia et al. 2019), with a = α − 1, ℓ_j = log p_j,
 H = Σ p ℓ, γ(y) = e^y − 1 − y and Γ = Σ_j p_j γ(−aℓ_j), per row
 dα_row = [Γ(dO·out − a Σ_j p_j ℓ_j dP_j) − (1 − aH) Σ_j p_j γ(−aℓ_j) dP_j] / (a² Σd),
@@ -106,12 +111,12 @@ def _check(q: Tensor, k: Tensor, v: Tensor, mask, fam: int, alpha) -> None:
         raise ValueError(f"alpha must be a float32 tensor of shape ({H},) for fam 3")
 
 
-def _mask_args(mask, like: Tensor, scale: float):
+def _mask_args(mask, like: Tensor, scale: float, softcap: float):
     """(tensor, MASK_KIND, 4 strides): 0 none, 1 boolean keep-mask (read as
-    bytes), 2 additive float mask; 3 and 4 are 0 and 1 for scale ≤ 0, where
-    the kernels cannot shift by the raw max q·k before scaling (see
-    :mod:`.attention_tiles`)."""
-    late = 0 if scale > 0 else 3
+    bytes), 2 additive float mask; 3 and 4 are 0 and 1 for scale ≤ 0 or a
+    soft cap, where the kernels cannot shift by the raw max q·k before
+    scaling (see :mod:`.attention_tiles`)."""
+    late = 0 if scale > 0 and not softcap else 3
     if mask is None:
         return like, late, (0, 0, 0, 0)
     if mask.dtype == torch.bool:
@@ -124,11 +129,13 @@ def _alpha_arg(alpha, fam: int, like: Tensor) -> Tensor:
 
 
 def attention_forward(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: bool, mask, fam: int, alpha,
-                      block_m: int | None = None, block_n: int | None = None, skip: bool = True,
-                      stats: dict | None = None) -> tuple[Tensor, Tensor, Tensor]:
+                      softcap: float = 0.0, block_m: int | None = None, block_n: int | None = None,
+                      skip: bool = True, stats: dict | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """(out (B, H, L, Ev) in q's dtype, m (B, H, L) float32 (the row
     reference: see the module docstring), λ (B, H, L) float32) for q (B, H, L, E), k (B, Hkv, S, E), v (B, Hkv, S, Ev); see
-    the module docstring.  ``block_m``/``block_n`` override the tile
+    the module docstring.  ``softcap`` c > 0 caps the scaled products to
+    c·tanh(·/c) (0: none; the kernels are then built without the cap).
+    ``block_m``/``block_n`` override the tile
     (powers of two ≥ 16), ``skip=False`` recomputes every block in every
     pass (for tests), and a ``stats`` dict receives the per-program counts
     (int64 tensors, one entry per query block and head): ``blocks`` (key
@@ -147,12 +154,13 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: 
     nqb, nkb = -(-L // BM), max(1, -(-S // BN))
     tiles = torch.empty(B * H * nqb * nkb if fam else 1, dtype=torch.int8, device=q.device)
     st = torch.zeros((B * H * nqb * 4) if stats is not None else 1, dtype=torch.int32, device=q.device)
-    mk, kind, ms = _mask_args(mask, q, scale)
+    mk, kind, ms = _mask_args(mask, q, scale, softcap)
     attn_fwd_kernel[(nqb, B * H)](
         q, k, v, mk, _alpha_arg(alpha, fam, q), out, m, lam, tiles, st,
         *q.stride(), *k.stride(), *v.stride(), *ms,
-        H, H // Hkv, L, S, E, Ev, nkb, float(scale), _ALPHA[fam],
-        FAM=fam, MASK_KIND=kind, CAUSAL=bool(causal), SKIP=bool(skip), WITH_STATS=stats is not None,
+        H, H // Hkv, L, S, E, Ev, nkb, float(scale), float(softcap or 1.0), _ALPHA[fam],
+        FAM=fam, MASK_KIND=kind, CAUSAL=bool(causal), SOFTCAP=bool(softcap), SKIP=bool(skip),
+        WITH_STATS=stats is not None,
         BM=BM, BN=BN, EP=_pad(E), EVP=_pad(Ev), NEWTON_CAP=NEWTON_CAP, MAXIT=MAXIT,
         num_warps=_warps(max(E, Ev)),
     )
@@ -164,12 +172,12 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: 
 
 def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tensor, m: Tensor, lam: Tensor, *,
                        scale: float, causal: bool, mask, fam: int, alpha, need_dalpha: bool,
-                       block_m: int | None = None, block_n: int | None = None, skip: bool = True,
-                       stats: dict | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+                       softcap: float = 0.0, block_m: int | None = None, block_n: int | None = None,
+                       skip: bool = True, stats: dict | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """(dq, dk (B, Hkv, S, E), dv (B, Hkv, S, Ev), dα (H,) float32 or None)
-    from the forward's inputs, its (out, m, λ) and dout = ∂L/∂out; dα only
-    for ``fam`` 3 with ``need_dalpha``.  Fully masked rows get zero
-    gradients.  ``block_m``/``block_n``/``skip`` as in
+    from the forward's inputs (``softcap`` the forward's), its (out, m, λ)
+    and dout = ∂L/∂out; dα only for ``fam`` 3 with ``need_dalpha``.  Fully
+    masked rows get zero gradients.  ``block_m``/``block_n``/``skip`` as in
     :func:`attention_forward`; a ``stats`` dict receives ``live`` (int8, per
     query block and head, per key block: 1 where the tile took part)."""
     _check(q, k, v, mask, fam, alpha)
@@ -198,22 +206,23 @@ def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tenso
     # the live-tile flags: written by the dq kernel's δ pass (every family but
     # softmax with a float32 out), read by the dk/dv kernel (fam ≠ 0)
     tiles = torch.empty(1 if fam == 0 and out_f32 else B * H * nqb * nkb, dtype=torch.int8, device=q.device)
-    mk, kind, ms = _mask_args(mask, q, scale)
+    mk, kind, ms = _mask_args(mask, q, scale, softcap)
     al = _alpha_arg(alpha, fam, q)
     warps = _warps(max(E, Ev))
-    common = dict(FAM=fam, MASK_KIND=kind, CAUSAL=bool(causal), BM=BM, BN=BN, EP=_pad(E), EVP=_pad(Ev),
-                  num_warps=warps)
+    common = dict(FAM=fam, MASK_KIND=kind, CAUSAL=bool(causal), SOFTCAP=bool(softcap), BM=BM, BN=BN, EP=_pad(E),
+                  EVP=_pad(Ev), num_warps=warps)
+    cap = float(softcap or 1.0)  # (read only by capped kernels)
     attn_bwd_dq_kernel[(nqb, B * H)](
         q, k, v, mk, al, out, dout, m, lam, dq, delta, darow, tiles,
         *q.stride(), *k.stride(), *v.stride(), *ms, *out.stride(), *dout.stride(),
-        H, H // Hkv, L, S, E, Ev, nkb, float(scale), _ALPHA[fam],
+        H, H // Hkv, L, S, E, Ev, nkb, float(scale), cap, _ALPHA[fam],
         SKIP=bool(skip), NEED_DALPHA=bool(need_dalpha), OUT_F32=out_f32,
         **common,
     )
     attn_bwd_dkdv_kernel[(nkb, B * Hkv)](
         q, k, v, mk, al, dout, m, lam, delta, dk, dv, tiles,
         *q.stride(), *k.stride(), *v.stride(), *ms, *dout.stride(),
-        H, Hkv, H // Hkv, L, S, E, Ev, nqb, nkb, float(scale), _ALPHA[fam], **common,
+        H, Hkv, H // Hkv, L, S, E, Ev, nqb, nkb, float(scale), cap, _ALPHA[fam], **common,
     )
     if need_dalpha:
         dalpha = darow.sum(dim=(0, 2))

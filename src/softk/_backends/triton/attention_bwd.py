@@ -1,7 +1,10 @@
 r"""The fused attention backward kernels: p recomputed from q, k, m and λ
 (p = f(z − λ), z = s − m formed by :func:`.attention_tiles._shift`), d = f′ read off p (:func:`.family_math._d_from_p`), and
 dS_j = d_j (dP_j − δ) with dP_j = dO·v_j, δ = Σ_j d_j dP_j / Σ_j d_j (the
-Jacobian diag(d) − d dᵀ/Σd of each row; softmax: d = p, δ = dO·out).  The
+Jacobian diag(d) − d dᵀ/Σd of each row; softmax: d = p, δ = dO·out).  With
+a soft cap, dS_j is then multiplied by the cap's slope 1 − tanh²(scale·q·k_j / c)
+(:func:`.attention_tiles._cap_slope`, recomputed from the q·k tile) before
+the dq and dk products; δ, dv and dα are those of the capped scores.  The
 maths and the learned-α term are in :mod:`.attention`.
 
 Two kernels, sharing the tile size (BM queries × BN keys):
@@ -23,7 +26,7 @@ Two kernels, sharing the tile size (BM queries × BN keys):
 import triton
 import triton.language as tl
 
-from .attention_tiles import _any, _dot, _key_blocks, _load_2d, _p_entmax, _qk_tile, _scores, _shift
+from .attention_tiles import _any, _cap_slope, _dot, _key_blocks, _load_2d, _p_entmax, _qk_tile, _scores, _shift
 from .family_math import _d_from_p, _f
 
 
@@ -60,10 +63,10 @@ def _p_gamma(p, d, am1):
 def attn_bwd_dq_kernel(Q, K, V, MASK, ALPHA, OUT, DO, M, LAM, DQ, DELTA, DAROW, TILES,
                        sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, smb, smh, smm, smn,
                        sob, soh, som, sod, sdb, sdh, sdm, sdd,
-                       H, GROUP, L, S, E, EV, NKB, scale, alpha_f,
-                       FAM: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, SKIP: tl.constexpr,
-                       NEED_DALPHA: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, EP: tl.constexpr,
-                       EVP: tl.constexpr, OUT_F32: tl.constexpr):
+                       H, GROUP, L, S, E, EV, NKB, scale, softcap, alpha_f,
+                       FAM: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr,
+                       SKIP: tl.constexpr, NEED_DALPHA: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                       EP: tl.constexpr, EVP: tl.constexpr, OUT_F32: tl.constexpr):
     pid = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
@@ -100,7 +103,8 @@ def attn_bwd_dq_kernel(Q, K, V, MASK, ALPHA, OUT, DO, M, LAM, DQ, DELTA, DAROW, 
         gam = tl.zeros([BM, 1], tl.float32)  # Γ = Σ_j p_j γ(−a ℓ_j)
         gdp = tl.zeros([BM, 1], tl.float32)  # Σ_j p_j γ(−a ℓ_j) dP_j
         for j in range(0, nkb):
-            t = _qk_tile(q, Kb, skn, skd, j * BN, rows, L, S, E, scale, Mb, smm, smn, MASK_KIND, CAUSAL, BN, EP)
+            t = _qk_tile(q, Kb, skn, skd, j * BN, rows, L, S, E, scale, softcap, Mb, smm, smn, MASK_KIND, CAUSAL,
+                         SOFTCAP, BN, EP)
             z = _shift(t, m, scale, MASK_KIND)
             p, d = _p_d(z, lam, alpha, FAM)
             live = _any(p > 0)
@@ -134,9 +138,12 @@ def attn_bwd_dq_kernel(Q, K, V, MASK, ALPHA, OUT, DO, M, LAM, DQ, DELTA, DAROW, 
     dq = tl.zeros([BM, EP], tl.float32)
     # dq = Σ_j ds_j k_j = Σ_j ds_j (k_j − k_0) since Σ_j ds_j = 0 on every row:
     # centred keys keep the rounding of ds (cast to the keys' dtype for the
-    # product) from being multiplied by an offset the keys share
+    # product) from being multiplied by an offset the keys share.  Not through
+    # a soft cap: its slope weighs each ds_j, and the row sum is no longer 0
     ec = tl.arange(0, EP)[None, :]
-    kref = tl.load(Kb + ec * skd, mask=ec < E, other=0.0).to(tl.float32)
+    kref = tl.zeros([1, EP], tl.float32)
+    if not SOFTCAP:
+        kref = tl.load(Kb + ec * skd, mask=ec < E, other=0.0).to(tl.float32)
     for j in range(0, nkb):
         live = nkb >= 0
         if FAM != 0:
@@ -144,13 +151,16 @@ def attn_bwd_dq_kernel(Q, K, V, MASK, ALPHA, OUT, DO, M, LAM, DQ, DELTA, DAROW, 
         if live:
             kidx = j * BN + tl.arange(0, BN)[:, None]
             k = _load_2d(Kb, kidx, skn, skd, S, E, EP)
-            t = _scores(_dot(q, tl.trans(k)), rows, j * BN + tl.arange(0, BN)[None, :],
-                        L, S, scale, Mb, smm, smn, MASK_KIND, CAUSAL)
+            raw = _dot(q, tl.trans(k))
+            t = _scores(raw, rows, j * BN + tl.arange(0, BN)[None, :],
+                        L, S, scale, softcap, Mb, smm, smn, MASK_KIND, CAUSAL, SOFTCAP)
             z = _shift(t, m, scale, MASK_KIND)
             p, d = _p_d(z, lam, alpha, FAM)
             v = _load_2d(Vb, kidx, svn, svd, S, EV, EVP)
             dp = _dot(do, tl.trans(v))
             ds = d * (dp - delta)
+            if SOFTCAP:  # dS of the scaled product, through the cap
+                ds = ds * _cap_slope(raw, scale, softcap)
             kc = tl.where(kidx < S, k.to(tl.float32) - kref, 0.0)
             dq += _dot(ds.to(k.dtype), kc.to(k.dtype))
     c = tl.arange(0, EP)[None, :]
@@ -161,8 +171,8 @@ def attn_bwd_dq_kernel(Q, K, V, MASK, ALPHA, OUT, DO, M, LAM, DQ, DELTA, DAROW, 
 def attn_bwd_dkdv_kernel(Q, K, V, MASK, ALPHA, DO, M, LAM, DELTA, DK, DV, TILES,
                          sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, smb, smh, smm, smn,
                          sdb, sdh, sdm, sdd,
-                         H, HKV, GROUP, L, S, E, EV, NQB, NKB, scale, alpha_f,
-                         FAM: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr,
+                         H, HKV, GROUP, L, S, E, EV, NQB, NKB, scale, softcap, alpha_f,
+                         FAM: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr,
                          BM: tl.constexpr, BN: tl.constexpr, EP: tl.constexpr, EVP: tl.constexpr):
     kb = tl.program_id(0)
     bhk = tl.program_id(1)
@@ -198,12 +208,15 @@ def attn_bwd_dkdv_kernel(Q, K, V, MASK, ALPHA, DO, M, LAM, DELTA, DK, DV, TILES,
                 m = tl.load(M + ob + rows, mask=rows < L, other=0.0)
                 lam = tl.load(LAM + ob + rows, mask=rows < L, other=float("inf"))
                 delta = tl.load(DELTA + ob + rows, mask=rows < L, other=0.0)
-                tt = _scores(_dot(k, tl.trans(q)), rows, kidx, L, S, scale, Mb, smm, smn, MASK_KIND, CAUSAL)
+                rawt = _dot(k, tl.trans(q))
+                tt = _scores(rawt, rows, kidx, L, S, scale, softcap, Mb, smm, smn, MASK_KIND, CAUSAL, SOFTCAP)
                 zt = _shift(tt, m, scale, MASK_KIND)  # [BN, BM]
                 pt, dt = _p_d(zt, lam, alpha, FAM)
                 dv += _dot(pt.to(do.dtype), do)
                 dpt = _dot(v, tl.trans(do))
                 dst = dt * (dpt - delta)
+                if SOFTCAP:
+                    dst = dst * _cap_slope(rawt, scale, softcap)
                 dk += _dot(dst.to(q.dtype), q)
     base = bhk.to(tl.int64) * S + kidx
     ce = tl.arange(0, EP)[None, :]

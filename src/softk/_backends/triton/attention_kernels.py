@@ -1,5 +1,6 @@
 r"""The fused attention forward kernel: out = p·V with p = f(s − m − λ) per
-query row, s = scale·q·kᵀ + mask, for softmax, sparsemax, entmax15 and
+query row, s = scale·q·kᵀ + mask (with a soft cap c·tanh(scale·q·kᵀ / c) +
+mask, :mod:`.attention_tiles`), for softmax, sparsemax, entmax15 and
 entmax α (per head), without ever holding the L×S scores.
 
 Program (i, b·H + h) takes query rows i·BM … i·BM + BM − 1 of head h of
@@ -29,16 +30,17 @@ from .family_math import _f
 
 
 @triton.jit
-def _softmax_pass(q, Kb, skn, skd, Vb, svn, svd, rows, L, S, E, EV, scale, Mb, smm, smn, nkb,
-                  MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                  EP: tl.constexpr, EVP: tl.constexpr):
+def _softmax_pass(q, Kb, skn, skd, Vb, svn, svd, rows, L, S, E, EV, scale, softcap, Mb, smm, smn, nkb,
+                  MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr, BM: tl.constexpr,
+                  BN: tl.constexpr, EP: tl.constexpr, EVP: tl.constexpr):
     """(Σ e^z v, m, Σ e^z) per row, z = s − max s formed from m by ``_shift``,
     in one pass (online max)."""
     m = tl.full([BM, 1], float("-inf"), tl.float32)
     l = tl.zeros([BM, 1], tl.float32)
     acc = tl.zeros([BM, EVP], tl.float32)
     for j in range(0, nkb):
-        s = _qk_tile(q, Kb, skn, skd, j * BN, rows, L, S, E, scale, Mb, smm, smn, MASK_KIND, CAUSAL, BN, EP)
+        s = _qk_tile(q, Kb, skn, skd, j * BN, rows, L, S, E, scale, softcap, Mb, smm, smn, MASK_KIND, CAUSAL, SOFTCAP,
+                     BN, EP)
         mn = tl.maximum(m, tl.max(s, 1, keep_dims=True))
         ms = tl.where(mn > float("-inf"), mn, 0.0)
         a = tl.exp(_shift(m, ms, scale, MASK_KIND))  # 0 while the row has seen no key (m = −inf)
@@ -51,9 +53,9 @@ def _softmax_pass(q, Kb, skn, skd, Vb, svn, svd, rows, L, S, E, EV, scale, Mb, s
 
 
 @triton.jit
-def _pv_pass(q, Kb, skn, skd, Vb, svn, svd, rows, L, S, E, EV, scale, Mb, smm, smn, nkb, FL, bit, m, lam, alpha,
-             FAM: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, SKIP: tl.constexpr,
-             BM: tl.constexpr, BN: tl.constexpr, EP: tl.constexpr, EVP: tl.constexpr):
+def _pv_pass(q, Kb, skn, skd, Vb, svn, svd, rows, L, S, E, EV, scale, softcap, Mb, smm, smn, nkb, FL, bit, m, lam,
+             alpha, FAM: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr,
+             SKIP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, EP: tl.constexpr, EVP: tl.constexpr):
     """Σ_j p_j v_j per row over the live blocks, and how many blocks took a p·V product."""
     acc = tl.zeros([BM, EVP], tl.float32)
     used = tl.full((), 0, tl.int32)
@@ -63,7 +65,8 @@ def _pv_pass(q, Kb, skn, skd, Vb, svn, svd, rows, L, S, E, EV, scale, Mb, smm, s
         if not SKIP:
             live = flag >= 0
         if live:
-            t = _qk_tile(q, Kb, skn, skd, j * BN, rows, L, S, E, scale, Mb, smm, smn, MASK_KIND, CAUSAL, BN, EP)
+            t = _qk_tile(q, Kb, skn, skd, j * BN, rows, L, S, E, scale, softcap, Mb, smm, smn, MASK_KIND, CAUSAL,
+                         SOFTCAP, BN, EP)
             z = _shift(t, m, scale, MASK_KIND)
             if FAM == 3:  # lam holds t = λ + 1/(α−1)
                 p = tl.where(z > float("-inf"), _p_entmax(z, lam, alpha - 1.0), 0.0)
@@ -82,9 +85,9 @@ def _pv_pass(q, Kb, skn, skd, Vb, svn, svd, rows, L, S, E, EV, scale, Mb, smm, s
 @triton.jit
 def attn_fwd_kernel(Q, K, V, MASK, ALPHA, OUT, M, LAM, TILES, STATS,
                     sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, smb, smh, smm, smn,
-                    H, GROUP, L, S, E, EV, NKB, scale, alpha_f,
-                    FAM: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, SKIP: tl.constexpr,
-                    WITH_STATS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, EP: tl.constexpr,
+                    H, GROUP, L, S, E, EV, NKB, scale, softcap, alpha_f,
+                    FAM: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr,
+                    SKIP: tl.constexpr, WITH_STATS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, EP: tl.constexpr,
                     EVP: tl.constexpr, NEWTON_CAP: tl.constexpr, MAXIT: tl.constexpr):
     pid = tl.program_id(0)
     bh = tl.program_id(1)
@@ -100,8 +103,8 @@ def attn_fwd_kernel(Q, K, V, MASK, ALPHA, OUT, M, LAM, TILES, STATS,
     q = _load_2d(Qb, rows, sqm, sqd, L, E, EP)
     nkb = _key_blocks(qstart, S, CAUSAL, BM, BN)
     if FAM == 0:
-        acc, m, l = _softmax_pass(q, Kb, skn, skd, Vb, svn, svd, rows, L, S, E, EV, scale, Mb, smm, smn, nkb,
-                                  MASK_KIND, CAUSAL, BM, BN, EP, EVP)
+        acc, m, l = _softmax_pass(q, Kb, skn, skd, Vb, svn, svd, rows, L, S, E, EV, scale, softcap, Mb, smm, smn, nkb,
+                                  MASK_KIND, CAUSAL, SOFTCAP, BM, BN, EP, EVP)
         active = l > 0
         acc = acc / tl.where(active, l, 1.0)
         lam = tl.log(tl.where(active, l, 1.0))
@@ -114,22 +117,22 @@ def attn_fwd_kernel(Q, K, V, MASK, ALPHA, OUT, M, LAM, TILES, STATS,
             alpha = tl.load(ALPHA + h).to(tl.float32)
         FL = TILES + (bh.to(tl.int64) * tl.num_programs(0) + pid) * NKB
         lo0 = -1.0 / (alpha - 1.0)
-        m, n = _max_pass(q, Kb, skn, skd, rows, L, S, E, scale, Mb, smm, smn, nkb, lo0, FL,
-                         MASK_KIND, CAUSAL, BM, BN, EP)
+        m, n = _max_pass(q, Kb, skn, skd, rows, L, S, E, scale, softcap, Mb, smm, smn, nkb, lo0, FL,
+                         MASK_KIND, CAUSAL, SOFTCAP, BM, BN, EP)
         active = n > 0
         m = tl.where(active, m, 0.0)
-        lam, bit, passes, visited = _search(q, Kb, skn, skd, rows, L, S, E, scale, Mb, smm, smn, nkb, FL, m, n,
-                                            active, alpha, FAM, MASK_KIND, CAUSAL, SKIP, BM, BN, EP,
+        lam, bit, passes, visited = _search(q, Kb, skn, skd, rows, L, S, E, scale, softcap, Mb, smm, smn, nkb, FL, m, n,
+                                            active, alpha, FAM, MASK_KIND, CAUSAL, SOFTCAP, SKIP, BM, BN, EP,
                                             NEWTON_CAP, MAXIT)
         if FAM == 3:
             # the shifted threshold t = λ + 1/(α−1), refined near α = 1
             lam = lam + 1.0 / (alpha - 1.0)
             if alpha - 1.0 < NEAR_ONE:
-                lam, more = _refine_t(q, Kb, skn, skd, rows, L, S, E, scale, Mb, smm, smn, nkb, FL, m, lam, active,
-                                      alpha - 1.0, MASK_KIND, CAUSAL, SKIP, BM, BN, EP)
+                lam, more = _refine_t(q, Kb, skn, skd, rows, L, S, E, scale, softcap, Mb, smm, smn, nkb, FL, m, lam,
+                                      active, alpha - 1.0, MASK_KIND, CAUSAL, SOFTCAP, SKIP, BM, BN, EP)
                 passes += more
-        acc, used = _pv_pass(q, Kb, skn, skd, Vb, svn, svd, rows, L, S, E, EV, scale, Mb, smm, smn, nkb, FL, bit,
-                             m, lam, alpha, FAM, MASK_KIND, CAUSAL, SKIP, BM, BN, EP, EVP)
+        acc, used = _pv_pass(q, Kb, skn, skd, Vb, svn, svd, rows, L, S, E, EV, scale, softcap, Mb, smm, smn, nkb, FL,
+                             bit, m, lam, alpha, FAM, MASK_KIND, CAUSAL, SOFTCAP, SKIP, BM, BN, EP, EVP)
     # the fully-masked-row convention (module docstring)
     m = tl.where(active, m, 0.0)
     lam = tl.where(active, lam, float("inf"))

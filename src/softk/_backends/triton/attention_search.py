@@ -47,8 +47,8 @@ REFINE_MAX = tl.constexpr(6)  # Newton passes at most; two from the search's rou
 
 
 @triton.jit
-def _max_pass(q, Kb, skn, skd, rows, L, S, E, scale, Mb, smm, smn, nkb, lo0, FL,
-              MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+def _max_pass(q, Kb, skn, skd, rows, L, S, E, scale, softcap, Mb, smm, smn, nkb, lo0, FL,
+              MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
               EP: tl.constexpr):
     """Pass 1: the row reference m (the max of the raw q·k, or of s: see
     :mod:`.attention_tiles`) and the count n of keys taking part ([BM, 1]
@@ -56,7 +56,8 @@ def _max_pass(q, Kb, skn, skd, rows, L, S, E, scale, Mb, smm, smn, nkb, lo0, FL,
     m = tl.full([BM, 1], float("-inf"), tl.float32)
     n = tl.zeros([BM, 1], tl.float32)
     for j in range(0, nkb):
-        s = _qk_tile(q, Kb, skn, skd, j * BN, rows, L, S, E, scale, Mb, smm, smn, MASK_KIND, CAUSAL, BN, EP)
+        s = _qk_tile(q, Kb, skn, skd, j * BN, rows, L, S, E, scale, softcap, Mb, smm, smn, MASK_KIND, CAUSAL, SOFTCAP,
+                     BN, EP)
         sr = tl.max(s, 1, keep_dims=True)
         m = tl.maximum(m, sr)
         n += tl.sum((s > float("-inf")).to(tl.float32), 1, keep_dims=True)
@@ -66,10 +67,10 @@ def _max_pass(q, Kb, skn, skd, rows, L, S, E, scale, Mb, smm, smn, nkb, lo0, FL,
 
 
 @triton.jit
-def _search_pass(q, Kb, skn, skd, rows, L, S, E, scale, Mb, smm, smn, nkb, FL, bit,
+def _search_pass(q, Kb, skn, skd, rows, L, S, E, scale, softcap, Mb, smm, smn, nkb, FL, bit,
                  m, lam, lo, cand, alpha,
-                 FAM: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, SKIP: tl.constexpr,
-                 BM: tl.constexpr, BN: tl.constexpr, EP: tl.constexpr):
+                 FAM: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr,
+                 SKIP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, EP: tl.constexpr):
     """One pass at λ = ``lam`` (relative to m) over the live blocks: the
     row sums of ``_acc``, the count of entries above ``cand`` (entmax15)
     and the number of blocks recomputed; rewrites their flags."""
@@ -85,7 +86,8 @@ def _search_pass(q, Kb, skn, skd, rows, L, S, E, scale, Mb, smm, smn, nkb, FL, b
         if not SKIP:
             live = flag >= 0  # every block (the flags are 0 … 3)
         if live:
-            t = _qk_tile(q, Kb, skn, skd, j * BN, rows, L, S, E, scale, Mb, smm, smn, MASK_KIND, CAUSAL, BN, EP)
+            t = _qk_tile(q, Kb, skn, skd, j * BN, rows, L, S, E, scale, softcap, Mb, smm, smn, MASK_KIND, CAUSAL,
+                         SOFTCAP, BN, EP)
             z = _shift(t, m, scale, MASK_KIND)
             t = _red(_acc(z, lam, 0.0, alpha - 1.0, _init(FAM, BM, BN), FAM), FAM)
             tot = (tot[0] + t[0], tot[1] + t[1], tot[2] + t[2])  # plain sums for families 1–3
@@ -99,8 +101,8 @@ def _search_pass(q, Kb, skn, skd, rows, L, S, E, scale, Mb, smm, smn, nkb, FL, b
 
 
 @triton.jit
-def _search(q, Kb, skn, skd, rows, L, S, E, scale, Mb, smm, smn, nkb, FL, m, n, active, alpha,
-            FAM: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, SKIP: tl.constexpr,
+def _search(q, Kb, skn, skd, rows, L, S, E, scale, softcap, Mb, smm, smn, nkb, FL, m, n, active, alpha,
+            FAM: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr, SKIP: tl.constexpr,
             BM: tl.constexpr, BN: tl.constexpr, EP: tl.constexpr, NEWTON_CAP: tl.constexpr, MAXIT: tl.constexpr):
     """λ per row (relative to m; [BM, 1]), the flag bit that the pass
     writing p may read, the number of passes, and the blocks recomputed."""
@@ -132,8 +134,8 @@ def _search(q, Kb, skn, skd, rows, L, S, E, scale, Mb, smm, smn, nkb, FL, m, n, 
     passes = tl.full((), 0, tl.int32)
     visited = tl.full((), 0, tl.int32)
     while _any(run):
-        acc, cntC, vis = _search_pass(q, Kb, skn, skd, rows, L, S, E, scale, Mb, smm, smn, nkb, FL, bit,
-                                      m, lam, lo, cand, alpha, FAM, MASK_KIND, CAUSAL, SKIP, BM, BN, EP)
+        acc, cntC, vis = _search_pass(q, Kb, skn, skd, rows, L, S, E, scale, softcap, Mb, smm, smn, nkb, FL, bit,
+                                      m, lam, lo, cand, alpha, FAM, MASK_KIND, CAUSAL, SOFTCAP, SKIP, BM, BN, EP)
         passes += 1
         visited += vis
         r, d, s1, s2, x = _fin(acc, 1.0, beta, FAM)
@@ -196,8 +198,8 @@ def _search(q, Kb, skn, skd, rows, L, S, E, scale, Mb, smm, smn, nkb, FL, m, n, 
 
 
 @triton.jit
-def _refine_t(q, Kb, skn, skd, rows, L, S, E, scale, Mb, smm, smn, nkb, FL, m, t, active, am1,
-              MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, SKIP: tl.constexpr,
+def _refine_t(q, Kb, skn, skd, rows, L, S, E, scale, softcap, Mb, smm, smn, nkb, FL, m, t, active, am1,
+              MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr, SKIP: tl.constexpr,
               BM: tl.constexpr, BN: tl.constexpr, EP: tl.constexpr):
     """t = λ + 1/(α−1) to its own precision, for α − 1 < 1/8, and the passes
     taken.  The search's λ is of size 1/(α−1) and rounded to its ulp, which
@@ -217,8 +219,8 @@ def _refine_t(q, Kb, skn, skd, rows, L, S, E, scale, Mb, smm, smn, nkb, FL, m, t
             if not SKIP:
                 live = nkb >= 0
             if live:
-                z = _shift(_qk_tile(q, Kb, skn, skd, j * BN, rows, L, S, E, scale, Mb, smm, smn, MASK_KIND, CAUSAL,
-                                    BN, EP), m, scale, MASK_KIND)
+                z = _shift(_qk_tile(q, Kb, skn, skd, j * BN, rows, L, S, E, scale, softcap, Mb, smm, smn, MASK_KIND,
+                                    CAUSAL, SOFTCAP, BN, EP), m, scale, MASK_KIND)
                 p = tl.where(z > float("-inf"), _p_entmax(z, t, am1), 0.0)
                 g += tl.sum(p, 1, keep_dims=True)
                 dg += tl.sum(tl.where(p > 0, tl.exp((1.0 - am1) * tl.log(tl.where(p > 0, p, 1.0))), 0.0), 1,

@@ -24,6 +24,16 @@ the reference m, and every kernel works with z = s − max_j s_j formed by
 * ``MASK_KIND`` 2 (additive float mask), and 3 / 4 (no mask / boolean mask
   with scale ≤ 0, where max q·k is not the row max of s): t = s and
   z = t − m.
+
+Soft cap (``SOFTCAP``, a constexpr: the uncapped kernels are built without
+it).  The scaled product is capped to c·tanh(scale·q·k / c) before the
+mask (Gemma 2's attention logit soft-capping).  tanh is not linear, so the
+raw max of q·k is not a reference for the capped scores: capped kernels run
+``MASK_KIND`` 2, 3 or 4 (:func:`.attention._mask_args`), t = s = the capped
+product + the mask and z = t − m; the capped product is bounded by c, so
+no far-from-origin offset reaches z.  The backward multiplies dS by the
+cap's slope 1 − tanh²(scale·q·k / c) (:func:`_cap_slope`), recomputed from
+the q·k tile like everything else.
 """
 
 import os
@@ -77,12 +87,40 @@ def _keep(rows, cols, L, S, Mb, smm, smn, MASK_KIND: tl.constexpr, CAUSAL: tl.co
 
 
 @triton.jit
-def _scores(raw, rows, cols, L, S, scale, Mb, smm, smn, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr):
-    """t (module docstring): raw, or s = scale·raw (+ the float mask); −inf
-    where the key does not take part; ``raw`` is the float32 tile of q·k."""
+def _tanh(x):
+    """tanh in float32, to about an ulp (Triton has no tanh that its
+    interpreter runs; libdevice's does not): Cephes' tanhf, an odd
+    polynomial below |x| = 0.625, and (1 − e)/(1 + e) with e = e^{−2|x|}
+    above, where e < 0.29 keeps 1 − e from cancelling and nothing overflows."""
+    a = tl.abs(x)
+    e = tl.exp(-2.0 * a)
+    z = a * a
+    poly = ((((-5.70498872745e-3 * z + 2.06390887954e-2) * z - 5.37397155531e-2) * z + 1.33314422036e-1) * z
+            - 3.33332819422e-1) * z * a + a
+    r = tl.where(a < 0.625, poly, (1.0 - e) / (1.0 + e))
+    return tl.where(x < 0, -r, r)
+
+
+@triton.jit
+def _cap_slope(raw, scale, softcap):
+    """The cap's derivative 1 − tanh²(x), x = scale·raw / c, on a tile of
+    raw q·k, formed as 4e/(1 + e)² with e = e^{−2|x|}: 1 − t·t would lose
+    the slope's relative precision where tanh rounds near ±1."""
+    e = tl.exp(-2.0 * tl.abs(raw * (scale / softcap)))
+    return 4.0 * e / ((1.0 + e) * (1.0 + e))
+
+
+@triton.jit
+def _scores(raw, rows, cols, L, S, scale, softcap, Mb, smm, smn, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr,
+            SOFTCAP: tl.constexpr):
+    """t (module docstring): raw, or s = scale·raw, capped to
+    c·tanh(scale·raw / c) with ``SOFTCAP`` (+ the float mask); −inf where
+    the key does not take part; ``raw`` is the float32 tile of q·k."""
     keep = _keep(rows, cols, L, S, Mb, smm, smn, MASK_KIND, CAUSAL)
     s = raw
-    if MASK_KIND >= 2:
+    if SOFTCAP:
+        s = softcap * _tanh(raw * (scale / softcap))
+    elif MASK_KIND >= 2:
         s = raw * scale
     if MASK_KIND == 2:
         s = s + tl.load(Mb + rows * smm + cols * smn, mask=keep, other=0.0).to(tl.float32)
@@ -90,14 +128,16 @@ def _scores(raw, rows, cols, L, S, scale, Mb, smm, smn, MASK_KIND: tl.constexpr,
 
 
 @triton.jit
-def _qk_tile(q, Kb, skn, skd, start, rows, L, S, E, scale, Mb, smm, smn,
-             MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, BN: tl.constexpr, EP: tl.constexpr):
+def _qk_tile(q, Kb, skn, skd, start, rows, L, S, E, scale, softcap, Mb, smm, smn,
+             MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr, BN: tl.constexpr,
+             EP: tl.constexpr):
     """The [BM, BN] tile t (see :func:`_scores`) of the loaded query block
     ``q`` against keys start … start + BN − 1 (rows: the [BM, 1] query indices)."""
     kidx = start + tl.arange(0, BN)[:, None]
     k = _load_2d(Kb, kidx, skn, skd, S, E, EP)
     raw = _dot(q, tl.trans(k))
-    return _scores(raw, rows, start + tl.arange(0, BN)[None, :], L, S, scale, Mb, smm, smn, MASK_KIND, CAUSAL)
+    return _scores(raw, rows, start + tl.arange(0, BN)[None, :], L, S, scale, softcap, Mb, smm, smn, MASK_KIND,
+                   CAUSAL, SOFTCAP)
 
 
 @triton.jit
