@@ -15,7 +15,7 @@ GATHER_SHARE is set from the crossover measured by
 ``benchmarks/cpu/attention_support.py`` (BENCHMARKS.md, "CPU: P·V over
 the support"): the gather wins by far at one query per head and a small
 support, and loses to a GEMM-sized chunk unless P is almost empty; a chunk
-of R query rows per head takes it only below 1/(40·R) nonzeros.
+of R query rows per head takes it only below 1/(32·R) nonzeros.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-GATHER_SHARE = 1 / 40  # nonzeros of P per V row read by the dense product, at most, for the gather
+GATHER_SHARE = 1 / 32  # nonzeros of P per V row read by the dense product, at most, for the gather
 
 
 def product(p: Tensor, v: Tensor, sparse: bool) -> Tensor:
