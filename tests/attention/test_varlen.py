@@ -79,34 +79,6 @@ def test_packed_sequences_match_each_sequence_alone(backend, name, lq, lk, windo
         np.testing.assert_allclose(g.detach().numpy(), w, atol=1e-10, rtol=1e-9)
 
 
-def test_paged_decoding_matches_the_contiguous_cache():
-    # 3 requests, one query each, against caches of 5, 9 and 1 keys held in shuffled pages of 4
-    lk, page = [5, 9, 1], 4
-    q, k, v, _, ck = _packed([1, 1, 1], lk, seed=3)
-    cq = torch.tensor([0, 1, 2, 3], dtype=torch.int32)
-    used = torch.tensor(lk, dtype=torch.int32)
-    order = [4, 0, 2, 5, 1, 3]  # pool slot of each logical page: request 0 pages 0-1, request 1 pages 2-4, 2 page 5
-    pool_k = torch.zeros(6, page, 2, 5, dtype=torch.float64)
-    pool_v = torch.zeros(6, page, 2, 3, dtype=torch.float64)
-    table = torch.zeros(3, 3, dtype=torch.int32)
-    logical = 0
-    for i, n in enumerate(lk):
-        k0 = int(ck[i])
-        for p in range(-(-n // page)):
-            rows = slice(k0 + p * page, k0 + min((p + 1) * page, n))
-            slot = order[logical]
-            pool_k[slot, : rows.stop - rows.start] = k[rows].detach()
-            pool_v[slot, : rows.stop - rows.start] = v[rows].detach()
-            table[i, p] = slot
-            logical += 1
-    with torch.no_grad():
-        got = varlen_attn(q, pool_k, pool_v, cq, None, 1, 9, seqused_k=used, block_table=table, map="entmax15",
-                          enable_gqa=True)
-    dout = torch.zeros(got.shape, dtype=torch.float64)
-    want = _oracle(q, k, v, dout, cq, ck, (-1, -1), "entmax15", None)[0]
-    np.testing.assert_allclose(got.numpy(), want, atol=1e-12)
-
-
 def _paged(lk, page, k, v, ck, order):
     """key and value pools of pages of ``page`` keys, shuffled by ``order``, and the block table."""
     npages = [-(-n // page) for n in lk]
