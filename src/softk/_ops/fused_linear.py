@@ -62,7 +62,10 @@ def chunked_pass(x, weight, bias, target, fn, chunk: int, row_weight, grads):
     their zero terms.  Under the "triton" backend on CUDA
     (:func:`live_tiles_route`) they run instead on the live vocabulary tiles
     of G (tiles of classes where G is not all zero), the same exact skip in
-    blocks that a GPU's matrix units take.
+    blocks that a GPU's matrix units take.  Where the live columns are always
+    taken (the CPU) and ``fn.live_in_place`` is set (sparsemax, entmax15:
+    :mod:`softk.losses._fy_live`), it gives the rows and G on its live
+    columns from the support directly, and G (C, V) is never formed.
     """
     m = x.shape[0]
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
@@ -78,14 +81,23 @@ def chunked_pass(x, weight, bias, target, fn, chunk: int, row_weight, grads):
     sparse = bool(getattr(fn, "sparse_grad", False))
     # the tile kernels accumulate in float32: float64 keeps the torch products
     tiles = sparse and any_grad and acc == torch.float32 and live_tiles_route(x)
+    # where the live columns are always taken (the CPU), a loss that yields them from its support
+    live_in_place = getattr(fn, "live_in_place", None) if SPARSE_MAX_SHARE.get(x.device.type, 0.0) >= 1 else None
     for s in range(0, m, chunk):
         e = min(s + chunk, m)
         xc = x[s:e]
         with torch.no_grad():
             logits = xc @ wt if bias is None else torch.addmm(bias, xc, wt)
         in_place = getattr(fn, "in_place", None)
-        if (any_grad and in_place is not None and logits.dtype in (torch.float32, torch.float64)
-                and not target.is_floating_point()):
+        one_pass = any_grad and logits.dtype in (torch.float32, torch.float64) and not target.is_floating_point()
+        if one_pass and live_in_place is not None:
+            # the loss's rows and G on its live columns straight from the support (no G of C×V)
+            lrow, gs, cols = live_in_place(logits, target[s:e], None if row_weight is None else row_weight[s:e])
+            losses[s:e] = lrow
+            del logits
+            live_products(gs, cols, weight, xc, gx[s:e] if want_x else None, gw, gb, acc, half_product)
+            continue
+        if one_pass and in_place is not None:
             # the loss's own one-pass form: the logits become G
             losses[s:e] = in_place(logits, target[s:e], None if row_weight is None else row_weight[s:e])
             g = logits

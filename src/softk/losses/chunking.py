@@ -23,6 +23,7 @@ from .._validate import LOSSES
 from ..threshold.families import ENTMAX15, SOFTMAX, SPARSEMAX, entmax_by_alpha
 from ._knobs import NO_KNOBS, Knobs
 from ._ts2 import ts2_in_place, ts2_loss
+from ._fy_live import live_in_place
 from ._cross_entropy import cross_entropy
 from .simplex_losses import entmax15_loss, entmax_loss, softmax_loss, sparsemax_loss
 from .targets import index_target
@@ -164,11 +165,14 @@ def chunk_loss_fn(loss: str, *, alpha, k: int, method: str, tau: float, ignore_i
     plain = knobs == NO_KNOBS and not stats
     if plain:
         base.sparse_grad = sparse
-        # cross-entropy and TS² with class indices: the rows and G in one pass (chunked_pass)
+        # cross-entropy and TS² with class indices: the rows and G in one pass; sparsemax and
+        # entmax15: the rows and G's live columns in one pass (chunked_pass, on the CPU)
         if loss in ("cross_entropy", "softmax"):
             base.in_place = _ce_in_place(ignore_index, tau)
         elif loss == "ts2":
             base.in_place = ts2_in_place(ignore_index, tau, suppression, adaptive)
+        elif loss in ("sparsemax", "entmax15"):
+            base.live_in_place = live_in_place(loss, ignore_index, tau)
         return base
     cap, eps, weight, beta = knobs
     fy_smooth = eps > 0 and loss in _FY_FAMILY
