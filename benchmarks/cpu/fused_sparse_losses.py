@@ -3,7 +3,7 @@ cross-entropy, torch's ``F.linear_cross_entropy`` and the unfused losses,
 forward and backward, on hidden states with small supports and on random ones.
 
     python benchmarks/cpu/fused_sparse_losses.py [--threads 1] [--reps 3]
-        [--shapes 4096x256x32768 4096x256x131072 4096x1024x32768] [--no-unfused]
+        [--shapes 4096x256x32768 4096x256x131072 4096x1024x32768] [--no-unfused] [--generic-sparsemax]
 
 Shapes are N×H×V, float32, every row kept.  "trained": each hidden state is
 its target's weight row times 200 plus noise (0.05), so that the sparsemax
@@ -13,6 +13,9 @@ logits are N(0, H·0.0025)).  For each setting the mean sparsemax support and
 the union of the supports over the rows (as a share of V) are printed with
 the times.  Providers are interleaved round by round, median of ``reps``;
 the ratio column is each provider's time over softk's fused cross-entropy.
+``--generic-sparsemax`` adds the fused sparsemax loss without its one-pass
+form on the CPU (rows and live columns from the support): the generic path,
+autograd on each chunk's loss and a scan of G for its live columns.
 Nothing asserts on time.
 """
 
@@ -24,13 +27,24 @@ import torch
 import torch.nn.functional as F
 
 import softk
-from softk.losses import fused_linear_loss, sparsemax_loss, cross_entropy
+from softk.losses import chunking, fused_linear_loss, sparsemax_loss, cross_entropy
 
 
-def providers(unfused: bool):
+def _generic_sparsemax(x, w, y):
+    """The fused sparsemax loss on the generic chunk path (the one-pass form switched off)."""
+    real = chunking.live_in_place
+    chunking.live_in_place = lambda *a: None
+    try:
+        return fused_linear_loss(x, w, y, "sparsemax")
+    finally:
+        chunking.live_in_place = real
+
+
+def providers(unfused: bool, generic: bool = False):
     out = {
         "softk fused cross_entropy": lambda x, w, y: fused_linear_loss(x, w, y, "cross_entropy"),
         "softk fused sparsemax": lambda x, w, y: fused_linear_loss(x, w, y, "sparsemax"),
+        **({"softk fused sparsemax, generic path": _generic_sparsemax} if generic else {}),
         "softk fused entmax15": lambda x, w, y: fused_linear_loss(x, w, y, "entmax15"),
         "softk fused ts2": lambda x, w, y: fused_linear_loss(x, w, y, "ts2"),
     }
@@ -49,6 +63,8 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--shapes", nargs="+", default=["4096x256x32768", "4096x256x131072", "4096x1024x32768"])
     ap.add_argument("--no-unfused", action="store_true", help="leave out the losses on materialised logits")
+    ap.add_argument("--generic-sparsemax", action="store_true",
+                    help="also time the fused sparsemax loss without its one-pass form")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, softk {softk.__version__}, {args.threads} thread(s), "
@@ -75,7 +91,7 @@ def main():
                     p = softk.sparsemax(x[i:i + 512] @ W.t())
                     support += float((p > 0).sum())
                     union |= (p > 0).any(0)
-            fns = providers(not args.no_unfused and N * V * 4 <= 2**31)
+            fns = providers(not args.no_unfused and N * V * 4 <= 2**31, args.generic_sparsemax)
             times = {name: [] for name in fns}
             for _ in range(args.reps):
                 for name, fn in fns.items():
