@@ -8,13 +8,13 @@ support, and with Ω(p) = Σ_j ψ(p_j), ψ(0) = 0, Σ_j p_j = 1,
 
 .. math:: G = w\,(p - e_y)/\tau,
 
-so the row's loss and the gradient's live columns (the union of the rows'
-supports and targets) come from the support's entries alone:
+so the row's loss (:func:`softk.losses._one_pass.support_rows`) and the
+gradient's live columns (the union of the rows' supports and targets) come
+from the support's entries alone:
 :func:`live_in_place` returns them, and the fused pass runs its backward
 products on those columns without ever forming G (C, V), scanning it for
 its live columns or gathering them (what the generic path does after
-autograd).  Differences to z_y keep far-from-origin logits exact.  Entmax
-with another α keeps the generic path: its ψ(p) = (p^α − p)/(α(α−1))
+autograd).  Entmax with another α keeps the generic path: its ψ(p) = (p^α − p)/(α(α−1))
 cancels as α → 1.
 """
 
@@ -25,6 +25,7 @@ from torch import Tensor
 
 from .._maps.simplex import entmax15, sparsemax
 from ..threshold.families import ENTMAX15, SPARSEMAX
+from ._one_pass import support_rows
 from .targets import index_target
 
 _MAPS = {"sparsemax": (sparsemax, SPARSEMAX), "entmax15": (entmax15, ENTMAX15)}
@@ -43,12 +44,8 @@ def live_in_place(loss: str, ignore_index: int, tau: float):
         idx, keep = index_target(z, t, ignore_index)
         p = fmap(z, tau=tau) if tau != 1.0 else fmap(z)
         r, j = p.nonzero(as_tuple=True)
-        pj = p[r, j]
         zy = z.gather(1, idx.unsqueeze(1)).squeeze(1)
-        zero = torch.zeros_like(zy)
-        psi1 = family.psi(torch.ones((), dtype=z.dtype, device=z.device))
-        rows = zero.index_add(0, r, pj * (z[r, j] - zy[r]) / tau - family.psi(pj)) + psi1
-        rows = torch.where(keep, torch.clamp(rows, min=0.0), 0.0)  # exact L ≥ 0; rounding only
+        rows = torch.where(keep, support_rows(z, zy, p, r, j, tau, family.psi), 0.0)
         kept = keep[r]
         cols = torch.unique(torch.cat([j[kept], idx[keep]]))  # sorted
         scale = torch.where(keep, w.to(z.dtype) if w is not None else torch.ones_like(zy), 0.0) / tau

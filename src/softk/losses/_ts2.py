@@ -23,7 +23,6 @@ gradient (it is piecewise constant in z).
 
 from __future__ import annotations
 
-import math
 import numbers
 
 import torch
@@ -33,6 +32,8 @@ from .. import _dtensor
 from .._validate import reduce
 from .._maps.simplex import sparsemax
 from . import targets as tg
+from ..threshold.families import SPARSEMAX
+from ._one_pass import exp_, support_rows
 from .simplex_losses import sparsemax_loss
 
 CLAMP = 0.99
@@ -99,16 +100,12 @@ def ts2_in_place(ignore_index: int, tau: float, suppression: float, adaptive: bo
         if sup is not None:
             r, j = sup
             pj = p[r, j]
-            lin = zero.index_add(0, r, pj * (z[r, j] - zy[r]))
-            norm = zero.index_add(0, r, pj * pj)
-        else:
+            fit = support_rows(z, zy, p, r, j, tau, SPARSEMAX.psi)
+        else:  # the same sum, dense: ψ(t) = t²/2
             lin = (p * (z - zy.unsqueeze(1))).sum(1)
-            norm = (p * p).sum(1)
-        fit = torch.clamp(lin / tau + 0.5 * (1 - norm), min=0.0)  # exact L ≥ 0; rounding only
+            fit = torch.clamp(lin / tau + 0.5 * (1 - (p * p).sum(1)), min=0.0)
         torch.log_softmax(z, 1, out=z)
-        if z.is_cpu:  # the CPU's exp is slow on underflowing results: they become exact zeros first
-            torch.nn.functional.threshold(z, math.log(torch.finfo(z.dtype).tiny), -math.inf, inplace=True)
-        z.exp_()  # s = softmax(z)
+        exp_(z)  # s = softmax(z)
         sy = z.gather(1, idx1).squeeze(1)
         if sup is not None:
             sj = z[r, j]
