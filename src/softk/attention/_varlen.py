@@ -46,18 +46,23 @@ def _int(value, name: str) -> int:
     return int(value)
 
 
-def window_mask(lq: int, lk: int, window, device) -> Tensor:
-    """(lq, lk) bool, True where key j is seen by query i: pos − left ≤ j ≤ pos + right
-    with pos = i + lk − lq (bottom-right alignment) and −1 unbounded."""
+def window_keep(pos: Tensor, j: Tensor, window) -> Tensor:
+    """True where key j is seen by the query at position ``pos`` (broadcast):
+    pos − left ≤ j ≤ pos + right, −1 unbounded."""
     left, right = window
-    pos = torch.arange(lq, device=device).unsqueeze(-1) + (lk - lq)
-    j = torch.arange(lk, device=device)
-    keep = torch.ones(lq, lk, dtype=torch.bool, device=device)
+    keep = torch.ones(torch.broadcast_shapes(pos.shape, j.shape), dtype=torch.bool, device=j.device)
     if left >= 0:
         keep &= j >= pos - left
     if right >= 0:
         keep &= j <= pos + right
     return keep
+
+
+def window_mask(lq: int, lk: int, window, device) -> Tensor:
+    """(lq, lk) bool, True where key j is seen by query i, with pos = i + lk − lq
+    (bottom-right alignment): :func:`window_keep`."""
+    pos = torch.arange(lq, device=device).unsqueeze(-1) + (lk - lq)
+    return window_keep(pos, torch.arange(lk, device=device), window)
 
 
 def varlen_attn(query: Tensor, key: Tensor, value: Tensor, cu_seq_q: Tensor, cu_seq_k, max_q: int, max_k: int, *,
@@ -210,13 +215,8 @@ def _paged_batch(query, key, value, qo, lq, lk, block_table, window, kw):
     # multiplies it by p = 0: the copies' padding is zeroed (keys need not be:
     # their scores are masked to −inf)
     v.masked_fill_((j >= lk_t.unsqueeze(1)).view(n, -1, *([1] * (v.dim() - 2))), 0.0)
-    keep = (j < lk_t.view(n, 1, 1)) & qvalid.unsqueeze(-1)  # (N, max_q, keys)
     pos = t.view(1, mq, 1) + (lk_t - lq_t).view(n, 1, 1)  # bottom-right alignment
-    left, right = window
-    if left >= 0:
-        keep &= j >= pos - left
-    if right >= 0:
-        keep &= j <= pos + right
+    keep = (j < lk_t.view(n, 1, 1)) & qvalid.unsqueeze(-1) & window_keep(pos, j, window)  # (N, max_q, keys)
     out = scaled_dot_product_attention(query[rows].transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                        keep.unsqueeze(1), **kw)
     return out.transpose(1, 2)[qvalid]
