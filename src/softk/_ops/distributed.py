@@ -25,8 +25,8 @@ The collectives of :mod:`softk.distributed`'s maps and losses go through
 eager, PyTorch's functional collectives while ``torch.compile`` traces,
 which Dynamo and AOT autograd put in the graph as ops (also inside the
 rules' forward and backward), so a compiled loss runs the same collectives,
-in the same order.  (The all-reduces of the argument checks run eagerly,
-outside the graph.)
+in the same order.  (The all-reduces of the maps' and losses' argument
+checks run eagerly, outside the graph.)
 """
 
 from __future__ import annotations

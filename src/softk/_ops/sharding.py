@@ -46,7 +46,8 @@ The rules are registered when an op is (the library path registers its ops
 on first use, :func:`softk._ops.lean.library`) if the process has already
 imported ``torch.distributed.tensor``, and otherwise for every op registered
 so far when the first DTensor reaches a softk function (importing
-:mod:`softk.distributed` calls :func:`register_new`).  A process that never
+:mod:`softk.distributed.dtensor`, which that call does, calls
+:func:`register_new`).  A process that never
 uses DTensor never imports it (about half a second) for softk's sake; the
 eager path registers nothing.
 """

@@ -20,8 +20,10 @@ Only an uninitialised torch.distributed (no collective possible at all) is
 raised before the exchange.
 
 These checks read tensors' values on the host and branch on them, so under
-``torch.compile`` they run eagerly outside the graph (:func:`outside_graph`);
-the collectives of the computation that follows are traced.
+``torch.compile`` the maps and losses run them eagerly outside the graph
+(:func:`outside_graph`); the collectives of the computation that follows
+are traced.  The RL functions and the fused loss call them inline: Dynamo
+traces into them and breaks the graph at each host read.
 """
 
 from __future__ import annotations

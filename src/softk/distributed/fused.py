@@ -12,8 +12,9 @@ whose gradient G_r = (p − y)/τ is local.  It then accumulates
 
 No rank ever holds more than one chunk of its own slice of the logits.
 For the sparse losses G_r is exactly 0 outside the union of the chunk's
-supports and targets, and on the CPU the three products run on those
-columns of G_r (rows of W_r) only, as in :func:`softk.losses.fused_linear_loss`.
+supports and targets, and the three products run on those columns of G_r
+(rows of W_r) only, as in :func:`softk.losses.fused_linear_loss`: on the
+CPU, and on CUDA under the "triton" backend as live vocabulary tiles.
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ def vocab_parallel_fused_linear_loss(
     of ∇W and ∇b from the live columns of its own G_r only, the same sums
     without their zero terms, and falls back to the dense products when that
     union is above a set share of its slice, as the single-process fused loss
-    does (on a GPU the products stay dense).  Each rank chooses for itself:
+    does (on a GPU the products stay dense, or run on the live vocabulary
+    tiles under the explicit "triton" backend).  Each rank chooses for itself:
     no collective is added.
 
     Collectives: 1 all-reduce (slice sizes and argument agreement), then per
