@@ -64,9 +64,9 @@ class Accumulator:
     def __init__(self, eps: float):
         self.eps = float(eps)
         self.n = 0
-        self.sums = {"log_eps": 0.0, "sparsemax_score": 0.0, "js_divergence": 0.0, "correct": 0.0}
+        self.sums = {"log_eps": 0.0, "sparsemax_score": 0.0, "js_divergence": 0.0}
         self.support, self.confidence, self.correct = [], [], []
-        self.softmax_nll = 0.0
+        self.softmax_nll = None  # None until add() is given the softmax log-probabilities
 
     def add(self, p: torch.Tensor, y: torch.Tensor, softmax_logp_y: torch.Tensor | None = None) -> None:
         rows = row_metrics(p, y, self.eps)
@@ -77,22 +77,22 @@ class Accumulator:
         self.confidence.append(rows["confidence"])
         self.correct.append(rows["correct"])
         if softmax_logp_y is not None:
-            self.softmax_nll -= float(softmax_logp_y.double().sum())
+            self.softmax_nll = (self.softmax_nll or 0.0) - float(softmax_logp_y.double().sum())
 
     def result(self) -> dict:
         n = max(self.n, 1)
-        support = torch.cat(self.support)
+        support, correct = torch.cat(self.support), torch.cat(self.correct)
         out = {
             "eps_perplexity": math.exp(-self.sums["log_eps"] / n),
             "sparsemax_score": self.sums["sparsemax_score"] / n,
             "js_divergence": self.sums["js_divergence"] / n,
-            "accuracy": self.sums["correct"] / n,
+            "accuracy": float(correct.sum()) / n,
             "support_mean": float(support.mean()),
             "support_p95": float(torch.quantile(support, 0.95)),
-            "ece": calibration_error(torch.cat(self.confidence), torch.cat(self.correct)),
+            "ece": calibration_error(torch.cat(self.confidence), correct),
             "tokens": self.n,
         }
-        if self.softmax_nll:
+        if self.softmax_nll is not None:
             out["softmax_perplexity"] = math.exp(self.softmax_nll / n)
         return out
 
