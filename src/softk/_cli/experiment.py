@@ -100,8 +100,7 @@ def _run_multilabel(args) -> int:
             raise UsageError(f"--data {d}: not a directory; --data takes {MULAN_HELP}")
     if args.lambdas is not None and not all(l > 0 and l != float("inf") for l in args.lambdas):
         raise UsageError(f"--lambdas must be numbers > 0, got {' '.join(map(str, args.lambdas))}")
-    if args.out and os.path.exists(args.out) and not os.path.isdir(args.out):
-        raise UsageError(f"--out {args.out}: exists and is not a directory")
+    _out_dir(args.out)
     try:
         import scipy  # noqa: F401
     except ImportError:
@@ -200,6 +199,11 @@ def _positive(value, option):
         raise UsageError(f"{option} must be >= 1, got {value}")
 
 
+def _out_dir(out):
+    if out and os.path.exists(out) and not os.path.isdir(out):
+        raise UsageError(f"--out {out}: exists and is not a directory")
+
+
 def _run_network(args) -> int:
     import importlib
 
@@ -210,8 +214,7 @@ def _run_network(args) -> int:
     module_name, fn_name, _ = NETWORKS[args.network]
     for option in ("epochs", "n_train_per_class", "n_test_per_class", "pre_epochs", "ft_epochs", "ft_per_class"):
         _positive(getattr(args, option, None), "--" + option.replace("_", "-"))
-    if args.out and os.path.exists(args.out) and not os.path.isdir(args.out):
-        raise UsageError(f"--out {args.out}: exists and is not a directory")
+    _out_dir(args.out)
     module = importlib.import_module(module_name)
     for option, (constant, _) in CHOICES.items():
         if getattr(args, option, None) is not None:

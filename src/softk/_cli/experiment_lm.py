@@ -13,7 +13,6 @@ saying what to install.
 
 from __future__ import annotations
 
-import os
 
 from . import UsageError
 
@@ -52,18 +51,13 @@ def run(args) -> int:
     from .._experiments import corpus, lm
     from .._experiments.common import MissingExtra, require
 
-    for option in ("steps", "ft_steps"):
-        value = getattr(args, option)
-        if value is not None and value < 1:
-            raise UsageError(f"--{option.replace('_', '-')} must be >= 1, got {value}")
+    from .experiment import _check, _out_dir, _positive  # lazily: experiment imports this module
+
+    _positive(args.steps, "--steps")
+    _positive(args.ft_steps, "--ft-steps")
     arms = args.arm or list(lm.ARMS)
-    bad = [a for a in arms if a not in lm.ARMS]
-    if bad:
-        raise UsageError(f"--arm must be among {', '.join(lm.ARMS)}; got {', '.join(bad)}")
-    if len(set(arms)) != len(arms):
-        raise UsageError(f"--arm lists an arm twice: {' '.join(arms)}")
-    if args.out and os.path.exists(args.out) and not os.path.isdir(args.out):
-        raise UsageError(f"--out {args.out}: exists and is not a directory")
+    _check(arms, lm.ARMS, "--arm")
+    _out_dir(args.out)
     cfg = lm.QUICK if args.quick else lm.Config()
     if args.steps is not None:
         cfg = cfg._replace(steps=args.steps, eval_every=min(cfg.eval_every, args.steps))
