@@ -242,8 +242,10 @@ def test_built_with_torchtitans_compile_config():
 
 
 def _compiled_ranks(rank, world):
-    """compile_config on two ranks: class-sharded DTensor logits (a 1-D mesh, and a (1, 2) mesh whose first
-    dimension shards the rows) and plain (B, L, V/tp) slices with group=, compiled against eager in float64."""
+    """compile_config on two ranks: class-sharded DTensor logits (a 1-D mesh, a (1, 2) mesh whose first
+    dimension shards the rows, and a (2, 1) mesh whose rows are on the two ranks, so that the compiled
+    loss's sum over them is a real reduction) and plain (B, L, V/tp) slices with group=, compiled
+    against eager in float64."""
     from types import SimpleNamespace
 
     import torch.distributed as dist
@@ -252,12 +254,15 @@ def _compiled_ranks(rank, world):
 
     mesh = init_device_mesh("cpu", (world,))
     mesh2 = init_device_mesh("cpu", (1, world), mesh_dim_names=("dp", "tp"))
+    mesh3 = init_device_mesh("cpu", (world, 1), mesh_dim_names=("dp", "tp"))  # the rows really on 2 ranks
     z, t = _data3(D)  # (2, 4, 11), two ignored labels
     lo, hi = (0, 6) if rank == 0 else (6, 11)  # DTensor's uneven shards of 11 classes
     n = torch.tensor(6.0, dtype=D)
     inputs = {
         "dtensor": (lambda: distribute_tensor(z, mesh, [Shard(-1)]).requires_grad_(), None),
         "dtensor 2-D mesh": (lambda: distribute_tensor(z, mesh2, [Shard(0), Shard(-1)]).requires_grad_(), None),
+        "dtensor rows over the ranks": (lambda: distribute_tensor(z, mesh3, [Shard(0), Shard(-1)]).requires_grad_(),
+                                        None),
         "slice": (lambda: z[..., lo:hi].clone().requires_grad_(), dist.group.WORLD),
     }
     for loss, kw in (("cross_entropy", {}), ("sparsemax", {}), ("entmax15", {}), ("topk_softmax_ce", {"k": 3})):
