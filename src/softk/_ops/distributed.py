@@ -191,15 +191,7 @@ class ChunkedLinearLoss(torch.autograd.Function):
             total += rows.detach().sum().to(acc)
             g = g.to(acc)
             # (through the module, so that tests may watch which products ran)
-            if sparse and fused_linear.sparse_products(g, w, xc, None if gx is None else gx[s:e], gw, gb, acc, False,
-                                                       tiles):
-                continue
-            if gx is not None:
-                gx[s:e] = g @ w.to(acc)
-            if gw is not None:
-                gw.addmm_(g.t(), xc.to(acc))
-            if gb is not None:
-                gb += g.sum(0)
+            fused_linear.products(g, w, xc, None if gx is None else gx[s:e], gw, gb, acc, False, sparse, tiles)
         if gx is not None:
             gx = all_reduce(gx, "sum", group)  # Σ_r G_r W_r
         ctx.save_for_backward(gx, gw, gb)

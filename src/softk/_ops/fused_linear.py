@@ -118,20 +118,29 @@ def chunked_pass(x, weight, bias, target, fn, chunk: int, row_weight, grads):
         del logits
         if not any_grad:
             continue
-        if sparse and sparse_products(g, weight, xc, gx[s:e] if want_x else None, gw, gb, acc, half_product, tiles):
-            del g
-            continue
-        if want_x:
-            torch.mm(g, weight, out=gx[s:e])
-        if want_w:
-            if half_product:
-                gw += torch.mm(g.t().to(x.dtype), xc)
-            else:
-                gw.addmm_(g.t().to(acc), xc.to(acc))
-        if want_b:
-            gb += g.sum(0, dtype=acc)
+        products(g, weight, xc, gx[s:e] if want_x else None, gw, gb, acc, half_product, sparse, tiles)
         del g
     return losses, gx, gw, gb, extra
+
+
+def products(g, weight, xc, gx, gw, gb, acc, half_product, sparse: bool, tiles: bool) -> None:
+    """G W into ``gx``, Gᵀ X into ``gw`` and Σ G into ``gb`` (each skipped when
+    None) for a chunk's gradient G (C, V): on its live tiles or columns when
+    ``sparse`` (:func:`sparse_products`), else the dense products.  ``gw`` and
+    ``gb`` are accumulators (``acc``); with ``half_product`` Gᵀ X runs in X's
+    half precision.  Shared by :func:`chunked_pass` and the vocab-parallel
+    loss (:class:`softk._ops.distributed.ChunkedLinearLoss`)."""
+    if sparse and sparse_products(g, weight, xc, gx, gw, gb, acc, half_product, tiles):
+        return
+    if gx is not None:
+        torch.mm(g, weight.to(g.dtype), out=gx)
+    if gw is not None:
+        if half_product:
+            gw += torch.mm(g.t().to(xc.dtype), xc)
+        else:
+            gw.addmm_(g.t().to(acc), xc.to(acc))
+    if gb is not None:
+        gb += g.sum(0, dtype=acc)
 
 
 def sparse_products(g, weight, xc, gx, gw, gb, acc, half_product, tiles: bool) -> bool:
@@ -140,9 +149,8 @@ def sparse_products(g, weight, xc, gx, gw, gb, acc, half_product, tiles: bool) -
     (with ``tiles``, while they are at most the Triton kernels'
     ``MAX_LIVE_SHARE`` of the tiles) or else its live columns (while they are
     at most :data:`SPARSE_MAX_SHARE`); False, having written nothing, when
-    neither applies and the dense products are the caller's to run.  Shared
-    by :func:`chunked_pass` and the vocab-parallel loss
-    (:class:`softk._ops.distributed.ChunkedLinearLoss`)."""
+    neither applies and the dense products are the caller's to run
+    (:func:`products`)."""
     if tiles and dispatch.triton_live_tiles().products(g, weight, xc, gx, gw, gb):
         return True
     cols = live_columns(g)
