@@ -13,6 +13,7 @@ from softk import losses as L
 from softk.integrations.torchtitan import IGNORE_INDEX, SoftkLoss
 
 from ..distributed.dist_harness import run
+from ..oracle.sparsemax_torch import sparsemax_loss_rows
 
 D = torch.float64
 
@@ -184,15 +185,8 @@ def test_cross_entropy_as_torchtitan_on_vocab_sharded_dtensor_two_ranks(tmp_path
 # ------------------------------------------------------------ torch.compile
 def _sparsemax_loss_ref(z, y):
     """Fenchel–Young with Ω = ½‖p‖², summed over the rows whose label is not ignored (float64, sort and cumsum)."""
-    zs, _ = z.sort(-1, descending=True)
-    cs = zs.cumsum(-1)
-    j = torch.arange(1, z.shape[-1] + 1, dtype=z.dtype)
-    k = (1 + j * zs > cs).sum(-1, keepdim=True)
-    p = (z - (cs.gather(-1, k - 1) - 1) / k).clamp_min(0)
     keep = y != IGNORE_INDEX
-    zy = z.gather(-1, torch.where(keep, y, 0).unsqueeze(-1)).squeeze(-1)
-    rows = (z * p).sum(-1) - 0.5 * (p * p).sum(-1) + 0.5 - zy
-    return torch.where(keep, rows, 0.0).sum()
+    return torch.where(keep, sparsemax_loss_rows(z, torch.where(keep, y, 0)), 0.0).sum()
 
 
 @pytest.mark.parametrize("loss, backend", [("cross_entropy", "inductor"), ("sparsemax", "aot_eager")])
