@@ -371,13 +371,39 @@ def sum_tolerance(k, n: int, dtype: torch.dtype):
     return k * max(eps**0.5, 2 * n * eps, n * _EPS[torch.float32])
 
 
+def mean_of(total: torch.Tensor, count) -> torch.Tensor:
+    """``total / count``, torch's mean over the kept rows (``count`` their number,
+    or the sum of their class weights), a tensor or a number.
+
+    With ``count`` exactly 0 (no kept row, or no kept weight) the value is NaN,
+    as in torch, and the gradient is ``total``'s own (0 from rows that are all
+    ignored), never ``total``'s times 1/0: the divisor is 1 there and the NaN
+    an added constant.  Any other count, above or below 1, divides both the
+    value and its gradient, with no host read of a count on the device."""
+    if not isinstance(count, torch.Tensor):
+        return total / count if count else total + math.nan
+    empty = count == 0
+    count = count.to(total.dtype)
+    return total / torch.where(empty, 1.0, count) + torch.where(empty, math.nan, 0.0)
+
+
+def mean_scale(go: torch.Tensor, count) -> torch.Tensor:
+    """The backward of :func:`mean_of` for an incoming gradient ``go``:
+    ``go / count``, and 0 where ``count`` is exactly 0."""
+    if not isinstance(count, torch.Tensor):
+        return go / count if count else go * 0
+    empty = count == 0
+    return torch.where(empty, 0.0, go / torch.where(empty, 1.0, count.to(go.dtype)))
+
+
 def reduce(loss: torch.Tensor, keep, reduction: str) -> torch.Tensor:
     """torch's reductions of a per-row loss (checked by the caller): "mean"
-    divides by the number of kept rows (``keep`` None: all of them)."""
+    divides by the number of kept rows (``keep`` None: all of them) by
+    :func:`mean_of`, NaN with the rows' own (zero) gradients when none is kept."""
     if reduction == "none":
         return loss
     if reduction == "sum":
         return loss.sum()
     if keep is None:
         return loss.mean()
-    return loss.sum() / keep.sum().to(loss.dtype)
+    return mean_of(loss.sum(), keep.sum())

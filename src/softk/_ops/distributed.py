@@ -34,6 +34,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from .._validate import mean_of, mean_scale
 from ..threshold.rows import compute_dtype
 from . import fused_linear
 
@@ -195,13 +196,13 @@ class ChunkedLinearLoss(torch.autograd.Function):
         if gx is not None:
             gx = all_reduce(gx, "sum", group)  # Σ_r G_r W_r
         ctx.save_for_backward(gx, gw, gb)
-        ctx.scale = 1.0 / max(n_kept, 1) if mean else 1.0
-        out = total / n_kept if mean else total
-        return out.to(x.dtype)
+        ctx.n_kept, ctx.mean = n_kept, mean
+        return (mean_of(total, n_kept) if mean else total).to(x.dtype)
 
     @staticmethod
     def backward(ctx, go):
         gx, gw, gb = ctx.saved_tensors
-        s = go * ctx.scale
+        # the forward's divisor (a row count or Σ w[y], below 1 as well), 0 when it is 0
+        s = mean_scale(go, ctx.n_kept) if ctx.mean else go
         f = lambda g: None if g is None else (g * s.to(g.dtype)).to(go.dtype)  # noqa: E731
         return f(gx), f(gw), f(gb), None, None, None, None, None, None

@@ -17,6 +17,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from .._backends import dispatch
+from .._validate import mean_of, mean_scale
 
 
 # The gradient's live columns (classes), as a share of V, up to which the
@@ -229,9 +230,7 @@ class FusedLinearLoss(torch.autograd.Function):
             losses, gx, gw, gb, extra = chunked_pass(x, weight, bias, target, fn, chunk, None, want)
             ctx.save_for_backward(gx, gw, gb)
             total = losses.sum()
-            if reduction == "mean":
-                total = total / n_kept
-            out = total.to(x.dtype)
+            out = (mean_of(total, n_kept) if reduction == "mean" else total).to(x.dtype)
         if not stats:
             return out
         ctx.mark_non_differentiable(extra)
@@ -244,8 +243,8 @@ class FusedLinearLoss(torch.autograd.Function):
             _, gx, gw, gb, _ = chunked_pass(x, weight, bias, target, ctx.fn, ctx.chunk, go, ctx.want)
         else:
             gx, gw, gb = ctx.saved_tensors
-            n_kept = ctx.n_kept.clamp(min=1) if isinstance(ctx.n_kept, Tensor) else max(ctx.n_kept, 1)
-            scale = go if ctx.reduction == "sum" else go / n_kept
+            # the forward's divisor (a row count or Σ w[y], below 1 as well), 0 when it is 0
+            scale = go if ctx.reduction == "sum" else mean_scale(go, ctx.n_kept)
             gx, gw, gb = (None if g is None else _scaled(g, scale, go.dtype) for g in (gx, gw, gb))
         cast = lambda g, ref: None if g is None else g.to(ref.dtype)  # noqa: E731
         return cast(gx, go), cast(gw, go), cast(gb, go), None, None, None, None, None, None, None

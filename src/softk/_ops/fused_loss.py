@@ -43,7 +43,7 @@ from .._backends.native import loss as native_loss
 from ..threshold.families import Family
 from .family_keys import family_by_key, family_key
 from ..threshold.rows import compute_dtype, scaled_rows
-from .._validate import sum_tolerance
+from .._validate import mean_of, mean_scale, sum_tolerance
 
 _NO_GRAD = torch.empty(0)  # the gradient output when none is wanted (the lean path only; see _op_kernel)
 
@@ -97,10 +97,9 @@ def _triton(x, target, family, k, tau, reduction, ignore_index, want_grad):
     kept = rows_t.shape[0]
     if not dense:  # no host sync: the count stays on the device
         kept = (rows_t >= 0).sum().float()
-    if reduction == "mean":
-        scale = (1.0 / torch.as_tensor(kept, dtype=torch.float32, device=x.device)).reshape(1)
-    else:
-        scale = torch.ones(1, dtype=torch.float32, device=x.device)
+    scale = torch.ones(1, dtype=torch.float32, device=x.device)
+    if reduction == "mean":  # 1/#kept, 0 with no kept row (the mean's zero gradients)
+        scale = mean_scale(scale, torch.as_tensor(kept, dtype=torch.float32, device=x.device))
     loss, grad = fenchel_young_fused_rows(x.reshape(-1, n).contiguous(), rows_t, scale, family.kernel, k, tau,
                                           family.alpha_value, want_grad=want_grad)
     if want_grad:
@@ -109,7 +108,7 @@ def _triton(x, target, family, k, tau, reduction, ignore_index, want_grad):
     if reduction == "none":
         out = loss.view(x.shape[:-1])
     else:
-        out = loss.sum() if reduction == "sum" else loss.sum() / kept
+        out = loss.sum() if reduction == "sum" else mean_of(loss.sum(), kept)
     return out.to(x.dtype), grad
 
 
@@ -158,8 +157,8 @@ def recomputed_grad(x, target, k_rows, family, k, tau, reduction, ignore_index, 
         keep = target != ignore_index
         y = torch.zeros_like(p).scatter_(-1, torch.where(keep, target, 0).long().unsqueeze(-1), 1.0)
         diff = torch.where(keep.unsqueeze(-1), p - y, 0.0)
-        kept = keep.sum().to(xc.dtype)
-    return diff / (tau * kept) if reduction == "mean" else diff / tau
+        kept = keep.sum()
+    return mean_scale(diff / tau, kept) if reduction == "mean" else diff / tau
 
 
 class _FusedFenchelYoung(torch.autograd.Function):

@@ -61,6 +61,7 @@ from torch import Tensor
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
+from .._validate import mean_of
 from .._ops.sharding import register_new
 from .losses import vocab_parallel_loss
 from .maps import vocab_parallel_map
@@ -170,7 +171,7 @@ def _reduce(rows, keep, reduction, x, cdim, cmesh):
         return total(rows.sum())
     n = keep.sum() if keep is not None else torch.tensor(rows.numel(), device=rows.device)
     both = total(torch.stack([rows.sum(), n.to(rows.dtype).detach()]))  # one all-reduce for the sum and the count
-    return both[0] / both[1]
+    return mean_of(both[0], both[1])
 
 
 def _loss(name, fn, a):

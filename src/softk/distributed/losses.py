@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from .._ops.distributed import RowLoss, all_gather
-from .._validate import DEFAULT_LOSS, LOSSES, check_input, check_k, check_tau, sum_tolerance
+from .._validate import DEFAULT_LOSS, LOSSES, check_input, check_k, check_tau, mean_of, sum_tolerance
 from ..losses import targets as tg
 from ..threshold.rows import compute_dtype
 from .checks import exchange, outside_graph, resolve_group
@@ -188,7 +188,7 @@ def vocab_parallel_loss(
         zt_local = torch.where(owned.unsqueeze(-1), z.gather(-1, li), NEG_INF)
     if m == 0:
         rows = z.sum(-1)
-        out = rows.sum() / 0 if reduction == "mean" else (rows.sum() if reduction == "sum" else rows.reshape(lead))
+        out = mean_of(rows.sum(), 0) if reduction == "mean" else (rows.sum() if reduction == "sum" else rows.reshape(lead))
         return (out + local_logits.sum() * 0).to(local_logits.dtype)
     if loss == "topk_softmax_ce":
         rows, grad = _topk_ce(z, t, owned, zt_local, k, group, rank, world)
@@ -240,5 +240,5 @@ def vocab_parallel_loss(
         return rows.reshape(lead).to(local_logits.dtype)
     total = rows.sum()
     if reduction == "mean":
-        total = total / (keep.sum().to(total.dtype) if keep is not None else m)
+        total = mean_of(total, keep.sum() if keep is not None else m)
     return total.to(local_logits.dtype)

@@ -17,8 +17,10 @@ Reductions:
 * "mean" and "sum": the gradients are computed during the forward (one matmul
   pass), kept, and scaled by the incoming gradient in the backward — the
   backward costs nothing, as in Liger.  "mean" divides by the number of rows
-  whose target is not ``ignore_index`` (torch's rule; NaN when there is none,
-  with zero gradients).
+  whose target is not ``ignore_index`` (torch's rule), or with class weights
+  by their sum Σ w[y] over those rows, in the value and the gradients alike;
+  NaN when there is none (or the sum is 0), with zero gradients, eager and
+  compiled.
 * "none": the forward computes only the losses; the backward needs the
   per-row incoming gradient, so it recomputes every chunk's logits once more
   (two forward matmuls in all instead of one).
@@ -40,7 +42,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from .._validate import DEFAULT_LOSS, check_chunk_size, check_input, check_loss_options
+from .._validate import DEFAULT_LOSS, check_chunk_size, check_input, check_loss_options, mean_of
 from .._ops.fused_linear import FusedLinearLoss, checkpointed_pass
 from ._knobs import check_knobs, check_ts2_options
 from .chunking import auto_chunk_size, chunk_loss_fn
@@ -128,8 +130,11 @@ def fused_linear_loss(
         class_weight: None, or (V,) finite weights >= 0, ``F.cross_entropy``'s
             ``weight``: row i's loss is scaled by w[y_i] ("cross_entropy" with
             label smoothing: torch's formula, which weights the smoothing term
-            by w_c), and "mean" divides by Σ w[y_i] over the kept rows.  Class
-            indices only: refused with a dense target.
+            by w_c), and "mean" divides by Σ w[y_i] over the kept rows, a
+            sum that may be below 1 (value and gradients alike).  Where that
+            sum is 0 (every kept target weighs 0) the mean is NaN with zero
+            gradients, as with no kept row (torch's gradients are NaN there).
+            Class indices only: refused with a dense target.
         z_loss: β >= 0: adds β·logsumexp(z)² per kept row (PaLM's z-loss,
             Liger's ``lse_square_scale``), z the logits after the softcap and
             before τ; not class-weighted, and "mean" averages it over the kept
@@ -145,7 +150,7 @@ def fused_linear_loss(
     loss temporaries, never N×V.  Equal to the unfused loss to rounding (the
     sum over chunks is ordered differently).  Under ``torch.compile`` each
     chunk is an activation checkpoint (the compiled backward recomputes its
-    logits); there a "mean" with no kept row has NaN gradients, not zeros.
+    logits).
 
     >>> import torch
     >>> torch.manual_seed(0) and None
@@ -193,17 +198,19 @@ def fused_linear_loss(
         kept = t != ignore_index
         n_kept = torch.where(kept, knobs.class_weight[torch.where(kept, t, 0)], 0).sum()
         if reduction == "mean":
-            z_scale = n_kept / n_rows
+            # (n_rows is a count of rows: 0 only where Σw is 0 too, and no row has a z term)
+            z_scale = n_kept / (n_rows.clamp(min=1) if isinstance(n_rows, torch.Tensor) else max(n_rows, 1))
     fn = chunk_loss_fn(loss, alpha=alpha, k=k, method=method, tau=tau, ignore_index=ignore_index, knobs=knobs,
                        suppression=suppression, adaptive=adaptive, z_scale=z_scale, stats=bool(return_stats))
     if chunk is None:
         chunk = auto_chunk_size(x.shape[0], x.shape[1], vocab, x.device.type)
     if x.shape[0] == 0:
         # No rows: the unfused loss of an empty batch (mean is NaN, as in torch).
+        # (differentiable for every reduction, through the empty logits)
         rows = fn(x @ weight.t(), t)
         rows, extra = rows if return_stats else (rows, None)
-        out = rows.sum() * 0
-        out = out / 0 if reduction == "mean" else (out if reduction == "sum" else x.new_zeros(lead))
+        rows = rows.to(x.dtype)
+        out = mean_of(rows.sum(), 0) if reduction == "mean" else (rows.sum() if reduction == "sum" else rows.reshape(lead))
         return (out, _stats(extra, n_rows, reduction, lead)) if return_stats else out
     grad_on = torch.is_grad_enabled()
     want = tuple(grad_on and a is not None and a.requires_grad for a in (input, weight, bias))
@@ -221,7 +228,7 @@ def fused_linear_loss(
         # torch.compile does not trace torch.autograd.grad inside an autograd
         # rule: each chunk is an activation checkpoint instead.
         rows, extra = checkpointed_pass(x, weight, bias, t, fn, chunk)
-        out = rows if reduction == "none" else (rows.sum() / n_kept if reduction == "mean" else rows.sum())
+        out = rows if reduction == "none" else (mean_of(rows.sum(), n_kept) if reduction == "mean" else rows.sum())
         out = out.to(x.dtype)
     elif return_stats:
         out, extra = FusedLinearLoss.apply(x, weight, bias, t, fn, chunk, reduction, n_kept, want, True)
