@@ -75,6 +75,36 @@ def test_output_and_gradients_near_one_hold_float32(backend, alpha):
         out = run(name, *leaves, map="entmax", alpha=a)
         return [out] + list(torch.autograd.grad(out, leaves + [a], g.to(dtype)))
 
-    for got, want in zip(outs(backend, torch.float32), outs("reference", torch.float64)):
+    # dα's bar is wider: its second head (α + 0.2) carries float32's rounding of
+    # the scores, 3.5e-6 of the largest dα on these rows with γ computed in
+    # float64 and rounded once (the form's own arithmetic adds nothing to it)
+    for got, want, bar in zip(outs(backend, torch.float32), outs("reference", torch.float64), [2e-6] * 4 + [4e-6]):
         err = (got.double() - want).abs().max() / want.abs().max()
-        assert err <= 2e-6, err
+        assert err <= bar, err
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("softcap", [None, 1.0])
+def test_dalpha_holds_float32_across_the_band_above_one(backend, softcap):
+    # α ∈ [1.02, 1.1] puts y = −(α−1)·log p of the rows' small p near the
+    # switch from γ(y)'s series to its closed form, where a bound of y = 1/8
+    # left dα 1e-5 to 1e-4 off (30x either side of the band); the bound y = 1
+    # keeps every α at the float32 level of its neighbours
+    from softk.attention import scaled_dot_product_attention as sdpa
+    import softk
+
+    name = {"reference": "torch", "blockwise": "native", "triton": "triton"}[backend]
+    worst = 0.0
+    for seed in range(2):
+        q, k, v, g = _random(10 + seed, 16, 96, 32)
+        for alpha in (1.02, 1.03, 1.04, 1.05, 1.06, 1.08, 1.1):
+            def dalpha(b, dtype):
+                a = torch.tensor([alpha, alpha + 0.005], dtype=dtype, requires_grad=True)
+                with softk.use_backend(b):
+                    out = sdpa(q.to(dtype), k.to(dtype), v.to(dtype), map="entmax", alpha=a, softcap=softcap)
+                return torch.autograd.grad(out, a, g.to(dtype))[0].double()
+
+            want = dalpha("torch", torch.float64)
+            err = float(((dalpha(name, torch.float32) - want).abs() / want.abs()).max())
+            worst = max(worst, err)
+    assert worst <= 8e-6, worst

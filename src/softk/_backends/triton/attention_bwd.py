@@ -48,13 +48,14 @@ def _xlogx(p):
 
 @triton.jit
 def _p_gamma(p, d, am1):
-    # p·γ(−a log p), γ(y) = e^y − 1 − y: its series below y = 1/8, d − p − p·y
-    # above (p·e^y = d = p^(1−a)); :func:`softk.threshold.entmax_alpha.p_gamma`
+    # p·γ(−a log p), γ(y) = e^y − 1 − y: its series to y¹⁹/19! below y = 1,
+    # d − p − p·y above (p·e^y = d = p^(1−a)); the bound and the terms are
+    # :func:`softk.threshold.entmax_alpha.p_gamma`'s (GAMMA_SERIES, GAMMA_TERMS)
     y = tl.where(p > 0, -am1 * tl.log(tl.where(p > 0, p, 1.0)), 0.0)
-    small = tl.abs(y) < 0.125
+    small = tl.abs(y) < 1.0
     ys = tl.where(small, y, 0.0)
     ser = tl.zeros_like(ys)
-    for n in tl.static_range(11, 1, -1):
+    for n in tl.static_range(19, 1, -1):
         ser = (ser + 1.0) * ys / n
     return tl.where(p > 0, tl.where(small, p * ser * ys, d - p - p * y), 0.0)
 
