@@ -120,7 +120,7 @@ def block_sparsity(q, k, v, name, causal, tile=64):
 
     fam = maps.family_id(name, None, False)
     with torch.no_grad():
-        _, m, lam = op._forward(q, k, v, None, None, q.shape[-1] ** -0.5, causal, fam, dispatch.attention_backend(q))
+        _, m, lam = op._forward(q, k, v, None, None, q.shape[-1] ** -0.5, causal, fam, dispatch.pick("attention", q).backend)
         ct = torch.float32
         blk = blocks.Blocks(q, k.to(ct), v.to(ct), None, q.shape[-1] ** -0.5, causal)
         m, lam = blk.rows(m.to(ct)).unsqueeze(-1), blk.rows(lam.to(ct)).unsqueeze(-1)
@@ -204,7 +204,7 @@ def gpu_table(a, flush=lambda rows: None) -> list:
                                           locality=a.locality, window=a.window)
                     case = dict(L=L, E=E, causal=causal, mode=mode)
                     impls = [(f"sdpa-{b}", _sdpa(b), None) for b in (("math",) if a.smoke else ("flash", "efficient"))]
-                    impls += [(f"softk-{m} ({dispatch.attention_backend(q)})", _softk(m), m) for m in a.maps]
+                    impls += [(f"softk-{m} ({dispatch.pick('attention', q).backend})", _softk(m), m) for m in a.maps]
                     for label, fn, name in impls:
                         row = dict(case, impl=label)
                         try:
@@ -234,6 +234,7 @@ def cpu_child(args) -> None:
     import torch
 
     from softk._cli.harness import PeakRSS
+    from softk._backends import kernels
     from softk.attention import checks, op
 
     torch.set_num_threads(args.threads)
@@ -241,8 +242,9 @@ def cpu_child(args) -> None:
     def call(q, k, v):
         if args.impl == "sdpa":
             return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=args.is_causal)
+        kernel = None if args.impl == "reference" else kernels.get("attention", "native")  # the blockwise kernel
         return op.attention(checks.check_call(q, k, v, None, 0.0, args.is_causal, None, False, args.map, None),
-                            args.impl)
+                            kernel)
 
     step(call, *make_inputs(1, 4, 70, args.E, torch.float32, "cpu", grad=True), args.mode)  # warm up
     q, k, v = make_inputs(1, 4, args.L, args.E, torch.float32, "cpu", grad=args.mode == "fwdbwd")

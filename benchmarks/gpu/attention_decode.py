@@ -155,7 +155,7 @@ def window_keep(L, window, device):
 def _label(name, q):
     from softk._backends import dispatch
 
-    return f"softk-{name} ({dispatch.attention_backend(q)})"
+    return f"softk-{name} ({getattr(dispatch.pick('attention', q), 'backend', 'reference')})"
 
 
 def _sdpa(flash=False, **kw):

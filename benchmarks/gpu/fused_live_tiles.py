@@ -146,7 +146,7 @@ def main(argv=None) -> int:
 
     import softk
     import softk._ops.fused_linear as FL
-    from softk._backends import dispatch
+    from softk._backends import dispatch, kernels
     from softk._backends.triton import live_tiles as LT
     from softk.losses import fused_linear_loss
     from softk.losses.chunking import auto_chunk_size
@@ -162,7 +162,8 @@ def main(argv=None) -> int:
     meta = dict(meta_info(args.device), dtype=str(dtype), block_v=LT.BLOCK_V, block_c=LT.BLOCK_C, block_h=LT.BLOCK_H,
                 interpreted=os.environ.get("TRITON_INTERPRET", "0") == "1")
     t0, rows, bad = time.monotonic(), [], 0
-    real_route = FL.live_tiles_route
+    real_route = FL.live_tiles_kernel
+    tiles_kernel = kernels.get("live_tiles", "triton")
     # "dense" means the dense products on every device: the CPU's live
     # columns (a dry run's "dense" route otherwise) are switched off
     FL.SPARSE_MAX_SHARE = {}
@@ -207,9 +208,9 @@ def main(argv=None) -> int:
                     with softk.use_backend(loss_backend):
                         if cuda:
                             # the route that "triton" picks on CUDA by itself
-                            row["route_selected"] = dispatch.live_tiles_backend(xs)
+                            row["route_selected"] = getattr(dispatch.pick("live_tiles", xs), "backend", None)
                         for route, on in (("dense", False), ("tiles", True)):
-                            FL.live_tiles_route = (lambda on: lambda x: on)(on)
+                            FL.live_tiles_kernel = (lambda on: lambda x: tiles_kernel if on else None)(on)
 
                             def step():
                                 fused_linear_loss(xs, ws, y, "sparsemax", chunk_size=chunk).backward()
@@ -220,7 +221,7 @@ def main(argv=None) -> int:
                             results[route] = (loss.detach().float(), xs.grad.float(), ws.grad.float())
                             xs.grad = ws.grad = None
                             row[f"{route}_ms"] = timed(step, xs, ws)
-                    FL.live_tiles_route = real_route
+                    FL.live_tiles_kernel = real_route
                     diffs = [float((a - b).abs().max()) / max(float(b.abs().max()), 1e-30)
                              for a, b in zip(results["tiles"], results["dense"])]
                     row["max_rel_diff"] = dict(zip(("loss", "x", "weight"), diffs))
@@ -229,7 +230,7 @@ def main(argv=None) -> int:
                     row["tiles_over_dense"] = row["tiles_ms"] / row["dense_ms"]
                     del results
                 except Exception as exc:  # noqa: BLE001 - a row that says why
-                    FL.live_tiles_route = real_route
+                    FL.live_tiles_kernel = real_route
                     row["status"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
                 rows.append(row)
                 shape_rows.append(row)

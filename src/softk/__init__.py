@@ -4,6 +4,7 @@ Every map is p = f(x/τ − λ) with Σp = k (see :mod:`softk.threshold`).
 """
 
 from ._backends.registry import backend, use_backend
+from ._backends.dispatch import explain
 from ._maps.simplex import entmax, entmax15, log_softmax, logsumexp, softmax, sparsemax
 from ._maps.soft_topk import soft_topk
 from ._maps.hard import hard_topk, topk_softmax
@@ -40,4 +41,5 @@ __all__ = [
     "property_violations",
     "backend",
     "use_backend",
+    "explain",
 ]

@@ -93,7 +93,7 @@ def test_dalpha_holds_float32_across_the_band_above_one(backend, softcap):
     from softk.attention import scaled_dot_product_attention as sdpa
     import softk
 
-    name = {"reference": "torch", "blockwise": "native", "triton": "triton"}[backend]
+    name = {"reference": "torch", "blockwise": "native", "triton": "triton"}[backend]  # the setting
     worst = 0.0
     for seed in range(2):
         q, k, v, g = _random(10 + seed, 16, 96, 32)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import softk
 from softk._backends.blockwise import blocks, forward as blockwise, rows, support
-from softk._backends import dispatch
+from softk._backends import dispatch, kernels
 from softk.attention import checks, op, scaled_dot_product_attention as sdpa
 
 from ..oracle import attention as ora
@@ -29,13 +29,17 @@ def one_thread():
     torch.set_num_threads(n)
 
 
+# the tests' names of the attention routes: the reference (no kernel) and the kernels of op "attention"
+KERNELS = {"reference": None, "blockwise": kernels.get("attention", "native"), "triton": kernels.get("attention", "triton")}
+
+
 def run(backend, q, k, v, **kw):
-    """The public function's arguments, on one named backend."""
+    """The public function's arguments, on one named route (:data:`KERNELS`)."""
     call = checks.check_call(q, k, v, kw.pop("attn_mask", None), 0.0, kw.pop("is_causal", False),
                              kw.pop("scale", None), kw.pop("enable_gqa", False), kw.pop("map", "entmax15"),
                              kw.pop("alpha", None))
     assert not kw
-    return op.attention(call, backend)
+    return op.attention(call, KERNELS[backend])
 
 
 @pytest.fixture(params=["reference", "blockwise", "blockwise_rows", "blockwise_small", "blockwise_gather"])
@@ -216,16 +220,21 @@ def test_empty_inputs():
 
 
 # ------------------------------------------------------------- backends and dtypes
-def test_attention_backend_follows_the_setting(monkeypatch):
+def test_attention_kernel_follows_the_setting(monkeypatch):
     x = torch.zeros(1, 1, 2, 2)
+
+    def picked(t):
+        kernel = dispatch.pick("attention", t)
+        return None if kernel is None else kernel.backend
+
     with softk.use_backend("torch"):
-        assert dispatch.attention_backend(x) == "reference"
+        assert picked(x) is None  # the reference: the scores materialised
     with softk.use_backend("auto"):
-        assert dispatch.attention_backend(x) == "blockwise"
-    monkeypatch.setattr(dispatch, "_triton_attention_ready", lambda: True)
+        assert picked(x) == "native"  # the blockwise kernel
+    monkeypatch.setattr(kernels, "triton_attention_ready", lambda: True)
     with softk.use_backend("triton"):  # tests/conftest.py sets TRITON_INTERPRET=1
-        assert dispatch.attention_backend(x) == "triton"
-        assert dispatch.attention_backend(x.double()) == "blockwise"  # the kernels compute in float32
+        assert picked(x) == "triton"
+        assert picked(x.double()) == "native"  # the kernels compute in float32
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

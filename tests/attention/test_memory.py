@@ -12,6 +12,7 @@ SCRIPT = r"""
 import json, sys, torch
 torch.set_num_threads(1)
 from softk.attention import checks, op
+from softk._backends import kernels
 
 def peak():
     for line in open("/proc/self/status"):
@@ -27,7 +28,7 @@ def measure(backend, name, L, causal):
     q, k, v = (torch.randn(1, 1, L, 16, generator=g).requires_grad_() for _ in range(3))
     call = checks.check_call(q, k, v, None, 0.0, causal, None, False, name, None)
     reset(); base = peak()
-    out = op.attention(call, backend)
+    out = op.attention(call, None if backend == "reference" else kernels.get("attention", "native"))
     fwd = peak() - base
     reset(); base = peak()
     out.backward(torch.ones_like(out))

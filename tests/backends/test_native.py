@@ -225,7 +225,8 @@ def _run(code, **env):
 
 
 def test_disabled_or_missing_compiler_falls_back_to_torch(tmp_path):
-    code = "import torch, softk\nfrom softk._backends import registry as _backend\nprint(_backend.resolve(torch.zeros(2)))"
+    code = ("import torch, softk\nfrom softk._backends import dispatch\n"
+            "print(dispatch.pick('threshold', torch.zeros(2), softk.families.SPARSEMAX).backend)")
     r = _run(code, SOFTK_NATIVE="0")
     assert r.returncode == 0 and r.stdout.strip() == "torch", r.stderr
     r = _run(code, SOFTK_CC="no-such-cc", SOFTK_CACHE_DIR=str(tmp_path))

@@ -131,7 +131,7 @@ from softk._backends import dispatch
 from softk._backends.native import build
 assert softk.__file__.startswith(sys.argv[1]), softk.__file__  # the unpacked wheel, not the checkout
 x = torch.randn(5, 33, dtype=torch.float64)
-assert dispatch.resolve(x, softk.families.SPARSEMAX) == "native", "native kernels did not load"
+assert dispatch.pick("threshold", x, softk.families.SPARSEMAX).backend == "native", "native kernels did not load"
 with softk.use_backend("native"):
     p = softk.sparsemax(x)
 with softk.use_backend("torch"):

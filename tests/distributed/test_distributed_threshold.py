@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from softk._ops import distributed as collectives
 from softk.distributed import threshold as T
 from softk.threshold import ENTMAX15, SOFTMAX, SPARSE, SPARSEMAX, entmax_family
-from softk.threshold.torch_path import forward as threshold_forward
+from softk._backends.torch.threshold import map_rows as threshold_forward
 from softk._ops.potential import value_at
 
 D = torch.float64

@@ -21,7 +21,7 @@ import os, sys, torch, softk
 from softk._backends import dispatch
 assert softk.__file__.startswith(sys.argv[1]), softk.__file__  # the unpacked wheel, not the checkout
 x = torch.randn(5, 33, dtype=torch.float64)
-assert dispatch.resolve(x, softk.families.SPARSEMAX) == "native", "native kernels did not build"
+assert dispatch.pick("threshold", x, softk.families.SPARSEMAX).backend == "native", "native kernels did not build"
 with softk.use_backend("native"):
     p = softk.sparsemax(x)
 with softk.use_backend("torch"):

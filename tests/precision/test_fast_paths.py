@@ -12,7 +12,7 @@ import torch
 import softk
 from softk.threshold import ENTMAX15, EXP, SPARSE, SPARSEMAX, entmax_family
 from softk.threshold.fast_paths import solve_on_candidates
-from softk.threshold.torch_path import forward as torch_forward
+from softk._backends.torch.threshold import map_rows as torch_forward
 
 from ..oracle import maps as oracle
 

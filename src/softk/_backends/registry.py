@@ -11,9 +11,11 @@ on the CPU); they cover softmax, sparsemax, entmax15, entmax with 1 < α ≤ 2
 and soft top-k "exp", and the other maps run on "torch" under it.  "triton"
 forces the Triton kernels: asking for it where triton is not installed, or
 for a CPU tensor without ``TRITON_INTERPRET=1`` (Triton's CPU interpreter,
-used by the tests), is a ValueError.  Backends register themselves in
-``_AVAILABLE`` (name -> function telling whether it can run here).  Triton
-computes in float32, so float64 inputs use "torch" under it.
+used by the tests), is a ValueError.  ``_AVAILABLE`` says which settings
+can run here (name -> function).  Which kernel then runs a call is
+:func:`softk._backends.dispatch.pick`'s answer, from the setting, the
+input and what each kernel serves (Triton computes in float32, so float64
+inputs use "torch" under it).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ def _constant_under_compile(fn):
     return fn
 
 
+@_constant_under_compile
 @functools.lru_cache(maxsize=None)
 def triton_importable() -> bool:
     """True when the ``triton`` package is installed (not imported here;
@@ -118,27 +121,3 @@ def use_backend(name: str):
         yield name
     finally:
         _state.name = previous
-
-
-def resolve(x, native_ok=native_available) -> str:
-    """The backend that runs ``x`` under the current setting (before asking
-    whether it serves the family: see :func:`softk._backends.dispatch.resolve`).
-
-    Under ``torch.compile`` the setting is read once, when the graph is
-    captured (``torch.compiler.assume_constant_result``)."""
-    name = backend()
-    if name == "auto":
-        if x.is_cuda:
-            return "triton" if triton_importable() else "torch"
-        return "native" if x.is_cpu and native_ok() else "torch"
-    if name == "native" and not x.is_cpu:
-        raise ValueError(
-            f"backend 'native' runs CPU tensors, got a tensor on {x.device}; "
-            "use softk.use_backend('auto') or move x to the CPU"
-        )
-    if name == "triton" and not (x.is_cuda or triton_interpreted()):
-        raise ValueError(
-            f"backend 'triton' runs CUDA tensors (or CPU tensors under TRITON_INTERPRET=1), "
-            f"got a tensor on {x.device}; use softk.use_backend('torch') or move x to a GPU"
-        )
-    return name

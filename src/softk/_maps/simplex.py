@@ -21,85 +21,17 @@ from torch import Tensor
 
 from .. import _dtensor
 
-from .._backends import dispatch
-from .._ops import lean as _lean
 from .._validate import check_alpha, check_dim, check_input, check_tau
 from ..threshold import ENTMAX15, SOFTMAX, SPARSEMAX
 from ..threshold.families import entmax_by_alpha
 from .._ops.entmax_alpha import entmax_alpha
 from .._ops.op import threshold_map
-from ..threshold.rows import compute_dtype, empty_like_result
-from .._ops.softmax_triton import log_softmax_rows, logsumexp_rows
+from .._ops.log_softmax import log_softmax as log_softmax_op, logsumexp as logsumexp_op
 
 
 def _prepare(x, dim, tau):
     check_input(x)
     return check_dim(x, dim), check_tau(tau, allow_grad=True)
-
-
-def _log_normaliser(x: Tensor, dim: int, tau):
-    """(s, m, lse, empty): s = (x − m)/τ with m the finite row max (so x/τ
-    never overflows), lse = logsumexp(s), and the fully masked rows, whose s
-    is replaced by zeros so that neither lse nor its gradient is NaN there.
-    Plain tensor code (no data-dependent branch), so vmap, compile and double
-    backward see ordinary ops."""
-    z = x.to(compute_dtype(x.dtype))
-    m = z.detach().amax(dim, keepdim=True)
-    empty = m == float("-inf")
-    # a row holding NaN or +inf is NaN (the row convention), its gradient too:
-    # NaN is added, so the gradient flows into the NaN it meets
-    broken = torch.where((m != m) | (m == float("inf")), float("nan"), 0.0)
-    m = torch.where(torch.isfinite(m), m, 0.0)
-    s = torch.where(empty, 0.0, (z - m) / tau + broken)
-    return s, m, torch.logsumexp(s, dim, keepdim=True), empty
-
-
-# The fast path of log_softmax/logsumexp: torch's own fused ops, which shift
-# by the row max themselves (so τ = 1 needs no shift of ours), with one check
-# that every row was ordinary.  A row that is fully masked, or holds NaN or
-# +inf, follows softk's row conventions, which torch's ops do not (they give
-# NaN, or a NaN gradient): such calls take the general tensor code above.
-# Eager CPU calls only: the check reads a value (a data-dependent branch that
-# vmap and compile cannot take, and a host sync on a device).
-def _eager_cpu(x: Tensor, tau) -> bool:
-    return not isinstance(tau, Tensor) and x.is_cpu and _lean.eager(x)
-
-
-def _shifted(x: Tensor, dim: int, tau: float):
-    """(z, m): z = x − m (m the row max, τ = 1: None, no shift needed) over τ,
-    in the compute dtype; None where a row max is not finite."""
-    ct = compute_dtype(x.dtype)
-    if tau == 1.0:
-        return (x if x.dtype == ct else x.to(ct)), None
-    m = x.detach().amax(dim, keepdim=True).to(ct)
-    if not bool(torch.isfinite(m).all()):
-        return None
-    return (x.to(ct) - m) / tau, m
-
-
-def _torch_log_softmax(x: Tensor, dim: int, tau: float):
-    zm = _shifted(x, dim, tau)
-    if zm is None:
-        return None
-    y = torch.log_softmax(zm[0], dim)
-    if math.isnan(y.detach().amax().item()):  # NaN iff some row is not ordinary
-        return None
-    return y if y.dtype == x.dtype else y.to(x.dtype)
-
-
-def _torch_logsumexp(x: Tensor, dim: int, tau: float, keepdim: bool):
-    zm = _shifted(x, dim, tau)
-    if zm is None:
-        return None
-    z, m = zm
-    out = torch.logsumexp(z, dim, keepdim=True)
-    if not bool(torch.isfinite(out.detach()).all()):
-        return None
-    if m is not None:
-        out = m + out * tau
-    if not keepdim:
-        out = out.squeeze(dim)
-    return out if out.dtype == x.dtype else out.to(x.dtype)
 
 
 @_dtensor.entry("map", "softmax")
@@ -144,16 +76,7 @@ def log_softmax(x: Tensor, dim: int = -1, tau: float = 1.0) -> Tensor:
     tensor([-0.6931, -0.6931])
     """
     dim, tau = _prepare(x, dim, tau)
-    if x.numel() == 0:
-        return empty_like_result(x)
-    if dispatch.log_softmax_backend(x, tau) == "triton":
-        return log_softmax_rows(x.movedim(dim, -1), tau).movedim(-1, dim)
-    if _eager_cpu(x, tau):
-        y = _torch_log_softmax(x, dim, tau)
-        if y is not None:
-            return y
-    s, _, lse, empty = _log_normaliser(x, dim, tau)
-    return torch.where(empty, float("-inf"), s - lse).to(x.dtype)
+    return log_softmax_op(x, dim, tau)
 
 
 def logsumexp(x: Tensor, dim: int = -1, tau: float = 1.0, keepdim: bool = False) -> Tensor:
@@ -168,20 +91,7 @@ def logsumexp(x: Tensor, dim: int = -1, tau: float = 1.0, keepdim: bool = False)
     4.4402
     """
     dim, tau = _prepare(x, dim, tau)
-    if x.numel() == 0:  # the log of an empty sum is -inf; an empty batch stays empty
-        return torch.logsumexp(x, dim, keepdim=keepdim)
-    if dispatch.log_softmax_backend(x, tau) == "triton":
-        out = logsumexp_rows(x.movedim(dim, -1), tau)
-        return out.unsqueeze(dim) if keepdim else out
-    if _eager_cpu(x, tau):
-        out = _torch_logsumexp(x, dim, tau, keepdim)
-        if out is not None:
-            return out
-    _, m, lse, empty = _log_normaliser(x, dim, tau)
-    out = torch.where(empty, float("-inf"), m + lse * tau)
-    if not keepdim:
-        out = out.squeeze(dim)
-    return out.to(x.dtype)
+    return logsumexp_op(x, dim, tau, keepdim)
 
 
 @_dtensor.entry("map", "sparsemax")

@@ -1,11 +1,12 @@
-r"""Attention's autograd rule and its ``softk::attention`` ops, for the two
-kernel backends that share one interface: ``"blockwise"``
-(:mod:`softk._backends.blockwise`, blocks of keys, any device) and
-``"triton"`` (the fused kernels of :mod:`softk._backends.triton.attention`).
-Each has ``attention_forward`` → (out, m, lam) and ``attention_backward`` →
-(dq, dk, dv, dα).  Which one runs a call is decided by
-:func:`softk._backends.dispatch.attention_backend`; the reference backend
-(the scores materialised, plain autograd) is :mod:`softk.attention.reference`.
+r"""Attention's autograd rule and its ``softk::attention`` ops, for the kernels
+of op "attention" (:mod:`softk._backends.kernels`): ``"native"`` (the
+blockwise kernel of :mod:`softk._backends.blockwise`, blocks of keys, any
+device) and ``"triton"`` (the fused kernels of
+:mod:`softk._backends.triton.attention`).  Each has ``forward`` → (out, m, λ)
+and ``backward`` → (dq, dk, dv, dα).  Which one runs a call is
+:func:`softk._backends.dispatch.pick`'s answer; where none does (the setting
+"torch") the attention is its reference, :mod:`softk.attention.reference`
+(the scores materialised, plain autograd).
 
 * plain eager calls (:func:`softk._ops.lean.eager`) run the kernels directly,
   under an old-style ``torch.autograd.Function`` only when autograd can see
@@ -32,33 +33,18 @@ import torch
 from torch import Tensor
 
 from . import lean as _lean
-from .._backends import dispatch
+from .._backends import kernels
 from ..threshold.rows import compute_dtype
 
 
 # ------------------------------------------------------------------ the kernels
 def _forward(q, k, v, mask, alpha, scale, causal, fam, backend, softcap=0.0):
-    if backend == "triton":
-        a = alpha.detach().float() if alpha is not None else q.new_full((q.shape[1],), 1.5, dtype=torch.float32)
-        return dispatch.triton_attention().attention_forward(q, k, v, scale=scale, causal=causal, mask=mask, fam=fam,
-                                                             alpha=a, softcap=softcap)
-    from .._backends.blockwise import forward as blockwise  # on first use: ``import softk`` stays light
-
-    a = alpha.detach() if alpha is not None else None
-    return blockwise.attention_forward(q, k, v, scale=scale, causal=causal, mask=mask, fam=fam, alpha=a,
-                                       softcap=softcap)
+    return kernels.get("attention", backend).impl.forward(q, k, v, mask, alpha, scale, causal, fam, softcap)
 
 
 def _backward(q, k, v, out, dout, m, lam, mask, alpha, scale, causal, fam, backend, need_dalpha, softcap=0.0):
-    kw = dict(scale=scale, causal=causal, mask=mask, fam=fam, need_dalpha=need_dalpha)
-    if backend == "triton":
-        a = alpha.detach().float() if alpha is not None else q.new_full((q.shape[1],), 1.5, dtype=torch.float32)
-        return dispatch.triton_attention().attention_backward(q, k, v, out, dout, m, lam, alpha=a, softcap=softcap,
-                                                              **kw)
-    from .._backends.blockwise import backward as blockwise_backward
-
-    a = alpha.detach() if alpha is not None else None
-    return blockwise_backward.attention_backward(q, k, v, out, dout, m, lam, alpha=a, softcap=softcap, **kw)
+    return kernels.get("attention", backend).impl.backward(q, k, v, out, dout, m, lam, mask, alpha, scale, causal,
+                                                           fam, need_dalpha, softcap)
 
 
 def _no_double_backward():
@@ -153,12 +139,11 @@ def _library():
 def attention(q: Tensor, k: Tensor, v: Tensor, mask, alpha, scale: float, causal: bool, fam: int,
               backend: str, softcap: float = 0.0) -> Tensor:
     """The attention output (B, H, L, Ev) of checked tensors on ``backend``
-    ("blockwise" or "triton"); ``alpha`` None unless the map is α-entmax;
+    (a kernel of op "attention"); ``alpha`` None unless the map is α-entmax;
     ``softcap`` c > 0 caps the scores to c·tanh(s/c) (0: none)."""
     args = (q, k, v, mask, alpha, scale, causal, fam, backend, float(softcap))
-    if _lean.eager(q, k, v, alpha, mask):
-        if any(t is not None and _lean.tracked(t) for t in (q, k, v, alpha)):
-            return _EagerAttention.apply(*args)[0]
-        return _forward(*args)[0]
-    _library()
-    return attention_op(*args)[0]
+    return _lean.route((q, k, v, alpha, mask), _EagerAttention.apply, _forward, _library_forward, _library, *args)[0]
+
+
+def _library_forward(*args):
+    return attention_op(*args)

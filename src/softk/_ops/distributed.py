@@ -179,7 +179,7 @@ class ChunkedLinearLoss(torch.autograd.Function):
         gw = torch.zeros(w.shape, dtype=acc, device=x.device) if want[1] else None
         gb = torch.zeros(w.shape[0], dtype=acc, device=x.device) if want[2] else None
         sparse = bool(getattr(loss_rows, "sparse_grad", False))
-        tiles = sparse and acc == torch.float32 and fused_linear.live_tiles_route(x)
+        tiles = fused_linear.live_tiles_kernel(x) if sparse and acc == torch.float32 else None
         for s in range(0, m, chunk):
             e = min(s + chunk, m)
             xc = x[s:e]

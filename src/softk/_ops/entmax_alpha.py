@@ -16,7 +16,7 @@ from torch import Tensor
 from . import lean as _lean
 from ..threshold.entmax_alpha import dp_dalpha, entmax_log_d, entmax_rows
 from ..threshold.rows import compute_dtype
-from ..threshold.torch_path import vjp_from_log_slope
+from .._backends.torch.threshold import vjp_from_log_slope
 
 
 def _kernel(x: Tensor, alpha: Tensor, tau: float) -> Tensor:

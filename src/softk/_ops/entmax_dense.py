@@ -20,7 +20,7 @@ from torch import Tensor
 from ..threshold.families import entmax_dense_family
 from ..threshold.rows import compute_dtype, finite_max, row_status
 from ..threshold.solve import solve_probs
-from ..threshold.torch_path import vjp_from_slope
+from .._backends.torch.threshold import vjp_from_slope
 
 
 def dense_rows(x: Tensor, alpha) -> Tensor:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from . import lean as _lean
 from .._backends import dispatch
 from ..threshold.families import SOFTMAX, Family
 from .op import apply_rows
@@ -161,7 +162,7 @@ def fenchel_young_rows(x: Tensor, y, index, family: Family, k: int, tau: float) 
     dimensions + (1,)) takes p from the tensor-α map and gives α its gradient."""
     xc = x.to(compute_dtype(x.dtype))
     yc = None if y is None else y.to(xc.dtype)
-    fn = _FenchelYoungValue if torch.compiler.is_compiling() else _FenchelYoungValueJvp
+    fn = _lean.function(_FenchelYoungValueJvp, _FenchelYoungValue)
     if isinstance(family.alpha, Tensor):
         from .entmax_alpha import entmax_alpha
 
@@ -173,5 +174,5 @@ def fenchel_young_rows(x: Tensor, y, index, family: Family, k: int, tau: float) 
         if not a.is_cpu or bool((a == 1).any()):
             loss = torch.where(a.detach() == 1, fn.apply(xc, p, yc, index, SOFTMAX, tau, None), loss)
         return loss + _alpha_correction(p, yc, index, a)
-    p = apply_rows(xc, family, k, tau, dispatch.resolve(xc, family))
+    p = apply_rows(xc, family, k, tau, dispatch.pick("threshold", xc, family).backend)
     return fn.apply(xc, p, yc, index, family, tau, None)

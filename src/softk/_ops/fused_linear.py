@@ -17,29 +17,27 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from .._backends import dispatch
+from .._backends.kernels import Kernel
 from .._validate import mean_of, mean_scale
 
 
 # The gradient's live columns (classes), as a share of V, up to which the
 # backward products run on those columns only (``fn.sparse_grad``), per
-# device type.  On the CPU no crossover was found (the columns were as fast at
-# a 3 % union and 1.5-2x faster from 10 % to 90 %: BENCHMARKS.md); on a GPU it
-# is unmeasured, so the dense products stay there.  The GPU's form of the
-# skip is the live vocabulary tiles (:func:`live_tiles_route`), taken only
-# under the explicit "triton" backend; "auto" on CUDA keeps the dense
-# products until a GPU measures the crossover
-# (benchmarks/gpu/fused_live_tiles.py).
+# device type: on the CPU at every share (BENCHMARKS.md: the columns were
+# never slower), elsewhere never.  A GPU's form of the skip is the live
+# vocabulary tiles (:func:`live_tiles_kernel`), which the "live_tiles"
+# kernel serves under the explicit "triton" setting only; under "auto" a
+# CUDA pass runs the dense products.
 SPARSE_MAX_SHARE = {"cpu": 1.0}
 
 
-def live_tiles_route(x: Tensor) -> bool:
-    """Whether a pass over inputs ``x`` with a sparse gradient runs its
-    backward products on G's live vocabulary tiles (the Triton kernels of
-    :mod:`softk._backends.triton.live_tiles`): the choice of
-    :func:`softk._backends.dispatch.live_tiles_backend`, read once per pass
-    (a module function, so that tests can force it on CPU tensors under
-    Triton's interpreter)."""
-    return dispatch.live_tiles_backend(x) == "triton"
+def live_tiles_kernel(x: Tensor) -> Kernel | None:
+    """The kernel that runs a pass's backward products on G's live
+    vocabulary tiles for inputs ``x`` (op "live_tiles" of
+    :mod:`softk._backends.kernels`), or None: read once per pass (a module
+    function, so that tests can force it on CPU tensors under Triton's
+    interpreter)."""
+    return dispatch.pick("live_tiles", x)
 
 
 def chunked_pass(x, weight, bias, target, fn, chunk: int, row_weight, grads):
@@ -61,7 +59,7 @@ def chunked_pass(x, weight, bias, target, fn, chunk: int, row_weight, grads):
     most the device's :data:`SPARSE_MAX_SHARE` of the classes, G W, Gᵀ X and
     Σ G run on those columns of G and rows of W only: the same sums without
     their zero terms.  Under the "triton" backend on CUDA
-    (:func:`live_tiles_route`) they run instead on the live vocabulary tiles
+    (:func:`live_tiles_kernel`) they run instead on the live vocabulary tiles
     of G (tiles of classes where G is not all zero), the same exact skip in
     blocks that a GPU's matrix units take.  Where the live columns are always
     taken (the CPU) and ``fn.live_in_place`` is set (sparsemax, entmax15:
@@ -81,7 +79,7 @@ def chunked_pass(x, weight, bias, target, fn, chunk: int, row_weight, grads):
     extra = None
     sparse = bool(getattr(fn, "sparse_grad", False))
     # the tile kernels accumulate in float32: float64 keeps the torch products
-    tiles = sparse and any_grad and acc == torch.float32 and live_tiles_route(x)
+    tiles = live_tiles_kernel(x) if sparse and any_grad and acc == torch.float32 else None
     # where the live columns are always taken (the CPU), a loss that yields them from its support
     live_in_place = getattr(fn, "live_in_place", None) if SPARSE_MAX_SHARE.get(x.device.type, 0.0) >= 1 else None
     for s in range(0, m, chunk):
@@ -124,7 +122,7 @@ def chunked_pass(x, weight, bias, target, fn, chunk: int, row_weight, grads):
     return losses, gx, gw, gb, extra
 
 
-def products(g, weight, xc, gx, gw, gb, acc, half_product, sparse: bool, tiles: bool) -> None:
+def products(g, weight, xc, gx, gw, gb, acc, half_product, sparse: bool, tiles) -> None:
     """G W into ``gx``, Gᵀ X into ``gw`` and Σ G into ``gb`` (each skipped when
     None) for a chunk's gradient G (C, V): on its live tiles or columns when
     ``sparse`` (:func:`sparse_products`), else the dense products.  ``gw`` and
@@ -144,15 +142,15 @@ def products(g, weight, xc, gx, gw, gb, acc, half_product, sparse: bool, tiles: 
         gb += g.sum(0, dtype=acc)
 
 
-def sparse_products(g, weight, xc, gx, gw, gb, acc, half_product, tiles: bool) -> bool:
+def sparse_products(g, weight, xc, gx, gw, gb, acc, half_product, tiles) -> bool:
     """G W into ``gx``, Gᵀ X into ``gw`` and Σ G into ``gb`` (each skipped
     when None) for a sparse gradient G (C, V) on its live vocabulary tiles
-    (with ``tiles``, while they are at most the Triton kernels'
+    (with ``tiles`` the live-tile kernel, while they are at most its
     ``MAX_LIVE_SHARE`` of the tiles) or else its live columns (while they are
     at most :data:`SPARSE_MAX_SHARE`); False, having written nothing, when
     neither applies and the dense products are the caller's to run
     (:func:`products`)."""
-    if tiles and dispatch.triton_live_tiles().products(g, weight, xc, gx, gw, gb):
+    if tiles is not None and tiles.impl.products(g, weight, xc, gx, gw, gb):
         return True
     cols = live_columns(g)
     if cols is None:

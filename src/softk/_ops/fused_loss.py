@@ -1,7 +1,8 @@
 r"""The fused Fenchel–Young loss as one op for every backend that has a
 fused kernel: the compiled CPU kernels (:mod:`softk._backends.native.loss`) and Triton
-(:mod:`softk._backends.triton.loss`).  :func:`softk.losses.fenchel_young_loss` takes
-it when :func:`softk._backends.dispatch.fused_loss_backend` names one.
+(:mod:`softk._backends.triton.loss`), the kernels of op "fenchel_young"
+(:mod:`softk._backends.kernels`).  :func:`softk.losses.fenchel_young_loss`
+takes it when :func:`softk._backends.dispatch.pick` names one.
 
 Liger-style: the forward kernel writes the loss and the gradient of the
 (reduced) loss, s·(p − y) with s = 1/τ (times 1/#kept rows for the mean), in
@@ -21,9 +22,8 @@ how it is met:
   are exact, not derivatives of the saved buffer;
 * forward mode (``torch.autograd.forward_ad``): the tangent is ⟨G, v⟩ per
   row (G the saved gradient, which is then always written);
-* ``torch.func`` transforms (vmap, grad, jvp): not served here;
-  :func:`softk._backends.dispatch.fused_loss_backend` sends their wrapped
-  tensors to the unfused loss.
+* ``torch.func`` transforms (vmap, grad, jvp): not served here; no fused
+  kernel serves their wrapped tensors, which take the unfused loss.
 
 Half inputs: Triton reads them as they are; the CPU kernels convert them to
 float32 once (as the unfused CPU path does) and the saved gradient is
@@ -39,84 +39,18 @@ from torch import Tensor
 from torch.autograd import forward_ad
 
 from . import lean as _lean
-from .._backends.native import loss as native_loss
+from .._backends import kernels
+from .._backends.native.loss import BadTarget
 from ..threshold.families import Family
 from .family_keys import family_by_key, family_key
-from ..threshold.rows import compute_dtype, scaled_rows
-from .._validate import mean_of, mean_scale, sum_tolerance
-
-_NO_GRAD = torch.empty(0)  # the gradient output when none is wanted (the lean path only; see _op_kernel)
-
+from ..threshold.rows import compute_dtype
+from .._validate import mean_scale
 
 # ---------------------------------------------------------------- the kernels
-def _native(x, target, k_rows, family, k, tau, reduction, ignore_index, want_grad, check):
-    """The compiled CPU kernel on the rows of ``x`` (half inputs in float32);
-    ``check``: let the kernel check a dense target in its pass."""
-    n = x.shape[-1]
-    ct = torch.float64 if x.dtype == torch.float64 else torch.float32  # the compute dtype
-    z = x if tau == 1.0 and x.dtype == ct else scaled_rows(x, tau, family, k if k_rows is None else k_rows,
-                                                           shift=tau != 1.0)
-    if z.dim() != 2:
-        z = z.reshape(-1, n)
-    tol = -1.0
-    if target.is_floating_point():
-        if target.dim() != 2:
-            target = target.reshape(-1, n)
-        if target.dtype != ct:
-            target = target.to(ct)  # checked by the caller in its own dtype
-        elif check:
-            tol = sum_tolerance(1.0, n, ct)
-    else:
-        if target.dim() != 1:
-            target = target.reshape(-1)
-        if target.dtype != torch.int64:
-            target = target.long()
-    kr = None if k_rows is None else k_rows.reshape(-1).to(ct).contiguous()
-    out, grad = native_loss.fenchel_young_fused_rows(
-        z if z.is_contiguous() else z.contiguous(), target if target.is_contiguous() else target.contiguous(),
-        family, k, k_rows=kr, inv_tau=1.0 / tau, ignore_index=ignore_index, reduction=reduction,
-        want_grad=want_grad, tol=tol)
-    if reduction == "none" and x.dim() != 2:
-        out = out.view(x.shape[:-1])
-    if grad is None:
-        grad = _NO_GRAD
-    elif x.dim() != 2:
-        grad = grad.view(x.shape)
-    if x.dtype != ct:  # half input: computed in float32
-        out, grad = out.to(x.dtype), grad.to(x.dtype)
-    return out, grad
-
-
-def _triton(x, target, family, k, tau, reduction, ignore_index, want_grad):
-    from .._backends.triton.loss import fenchel_young_fused_rows
-
-    n = x.shape[-1]
-    dense = target.is_floating_point()
-    rows_t = target.reshape(-1, n) if dense else torch.where(target != ignore_index, target, -1).reshape(-1)
-    rows_t = rows_t.contiguous()
-    kept = rows_t.shape[0]
-    if not dense:  # no host sync: the count stays on the device
-        kept = (rows_t >= 0).sum().float()
-    scale = torch.ones(1, dtype=torch.float32, device=x.device)
-    if reduction == "mean":  # 1/#kept, 0 with no kept row (the mean's zero gradients)
-        scale = mean_scale(scale, torch.as_tensor(kept, dtype=torch.float32, device=x.device))
-    loss, grad = fenchel_young_fused_rows(x.reshape(-1, n).contiguous(), rows_t, scale, family.kernel, k, tau,
-                                          family.alpha_value, want_grad=want_grad)
-    if want_grad:
-        grad = grad.view(x.shape)
-    # the reductions of softk._validate.reduce, on the same float32 rows
-    if reduction == "none":
-        out = loss.view(x.shape[:-1])
-    else:
-        out = loss.sum() if reduction == "sum" else mean_of(loss.sum(), kept)
-    return out.to(x.dtype), grad
-
-
 def _kernel(x, target, k_rows, family, k, tau, reduction, ignore_index, backend, want_grad, check=True):
     """(the reduced loss in x's dtype, the gradient s·(p − y) shaped like x or empty)."""
-    if backend == "native":
-        return _native(x, target, k_rows, family, k, tau, reduction, ignore_index, want_grad, check)
-    return _triton(x, target, family, k, tau, reduction, ignore_index, want_grad)
+    return kernels.get("fenchel_young", backend).impl.fenchel_young(x, target, k_rows, family, k, tau, reduction,
+                                                                    ignore_index, want_grad, check)
 
 
 def _op_kernel(x: Tensor, target: Tensor, k_rows: Optional[Tensor], name: str, alpha: float, k: int, tau: float,
@@ -217,26 +151,36 @@ _PATHS = _lean.Paths(_FusedFenchelYoungJvp, _kernel, lambda x, target, k_rows, *
 
 
 def fused_fenchel_young(x: Tensor, target: Tensor, family: Family, k, tau: float, reduction: str,
-                        ignore_index: int, backend: str, eager: bool | None = None) -> Tensor:
-    """The reduced loss in x's dtype through the fused kernel of ``backend``
-    (from :func:`softk._backends.dispatch.fused_loss_backend`).  ``x`` holds rows (classes last);
-    ``target`` is dense (x's shape) or class indices (x's shape without the
-    last dimension; ``ignore_index`` marks ignored rows); ``k`` an int or
-    one integral k per row (shaped x.shape[:-1] + (1,)).  ``eager``: the
-    caller's :func:`softk._ops.lean.eager` of these tensors, when it has it.  On
-    the eager CPU path the kernel checks the target and raises
-    :class:`softk._backends.native.loss.BadTarget`; elsewhere the caller has checked it."""
+                        ignore_index: int, backend: str, check_target) -> Tensor:
+    """The reduced loss in x's dtype through the fused kernel on ``backend``
+    (the one :func:`softk._backends.dispatch.pick` gave for op
+    "fenchel_young").  ``x`` holds rows (classes last); ``target`` is dense
+    (x's shape) or class indices (x's shape without the last dimension;
+    ``ignore_index`` marks ignored rows); ``k`` an int or one integral k per
+    row (shaped x.shape[:-1] + (1,)).
+
+    ``check_target()`` is the caller's check of the target's values, which
+    raises its message for a bad one.  A kernel that checks the target in its
+    own pass (``CHECKS_TARGET``: the CPU kernel, on the eager path, for
+    class indices or a dense target in the rows' compute dtype) calls it only
+    once it has found a bad one (:class:`BadTarget`); every other call checks
+    first."""
     k_rows = k if isinstance(k, Tensor) else None
     args = (x, target, k_rows, family, 1 if k_rows is not None else int(k), float(tau), reduction, ignore_index,
             backend)
-    if eager is None:
-        eager = _lean.eager(x, target, k_rows)
-    if eager:  # the lean path of _PATHS.apply, without asking again
-        if _lean.tracked(x):
-            return _EAGER(*args, True)[0]
-        return _kernel(*args, False)[0]
-    want = torch.is_grad_enabled() and x.requires_grad if torch.compiler.is_compiling() else _lean.tracked(x)
-    return _PATHS.apply(*args, want)[0]
+    if not _lean.eager(x, target, k_rows):
+        check_target()
+        want = torch.is_grad_enabled() and x.requires_grad if _lean.compiling() else _lean.tracked(x)
+        return _PATHS.apply(*args, want)[0]
+    own = kernels.get("fenchel_young", backend).impl.CHECKS_TARGET and (
+        not target.is_floating_point() or target.dtype == compute_dtype(x.dtype))
+    if not own:
+        check_target()
+    try:  # the lean path of _PATHS.apply, without asking again
+        return (_EAGER(*args, True) if _lean.tracked(x) else _kernel(*args, False))[0]
+    except BadTarget:
+        check_target()
+        raise
 
 
 _EAGER = _PATHS.eager_function.fast_apply

@@ -19,38 +19,46 @@ from __future__ import annotations
 import threading
 
 import torch
-from torch.autograd import forward_ad
+
+from .._backends.call_mode import compiling, eager, tracked
 
 _LOCK = threading.Lock()
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
-_functorch_active = torch._C._are_functorch_transforms_active
-_dispatch_stack = torch._C._len_torch_dispatch_stack
-_function_mode = torch._C._is_torch_function_mode_enabled
-_compiling = torch.compiler.is_compiling
-_tracing = torch._C._get_tracing_state  # torch.jit.trace (and the ONNX exporter built on it)
+_compiling = compiling
 
 
-def eager(*tensors) -> bool:
-    """True when a call on ``tensors`` may run the lean path: not while
-    compiling (Dynamo, export) or tracing (``torch.jit.trace``: a kernel
-    called through ctypes would be recorded as a constant), under no
-    ``torch.func`` transform, with no dispatch or function mode active, and
-    every tensor a plain ``torch.Tensor`` or ``Parameter`` (a subclass, e.g.
-    a FakeTensor or a DTensor, takes the library path)."""
-    if _compiling() or _functorch_active() or _dispatch_stack() or _function_mode() or _tracing():
-        return False
-    for t in tensors:
-        if t is not None and type(t) not in _PLAIN:
-            return False
-    return True
+def function(with_jvp: type, without_jvp: type) -> type:
+    """The autograd.Function a call applies: ``with_jvp`` (forward mode
+    through its custom jvp), or under ``torch.compile`` its parent
+    ``without_jvp`` (Dynamo does not trace a Function with a custom jvp)."""
+    return without_jvp if _compiling() else with_jvp
 
 
-def tracked(x: torch.Tensor) -> bool:
-    """True when autograd can see a result computed from ``x``: reverse mode
-    (x requires grad and grad mode is on) or a forward-mode dual level is open
-    (x may carry a tangent).  Otherwise the lean path calls the kernel with
-    no autograd.Function at all."""
-    return (x.requires_grad and torch.is_grad_enabled()) or forward_ad._current_level >= 0
+def call(tensors: tuple, kernel, library, register, *args):
+    """``kernel(*args)`` in a plain eager call on ``tensors`` (:func:`eager`),
+    else ``library(*args)``, the same computation through the op's
+    ``torch.library`` ops (after ``register()``, its :func:`library`
+    registration): the choice every backward with a kernel makes, in one
+    place."""
+    if eager(*tensors):
+        return kernel(*args)
+    register()
+    return library(*args)
+
+
+def route(tensors: tuple, eager_apply, kernel, library, register, *args):
+    """The eager-or-library choice of an op that is not a :class:`Paths`
+    (several outputs, no vmap rule): in a plain eager call on ``tensors``,
+    ``eager_apply(*args)`` (its old-style autograd.Function) when autograd
+    can see the result, else ``kernel(*args)`` alone; every other call
+    ``library(*args)``, the op's ``torch.library`` path (after
+    ``register()``)."""
+    if eager(*tensors):
+        for t in tensors:
+            if t is not None and tracked(t):
+                return eager_apply(*args)
+        return kernel(*args)
+    register()
+    return library(*args)
 
 
 def library(register):

@@ -175,10 +175,9 @@ def normmax_apply(x: Tensor, alpha, tau) -> Tensor:
     a = alpha if isinstance(alpha, Tensor) else torch.tensor(alpha, dtype=compute_dtype(x.dtype), device=x.device)
     if x.numel() == 0:
         return x * 0
-    if _lean.eager(x, a):
-        if not (_lean.tracked(x) or _lean.tracked(a)):
-            return normmax_rows(x, alpha, tau).to(x.dtype)
-        return _NormmaxEager.apply(x, a, tau)
-    _library()
-    fn = _NormmaxLibrary if torch.compiler.is_compiling() else _NormmaxLibraryJvp
-    return fn.apply(x, a, tau)
+    return _lean.route((x, a), _NormmaxEager.apply, lambda x, a, tau: normmax_rows(x, alpha, tau).to(x.dtype),
+                       _library_apply, _library, x, a, tau)
+
+
+def _library_apply(x, a, tau):
+    return _lean.function(_NormmaxLibraryJvp, _NormmaxLibrary).apply(x, a, tau)

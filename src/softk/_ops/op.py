@@ -1,8 +1,10 @@
 r"""The one autograd contract of every threshold map, on every backend.
 
 ``threshold_map(x, family, k, dim, tau)`` runs p = f(x/τ − λ), Σp = k along
-``dim``.  The backend is resolved once (:func:`softk._backends.dispatch.resolve`) and
-travels with the call, so the backward runs where the forward ran.
+``dim``.  The kernel is picked once (:func:`softk._backends.dispatch.pick`,
+op "threshold") and its backend name travels with the call, so the backward
+runs where the forward ran: the kernel's ``forward(family, x, k, τ)`` and
+``backward(family, p, g, τ)`` (:mod:`softk._backends.kernels`).
 
 What PyTorch expects of a library op, and how it is met:
 
@@ -21,7 +23,7 @@ What PyTorch expects of a library op, and how it is met:
   (the backend's kernel when no graph is being built);
 * double backward: when a graph is being built (``create_graph=True``) the
   backward is the same formula written as differentiable tensor code
-  (:func:`softk.threshold.torch_path.vjp`), whose inputs p and g are tracked,
+  (:func:`softk._backends.torch.threshold.vjp`), whose inputs p and g are tracked,
   so second derivatives (Hessians, ``gradgradcheck``) are exact;
 * forward mode (``jvp``, ``jacfwd``): the Jacobian
   J = (diag(d) − d dᵀ/Σd)/τ is symmetric, so J·v is the backward applied to v;
@@ -36,23 +38,23 @@ import torch
 from torch import Tensor
 
 from . import lean as _lean
-from .._backends import dispatch
+from .._backends import dispatch, kernels
+from .._backends.torch.threshold import vjp
 from ..threshold.families import Family
 from .family_keys import family_by_key, family_key
 from .per_row_k import apply_rows_k
 from ..threshold.rows import empty_like_result
-from ..threshold.torch_path import vjp
 
 
 # ------------------------------------------------------------- the custom ops
 def _threshold(x: Tensor, name: str, alpha: float, k: int, tau: float, backend: str) -> Tensor:
-    """p along the last dimension of ``x`` on ``backend`` (arguments validated)."""
-    return dispatch.get(backend).forward(family_by_key(name, alpha), x, k, tau)
+    """p along the last dimension of ``x`` by the kernel on ``backend`` (arguments validated)."""
+    return kernels.get("threshold", backend).impl.forward(family_by_key(name, alpha), x, k, tau)
 
 
 def _threshold_backward(p: Tensor, g: Tensor, name: str, alpha: float, tau: float, backend: str) -> Tensor:
     """∂L/∂x from the saved output ``p`` and the incoming gradient ``g``."""
-    return dispatch.get(backend).backward(family_by_key(name, alpha), p, g, tau)
+    return kernels.get("threshold", backend).impl.backward(family_by_key(name, alpha), p, g, tau)
 
 
 threshold_op = threshold_backward_op = None  # softk::threshold(_backward), defined by _library()
@@ -67,7 +69,16 @@ def _library():
 
 # -------------------------------------------------------- the autograd contract
 def _kernel(x, family, k, tau, backend):
-    return dispatch.get(backend).forward(family, x, k, tau)
+    return kernels.get("threshold", backend).impl.forward(family, x, k, tau)
+
+
+def _backward_kernel(p, g, family, tau, backend):
+    return kernels.get("threshold", backend).impl.backward(family, p, g, tau)
+
+
+def _backward_library(p, g, family, tau, backend):
+    name, alpha = family_key(family)
+    return threshold_backward_op(p, g, name, alpha, tau, backend)
 
 
 class _Threshold(torch.autograd.Function):
@@ -91,12 +102,8 @@ class _Threshold(torch.autograd.Function):
         if torch.is_grad_enabled():
             # A graph is being built: differentiable tensor code (double backward).
             dx = vjp(ctx.family, p, g.to(p.dtype), ctx.tau)
-        elif _lean.eager(p, g):
-            dx = dispatch.get(ctx.backend).backward(ctx.family, p, g, ctx.tau)
         else:
-            _library()
-            name, alpha = family_key(ctx.family)
-            dx = threshold_backward_op(p, g, name, alpha, ctx.tau, ctx.backend)
+            dx = _lean.call((p, g), _backward_kernel, _backward_library, _library, p, g, ctx.family, ctx.tau, ctx.backend)
         return dx, None, None, None, None
 
 
@@ -113,8 +120,8 @@ _PATHS = _lean.Paths(_ThresholdJvp, _kernel, lambda x, *_: (x,), compiled=_Thres
 
 
 def apply_rows(x: Tensor, family: Family, k, tau: float, backend: str) -> Tensor:
-    """The contract on rows (dim last), backend already resolved; ``k`` an
-    int, or a tensor shaped x.shape[:-1] + (1,) (see :mod:`.op_rowk`)."""
+    """The contract on rows (dim last), the kernel's backend already picked;
+    ``k`` an int, or a tensor shaped x.shape[:-1] + (1,) (see :mod:`.per_row_k`)."""
     if isinstance(k, Tensor):
         return apply_rows_k(x, k, family, tau)
     return _PATHS.apply(x, family, k, tau, backend)
@@ -132,7 +139,7 @@ def threshold_map(x: Tensor, family: Family, k, dim: int, tau) -> Tensor:
         return empty_like_result(x)
     if isinstance(tau, Tensor):
         x, tau = x / tau.to(x.dtype), 1.0
-    backend = dispatch.resolve(x, family)
+    backend = dispatch.pick("threshold", x, family).backend
     if dim == x.dim() - 1:
         return apply_rows(x, family, k, tau, backend)
     return apply_rows(x.movedim(dim, -1), family, k, tau, backend).movedim(-1, dim)

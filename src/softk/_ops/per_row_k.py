@@ -22,13 +22,12 @@ from . import lean as _lean
 from .._backends import dispatch
 from .family_keys import family_by_key, family_key
 from ..threshold.rows import compute_dtype, scaled_rows
-from ..threshold.torch_path import forward as torch_forward
-from ..threshold.torch_path import slope, vjp
+from .._backends.torch.threshold import map_rows, slope, vjp
 
 
 def _kernel(x: Tensor, k: Tensor, family, tau: float) -> Tensor:
     kc = k.to(compute_dtype(x.dtype))
-    return torch_forward(family, scaled_rows(x, tau, family, kc), kc).to(x.dtype)
+    return map_rows(family, scaled_rows(x, tau, family, kc), kc).to(x.dtype)
 
 
 def _rowk(x: Tensor, k: Tensor, name: str, alpha: float, tau: float) -> Tensor:
@@ -93,5 +92,7 @@ _PATHS = _lean.Paths(_ThresholdRowKJvp, _kernel, lambda x, k, *_: (x, k), compil
 
 def apply_rows_k(x: Tensor, k: Tensor, family, tau: float) -> Tensor:
     """The contract on rows (dim last) with k shaped x.shape[:-1] + (1,)."""
-    dispatch.resolve(x, family)  # the configured backend must be able to run x at all
+    # one k per row runs the torch kernel (the general solver); a named
+    # backend must still be able to run x at all
+    dispatch.order("threshold", x)
     return _PATHS.apply(x, k.to(compute_dtype(x.dtype)), family, tau)

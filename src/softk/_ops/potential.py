@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from . import lean as _lean
 from .._backends import dispatch
 from ..threshold.families import Family
 from .op import apply_rows
@@ -81,9 +82,8 @@ class _PotentialValueJvp(_PotentialValue):
 def potential_rows(x: Tensor, family: Family, k: int, tau: float) -> Tensor:
     """τ·Φ(x/τ) on the last dimension (keepdim), arguments validated."""
     xc = x.to(compute_dtype(x.dtype))
-    p = apply_rows(xc, family, k, tau, dispatch.resolve(xc, family))
-    fn = _PotentialValue if torch.compiler.is_compiling() else _PotentialValueJvp
-    return fn.apply(xc, p, family, tau)
+    p = apply_rows(xc, family, k, tau, dispatch.pick("threshold", xc, family).backend)
+    return _lean.function(_PotentialValueJvp, _PotentialValue).apply(xc, p, family, tau)
 
 
 def potential(x: Tensor, family: Family, k: int, dim: int, tau: float, keepdim: bool = False) -> Tensor:
@@ -137,5 +137,4 @@ def regularised_potential(x: Tensor, p: Tensor, alpha, omega, d_omega, tau: floa
     the map's output, ``omega(v, alpha)`` Ω_α on rows (keepdim) and
     ``d_omega(v, alpha)`` its partial derivative in α; ∇_x Φ = p/τ and
     ∂_α Φ = −∂_α Ω_α(p) (see :class:`_RegularisedPotential`)."""
-    fn = _RegularisedPotential if torch.compiler.is_compiling() else _RegularisedPotentialJvp
-    return fn.apply(x, p, alpha, omega, d_omega, tau)
+    return _lean.function(_RegularisedPotentialJvp, _RegularisedPotential).apply(x, p, alpha, omega, d_omega, tau)

@@ -5,9 +5,10 @@ of the compiled CPU kernel (:func:`softk._backends.native.loss.topk_ce_rows`).
 rows (classes last); :func:`fused_topk_softmax_ce` runs the kernel, which
 writes the loss and its gradient in one pass, under an old-style
 Function whose backward only scales the saved gradient (double backward
-differentiates the tensor code).  Eager calls only
-(:func:`softk._ops.lean.eager`): :func:`softk.losses.topk_softmax_cross_entropy`
-validates the arguments and asks :func:`softk._backends.dispatch.topk_softmax_ce_backend`.
+differentiates the tensor code).  The kernel has no library op: it serves
+plain eager calls only (:mod:`softk._backends.kernels`, op
+"topk_softmax_ce"), and :func:`softk.losses.topk_softmax_cross_entropy`
+takes the tensor code for every other call.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from torch import Tensor
 from torch.autograd import forward_ad
 
 from . import lean as _lean
+from .._backends import kernels
 from .._validate import reduce
 from ..threshold.rows import compute_dtype
 
@@ -34,26 +36,9 @@ def topk_softmax_ce_rows(z: Tensor, target: Tensor, k: int, tau: float, reductio
     return reduce(loss, keep, reduction).to(z.dtype)
 
 
-def _native(z: Tensor, target: Tensor, k: int, tau: float, reduction: str, ignore_index: int, want_grad: bool):
-    """(loss, gradient of the reduced loss) from the compiled kernel, in z's dtype."""
-    from .._backends.native.loss import topk_ce_rows
-
-    n = z.shape[-1]
-    ct = compute_dtype(z.dtype)
-    x = (z if z.dtype == ct else z.to(ct)).reshape(-1, n)
-    t = target.reshape(-1)
-    if t.dtype != torch.int64:
-        t = t.long()
-    out, grad = topk_ce_rows(x if x.is_contiguous() else x.contiguous(), t if t.is_contiguous() else t.contiguous(),
-                             k, inv_tau=1.0 / tau, ignore_index=ignore_index, reduction=reduction,
-                             want_grad=want_grad)
-    if reduction == "none":
-        out = out.view(z.shape[:-1])
-    if want_grad:
-        grad = grad.view(z.shape)
-    if z.dtype != ct:  # half input: computed in float32
-        out, grad = out.to(z.dtype), grad.to(z.dtype)
-    return out, grad
+def _kernel(z, target, k, tau, reduction, ignore_index, want_grad, backend):
+    return kernels.get("topk_softmax_ce", backend).impl.topk_softmax_ce(z, target, k, tau, reduction, ignore_index,
+                                                                        want_grad)
 
 
 class _FusedTopkCE(torch.autograd.Function):
@@ -61,8 +46,8 @@ class _FusedTopkCE(torch.autograd.Function):
     (old style: eager calls only, see :mod:`softk._ops.lean`)."""
 
     @staticmethod
-    def forward(ctx, z, target, k, tau, reduction, ignore_index):
-        out, grad = _native(z, target, k, tau, reduction, ignore_index, True)
+    def forward(ctx, z, target, k, tau, reduction, ignore_index, backend):
+        out, grad = _kernel(z, target, k, tau, reduction, ignore_index, True, backend)
         ctx.save_for_backward(z, target, grad)
         if forward_ad._current_level >= 0:
             ctx.save_for_forward(grad)
@@ -76,11 +61,11 @@ class _FusedTopkCE(torch.autograd.Function):
         if torch.is_grad_enabled():
             # create_graph: the gradient of the tensor code, itself differentiable
             (grad,) = torch.autograd.grad(topk_softmax_ce_rows(z, target, *ctx.args), z, g, create_graph=True)
-            return grad, None, None, None, None, None
+            return grad, None, None, None, None, None, None
         if reduction != "none" and float(g) == 1.0:
-            return grad, None, None, None, None, None  # the saved gradient is the answer
+            return grad, None, None, None, None, None, None  # the saved gradient is the answer
         dx = grad * (g.unsqueeze(-1) if reduction == "none" else g)
-        return dx.to(z.dtype), None, None, None, None, None
+        return dx.to(z.dtype), None, None, None, None, None, None
 
     @staticmethod
     def jvp(ctx, vz, *_):
@@ -90,11 +75,12 @@ class _FusedTopkCE(torch.autograd.Function):
         return (t.sum(-1) if ctx.args[2] == "none" else t.sum()).to(grad.dtype)
 
 
-def fused_topk_softmax_ce(z: Tensor, target: Tensor, k: int, tau: float, reduction: str,
-                          ignore_index: int) -> Tensor:
-    """The reduced loss from the compiled kernel (rows of ``z``, classes
-    last), under :class:`_FusedTopkCE` when autograd can see the result; it
-    raises :class:`softk._backends.native.loss.BadTarget` for a bad target."""
+def fused_topk_softmax_ce(z: Tensor, target: Tensor, k: int, tau: float, reduction: str, ignore_index: int,
+                          backend: str) -> Tensor:
+    """The reduced loss from the kernel on ``backend`` (rows of ``z``,
+    classes last; a plain eager call, which the kernel's ``serves`` asked),
+    under :class:`_FusedTopkCE` when autograd can see the result; it raises
+    :class:`softk._backends.native.loss.BadTarget` for a bad target."""
     if _lean.tracked(z):
-        return _FusedTopkCE.apply(z, target, k, tau, reduction, ignore_index)
-    return _native(z, target, k, tau, reduction, ignore_index, False)[0]
+        return _FusedTopkCE.apply(z, target, k, tau, reduction, ignore_index, backend)
+    return _kernel(z, target, k, tau, reduction, ignore_index, False, backend)[0]

@@ -46,7 +46,7 @@ from torch import Tensor
 
 from ..threshold.families import Family
 from ..threshold.rows import row_status
-from ..threshold.torch_path import forward as threshold_forward
+from .._backends.torch.threshold import map_rows
 from .._ops.distributed import all_gather, all_reduce
 from .._ops.potential import value_at
 from ..threshold.solve import solve_lambda
@@ -133,7 +133,7 @@ def sparse_forward(family: Family, z: Tensor, k: int, group, rank: int, world: i
         zz = torch.cat([zz, zz.new_full((m, c - width), NEG_INF)], -1)
     vals, idx = torch.topk(zz, c, dim=-1, sorted=False)
     s = torch.cat(all_gather(vals, group, world), -1) - shift
-    pc = threshold_forward(family, s, k)
+    pc = map_rows(family, s, k)
     phi = torch.where(broken, float("nan"), value_at(family, s, pc))
     mine = pc[:, rank * c : (rank + 1) * c]
     p = torch.zeros(m, zz.shape[-1], dtype=dt, device=z.device)

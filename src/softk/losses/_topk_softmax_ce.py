@@ -25,7 +25,6 @@ from torch import Tensor
 from .. import _dtensor
 
 from .._backends import dispatch
-from .._ops import lean as _lean
 from .._ops.topk_softmax_ce import fused_topk_softmax_ce, topk_softmax_ce_rows
 from .._validate import check_k
 from .._backends.native.loss import BadTarget
@@ -81,9 +80,10 @@ def topk_softmax_cross_entropy(
     if target.device != input.device:
         target = target.to(input.device)
     z = input if cdim == input.dim() - 1 else input.movedim(cdim, -1)
-    if input.numel() and _lean.eager(input, target) and dispatch.topk_softmax_ce_backend(input) == "native":
+    kernel = dispatch.pick("topk_softmax_ce", input, target)
+    if kernel is not None:
         try:
-            return fused_topk_softmax_ce(z, target, k, tau, reduction, ignore_index)
+            return fused_topk_softmax_ce(z, target, k, tau, reduction, ignore_index, kernel.backend)
         except BadTarget:
             tg.index_target(input, target, ignore_index)  # softk's message
             raise

@@ -20,8 +20,8 @@ derivative, the Hessian, is the map's Jacobian (double backward, ``hessian``).
 For a class-index target y = e_t the loss is Φ(z) − z_t + ψ(1) (ψ(0) = 0 for
 every family), so no one-hot tensor is built.
 
-Where the dispatch picks the compiled CPU kernels ("native") or Triton and
-the family has a fused kernel there (:func:`softk._backends.dispatch.fused_loss_backend`:
+Where a fused kernel serves the call (:func:`softk._backends.dispatch.pick`,
+op "fenchel_young": the compiled CPU kernels ("native") or Triton, for
 softmax, sparsemax, entmax15, entmax with 1 < α ≤ 2 and soft top-k "exp" on
 the CPU, every family with a float α on Triton) with an int k (on the CPU
 also one integral k per row, e.g. multi-hot targets), the fused kernel
@@ -44,10 +44,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .._ops import lean as _lean
 from .._backends import dispatch
 from .._validate import check_k_rows, reduce
-from .._backends.native.loss import BadTarget
 from ..threshold.families import Family
 from .._ops.fenchel_young import fenchel_young_rows
 from ..threshold.rows import compute_dtype
@@ -127,21 +125,12 @@ def fenchel_young_loss(
     x = input if cdim == input.dim() - 1 else input.movedim(cdim, -1)
     if target.device != input.device:
         target = target.to(input.device)
-    backend = dispatch.fused_loss_backend(x, family, k)
-    eager = backend == "native" and _lean.eager(input, target, k if row_k else None)
-    if eager and (by_index or target.dtype == compute_dtype(x.dtype)):  # (the kernel reads rows in it)
-        # The kernel checks the target values in its pass; softk's message
-        # is built (by the Python checks below) only when one fails.
-        try:
-            return fused_fenchel_young(x, target if by_index else target.movedim(cdim, -1), family, k, tau,
-                                       reduction, ignore_index, backend, eager=True)
-        except BadTarget:
-            _check_values(input, target, family, k, ignore_index)
-            raise
+    kernel = dispatch.pick("fenchel_young", x, family, k)
+    if kernel is not None:
+        t = target if by_index else target.movedim(cdim, -1)
+        return fused_fenchel_young(x, t, family, k, tau, reduction, ignore_index, kernel.backend,
+                                   lambda: _check_values(input, target, family, k, ignore_index))
     index, keep, y = _check_values(input, target, family, k, ignore_index)
-    if backend is not None:
-        t = target if by_index else y
-        return fused_fenchel_young(x, t, family, k, tau, reduction, ignore_index, backend)
     if x.numel() == 0:
         loss = x.to(compute_dtype(x.dtype)).sum(-1) * 0
     else:

@@ -1,10 +1,11 @@
 """The threshold-map core: p = f(x/τ − λ) with Σp = k, as mathematics.
 
-``families`` says what each map is, ``solve`` finds λ, ``rows`` holds the row
-prelude and conventions, ``torch_path`` the reference forward and backward
-(``fast_paths``, ``entmax_anchor`` their exact special cases) and
-``entmax_alpha`` the map and ∂p/∂α for a tensor α.  Nothing here picks a backend:
-:mod:`softk._backends` runs these maths, and :mod:`softk._ops` holds the
+``families`` says what each map is, ``solve`` finds λ (``fast_paths``,
+``entmax_anchor`` its exact special cases), ``rows`` holds the row prelude
+and conventions and ``entmax_alpha`` the map and ∂p/∂α for a tensor α.
+Nothing here picks a backend: :mod:`softk._backends` runs these maths (the
+torch kernel, :mod:`softk._backends.torch.threshold`, is the reference
+forward and backward), and :mod:`softk._ops` holds the
 autograd rules every backend runs under (``threshold_map``).  The bottom
 floor: every package may import it, and it imports only ``softk._validate``.
 """

@@ -5,7 +5,7 @@ r"""The fast paths of the PyTorch solver: λ without sorting the row.
 touching the full row only in block maxima (or a partial sort) and in writing
 the output: block maxima give a lower bound of λ, and only the few entries
 above it are solved exactly with the solvers of :mod:`.solve` (see
-BENCHMARKS.md for measurements).  :mod:`.torch_path` uses them on rows of 64
+BENCHMARKS.md for measurements).  :mod:`softk._backends.torch.threshold` uses them on rows of 64
 entries or more.
 """
 

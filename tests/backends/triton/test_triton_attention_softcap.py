@@ -21,6 +21,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from softk.attention import checks, op  # noqa: E402
+from softk._backends import kernels  # noqa: E402
 from softk._backends.triton.attention_tiles import _cap_slope, _tanh  # noqa: E402
 
 from ...oracle import attention as ora  # noqa: E402
@@ -52,7 +53,7 @@ def tiles(monkeypatch):
 
 def run(q, k, v, softcap, mask=None, causal=False, name="entmax15", alpha=None, scale=None):
     call = checks.check_call(q, k, v, mask, 0.0, causal, scale, True, name, alpha, softcap)
-    return op.attention(call, "triton")
+    return op.attention(call, kernels.get("attention", "triton"))
 
 
 def capped_scores(q, k, c, scale):

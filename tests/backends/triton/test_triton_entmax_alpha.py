@@ -171,9 +171,9 @@ def test_dispatch_sends_an_alpha_the_kernels_cannot_serve_to_torch():
     # the "triton" setting keeps what serves() takes and routes the rest, never a wrong result
     x = torch.from_numpy(ROWS[2:3].copy())
     with softk.use_backend("triton"):
-        assert dispatch.resolve(x, softk.families.entmax(10.0)) == "triton"
-        assert dispatch.resolve(x, softk.families.entmax(2 * ALPHA_MAX)) == "torch"
-        assert dispatch.resolve(x.double(), softk.families.entmax(10.0)) == "torch"  # float64: the torch path
+        assert dispatch.pick("threshold", x, softk.families.entmax(10.0)).backend == "triton"
+        assert dispatch.pick("threshold", x, softk.families.entmax(2 * ALPHA_MAX)).backend == "torch"
+        assert dispatch.pick("threshold", x.double(), softk.families.entmax(10.0)).backend == "torch"  # float64: the torch path
         p = softk.entmax(x, alpha=2 * ALPHA_MAX)
     with softk.use_backend("torch"):
         assert torch.equal(p, softk.entmax(x, alpha=2 * ALPHA_MAX))

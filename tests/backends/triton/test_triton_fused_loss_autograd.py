@@ -46,7 +46,7 @@ def test_fused_kernel_runs_and_keeps_half_inputs_half(rng, monkeypatch):
     tensor of the input's size is made in float32 for a bf16 input, forward
     or backward: the saved gradient is bf16."""
     import softk._backends.triton.loss as launcher
-    from softk._backends import dispatch
+    from softk._backends import kernels
 
     calls = []
     run = launcher.fenchel_young_fused_rows
@@ -56,7 +56,7 @@ def test_fused_kernel_runs_and_keeps_half_inputs_half(rng, monkeypatch):
         return run(x, target, scale, fam, *a, **kw)
 
     monkeypatch.setattr(launcher, "fenchel_young_fused_rows", spy)
-    monkeypatch.setattr(dispatch.TritonBackend, "forward", None)  # the unfused path would fail
+    monkeypatch.setattr(kernels.get("threshold", "triton").impl, "forward", None)  # the unfused path would fail
     xn = _rows(rng, torch.bfloat16, n=24)[[0, 1, 5, 6]]
     x = torch.tensor(xn, dtype=torch.bfloat16, requires_grad=True)
     t = torch.tensor([3, 2, 0, -100])

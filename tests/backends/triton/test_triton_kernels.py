@@ -99,16 +99,17 @@ def test_public_functions_dispatch_to_triton_and_keep_dim_and_tau(rng):
 
 
 def test_losses_and_topk_sum_reach_the_triton_kernels(rng, monkeypatch):
-    from softk._backends import dispatch
+    from softk._backends import kernels
 
     calls = []
-    fwd = dispatch.TritonBackend.forward
+    threshold = kernels.get("threshold", "triton").impl
+    fwd = threshold.forward
 
     def spy(family, x, k, tau):
         calls.append(family.name)
         return fwd(family, x, k, tau)
 
-    monkeypatch.setattr(dispatch.TritonBackend, "forward", staticmethod(spy))
+    monkeypatch.setattr(threshold, "forward", spy)
     xn = rng.normal(size=(4, 9)).astype(np.float32).astype(np.float64)
     x = torch.tensor(xn, dtype=torch.float32, requires_grad=True)
     y = torch.tensor([0, 3, 8, 2])

@@ -26,8 +26,11 @@ import pytest
 import torch
 
 import softk._ops.fused_linear as FL
+from softk._backends import kernels
 from softk._backends.triton import live_tiles as LT
 from softk.losses import fused_linear_loss
+
+TILES = kernels.get("live_tiles", "triton")  # the kernel that runs the products on the live tiles
 
 U32 = 2.0 ** -24
 # the relative error of storing a float32 result in each dtype: half a unit in
@@ -179,7 +182,7 @@ def test_fused_loss_on_live_tiles_equals_the_dense_route(monkeypatch, loss, redu
         ran.append(LT.live_tiles(g).numel())
         return real(g, *args, **kw)
 
-    monkeypatch.setattr(FL, "live_tiles_route", lambda x: True)
+    monkeypatch.setattr(FL, "live_tiles_kernel", lambda x: TILES)
     monkeypatch.setattr(LT, "products", spy)
     tiles = _grads(x, w, b, y, loss, reduction)
     assert len(ran) == 3 and any(0 < r < 5 for r in ran), ran  # every chunk on the tiles, some dead
@@ -203,7 +206,7 @@ def test_fused_loss_on_live_tiles_in_bfloat16(monkeypatch):
     monkeypatch.setattr(FL, "SPARSE_MAX_SHARE", {"cpu": 0.0})
     dense = _grads(x, w, b, y, "sparsemax", "mean")
     ran, real = [], LT.products
-    monkeypatch.setattr(FL, "live_tiles_route", lambda x: True)
+    monkeypatch.setattr(FL, "live_tiles_kernel", lambda x: TILES)
     monkeypatch.setattr(LT, "products", lambda g, *a, **k: ran.append(g.dtype) or real(g, *a, **k))
     tiles = _grads(x, w, b, y, "sparsemax", "mean")
     assert ran == [torch.bfloat16] * 3
@@ -213,7 +216,7 @@ def test_fused_loss_on_live_tiles_in_bfloat16(monkeypatch):
 
 
 def test_float64_keeps_the_torch_products(monkeypatch):
-    monkeypatch.setattr(FL, "live_tiles_route", lambda x: True)
+    monkeypatch.setattr(FL, "live_tiles_kernel", lambda x: TILES)
     monkeypatch.setattr(LT, "products", lambda *a, **k: pytest.fail("the float32 kernels ran on float64"))
     x, w, b, y = _problem(torch.float64)
     _grads(x, w, b, y, "sparsemax", "mean")
@@ -227,17 +230,17 @@ def test_the_route_is_the_explicit_triton_backends_on_cuda():
 
     x = torch.zeros(2, 2)
     with softk.use_backend("triton"):
-        assert dispatch.live_tiles_backend(x) is None  # a CPU tensor: the CPU's live columns
-        assert not FL.live_tiles_route(x)
-    assert dispatch.live_tiles_backend(torch.zeros(2, 2, device="meta")) is None
+        assert dispatch.pick("live_tiles", x) is None  # a CPU tensor: the CPU's live columns
+        assert FL.live_tiles_kernel(x) is None
+    assert dispatch.pick("live_tiles", torch.zeros(2, 2, device="meta")) is None
     # what the choice reads of a CUDA tensor (no GPU here): its device flag and dtype
-    cuda = lambda dtype: types.SimpleNamespace(is_cuda=True, dtype=dtype)  # noqa: E731
-    for name, dtype, want in (("triton", torch.bfloat16, "triton"), ("triton", torch.float32, "triton"),
+    cuda = lambda dtype: types.SimpleNamespace(is_cuda=True, is_cpu=False, dtype=dtype)  # noqa: E731
+    for name, dtype, want in (("triton", torch.bfloat16, TILES), ("triton", torch.float32, TILES),
                               ("triton", torch.float64, None), ("auto", torch.bfloat16, None),
                               ("torch", torch.bfloat16, None)):
         with softk.use_backend(name):
-            assert dispatch.live_tiles_backend(cuda(dtype)) == want, (name, dtype)
-            assert FL.live_tiles_route(cuda(dtype)) == (want == "triton")
+            assert dispatch.pick("live_tiles", cuda(dtype)) is want, (name, dtype)
+            assert FL.live_tiles_kernel(cuda(dtype)) is want, (name, dtype)
 
 
 def _vocab_parallel_tiles(rank, world):
@@ -250,7 +253,7 @@ def _vocab_parallel_tiles(rank, world):
     ref = _grads(*(t.double() for t in (x, w, b)), y, "sparsemax", "sum")
     ran = []
     real = LTr.products
-    FLr.live_tiles_route = lambda x: True
+    FLr.live_tiles_kernel = lambda x: kernels.get("live_tiles", "triton")
     LTr.products = lambda g, *a, **k: ran.append(1) or real(g, *a, **k)
     xl, wl, bl = x.clone().requires_grad_(), w[lo:hi].clone().requires_grad_(), b[lo:hi].clone().requires_grad_()
     out = vocab_parallel_fused_linear_loss(xl, wl, y, "sparsemax", bl, reduction="sum", chunk_size=8)

@@ -2,8 +2,9 @@
 
 ``forward`` (the λ search over key blocks and the output), ``backward``
 (dq, dk, dv and dα from the saved λ, recomputing p block by block) and
-``blocks`` (the block and chunk iterators).  :mod:`softk._ops.attention`
-runs them for the "blockwise" backend (the CPU, float64 inputs, any device
-without Triton; :func:`softk._backends.dispatch.attention_backend` decides);
-they import only :mod:`softk.threshold`.
+``blocks`` (the block and chunk iterators), and ``kernel``, their interface
+as the "native" kernel of op "attention" (:mod:`softk._backends.kernels`:
+the CPU, float64 inputs, any device without Triton), which
+:mod:`softk._ops.attention` runs.  They import only :mod:`softk.threshold`
+and the dispatcher (their rows' own threshold kernels).
 """

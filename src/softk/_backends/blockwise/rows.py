@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .. import dispatch, registry
+from .. import dispatch
 from ...threshold.attention_maps import ENTMAX_ID, SOFTMAX_ID, family
 from ...threshold.entmax_alpha import dp_dalpha, entmax_log_d
 from ...threshold.families import entmax_family
@@ -70,9 +70,12 @@ def _families(fam: int, alpha, blk: Blocks):
             for h in range(len(a))]
 
 
+# the rows' own threshold kernel, whatever the setting: the CPU's where it serves, else torch's
+_ROW_KERNELS = ("native", "torch")
+
+
 def _backend(fam_obj, s: Tensor):
-    native = dispatch.get("native")
-    return native if native.serves(fam_obj, s) and registry.native_available() else dispatch.get("torch")
+    return dispatch.first_serving("threshold", _ROW_KERNELS, s, fam_obj).impl
 
 
 def _map(fams, s: Tensor) -> Tensor:

@@ -5,8 +5,9 @@ direction, templated on float/double), :mod:`.build` compiles and loads it,
 and this module is the launcher: it takes contiguous float32/float64 CPU
 tensors with the map's dimension last, views them as (rows, n) and calls the
 kernel, which splits the rows between ``torch.get_num_threads()`` OpenMP
-threads (torch's own pool on Linux, see :mod:`.build`).  :class:`softk._backends.dispatch.NativeBackend` calls it when the backend resolves to
-"native" (see :mod:`softk._backends.dispatch`); every other case runs the PyTorch path.
+threads (torch's own pool on Linux, see :mod:`.build`).  :mod:`.threshold` is its interface as the "native" kernel of op "threshold"
+(:mod:`softk._backends.kernels`), which runs where the dispatcher picks it;
+every other case runs the torch kernel.
 Imported by :mod:`softk._backends.dispatch`, the ops of :mod:`softk._ops`
 (the fused losses) and the losses (its ``BadTarget``); imports only
 :mod:`softk.threshold`.

@@ -229,3 +229,22 @@ def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tenso
     if stats is not None and fam:
         stats.update(live=tiles.view(B * H * nqb, nkb).clone())
     return dq, dk, dv, dalpha
+
+
+# ------------------------------------------------ the interface of op "attention"
+def _alphas(q: Tensor, alpha):
+    # one float32 α per query head; the kernels read it for α-entmax only
+    return alpha.detach().float() if alpha is not None else q.new_full((q.shape[1],), 1.5, dtype=torch.float32)
+
+
+def forward(q, k, v, mask, alpha, scale, causal, fam, softcap):
+    """(out, m, λ): :func:`attention_forward` in the interface of
+    :mod:`softk._backends.kernels` (``alpha`` the per-head tensor or None)."""
+    return attention_forward(q, k, v, scale=scale, causal=causal, mask=mask, fam=fam, alpha=_alphas(q, alpha),
+                             softcap=softcap)
+
+
+def backward(q, k, v, out, dout, m, lam, mask, alpha, scale, causal, fam, need_dalpha, softcap):
+    """(dq, dk, dv, dα): :func:`attention_backward` in the same interface."""
+    return attention_backward(q, k, v, out, dout, m, lam, scale=scale, causal=causal, mask=mask, fam=fam,
+                              alpha=_alphas(q, alpha), need_dalpha=need_dalpha, softcap=softcap)

@@ -7,7 +7,7 @@ are read once; wider rows twice (the two sums, then dx), in blocks of
 
 ``LOGD`` (α-entmax with α > 2, where d = p^(2−α) spans more than float32
 holds: 1e58 at p = 0.06, α = 50, and g − Σdg/Σd cancels to nothing) takes
-the log-slope form of :func:`softk.threshold.torch_path.vjp_from_log_slope`:
+the log-slope form of :func:`softk._backends.torch.threshold.vjp_from_log_slope`:
 with log d = (2 − α) log p, w = d/Σd and m the entry of largest d,
 
 .. math:: dx_i = d_i\bigl((g_i - g_m) - \textstyle\sum_j w_j (g_j - g_m)\bigr), \qquad

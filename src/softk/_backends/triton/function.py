@@ -1,7 +1,8 @@
 """Launchers for the Triton kernels, on contiguous (rows, n) tensors.
 
-:class:`softk._backends.dispatch.TritonBackend` calls them inside the custom ops of
-:mod:`softk._ops.op`, which hold the one autograd contract.
+:mod:`.threshold` calls them as the "triton" kernel of op "threshold"
+(:mod:`softk._backends.kernels`), inside the custom ops of :mod:`softk._ops.op`,
+which hold the one autograd contract.
 
 The forward (the λ search) and the backward (one streaming pass) have
 their own launch settings (:func:`_config`), chosen from the sweep of
@@ -71,8 +72,8 @@ def serves(kernel_id: int, alpha: float) -> bool:
     forward, and α > 2 the log-slope backward, as the torch backend does.
     Beyond 1e30 a·log p leaves float32's range; those calls (and α ≤ 1, NaN
     or inf, which the public functions refuse anyway) belong on the torch
-    path.  :class:`softk._backends.dispatch.TritonBackend` asks this before it runs
-    the kernels.
+    path.  The kernel's ``serves`` (:mod:`softk._backends.kernels`) asks this
+    before the dispatcher picks it.
 
     >>> serves(FAMILY_IDS["entmax"], 10.0), serves(FAMILY_IDS["entmax"], 1e31), serves(FAMILY_IDS["exp"], 1.5)
     (True, False, True)

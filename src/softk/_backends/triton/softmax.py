@@ -1,8 +1,9 @@
 """Launchers for the softmax kernels (:mod:`.softmax_kernels`) on contiguous
 (R, n) rows: softmax, log_softmax, logsumexp and their backward passes.
 
-:class:`softk._backends.dispatch.TritonBackend` runs :func:`softmax_rows` for the
-softmax family; :mod:`softk._maps.simplex` runs the others inside its custom ops.
+:mod:`.threshold` runs :func:`softmax_rows` for the softmax family;
+:mod:`softk._ops.log_softmax` runs the others inside its custom ops (the
+"triton" kernel of op "log_softmax").
 
 Tile shape (:func:`config`), a heuristic that has not been tuned
 (BENCHMARKS.md has its times: on par with ``torch.softmax`` on wide rows,

@@ -1,15 +1,17 @@
-r"""The PyTorch path: the reference forward and backward on rows.
+r"""The torch kernel of the threshold maps: the reference forward and backward on rows.
 
-Forward:  p = f(z − λ) with Σ p = k along the last dimension, z already
-scaled and shifted by :func:`softk.threshold.rows.scaled_rows`.
-Backward (implicit function theorem), with d = f'(z − λ) read off the saved
-output and g the incoming gradient:
+Forward:  p = f(z − λ) with Σ p = k along the last dimension
+(:func:`map_rows`, z already scaled and shifted by
+:func:`softk.threshold.rows.scaled_rows`; :func:`forward` does both for the
+dispatcher).  Backward (implicit function theorem), with d = f'(z − λ) read
+off the saved output and g the incoming gradient:
 
 .. math::  \partial L/\partial x = \bigl(d\odot g - d\,\textstyle\sum(d\odot g)/\sum d\bigr)/\tau
 
 and 0 where Σd = 0 (every entry exactly at 0 or 1: the map is locally constant).
 Both are plain differentiable tensor code: :func:`vjp` is also what the
-autograd contract differentiates for second derivatives.
+autograd contract differentiates for second derivatives.  It serves every
+family on every device, and is the one the other kernels are checked against.
 """
 
 from __future__ import annotations
@@ -17,11 +19,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .families import EXP, SOFTMAX, Family
-from .rows import fill_rows, row_status
-from .entmax_anchor import entmax_probs, needs_anchor
-from .fast_paths import solve_exp_pooled, solve_exp_topk, solve_on_candidates
-from .solve import solve_probs
+from ...threshold.families import EXP, SOFTMAX, Family
+from ...threshold.rows import compute_dtype, fill_rows, row_status, scaled_rows
+from ...threshold.entmax_anchor import entmax_probs, needs_anchor
+from ...threshold.fast_paths import solve_exp_pooled, solve_exp_topk, solve_on_candidates
+from ...threshold.solve import solve_probs
 
 # Rows narrower than this go through the general solver: a partial sort saves
 # nothing there and the general path is the one the fast paths are checked against.
@@ -60,7 +62,7 @@ def _general(family: Family, z: Tensor, k) -> Tensor:
     return torch.where(active, p, filled)
 
 
-def forward(family: Family, z: Tensor, k) -> Tensor:
+def map_rows(family: Family, z: Tensor, k) -> Tensor:
     """p = f(z − λ), Σp = k, on the last dimension (no autograd); ``k`` an
     int or a tensor of one k per row (shaped z.shape[:-1] + (1,)), which the
     general solver takes (the fast paths take one k for every row)."""
@@ -134,3 +136,19 @@ def vjp(family: Family, p: Tensor, g: Tensor, tau: float) -> Tensor:
         logd = torch.where(p > 0, (2 - a) * logp, torch.where(p != p, p, float("-inf")))
         return vjp_from_log_slope(logd, g, tau)
     return vjp_from_slope(slope(family, p), g, tau)
+
+
+# ----------------------------------------------------------- the kernel's interface
+def forward(family: Family, x: Tensor, k: int, tau: float) -> Tensor:
+    """p = f((x − max)/τ − λ), Σp = k, on the rows of ``x`` (the map's
+    dimension last), in ``x.dtype``: every kernel's forward."""
+    return map_rows(family, scaled_rows(x, tau, family, k), k).to(x.dtype)
+
+
+def backward(family: Family, p: Tensor, g: Tensor, tau: float) -> Tensor:
+    """d ⊙ (g − Σ(d⊙g)/Σd)/τ from the saved output, in the compute dtype
+    (half inputs: float32), returned in p's dtype: every kernel's backward."""
+    ct = compute_dtype(p.dtype)
+    if p.dtype == ct:
+        return vjp(family, p, g if g.dtype == ct else g.to(ct), tau)
+    return vjp(family, p.to(ct), g.to(ct), tau).to(p.dtype)

@@ -1,0 +1,22 @@
+"""The blockwise attention in the interface of op "attention"
+(:mod:`softk._backends.kernels`): ``forward(q, k, v, mask, alpha, scale,
+causal, fam, softcap) -> (out, m, λ)`` and ``backward(q, k, v, out, dout, m,
+λ, mask, alpha, scale, causal, fam, need_dalpha, softcap) -> (dq, dk, dv,
+dα)``; ``alpha`` the per-head α (a tensor) or None."""
+
+from __future__ import annotations
+
+from . import backward as _backward
+from . import forward as _forward
+
+
+def forward(q, k, v, mask, alpha, scale, causal, fam, softcap):
+    a = alpha.detach() if alpha is not None else None
+    return _forward.attention_forward(q, k, v, scale=scale, causal=causal, mask=mask, fam=fam, alpha=a,
+                                      softcap=softcap)
+
+
+def backward(q, k, v, out, dout, m, lam, mask, alpha, scale, causal, fam, need_dalpha, softcap):
+    a = alpha.detach() if alpha is not None else None
+    return _backward.attention_backward(q, k, v, out, dout, m, lam, scale=scale, causal=causal, mask=mask, fam=fam,
+                                        alpha=a, need_dalpha=need_dalpha, softcap=softcap)
