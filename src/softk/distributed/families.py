@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import zlib
 
-from .._validate import LOSSES, check_alpha
-from ..threshold.families import ENTMAX15, SOFTMAX, SPARSE, SPARSEMAX, Family, entmax_by_alpha
+from .._validate import check_alpha
+from ..losses._options import LossOptions
+from ..threshold.families import ENTMAX15, EXP, SOFTMAX, SPARSE, SPARSEMAX, Family, entmax_by_alpha
 
 MAPS = ("softmax", "sparsemax", "entmax15", "entmax", "sparse", "exp")
 
@@ -36,25 +37,16 @@ def map_family(name, k, alpha) -> Family:
     return fam
 
 
-def loss_family(name, k, alpha, method) -> Family:
-    """The family of ``vocab_parallel_loss(loss=name)`` (None for topk_softmax_ce, which has no λ;
-    sparsemax for "ts2", whose first term is the sparsemax loss)."""
-    if name not in LOSSES:
-        raise ValueError(f"loss must be one of {list(LOSSES)}, got {name!r}")
-    if name == "entmax":
-        return map_family("entmax", 1 if k == 1 else k, alpha)
-    if alpha is not None:
-        raise ValueError(f"alpha applies to loss='entmax' only, got alpha={alpha!r} with loss={name!r}")
-    if name == "soft_topk":
-        if method == "sparse":
-            return SPARSE
-        if method == "exp" and k == 1:
-            return SOFTMAX
-        raise ValueError(_REFUSED.format(what=f"soft_topk with method={method!r}, k={k}"))
-    if "k" not in LOSSES[name].options and k != 1:
-        raise ValueError(f"k applies to loss='soft_topk' and 'topk_softmax_ce' only, got k={k} with loss={name!r}")
-    return {"cross_entropy": SOFTMAX, "softmax": SOFTMAX, "sparsemax": SPARSEMAX, "entmax15": ENTMAX15,
-            "ts2": SPARSEMAX}.get(name)
+def loss_family(o: LossOptions) -> Family | None:
+    """The family whose λ ``vocab_parallel_loss`` finds for the loss of ``o`` (checked):
+    the loss's own (None for a loss without a threshold map, topk_softmax_ce),
+    where the vocab-parallel forward can solve it."""
+    family = o.kind.family(o)
+    if family is None or family is SOFTMAX or family.zero_below:
+        return family  # softmax: a max and a sum; f = 0 below 0: the candidates above max_r λ_r
+    if family is EXP and o.k == 1:
+        return SOFTMAX  # min(1, e^u) at k = 1: λ ≥ max z, so p is the softmax
+    raise ValueError(_REFUSED.format(what=f"soft_topk with method={o.method!r}, k={o.k}"))
 
 
 def what_code(*parts) -> int:
