@@ -56,6 +56,13 @@ def test_entmax_without_alpha_is_refused_at_construction():
         SoftkLoss(SoftkLoss.Config(loss="entmax"))
 
 
+def test_soft_topk_without_a_method_is_the_single_device_default():
+    z, _ = _data()
+    y = torch.zeros_like(z).scatter_(1, z.argsort(1)[:, :2], 1.0)
+    got, _ = SoftkLoss(SoftkLoss.Config(loss="soft_topk", k=2))(z, y)
+    torch.testing.assert_close(got, L.soft_topk_loss(z, y, 2, reduction="sum"), rtol=1e-12, atol=1e-12)
+
+
 def _ranks(rank, world):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh

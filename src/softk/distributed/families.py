@@ -11,10 +11,10 @@ from ..threshold.families import ENTMAX15, EXP, SOFTMAX, SPARSE, SPARSEMAX, Fami
 MAPS = ("softmax", "sparsemax", "entmax15", "entmax", "sparse", "exp")
 
 _REFUSED = (
-    "{what} is not available vocab-parallel: its map gives every class a positive share, so λ depends "
-    "on every entry non-linearly and no fixed number of collectives over a bounded set of candidates finds "
-    "it exactly.  Supported: softmax/cross_entropy, sparsemax, entmax15, entmax (any alpha), soft top-k "
-    "'sparse' (any k) and 'exp' with k = 1 (= softmax); or gather the logits and use the single-device loss"
+    "{what} is not available vocab-parallel; {fix}, or gather the logits and use the single-device one.  "
+    "Its map gives every class a positive share, so λ depends on every entry non-linearly and no fixed number "
+    "of collectives over a bounded set of candidates finds it exactly.  Supported: softmax/cross_entropy, "
+    "sparsemax, entmax15, entmax (any alpha), soft top-k 'sparse' (any k) and 'exp' with k = 1 (= softmax)"
 )
 
 
@@ -31,7 +31,7 @@ def map_family(name, k, alpha) -> Family:
     else:
         fam = {"softmax": SOFTMAX, "sparsemax": SPARSEMAX, "entmax15": ENTMAX15, "sparse": SPARSE, "exp": SOFTMAX}[name]
     if name == "exp" and k != 1:
-        raise ValueError(_REFUSED.format(what=f"map='exp' with k={k}"))
+        raise ValueError(_REFUSED.format(what=f"map='exp' with k={k}", fix='use map="sparse" (any k)'))
     if not fam.capped and k != 1:
         raise ValueError(f"map={name!r} maps onto the simplex (k = 1 only), got k={k}")
     return fam
@@ -46,7 +46,8 @@ def loss_family(o: LossOptions) -> Family | None:
         return family  # softmax: a max and a sum; f = 0 below 0: the candidates above max_r λ_r
     if family is EXP and o.k == 1:
         return SOFTMAX  # min(1, e^u) at k = 1: λ ≥ max z, so p is the softmax
-    raise ValueError(_REFUSED.format(what=f"soft_topk with method={o.method!r}, k={o.k}"))
+    raise ValueError(_REFUSED.format(what=f"loss={o.loss!r} with method={o.method!r}, k={o.k}",
+                                     fix='pass method="sparse" (any k)'))
 
 
 def what_code(*parts) -> int:

@@ -36,7 +36,7 @@ from .losses import vocab_parallel_loss, vocab_parallel_options
 
 def vocab_parallel_fused_linear_loss(
     input, local_weight, target, loss: str = DEFAULT_LOSS, local_bias=None, *, group=None, vocab_start=None,
-    alpha=None, k: int = 1, method: str = "sparse", tau: float = 1.0, ignore_index: int = -100,
+    alpha=None, k: int = 1, method: str = "exp", tau: float = 1.0, ignore_index: int = -100,
     reduction: str = "mean", chunk_size=None, softcap=None, label_smoothing: float = 0.0, class_weight=None,
     z_loss: float = 0.0, suppression=None, adaptive: bool = False,
 ):

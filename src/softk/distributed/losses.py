@@ -120,7 +120,7 @@ def vocab_parallel_loss(
     vocab_start=None,
     alpha=None,
     k: int = 1,
-    method: str = "sparse",
+    method: str = "exp",
     tau: float = 1.0,
     ignore_index: int = -100,
     reduction: str = "mean",
@@ -138,8 +138,9 @@ def vocab_parallel_loss(
         loss: "cross_entropy" (the default, as for
             :func:`softk.losses.fused_linear_loss` and Megatron's
             vocab-parallel cross-entropy), "softmax", "sparsemax", "entmax15", "entmax"
-            (``alpha``), "soft_topk" (``method`` "sparse", any k, or "exp" with
-            k = 1; dense targets), "topk_softmax_ce" (``k``) or "ts2"
+            (``alpha``), "soft_topk" (dense targets; ``method`` "exp", the
+            default as on one device, with k = 1 only, since its λ needs every
+            entry, or "sparse" with any k), "topk_softmax_ce" (``k``) or "ts2"
             (:func:`softk.losses.ts2_loss`, with ``suppression`` (None: 1.0)
             and ``adaptive``).
         group: the process group (default: the world).

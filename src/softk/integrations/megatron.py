@@ -35,6 +35,7 @@ from typing import Callable
 from torch import Tensor
 
 from ..distributed import vocab_parallel_loss
+from ..distributed.families import loss_family
 from ..distributed.losses import vocab_parallel_options
 from ..losses._options import loss_options
 from ..losses._registry import DEFAULT_LOSS, LOSSES
@@ -46,7 +47,7 @@ SUPPORTED_LOSSES = tuple(name for name in LOSSES)
 
 
 def megatron_loss(
-    loss: str = DEFAULT_LOSS, *, alpha=None, k: int = 1, method: str = "sparse", tau: float = 1.0,
+    loss: str = DEFAULT_LOSS, *, alpha=None, k: int = 1, method: str = "exp", tau: float = 1.0,
     ignore_index: int = -100, suppression=None, adaptive: bool = False,
 ) -> Callable[[Tensor, Tensor, object], Tensor]:
     r"""A callable ``target(logits[s, b, V/tp], labels[s, b], tp_group) -> loss[s, b]`` for Megatron-LM.
@@ -57,7 +58,9 @@ def megatron_loss(
             "soft_topk", "topk_softmax_ce", "ts2").
         alpha, k, method, tau, ignore_index, suppression, adaptive: that
             loss's options, checked here.  A label equal to ``ignore_index``
-            gives 0.
+            gives 0.  soft_topk's ``method`` is "exp" by default, as on one
+            device; vocabulary slices need "sparse" for k > 1 (a ValueError
+            here says so).
 
     The callable takes this rank's logits slice (s, b, V/tp), the global
     labels (s, b) and the tensor-parallel process group (None: the world),
@@ -68,6 +71,7 @@ def megatron_loss(
     """
     o = loss_options(loss, alpha=alpha, k=k, method=method, tau=tau, ignore_index=ignore_index,
                      suppression=suppression, adaptive=adaptive)
+    loss_family(o)  # a loss the vocabulary slices cannot serve is refused now, not at the first step
     opts = vocab_parallel_options(o)
 
     def target(logits: Tensor, labels: Tensor, tp_group=None) -> Tensor:

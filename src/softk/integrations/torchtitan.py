@@ -74,8 +74,9 @@ class SoftkLoss:
         Attributes:
             loss: a name of :func:`softk.distributed.vocab_parallel_loss`.
             alpha: α of "entmax" (needed there); k of "soft_topk" /
-                "topk_softmax_ce"; method of "soft_topk"; suppression and
-                adaptive of "ts2"; tau the temperature.
+                "topk_softmax_ce"; method of "soft_topk" ("exp" by default, as
+                on one device: vocabulary-sharded logits need "sparse" for
+                k > 1); suppression and adaptive of "ts2"; tau the temperature.
                 Checked at construction, as :func:`softk.losses.fused_linear_loss`
                 checks them.
             global_vocab_size: checked against the classes of whole or DTensor
@@ -86,7 +87,7 @@ class SoftkLoss:
         loss: str = "cross_entropy"
         alpha: float | None = None
         k: int = 1
-        method: str = "sparse"
+        method: str = "exp"
         tau: float = 1.0
         global_vocab_size: int | None = None
         suppression: float | None = None
