@@ -86,7 +86,7 @@ _CHECKS = {
     "suppression": lambda v, o: check_suppression(v),
     "adaptive": _check_adaptive,
 }
-_NEEDS = {"alpha": "a float >= 1"}
+_NEEDS = {"alpha": "a float >= 1"}  # what a required option is, for the message
 
 
 def _takers(option) -> str:
@@ -100,11 +100,11 @@ def loss_options(loss=DEFAULT_LOSS, *, dense=None, vocab=None, device=None, **gi
 
     An option of some losses only is refused with any other loss when set
     (``method`` is checked, and used by soft top-k only); one its loss needs
-    and was not given takes the loss's default, or is refused
-    (entmax's α).  ``dense`` says the target is a dense one (class weights
-    apply to class indices only; None: the loss takes dense targets only);
-    ``class_weight`` must have ``vocab``
-    entries when that is given, and comes back a float tensor on ``device``.
+    and was not given takes the loss's default, or is refused (entmax's α).
+    ``dense`` says whether the target is dense (class weights apply to class
+    indices only; None: dense when the loss takes nothing else);
+    ``class_weight`` must have ``vocab`` entries when that is given, and comes
+    back a float tensor on ``device``.
     """
     check_choice(loss, tuple(LOSSES), "loss")
     kind = LOSSES[loss]
@@ -116,7 +116,7 @@ def loss_options(loss=DEFAULT_LOSS, *, dense=None, vocab=None, device=None, **gi
             if value is None:
                 value = kind.options[name]
             if value is REQUIRED:
-                raise ValueError(f"loss={loss!r} needs {name}, {_NEEDS[name]}, got None")
+                raise ValueError(f"loss={loss!r} needs {name}, {_NEEDS.get(name, 'a value')}, got None")
             own[name] = _CHECKS[name](value, replace(o, **own))
         elif name == "method":
             own[name] = _CHECKS[name](value, o)
