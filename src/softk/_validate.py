@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import NamedTuple
 
 import torch
 
@@ -283,54 +282,6 @@ def unwrapped(t: torch.Tensor) -> torch.Tensor:
     while torch._C._functorch.is_functorch_wrapped_tensor(t):
         t = torch._C._functorch.get_unwrapped(t)
     return t
-
-
-class LossSpec(NamedTuple):
-    """What a loss name takes beyond the shared tau/ignore_index/reduction:
-    ``options`` among "alpha", "k", "method" and TS²'s "suppression" and
-    "adaptive", and ``targets``: "index"
-    (class indices), "dense" (rows summing to k) or "both"."""
-
-    options: tuple
-    targets: str
-
-
-# The one table of loss names, read by every entry point that takes a loss by
-# name (fused_linear_loss, nn.FusedLinearLoss, vocab_parallel_loss,
-# vocab_parallel_fused_linear_loss, apply_softk): each is the function of that
-# name in softk.losses, "topk_softmax_ce" its top-k softmax cross-entropy,
-# "ts2" its ts2_loss.
-LOSSES = {
-    "cross_entropy": LossSpec((), "both"),
-    "softmax": LossSpec((), "both"),
-    "sparsemax": LossSpec((), "both"),
-    "entmax15": LossSpec((), "both"),
-    "entmax": LossSpec(("alpha",), "both"),
-    "soft_topk": LossSpec(("k", "method"), "dense"),
-    "topk_softmax_ce": LossSpec(("k",), "index"),
-    "ts2": LossSpec(("suppression", "adaptive"), "index"),
-}
-# The default ``loss`` of every one of them: torch's, Megatron's and Liger's.
-DEFAULT_LOSS = "cross_entropy"
-
-
-def check_loss_options(loss, alpha, k, method) -> None:
-    """``loss`` a name of :data:`LOSSES`, with the options its row of the
-    table lists: ``alpha`` for "entmax" only, ``k`` != 1 only where the table
-    has "k", and a smooth top-k ``method``."""
-    from .threshold.families import THRESHOLD_METHODS  # the core's table; imported here, not at the top, to keep this module a leaf
-
-    check_choice(loss, tuple(LOSSES), "loss")
-    options = LOSSES[loss].options
-    if "alpha" in options:
-        if alpha is None:
-            raise ValueError(f"loss={loss!r} needs alpha, a float >= 1, got None")
-        check_alpha(alpha, None, -1)
-    elif alpha is not None:
-        raise ValueError(f"alpha applies to loss='entmax' only, got alpha={alpha!r} with loss={loss!r}")
-    if "k" not in options and k != 1:
-        raise ValueError(f"k applies to loss='soft_topk' and 'topk_softmax_ce' only, got k={k!r} with loss={loss!r}")
-    check_choice(method, tuple(THRESHOLD_METHODS), "method")
 
 
 def check_chunk_size(chunk_size):

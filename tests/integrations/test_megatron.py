@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="to
 
 D = torch.float64
 CASES = [("cross_entropy", {}), ("softmax", {}), ("sparsemax", {}), ("entmax15", {}), ("entmax", {"alpha": 1.4}),
-         ("topk_softmax_ce", {"k": 3}), ("soft_topk", {"k": 2})]
+         ("topk_softmax_ce", {"k": 3}), ("soft_topk", {"k": 2, "method": "sparse"}), ("ts2", {"suppression": 0.5})]
 
 
 def _single(loss, z, t, kw):
@@ -35,7 +35,8 @@ def _single(loss, z, t, kw):
         "entmax15": lambda: L.entmax15_loss(x, y, **r),
         "entmax": lambda: L.entmax_loss(x, y, kw.get("alpha"), **r),
         "topk_softmax_ce": lambda: L.topk_softmax_cross_entropy(x, y, kw.get("k"), **r),
-        "soft_topk": lambda: L.soft_topk_loss(x, y, kw.get("k"), "sparse", **r),
+        "soft_topk": lambda: L.soft_topk_loss(x, y, kw.get("k"), kw.get("method"), **r),
+        "ts2": lambda: L.ts2_loss(x, y, suppression=kw.get("suppression"), **r),
     }[loss]()
     return out.reshape(z.shape[:2])
 
@@ -83,3 +84,13 @@ def test_signature_and_names():
         assert list(inspect.signature(f).parameters) == ["logits", "labels", "tp_group"]
     with pytest.raises(ValueError, match="loss must be one of"):
         megatron_loss("sparsmax")
+
+
+def test_soft_topk_method_defaults_to_exp_and_its_refusal_names_the_fix():
+    """"exp", the single-device default, needs every entry for k > 1: refused at construction, naming the method
+    that vocabulary slices take."""
+    assert inspect.signature(megatron_loss).parameters["method"].default == "exp"
+    with pytest.raises(ValueError, match='not available vocab-parallel; pass method="sparse"'):
+        megatron_loss("soft_topk", k=2)
+    megatron_loss("soft_topk", k=2, method="sparse")
+    megatron_loss("soft_topk")  # k = 1: the softmax

@@ -38,6 +38,31 @@ def test_whole_logits_sum_over_global_valid_tokens():
         SoftkLoss(SoftkLoss.Config(loss="sparsmax"))
 
 
+def test_ts2_and_its_options():
+    z, t = _data()
+    for kw in ({}, {"suppression": 0.5, "adaptive": True}):
+        got, _ = SoftkLoss(SoftkLoss.Config(loss="ts2", **kw))(z, t, torch.tensor(5.0, dtype=D))
+        torch.testing.assert_close(got, L.ts2_loss(z, t, reduction="sum", **kw) / 5, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="suppression applies to loss='ts2' only"):
+        SoftkLoss(SoftkLoss.Config(loss="sparsemax", suppression=0.5))
+
+
+def test_entmax_without_alpha_is_refused_at_construction():
+    """As fused_linear_loss refuses it: no α stands in for a forgotten one."""
+    with pytest.raises(ValueError, match="loss='entmax' needs alpha"):
+        L.fused_linear_loss(torch.zeros(2, 3, dtype=D), torch.zeros(4, 3, dtype=D), torch.zeros(2, dtype=torch.long),
+                            "entmax")
+    with pytest.raises(ValueError, match="loss='entmax' needs alpha"):
+        SoftkLoss(SoftkLoss.Config(loss="entmax"))
+
+
+def test_soft_topk_without_a_method_is_the_single_device_default():
+    z, _ = _data()
+    y = torch.zeros_like(z).scatter_(1, z.argsort(1)[:, :2], 1.0)
+    got, _ = SoftkLoss(SoftkLoss.Config(loss="soft_topk", k=2))(z, y)
+    torch.testing.assert_close(got, L.soft_topk_loss(z, y, 2, reduction="sum"), rtol=1e-12, atol=1e-12)
+
+
 def _ranks(rank, world):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh

@@ -98,16 +98,14 @@ def test_every_loss_by_name_entry_point_shares_one_default_and_one_table():
     """fused_linear_loss, nn.FusedLinearLoss, vocab_parallel_loss,
     vocab_parallel_fused_linear_loss and apply_softk/softk_loss default to the
     one DEFAULT_LOSS, a name of the one table LOSSES."""
-    from softk import _validate
     from softk.distributed import vocab_parallel_fused_linear_loss, vocab_parallel_loss
-    from softk.integrations import transformers
+    from softk.integrations import megatron, transformers
     from softk.losses import fused_linear_loss
-    from softk.losses.chunking import _CHUNK_LOSSES
+    from softk.losses._registry import DEFAULT_LOSS, LOSSES
     from softk.nn import FusedLinearLoss
 
     fns = (fused_linear_loss, FusedLinearLoss.__init__, vocab_parallel_loss, vocab_parallel_fused_linear_loss,
-           transformers.apply_softk, transformers.softk_loss)
-    assert {inspect.signature(f).parameters["loss"].default for f in fns} == {_validate.DEFAULT_LOSS}
-    assert _validate.DEFAULT_LOSS == "cross_entropy" and _validate.DEFAULT_LOSS in _validate.LOSSES
-    assert set(_CHUNK_LOSSES) == set(_validate.LOSSES)
-    assert set(transformers.SUPPORTED_LOSSES) == set(_validate.LOSSES) - {"soft_topk"}
+           transformers.apply_softk, transformers.softk_loss, megatron.megatron_loss)
+    assert {inspect.signature(f).parameters["loss"].default for f in fns} == {DEFAULT_LOSS}
+    assert DEFAULT_LOSS == "cross_entropy" and DEFAULT_LOSS in LOSSES
+    assert set(transformers.SUPPORTED_LOSSES) == set(LOSSES) - {"soft_topk"}

@@ -17,7 +17,6 @@ import torch
 from .._ops.distributed import all_reduce
 from ..losses._ts2 import CLAMP
 from ..threshold.rows import compute_dtype
-from .families import loss_family
 
 
 def global_sum(local, group):
@@ -65,15 +64,16 @@ def ts2_penalty(x, p, owned, local_index, keep, suppression, adaptive, group):
     return torch.where(keep, suppression * penalty, 0.0)
 
 
-def knobbed_rows(rows, z, t, loss, knobs, *, alpha, tau, ignore_index, start, vocab, z_scale, group):
+def knobbed_rows(rows, z, t, o, *, start, vocab, z_scale, group):
     """The per-row loss ``rows`` (M,) of this rank's logits z (M, V_r) (already
     soft-capped, and with a dense target already smoothed) with the label
     smoothing of a class-index target, the class weights and the z-loss of
-    ``knobs`` applied, as :func:`softk.losses.chunking.chunk_loss_fn` does on
-    one device; ``start`` is this rank's first global class, ``vocab`` V."""
+    the options ``o`` applied, as :func:`softk.losses.chunking.chunk_loss_fn`
+    does on one device; ``start`` is this rank's first global class, ``vocab`` V."""
     ct = compute_dtype(z.dtype)
     zc, rows = z.to(ct), rows.to(ct)
-    eps, weight, beta = knobs.label_smoothing, knobs.class_weight, knobs.z_loss
+    tau, ignore_index, kind = o.tau, o.ignore_index, o.kind
+    eps, weight, beta = o.label_smoothing, o.class_weight, o.z_loss
     keep, weighted = None, False
     if not t.is_floating_point():
         t = t.to(z.device).long()
@@ -84,7 +84,7 @@ def knobbed_rows(rows, z, t, loss, knobs, *, alpha, tau, ignore_index, start, vo
         li = torch.where(owned, local, 0)
         if eps:
             zs = zc / tau if tau != 1.0 else zc
-            if loss == "cross_entropy" and weight is not None:
+            if kind.torch_cross_entropy and weight is not None:
                 # torch's formula: (1−ε)·w_y·(lse − z_y) + (ε/V)·Σ_c w_c·(lse − z_c)
                 w_local = weight[start:start + z.shape[-1]].to(ct)
                 lse, _ = global_lse(zs, group)
@@ -94,9 +94,9 @@ def knobbed_rows(rows, z, t, loss, knobs, *, alpha, tau, ignore_index, start, vo
             else:
                 # L(q) − L(e_y) = ε(z_y − mean z) + Ω(q) − ψ(1), q = (1−ε)e_y + ε/V (0 for cross-entropy)
                 const = 0.0
-                if loss != "cross_entropy":
+                if not kind.torch_cross_entropy:
                     q = torch.tensor([1 - eps + eps / vocab, eps / vocab, 1.0], dtype=torch.float64)
-                    psi = loss_family(loss, 1, alpha, "sparse").psi(q).tolist()
+                    psi = kind.family(o).psi(q).tolist()
                     const = psi[0] + (vocab - 1) * psi[1] - psi[2]
                 lin = target_score(zs, owned, li, group) - global_sum(zs.sum(-1), group) / vocab
                 rows = rows + torch.where(keep, eps * lin + const, 0.0)

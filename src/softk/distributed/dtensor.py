@@ -63,16 +63,16 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 
 from .._validate import mean_of
 from .._ops.sharding import register_new
-from .losses import vocab_parallel_loss
+from ..losses._registry import LOSSES
+from .losses import VOCAB_PARALLEL_OPTIONS, vocab_parallel_loss
 from .maps import vocab_parallel_map
 from .rl import vocab_parallel_log_softmax
 
 # The softk:: ops registered before this process's first DTensor get their sharding rules now.
 register_new()
 
-_LOSSES = {"cross_entropy": "cross_entropy", "softmax_loss": "softmax", "sparsemax_loss": "sparsemax",
-           "entmax15_loss": "entmax15", "entmax_loss": "entmax", "soft_topk_loss": "soft_topk",
-           "topk_softmax_cross_entropy": "topk_softmax_ce", "ts2_loss": "ts2"}
+# The loss name of each public loss function (its DTensor entry's name).
+_LOSSES = {kind.public_name: name for name, kind in LOSSES.items()}
 
 
 def _check_placements(x, what):
@@ -201,24 +201,18 @@ def _loss(name, fn, a):
         a["reduction"] = "none"
         rows = fn(local, t, **a)
         return _reduce(rows, keep, reduction, x, cdim, cmesh)
-    kw = {"tau": a.get("tau", 1.0)}
-    if name == "cross_entropy":
-        if a.get("weight") is not None or a.get("label_smoothing", 0.0) != 0.0:
-            raise ValueError("cross_entropy on class-sharded logits takes no class weight and no label_smoothing")
-    if name in ("entmax_loss",):
-        if isinstance(a["alpha"], Tensor):
-            raise ValueError("entmax_loss on class-sharded logits takes a float alpha, not a tensor")
-        kw["alpha"] = a["alpha"]
-    if name in ("soft_topk_loss", "topk_softmax_cross_entropy"):
-        if not isinstance(a["k"], numbers.Integral):
-            raise ValueError(f"{name} on class-sharded logits takes an int k, got {type(a['k']).__name__}")
-        kw["k"] = int(a["k"])
-    if name == "soft_topk_loss":
-        kw["method"] = a["method"]
-    if name == "ts2_loss":
-        kw["suppression"], kw["adaptive"] = a.get("suppression", 1.0), a.get("adaptive", False)
-    if "ignore_index" in a:
-        kw["ignore_index"] = ignore_index
+    params = _SIGS[fn].parameters
+    for p, value in a.items():  # an option the vocab-parallel loss lacks (cross-entropy's weight, label_smoothing)
+        default = params[p].default
+        if p not in VOCAB_PARALLEL_OPTIONS and p != "reduction" and not (
+                value is default or (not isinstance(value, Tensor) and value == default)):
+            raise ValueError(f"{name} on class-sharded logits takes no {p} (the vocab-parallel loss has none); "
+                             f"leave it at {default!r}, or redistribute the classes to Replicate first")
+    if isinstance(a.get("alpha"), Tensor):
+        raise ValueError(f"{name} on class-sharded logits takes a float alpha, not a tensor")
+    if "k" in a and not isinstance(a["k"], numbers.Integral):
+        raise ValueError(f"{name} on class-sharded logits takes an int k, got {type(a['k']).__name__}")
+    kw = {p: a[p] for p in a if p in VOCAB_PARALLEL_OPTIONS}
     mesh = x.device_mesh
     _, offset = compute_local_shape_and_global_offset(x.shape, mesh, x.placements)
     lx = local.movedim(cdim, -1)

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import zlib
 
-from .._validate import LOSSES, check_alpha
-from ..threshold.families import ENTMAX15, SOFTMAX, SPARSE, SPARSEMAX, Family, entmax_by_alpha
+from .._validate import check_alpha
+from ..losses._options import LossOptions
+from ..threshold.families import ENTMAX15, EXP, SOFTMAX, SPARSE, SPARSEMAX, Family, entmax_by_alpha
 
 MAPS = ("softmax", "sparsemax", "entmax15", "entmax", "sparse", "exp")
 
 _REFUSED = (
-    "{what} is not available vocab-parallel: its map gives every class a positive share, so λ depends "
-    "on every entry non-linearly and no fixed number of collectives over a bounded set of candidates finds "
-    "it exactly.  Supported: softmax/cross_entropy, sparsemax, entmax15, entmax (any alpha), soft top-k "
-    "'sparse' (any k) and 'exp' with k = 1 (= softmax); or gather the logits and use the single-device loss"
+    "{what} is not available vocab-parallel; {fix}, or gather the logits and use the single-device one.  "
+    "Its map gives every class a positive share, so λ depends on every entry non-linearly and no fixed number "
+    "of collectives over a bounded set of candidates finds it exactly.  Supported: softmax/cross_entropy, "
+    "sparsemax, entmax15, entmax (any alpha), soft top-k 'sparse' (any k) and 'exp' with k = 1 (= softmax)"
 )
 
 
@@ -30,31 +31,23 @@ def map_family(name, k, alpha) -> Family:
     else:
         fam = {"softmax": SOFTMAX, "sparsemax": SPARSEMAX, "entmax15": ENTMAX15, "sparse": SPARSE, "exp": SOFTMAX}[name]
     if name == "exp" and k != 1:
-        raise ValueError(_REFUSED.format(what=f"map='exp' with k={k}"))
+        raise ValueError(_REFUSED.format(what=f"map='exp' with k={k}", fix='use map="sparse" (any k)'))
     if not fam.capped and k != 1:
         raise ValueError(f"map={name!r} maps onto the simplex (k = 1 only), got k={k}")
     return fam
 
 
-def loss_family(name, k, alpha, method) -> Family:
-    """The family of ``vocab_parallel_loss(loss=name)`` (None for topk_softmax_ce, which has no λ;
-    sparsemax for "ts2", whose first term is the sparsemax loss)."""
-    if name not in LOSSES:
-        raise ValueError(f"loss must be one of {list(LOSSES)}, got {name!r}")
-    if name == "entmax":
-        return map_family("entmax", 1 if k == 1 else k, alpha)
-    if alpha is not None:
-        raise ValueError(f"alpha applies to loss='entmax' only, got alpha={alpha!r} with loss={name!r}")
-    if name == "soft_topk":
-        if method == "sparse":
-            return SPARSE
-        if method == "exp" and k == 1:
-            return SOFTMAX
-        raise ValueError(_REFUSED.format(what=f"soft_topk with method={method!r}, k={k}"))
-    if "k" not in LOSSES[name].options and k != 1:
-        raise ValueError(f"k applies to loss='soft_topk' and 'topk_softmax_ce' only, got k={k} with loss={name!r}")
-    return {"cross_entropy": SOFTMAX, "softmax": SOFTMAX, "sparsemax": SPARSEMAX, "entmax15": ENTMAX15,
-            "ts2": SPARSEMAX}.get(name)
+def loss_family(o: LossOptions) -> Family | None:
+    """The family whose λ ``vocab_parallel_loss`` finds for the loss of ``o`` (checked):
+    the loss's own (None for a loss without a threshold map, topk_softmax_ce),
+    where the vocab-parallel forward can solve it."""
+    family = o.kind.family(o)
+    if family is None or family is SOFTMAX or family.zero_below:
+        return family  # softmax: a max and a sum; f = 0 below 0: the candidates above max_r λ_r
+    if family is EXP and o.k == 1:
+        return SOFTMAX  # min(1, e^u) at k = 1: λ ≥ max z, so p is the softmax
+    raise ValueError(_REFUSED.format(what=f"loss={o.loss!r} with method={o.method!r}, k={o.k}",
+                                     fix='pass method="sparse" (any k)'))
 
 
 def what_code(*parts) -> int:

@@ -19,25 +19,24 @@ CPU, and on CUDA under the "triton" backend as live vocabulary tiles.
 
 from __future__ import annotations
 
-import numbers
-
 import torch
 import torch.distributed as dist
 
 from .._ops.distributed import ChunkedLinearLoss
-from .._validate import DEFAULT_LOSS, check_input, check_loss_options
-from ..losses._knobs import NO_KNOBS, check_knobs, check_ts2_options
-from ..losses.chunking import auto_chunk_size, has_sparse_grad
-from ..losses.targets import check_reduction
+from .._validate import check_input
+from ..losses._knobs import NO_KNOBS
+from ..losses._options import loss_options
+from ..losses._registry import DEFAULT_LOSS
+from ..losses.chunking import auto_chunk_size
 from ._knobs import knobbed_rows
 from .checks import comm_device, resolve_group
 from .families import what_code
-from .losses import vocab_parallel_loss
+from .losses import vocab_parallel_loss, vocab_parallel_options
 
 
 def vocab_parallel_fused_linear_loss(
     input, local_weight, target, loss: str = DEFAULT_LOSS, local_bias=None, *, group=None, vocab_start=None,
-    alpha=None, k: int = 1, method: str = "sparse", tau: float = 1.0, ignore_index: int = -100,
+    alpha=None, k: int = 1, method: str = "exp", tau: float = 1.0, ignore_index: int = -100,
     reduction: str = "mean", chunk_size=None, softcap=None, label_smoothing: float = 0.0, class_weight=None,
     z_loss: float = 0.0, suppression=None, adaptive: bool = False,
 ):
@@ -99,15 +98,12 @@ def vocab_parallel_fused_linear_loss(
             raise TypeError(f"local_weight must have input's dtype {input.dtype}, got {local_weight.dtype}")
         if local_bias is not None and (not isinstance(local_bias, torch.Tensor) or local_bias.shape != (local_weight.shape[0],)):
             raise ValueError(f"local_bias must be None or ({local_weight.shape[0]},)")
-        if check_reduction(reduction) == "none":
+        o = loss_options(loss, alpha=alpha, k=k, method=method, tau=tau, ignore_index=ignore_index,
+                         reduction=reduction, chunk_size=chunk_size, softcap=softcap, label_smoothing=label_smoothing,
+                         class_weight=class_weight, z_loss=z_loss, suppression=suppression, adaptive=adaptive,
+                         dense=isinstance(target, torch.Tensor) and target.is_floating_point(), device=input.device)
+        if o.reduction == "none":
             raise ValueError("reduction must be 'mean' or 'sum' here (the gradients are computed in the forward)")
-        if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral) or chunk_size < 1):
-            raise ValueError(f"chunk_size must be None or an int >= 1, got {chunk_size!r}")
-        check_loss_options(loss, alpha, k, "exp")
-        check_ts2_options(loss, suppression, adaptive)
-        knobs = check_knobs(loss, softcap=softcap, label_smoothing=label_smoothing, class_weight=class_weight,
-                            z_loss=z_loss, dense=isinstance(target, torch.Tensor) and target.is_floating_point(),
-                            device=input.device)
     except (TypeError, ValueError) as e:
         err = e
     # One table (world, 5) of [error, V_r, N, H, knobs]: every rank must run the
@@ -132,30 +128,29 @@ def vocab_parallel_fused_linear_loss(
     if not bool((table[:, 4] == table[0, 4]).all()):
         raise ValueError("softcap, label_smoothing, class_weight's shape or z_loss differ between ranks")
     vocab = int(table[:, 1].sum())
-    if knobs.class_weight is not None and knobs.class_weight.shape[0] != vocab:
+    if o.class_weight is not None and o.class_weight.shape[0] != vocab:
         raise ValueError(f"class_weight must have one weight per class of the whole vocabulary, ({vocab},), "
-                         f"got {tuple(knobs.class_weight.shape)}")
+                         f"got {tuple(o.class_weight.shape)}")
     # this rank's first global class (contiguous slices in rank order when not given)
     start = int(table[:rank, 1].sum()) if vocab_start is None else int(vocab_start)
     info = table[:, 1].max()
     n, h = input.shape
-    chunk = chunk_size or auto_chunk_size(n, h, int(info), input.device.type)
+    chunk = o.chunk_size or auto_chunk_size(n, h, int(info), input.device.type)
     z_scale = 1.0
     if target.is_floating_point():
         n_kept = n
     else:
-        kept = target != ignore_index
+        kept = target != o.ignore_index
         n_kept = int(kept.sum())
-        if knobs.class_weight is not None:
+        if o.class_weight is not None:
             # torch's weighted mean: divided by Σ w[y] over the kept rows; the
             # z-loss is averaged over the rows, so it is scaled by Σw/n.
-            n_rows, n_kept = n_kept, float(torch.where(kept, knobs.class_weight[torch.where(kept, target, 0)], 0).sum())
-            z_scale = n_kept / n_rows if reduction == "mean" and n_rows else 1.0
-    ts2 = dict(suppression=suppression, adaptive=adaptive) if loss == "ts2" else {}
-    kwargs = dict(loss=loss, vocab_start=vocab_start, alpha=alpha, k=k, method=method,
-                  tau=tau, ignore_index=ignore_index, **ts2)
+            n_rows, n_kept = n_kept, float(torch.where(kept, o.class_weight[torch.where(kept, target, 0)], 0).sum())
+            z_scale = n_kept / n_rows if o.reduction == "mean" and n_rows else 1.0
+    kwargs = dict(loss=o.loss, vocab_start=vocab_start, **vocab_parallel_options(o))
     on = torch.is_grad_enabled()
     want = tuple(on and a is not None and a.requires_grad for a in (input, local_weight, local_bias))
+    knobs = o.knobs
     eps, cap = knobs.label_smoothing, knobs.softcap
 
     def loss_rows(logits, rows):
@@ -167,9 +162,8 @@ def vocab_parallel_fused_linear_loss(
         out = vocab_parallel_loss(logits, t, group=group, reduction="none", **kwargs)
         if knobs == NO_KNOBS or (cap is not None and knobs._replace(softcap=None) == NO_KNOBS):
             return out
-        return knobbed_rows(out, logits, t, loss, knobs, alpha=alpha, tau=tau, ignore_index=ignore_index,
-                            start=start, vocab=vocab, z_scale=z_scale, group=group)
+        return knobbed_rows(out, logits, t, o, start=start, vocab=vocab, z_scale=z_scale, group=group)
 
-    loss_rows.sparse_grad = has_sparse_grad(loss, method, knobs)
-    return ChunkedLinearLoss.apply(input, local_weight, local_bias, loss_rows, chunk, n_kept, reduction == "mean",
+    loss_rows.sparse_grad = o.sparse_grad
+    return ChunkedLinearLoss.apply(input, local_weight, local_bias, loss_rows, chunk, n_kept, o.reduction == "mean",
                                    want, group)

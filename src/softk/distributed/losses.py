@@ -16,17 +16,19 @@ backward runs no collective at all.
 
 from __future__ import annotations
 
+import inspect
 import numbers
 
 import torch
 from torch import Tensor
 
 from .._ops.distributed import RowLoss, all_gather
-from .._validate import DEFAULT_LOSS, LOSSES, check_input, check_k, check_tau, mean_of, sum_tolerance
+from .._validate import check_input, check_k, mean_of, sum_tolerance
 from ..losses import targets as tg
+from ..losses._options import FIELDS, LossOptions, loss_options
+from ..losses._registry import DEFAULT_LOSS
 from ..threshold.rows import compute_dtype
 from .checks import exchange, outside_graph, resolve_group
-from ..losses._knobs import check_ts2_options
 from ._knobs import ts2_penalty
 from .families import loss_family, what_code
 from .threshold import NEG_INF, distributed_forward
@@ -36,17 +38,15 @@ def _local_checks(x, target, loss, k, tau, alpha, method, reduction, ignore_inde
     check_input(x, "local_logits")
     if x.shape[-1] < 1:
         raise ValueError("local_logits must hold at least one class on its last dimension")
-    k = check_k(k)
-    tau = check_tau(tau)
-    reduction = tg.check_reduction(reduction)
-    ignore_index = tg.check_ignore_index(ignore_index)
-    family = loss_family(loss, k, alpha, method)
-    check_ts2_options(loss, suppression, adaptive)
+    # (the vocab-parallel loss takes no knobs and no chunk size; its k is a count, never fractional)
+    o = loss_options(loss, alpha=alpha, k=check_k(k), method=method, tau=tau, ignore_index=ignore_index,
+                     reduction=reduction, suppression=suppression, adaptive=adaptive)
+    family = loss_family(o)
     if vocab_start is not None and (isinstance(vocab_start, bool) or not isinstance(vocab_start, numbers.Integral) or vocab_start < 0):
         raise ValueError(f"vocab_start must be None or an int >= 0 (this slice's first global class), got {vocab_start!r}")
     tg.check_target_tensor(target)
     if target.is_floating_point():
-        if LOSSES[loss].targets == "index":
+        if o.kind.targets == "index":
             raise TypeError(f"target must hold class indices for {loss}, got dtype {target.dtype}")
         if ignore_index != -100:
             raise ValueError("ignore_index applies to class-index targets only")
@@ -59,7 +59,7 @@ def _local_checks(x, target, loss, k, tau, alpha, method, reduction, ignore_inde
         if family is not None and family.capped and bool((target > 1).any()):
             raise ValueError(f"target entries must lie in [0, 1] for a top-k loss, got {float(target.max())}")
     else:
-        if LOSSES[loss].targets == "dense":
+        if o.kind.targets == "dense":
             raise TypeError(f"target must be a float tensor (rows summing to k) for {loss}, got dtype {target.dtype}")
         if target.shape != x.shape[:-1]:
             raise ValueError(
@@ -69,25 +69,26 @@ def _local_checks(x, target, loss, k, tau, alpha, method, reduction, ignore_inde
         neg = (target < 0) & (target != ignore_index)
         if bool(neg.any()):
             raise ValueError(f"target holds class index {int(target[neg][0])}, outside [0, V) (and not ignore_index={ignore_index})")
-    return k, tau, reduction, ignore_index, family
+    return o, family
 
 
 def _agree(x, target, loss, group, vocab_start, alpha, k, method, tau, ignore_index, reduction, suppression, adaptive):
-    """The local checks, then the agreement of the ranks (:mod:`.checks`): (k, tau, reduction, ignore_index,
-    family, Agreed), or the same error on every rank."""
+    """The local checks, then the agreement of the ranks (:mod:`.checks`): (the checked
+    :class:`~softk.losses._options.LossOptions`, family, Agreed), or the same error on every rank."""
     rank, world = resolve_group(group)
-    err, family = None, None
+    err, o, family = None, None, None
     try:
-        k, tau, reduction, ignore_index, family = _local_checks(
+        o, family = _local_checks(
             x, target, loss, k, tau, alpha, method, reduction, ignore_index, vocab_start, suppression, adaptive
         )
+        k, tau, ignore_index = o.k, o.tau, o.ignore_index
     except (TypeError, ValueError) as e:
         err = e
-    ts2 = (suppression, adaptive) if loss == "ts2" else ()
-    code = what_code("loss", loss, alpha, method if loss == "soft_topk" else None, reduction, ignore_index, *ts2)
+    own = () if o is None else tuple(getattr(o, name) for name in o.kind.options)  # the loss's own options
+    code = what_code("loss", loss, reduction, ignore_index, *own)
     agreed = exchange(x, target, group=group, rank=rank, world=world, vocab_start=vocab_start,
                       k=k, tau=tau, what=code, local_error=err, ignore_index=ignore_index)
-    return k, tau, reduction, ignore_index, family, agreed
+    return o, family, agreed
 
 
 def _topk_ce(z, index, owned, zt_local, k, group, rank, world):
@@ -119,7 +120,7 @@ def vocab_parallel_loss(
     vocab_start=None,
     alpha=None,
     k: int = 1,
-    method: str = "sparse",
+    method: str = "exp",
     tau: float = 1.0,
     ignore_index: int = -100,
     reduction: str = "mean",
@@ -137,8 +138,9 @@ def vocab_parallel_loss(
         loss: "cross_entropy" (the default, as for
             :func:`softk.losses.fused_linear_loss` and Megatron's
             vocab-parallel cross-entropy), "softmax", "sparsemax", "entmax15", "entmax"
-            (``alpha``), "soft_topk" (``method`` "sparse", any k, or "exp" with
-            k = 1; dense targets), "topk_softmax_ce" (``k``) or "ts2"
+            (``alpha``), "soft_topk" (dense targets; ``method`` "exp", the
+            default as on one device, with k = 1 only, since its λ needs every
+            entry, or "sparse" with any k), "topk_softmax_ce" (``k``) or "ts2"
             (:func:`softk.losses.ts2_loss`, with ``suppression`` (None: 1.0)
             and ``adaptive``).
         group: the process group (default: the world).
@@ -163,10 +165,11 @@ def vocab_parallel_loss(
     tensor(0.2500)
     >>> dist.destroy_process_group()
     """
-    k, tau, reduction, ignore_index, family, agreed = outside_graph(_agree)(
+    o, family, agreed = outside_graph(_agree)(
         local_logits, target, loss, group, vocab_start, alpha, k, method, tau, ignore_index, reduction, suppression,
         adaptive
     )
+    k, tau, ignore_index, reduction = o.k, o.tau, o.ignore_index, o.reduction
     rank, world = agreed.rank, agreed.world
     lead = local_logits.shape[:-1]
     x = local_logits.reshape(-1, local_logits.shape[-1])
@@ -190,11 +193,11 @@ def vocab_parallel_loss(
         rows = z.sum(-1)
         out = mean_of(rows.sum(), 0) if reduction == "mean" else (rows.sum() if reduction == "sum" else rows.reshape(lead))
         return (out + local_logits.sum() * 0).to(local_logits.dtype)
-    if loss == "topk_softmax_ce":
+    if family is None:  # no threshold map: Su's top-k softmax cross-entropy
         rows, grad = _topk_ce(z, t, owned, zt_local, k, group, rank, world)
         grad.scatter_add_(-1, li, -owned.unsqueeze(-1).to(grad.dtype))  # − e_t on the owner (no data-dependent shape)
     else:
-        ce = loss == "cross_entropy"
+        ce = o.kind.torch_cross_entropy  # −log p_y: no Ω(y) term
         extra = {}
         if dense:
             def sums(zs):
@@ -231,9 +234,8 @@ def vocab_parallel_loss(
     if tau != 1.0:
         grad = grad / tau
     rows = RowLoss.apply(x, rows, grad) if local_logits.requires_grad else rows
-    if loss == "ts2":  # the sparsemax loss above, plus the penalty on the softmax of x (not x/τ)
-        a = 1.0 if suppression is None else float(suppression)
-        rows = rows + ts2_penalty(x.to(ct), fwd.p, owned, li.squeeze(-1), keep, a, adaptive, group)
+    if o.suppression is not None:  # TS²: the sparsemax loss above, plus the penalty on the softmax of x (not x/τ)
+        rows = rows + ts2_penalty(x.to(ct), fwd.p, owned, li.squeeze(-1), keep, o.suppression, o.adaptive, group)
     if keep is not None:
         rows = torch.where(keep, rows, 0.0)
     if reduction == "none":
@@ -242,3 +244,13 @@ def vocab_parallel_loss(
     if reduction == "mean":
         total = mean_of(total, keep.sum() if keep is not None else m)
     return total.to(local_logits.dtype)
+
+
+#: The options :func:`vocab_parallel_loss` takes beside the name and the reduction.
+VOCAB_PARALLEL_OPTIONS = tuple(p for p in inspect.signature(vocab_parallel_loss).parameters if p in FIELDS and p not in ("loss", "reduction"))
+
+
+def vocab_parallel_options(o: LossOptions) -> dict:
+    """The keyword arguments of :func:`vocab_parallel_loss` that carry the options ``o``:
+    those its public loss takes (none of a dense-target loss's is ``ignore_index``)."""
+    return {p: v for p, v in o.kind.arguments(o).items() if p in VOCAB_PARALLEL_OPTIONS}

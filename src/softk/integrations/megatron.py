@@ -34,8 +34,11 @@ from typing import Callable
 
 from torch import Tensor
 
-from .._validate import LOSSES
 from ..distributed import vocab_parallel_loss
+from ..distributed.families import loss_family
+from ..distributed.losses import vocab_parallel_options
+from ..losses._options import loss_options
+from ..losses._registry import DEFAULT_LOSS, LOSSES
 
 __all__ = ["megatron_loss", "SUPPORTED_LOSSES"]
 
@@ -44,17 +47,20 @@ SUPPORTED_LOSSES = tuple(name for name in LOSSES)
 
 
 def megatron_loss(
-    loss: str = "cross_entropy", *, alpha=None, k: int = 1, method: str = "sparse", tau: float = 1.0,
-    ignore_index: int = -100,
+    loss: str = DEFAULT_LOSS, *, alpha=None, k: int = 1, method: str = "exp", tau: float = 1.0,
+    ignore_index: int = -100, suppression=None, adaptive: bool = False,
 ) -> Callable[[Tensor, Tensor, object], Tensor]:
     r"""A callable ``target(logits[s, b, V/tp], labels[s, b], tp_group) -> loss[s, b]`` for Megatron-LM.
 
     Args:
         loss: a softk loss name, as in :func:`softk.distributed.vocab_parallel_loss`
             ("cross_entropy", "softmax", "sparsemax", "entmax15", "entmax",
-            "soft_topk", "topk_softmax_ce").
-        alpha, k, method, tau, ignore_index: that loss's options.  A label equal
-            to ``ignore_index`` gives 0.
+            "soft_topk", "topk_softmax_ce", "ts2").
+        alpha, k, method, tau, ignore_index, suppression, adaptive: that
+            loss's options, checked here.  A label equal to ``ignore_index``
+            gives 0.  soft_topk's ``method`` is "exp" by default, as on one
+            device; vocabulary slices need "sparse" for k > 1 (a ValueError
+            here says so).
 
     The callable takes this rank's logits slice (s, b, V/tp), the global
     labels (s, b) and the tensor-parallel process group (None: the world),
@@ -63,12 +69,10 @@ def megatron_loss(
     slot does not carry: pass them as ``labels`` (s, b, V/tp), sliced like the
     logits.
     """
-    if loss not in LOSSES:
-        raise ValueError(f"loss must be one of {list(LOSSES)}, got {loss!r}")
-    opts = {"alpha": alpha, "k": k, "tau": tau, "ignore_index": ignore_index}
-    if loss == "soft_topk":
-        opts["method"] = method
-        del opts["ignore_index"]
+    o = loss_options(loss, alpha=alpha, k=k, method=method, tau=tau, ignore_index=ignore_index,
+                     suppression=suppression, adaptive=adaptive)
+    loss_family(o)  # a loss the vocabulary slices cannot serve is refused now, not at the first step
+    opts = vocab_parallel_options(o)
 
     def target(logits: Tensor, labels: Tensor, tp_group=None) -> Tensor:
         return vocab_parallel_loss(logits, labels, loss, group=tp_group, reduction="none", **opts)

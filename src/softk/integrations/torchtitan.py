@@ -54,28 +54,14 @@ import torch
 from torch import Tensor
 
 from .. import _dtensor
-from .._validate import LOSSES
 from ..distributed import vocab_parallel_loss
-from ..losses import (cross_entropy, entmax15_loss, entmax_loss, soft_topk_loss, softmax_loss, sparsemax_loss,
-                      topk_softmax_cross_entropy)
+from ..distributed.losses import vocab_parallel_options
+from ..losses._options import loss_options
 
 __all__ = ["SoftkLoss", "IGNORE_INDEX"]
 
 #: torchtitan's ignore index (torch's default).
 IGNORE_INDEX = -100
-
-
-def _single(name, alpha, k, method, tau):
-    r = {"reduction": "sum", "tau": tau}
-    return {
-        "cross_entropy": lambda x, y: cross_entropy(x, y, ignore_index=IGNORE_INDEX, **r),
-        "softmax": lambda x, y: softmax_loss(x, y, IGNORE_INDEX, **r),
-        "sparsemax": lambda x, y: sparsemax_loss(x, y, IGNORE_INDEX, **r),
-        "entmax15": lambda x, y: entmax15_loss(x, y, IGNORE_INDEX, **r),
-        "entmax": lambda x, y: entmax_loss(x, y, 1.5 if alpha is None else alpha, IGNORE_INDEX, **r),
-        "soft_topk": lambda x, y: soft_topk_loss(x, y, k, method, **r),
-        "topk_softmax_ce": lambda x, y: topk_softmax_cross_entropy(x, y, k, IGNORE_INDEX, **r),
-    }[name]
 
 
 class SoftkLoss:
@@ -87,8 +73,12 @@ class SoftkLoss:
 
         Attributes:
             loss: a name of :func:`softk.distributed.vocab_parallel_loss`.
-            alpha: α of "entmax"; k of "soft_topk" / "topk_softmax_ce";
-                method of "soft_topk"; tau the temperature.
+            alpha: α of "entmax" (needed there); k of "soft_topk" /
+                "topk_softmax_ce"; method of "soft_topk" ("exp" by default, as
+                on one device: vocabulary-sharded logits need "sparse" for
+                k > 1); suppression and adaptive of "ts2"; tau the temperature.
+                Checked at construction, as :func:`softk.losses.fused_linear_loss`
+                checks them.
             global_vocab_size: checked against the classes of whole or DTensor
                 logits when given (torchtitan's field of the same name); plain
                 slices agree on the vocabulary among themselves.
@@ -97,9 +87,11 @@ class SoftkLoss:
         loss: str = "cross_entropy"
         alpha: float | None = None
         k: int = 1
-        method: str = "sparse"
+        method: str = "exp"
         tau: float = 1.0
         global_vocab_size: int | None = None
+        suppression: float | None = None
+        adaptive: bool = False
 
         def build(self, **kwargs) -> "SoftkLoss":
             """The loss object, as torchtitan's ``Config.build``: ``kwargs``
@@ -114,10 +106,14 @@ class SoftkLoss:
         DTensor logits, the vocab-parallel loss of the local shard: see the
         module docstring)."""
         self.config = config = config if config is not None else self.Config()
-        if config.loss not in LOSSES:
-            raise ValueError(f"loss must be one of {list(LOSSES)}, got {config.loss!r}")
+        # torchtitan's ignore index, and its sum over tokens
+        self.options = o = loss_options(config.loss, alpha=config.alpha, k=config.k, method=config.method,
+                                        tau=config.tau, suppression=config.suppression, adaptive=config.adaptive,
+                                        ignore_index=IGNORE_INDEX, reduction="sum")
         self.group = group
-        self._single = _single(config.loss, config.alpha, config.k, config.method, config.tau)
+        fn, kw = o.kind.function, o.kind.arguments(o)
+        self._single = lambda x, y: fn(x, y, **kw)  # the public loss (whole logits, or through its DTensor entry)
+        self._vocab_parallel = vocab_parallel_options(o)
         self._compiled = self._compiled_rows = None
         if (compile_config is not None and getattr(compile_config, "enable", False)
                 and "loss" in getattr(compile_config, "components", ())):
@@ -126,17 +122,6 @@ class SoftkLoss:
             self._compiled = torch.compile(self._loss, backend=backend)
             self._compiled_rows = torch.compile(self._local_rows, backend=backend)
         self.fn = self._loss if self._compiled is None else self._compiled_loss
-
-    def _opts(self, reduction):
-        c = self.config
-        opts = {"alpha": c.alpha, "tau": c.tau, "reduction": reduction}
-        if c.loss in ("soft_topk", "topk_softmax_ce"):
-            opts["k"] = c.k
-        if c.loss == "soft_topk":
-            opts["method"] = c.method
-        else:
-            opts["ignore_index"] = IGNORE_INDEX
-        return opts
 
     def _rows(self, pred: Tensor, labels: Tensor):
         """pred and labels as torchtitan's loss sees them: float32 for half logits, (B, L, V) flattened to rows."""
@@ -170,7 +155,8 @@ class SoftkLoss:
         return out if _dtensor.is_dtensor(labels) else out.to_local()
 
     def _local_rows(self, x: Tensor, t: Tensor, group, start: int) -> Tensor:
-        return vocab_parallel_loss(x, t, self.config.loss, group=group, vocab_start=start, **self._opts("none"))
+        return vocab_parallel_loss(x, t, self.options.loss, group=group, vocab_start=start, reduction="none",
+                                   **self._vocab_parallel)
 
     def _loss(self, pred: Tensor, labels: Tensor) -> Tensor:
         pred, labels = self._rows(pred, labels)
@@ -181,7 +167,8 @@ class SoftkLoss:
             return out
         if self.group is None:
             return self._single(pred, labels)
-        return vocab_parallel_loss(pred, labels, self.config.loss, group=self.group, **self._opts("sum"))
+        return vocab_parallel_loss(pred, labels, self.options.loss, group=self.group, reduction="sum",
+                                   **self._vocab_parallel)
 
     def __call__(self, pred: Tensor, labels: Tensor, global_valid_tokens: Tensor | None = None,
                  **kwargs: Any) -> tuple[Tensor, dict[str, Tensor]]:

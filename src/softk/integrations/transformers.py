@@ -67,19 +67,23 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from .._validate import check_choice, check_tau
-from .._validate import DEFAULT_LOSS, LOSSES, check_chunk_size, check_loss_options
-from ..losses._knobs import check_knobs, check_ts2_options
+from .._validate import check_choice
+from ..losses._options import FIELDS, loss_options
+from ..losses._registry import DEFAULT_LOSS, LOSSES
 from ..losses.fused_linear import fused_linear_loss
-from ..losses.targets import check_ignore_index
 
 __all__ = ["apply_softk", "remove_softk", "softk_loss", "SUPPORTED_LOSSES"]
 
 # The losses of fused_linear_loss that take class-index targets (a causal LM's
 # labels are one class per token; "soft_topk" needs k-hot rows).
-SUPPORTED_LOSSES = tuple(name for name, spec in LOSSES.items() if spec.targets != "dense")
-_LOSS_OPTIONS = ("adaptive", "alpha", "chunk_size", "class_weight", "ignore_index", "k", "label_smoothing", "softcap",
-                 "suppression", "tau", "z_loss")
+SUPPORTED_LOSSES = tuple(name for name, kind in LOSSES.items() if kind.targets != "dense")
+# The options apply_softk passes on: every option of fused_linear_loss that some
+# supported loss takes, but the reduction, which is transformers'.
+_OWN = {option for kind in LOSSES.values() for option in kind.options}
+_LOSS_OPTIONS = tuple(sorted(
+    name for name in FIELDS
+    if name not in ("loss", "reduction")
+    and (name not in _OWN or any(name in LOSSES[loss].options for loss in SUPPORTED_LOSSES))))
 # Arguments a causal LM's forward passes on to its loss only (ForCausalLMLoss's keywords).
 _LOSS_ONLY = ("num_items_in_batch", "shift_labels")
 
@@ -176,9 +180,9 @@ def softk_loss(model: nn.Module, loss: str = DEFAULT_LOSS, **kwargs):
 
 
 def _check_loss(loss):
-    if loss == "soft_topk":
+    if loss in LOSSES and loss not in SUPPORTED_LOSSES:
         raise ValueError(
-            "loss='soft_topk' needs k-hot target rows, not a language model's token labels; "
+            f"loss={loss!r} needs dense (k-hot) target rows, not a language model's token labels; "
             f"apply_softk takes one of {list(SUPPORTED_LOSSES)}"
         )
     return check_choice(loss, SUPPORTED_LOSSES, "loss")
@@ -190,13 +194,7 @@ def _check_options(loss, loss_kwargs):
         hint = " (the reduction follows transformers: mean, or sum / num_items_in_batch)" if "reduction" in unknown else ""
         raise TypeError(f"apply_softk got unknown loss option(s) {unknown}; expected some of {list(_LOSS_OPTIONS)}{hint}")
     options = dict(loss_kwargs)
-    check_loss_options(loss, options.get("alpha"), options.get("k", 1), "exp")
-    check_ts2_options(loss, options.get("suppression"), options.get("adaptive", False))
-    check_knobs(loss, softcap=options.get("softcap"), label_smoothing=options.get("label_smoothing", 0.0),
-                class_weight=options.get("class_weight"), z_loss=options.get("z_loss", 0.0))
-    check_tau(options.get("tau", 1.0))
-    check_ignore_index(options.get("ignore_index", -100))
-    check_chunk_size(options.get("chunk_size"))
+    loss_options(loss, dense=False, **options)
     return options
 
 

@@ -5,8 +5,10 @@ support), and the regularisers and bounds of normalised-feature heads.
 
 All take scores (N, C, d1, ...) with classes on dim 1 (or (C,)), like
 ``torch.nn.functional.cross_entropy``.  Here live the public losses, their
-target checks (``targets``) and the fused linear loss's chunks
-(``chunking``) and knobs (``_knobs``); their autograd rules are in :mod:`softk._ops`.  Imported by
+target checks (``targets``), the table of the losses taken by name
+(``_registry``) and their options (``_options``), and the fused linear
+loss's chunks (``chunking``) and knobs (``_knobs``); their autograd rules are
+in :mod:`softk._ops`.  Imported by
 attention, compat, distributed, nn and integrations; imports the maps and below.
 """
 

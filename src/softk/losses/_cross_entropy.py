@@ -45,6 +45,7 @@ from .. import _dtensor
 
 from .._validate import check_smoothing, require
 from . import targets as tg
+from ._one_pass import exp_
 
 # The kernel under F.cross_entropy (its Python wrapper only maps the reduction
 # to this enum).  The binding itself honours __torch_function__ and modes.
@@ -164,3 +165,28 @@ def cross_entropy(
             tg.index_target(input, target, ignore_index)  # softk's message for an index out of range
         raise
     return out if dtype == ct else out.to(dtype)
+
+
+def ce_in_place(ignore_index: int, tau: float):
+    """Cross-entropy's rows and its gradient in one pass over the logits:
+    ``f(z, t, w) -> rows`` overwrites z (C, V), float32/float64, with
+    G = w·(softmax(z/τ) − e_t)/τ (0 on ignored rows), the gradient of Σ w_i L_i,
+    where L_i = logsumexp(z_i/τ) − z_{i,t_i}/τ: no autograd graph and no
+    buffer beside the logits."""
+
+    def f(z, t, w):
+        idx, keep = tg.index_target(z, t, ignore_index)  # the losses' own range check and message
+        idx = idx.unsqueeze(1)
+        if tau != 1.0:
+            z.mul_(1.0 / tau)
+        torch.log_softmax(z, 1, out=z)  # one fused kernel, in place (logsumexp is several)
+        rows = torch.where(keep, -z.gather(1, idx).squeeze(1), 0.0)
+        exp_(z)  # (underflowing terms exact zeros first, on the CPU)
+        z.scatter_add_(1, idx, torch.full_like(rows, -1.0).unsqueeze(1))
+        scale = (w.to(z.dtype) if w is not None else torch.ones_like(rows)) / tau
+        z.mul_(torch.where(keep, scale, 0.0).unsqueeze(1))
+        if not z.is_cpu or not bool(keep.all()):  # (no host read on a GPU)
+            z.masked_fill_(~keep.unsqueeze(1), 0.0)  # a fully masked ignored row: NaN · 0 above
+        return rows
+
+    return f

@@ -23,22 +23,18 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .._maps.simplex import entmax15, sparsemax
-from ..threshold.families import ENTMAX15, SPARSEMAX
 from ._one_pass import support_rows
 from .targets import index_target
 
-_MAPS = {"sparsemax": (sparsemax, SPARSEMAX), "entmax15": (entmax15, ENTMAX15)}
 
-
-def live_in_place(loss: str, ignore_index: int, tau: float):
-    """``f(z, t, w) -> (rows (C,), gs (C, K), cols (K,))`` for ``loss``
-    ("sparsemax" or "entmax15"), z (C, V) float32/float64 logits (read, not
-    kept), t (C,) class indices, w (C,) row weights or None: the rows' losses
-    (0 at ignored rows) and G = w·(p − e_y)/τ on its live columns ``cols``
-    (increasing class indices: the kept rows' supports and targets), G[:, cols]
-    = ``gs``; G is 0 in every other column."""
-    fmap, family = _MAPS[loss]
+def live_in_place(fmap, family, ignore_index: int, tau: float):
+    """``f(z, t, w) -> (rows (C,), gs (C, K), cols (K,))`` for the loss of the
+    map ``fmap`` (sparsemax or entmax15) and its ``family`` (whose ψ gives Ω),
+    z (C, V) float32/float64 logits (read, not kept), t (C,) class indices,
+    w (C,) row weights or None: the rows' losses (0 at ignored rows) and
+    G = w·(p − e_y)/τ on its live columns ``cols`` (increasing class indices:
+    the kept rows' supports and targets), G[:, cols] = ``gs``; G is 0 in every
+    other column."""
 
     def f(z: Tensor, t: Tensor, w):
         idx, keep = index_target(z, t, ignore_index)

@@ -3,7 +3,8 @@
 ``softcap``, ``label_smoothing``, ``class_weight`` and ``z_loss`` of
 :func:`softk.losses.fused_linear_loss`, :class:`softk.nn.FusedLinearLoss`,
 :func:`softk.distributed.vocab_parallel_fused_linear_loss` and
-:func:`softk.integrations.transformers.apply_softk`; what each does is
+:func:`softk.integrations.transformers.apply_softk`, checked with the other
+options by :func:`softk.losses._options.loss_options`; what each does is
 :func:`softk.losses.chunking.chunk_loss_fn`'s.  A knob given to a loss where
 it is not defined is refused with a ValueError that names it.
 """
@@ -28,16 +29,15 @@ class Knobs(NamedTuple):
 
 NO_KNOBS = Knobs()
 
-# The losses that take label smoothing: cross-entropy (torch's) and the
-# Fenchel–Young losses of the simplex maps (the loss at the smoothed target).
-SMOOTHED = ("cross_entropy", "softmax", "sparsemax", "entmax15", "entmax")
-
 
 def check_knobs(loss: str, *, softcap=None, label_smoothing=0.0, class_weight=None, z_loss=0.0,
                 dense: bool = False, vocab: int | None = None, device=None) -> Knobs:
-    """The knobs, checked against ``loss`` (a name of :data:`softk._validate.LOSSES`)
-    and the target kind (``dense``); ``class_weight`` must have ``vocab`` entries
-    (when given) and comes back as a float tensor on ``device``."""
+    """The knobs' values, checked, and ``class_weight`` against the target kind
+    (``dense``, for ``loss``'s message); ``class_weight`` must have ``vocab``
+    entries (when given) and comes back as a float tensor on ``device``.  Which
+    losses take label smoothing is their record's
+    (:attr:`softk.losses._registry.LossKind.smoothed`), checked by
+    :func:`softk.losses._options.loss_options`."""
     if softcap is not None:
         softcap = check_positive(softcap, "softcap")
     if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, numbers.Real):
@@ -45,11 +45,6 @@ def check_knobs(loss: str, *, softcap=None, label_smoothing=0.0, class_weight=No
     label_smoothing = float(label_smoothing)
     if not 0.0 <= label_smoothing < 1.0:
         raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
-    if label_smoothing and loss not in SMOOTHED:
-        raise ValueError(
-            f"label_smoothing is not defined for loss={loss!r}; it applies to {list(SMOOTHED)}, got "
-            f"label_smoothing={label_smoothing}"
-        )
     if isinstance(z_loss, bool) or not isinstance(z_loss, numbers.Real):
         raise TypeError(f"z_loss must be a number >= 0, got {type(z_loss).__name__}")
     z_loss = float(z_loss)
@@ -73,17 +68,3 @@ def check_knobs(loss: str, *, softcap=None, label_smoothing=0.0, class_weight=No
             class_weight = class_weight.float()
         require(torch.isfinite(class_weight) & (class_weight >= 0), "class_weight must be finite and >= 0 everywhere")
     return Knobs(softcap, label_smoothing, class_weight, z_loss)
-
-
-def check_ts2_options(loss: str, suppression, adaptive):
-    """TS²'s ``suppression`` (None: 1.0) and ``adaptive``, refused for any other loss."""
-    if loss != "ts2":
-        if suppression is not None or adaptive:
-            name = "suppression" if suppression is not None else "adaptive"
-            raise ValueError(f"{name} applies to loss='ts2' only, got {name} with loss={loss!r}")
-        return 1.0, False
-    from ._ts2 import check_suppression
-
-    if not isinstance(adaptive, bool):
-        raise TypeError(f"adaptive must be a bool, got {type(adaptive).__name__}")
-    return (1.0 if suppression is None else check_suppression(suppression)), adaptive

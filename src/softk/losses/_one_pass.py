@@ -1,5 +1,5 @@
 r"""Pieces shared by the fused loss's one-pass forms (cross-entropy's in
-:mod:`.chunking`, TS²'s in :mod:`._ts2`, the sparse Fenchel–Young losses' in
+:mod:`._cross_entropy`, TS²'s in :mod:`._ts2`, the sparse Fenchel–Young losses' in
 :mod:`._fy_live`): each works on a chunk's logits in place, without autograd.
 """
 

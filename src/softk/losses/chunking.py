@@ -15,19 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from .._maps.simplex import entmax, entmax15, softmax, sparsemax
-from .._maps.soft_topk import soft_topk
-from .._validate import LOSSES
-from ..threshold.families import ENTMAX15, SOFTMAX, SPARSEMAX, entmax_by_alpha
-from ._knobs import NO_KNOBS, Knobs
-from ._ts2 import ts2_in_place, ts2_loss
-from ._fy_live import live_in_place
-from ._one_pass import exp_
-from ._cross_entropy import cross_entropy
-from .simplex_losses import entmax15_loss, entmax_loss, softmax_loss, sparsemax_loss
-from .targets import index_target
-from .topk_loss import soft_topk_loss
-from ._topk_softmax_ce import topk_softmax_cross_entropy
+from ._knobs import NO_KNOBS
+from ._options import LossOptions
 
 # Below this many logits per chunk (4 Mi elements, 16 MiB in float32) the
 # per-chunk matmuls get so small that their overhead dominates; above it the
@@ -65,77 +54,10 @@ def auto_chunk_size(rows: int, hidden: int, vocab: int, device_type: str = "cpu"
     return max(1, min(c, rows))
 
 
-# The per-row loss of each name of softk._validate.LOSSES, as
-# ``make(alpha, k, method, tau, ignore_index, extra) -> fn(logits (C, V), target) -> (C,)``,
-# ``extra`` the options of one loss: cross-entropy's class weight and label
-# smoothing (torch's own formula), TS²'s suppression and adaptive.
-_CHUNK_LOSSES = {
-    "cross_entropy": lambda a, k, m, tau, ii, x: lambda z, t: cross_entropy(
-        z, t, weight=x.get("weight"), ignore_index=ii, reduction="none", label_smoothing=x.get("label_smoothing", 0.0),
-        tau=tau),
-    "softmax": lambda a, k, m, tau, ii, x: lambda z, t: softmax_loss(z, t, ii, "none", tau),
-    "sparsemax": lambda a, k, m, tau, ii, x: lambda z, t: sparsemax_loss(z, t, ii, "none", tau),
-    "entmax15": lambda a, k, m, tau, ii, x: lambda z, t: entmax15_loss(z, t, ii, "none", tau),
-    "entmax": lambda a, k, m, tau, ii, x: lambda z, t: entmax_loss(z, t, a, ii, "none", tau),
-    "soft_topk": lambda a, k, m, tau, ii, x: lambda z, t: soft_topk_loss(z, t, k, m, tau, "none"),
-    "topk_softmax_ce": lambda a, k, m, tau, ii, x: lambda z, t: topk_softmax_cross_entropy(z, t, k, ii, "none", tau),
-    "ts2": lambda a, k, m, tau, ii, x: lambda z, t: ts2_loss(
-        z, t, suppression=x["suppression"], tau=tau, adaptive=x["adaptive"], ignore_index=ii, reduction="none"),
-}
-assert set(_CHUNK_LOSSES) == set(LOSSES), "every loss name has a chunk loss"
-
-# The losses whose gradient p − y is exactly 0 outside the union of the
-# supports and targets (soft top-k with method "sparse" only): the fused
-# pass then runs its backward products on those columns (fn.sparse_grad).
-_SPARSE_GRAD = {"sparsemax", "entmax15", "entmax", "topk_softmax_ce", "soft_topk"}
-
-
-def has_sparse_grad(loss: str, method: str = "sparse", knobs: Knobs = NO_KNOBS) -> bool:
-    """Whether the gradient of ``loss`` (with ``knobs``) is exactly 0 outside
-    the union of the rows' supports and targets, so that the fused losses'
-    backward may run on those columns only (:func:`softk._ops.fused_linear.live_columns`).
-    Label smoothing and the z-loss give every class a gradient; the softcap
-    and class weights keep zeros zero."""
-    return (loss in _SPARSE_GRAD and (loss != "soft_topk" or method == "sparse")
-            and not knobs.label_smoothing and not knobs.z_loss)
-
-
-def _ce_in_place(ignore_index: int, tau: float):
-    """Cross-entropy's rows and its gradient in one pass over the logits:
-    ``f(z, t, w) -> rows`` overwrites z (C, V), float32/float64, with
-    G = w·(softmax(z/τ) − e_t)/τ (0 on ignored rows), the gradient of Σ w_i L_i,
-    where L_i = logsumexp(z_i/τ) − z_{i,t_i}/τ: no autograd graph and no
-    buffer beside the logits."""
-
-    def f(z, t, w):
-        idx, keep = index_target(z, t, ignore_index)  # the losses' own range check and message
-        idx = idx.unsqueeze(1)
-        if tau != 1.0:
-            z.mul_(1.0 / tau)
-        torch.log_softmax(z, 1, out=z)  # one fused kernel, in place (logsumexp is several)
-        rows = torch.where(keep, -z.gather(1, idx).squeeze(1), 0.0)
-        exp_(z)  # (underflowing terms exact zeros first, on the CPU)
-        z.scatter_add_(1, idx, torch.full_like(rows, -1.0).unsqueeze(1))
-        scale = (w.to(z.dtype) if w is not None else torch.ones_like(rows)) / tau
-        z.mul_(torch.where(keep, scale, 0.0).unsqueeze(1))
-        if not z.is_cpu or not bool(keep.all()):  # (no host read on a GPU)
-            z.masked_fill_(~keep.unsqueeze(1), 0.0)  # a fully masked ignored row: NaN · 0 above
-        return rows
-
-    return f
-
-
-# The Fenchel–Young family of each FY loss name (label smoothing's Ω(q)).
-_FY_FAMILY = {"softmax": lambda a: SOFTMAX, "sparsemax": lambda a: SPARSEMAX, "entmax15": lambda a: ENTMAX15,
-              "entmax": entmax_by_alpha}
-
-
-def chunk_loss_fn(loss: str, *, alpha, k: int, method: str, tau: float, ignore_index: int,
-                  knobs: Knobs = NO_KNOBS, suppression: float = 1.0, adaptive: bool = False,
-                  z_scale=1.0, stats: bool = False):
-    """The public loss ``loss`` (a name of :data:`softk._validate.LOSSES`, checked)
-    as ``fn(logits (C, V), target) -> (C,)`` (reduction "none"), with the
-    ``knobs`` (checked by :func:`softk.losses._knobs.check_knobs`) applied:
+def chunk_loss_fn(o: LossOptions, *, z_scale=1.0, stats: bool = False):
+    """The public loss of ``o`` (checked by :func:`softk.losses._options.loss_options`)
+    as ``fn(logits (C, V), target) -> (C,)`` (reduction "none"), with its
+    knobs applied:
 
     * softcap c: the loss (and everything below) sees c·tanh(z/c);
     * label smoothing ε: cross-entropy takes torch's ``label_smoothing``; a
@@ -152,27 +74,23 @@ def chunk_loss_fn(loss: str, *, alpha, k: int, method: str, tau: float, ignore_i
     the row's support size (classes with p > 0), whether argmax z is the
     target, and its z-loss term β·lse² (0 at ignored rows).
     """
-    extra = {"suppression": suppression, "adaptive": adaptive}
-    if loss == "cross_entropy":
-        extra.update(weight=knobs.class_weight, label_smoothing=knobs.label_smoothing)
-    base = _CHUNK_LOSSES[loss](alpha, k, method, tau, ignore_index, extra)
-    sparse = has_sparse_grad(loss, method, knobs)
-    plain = knobs == NO_KNOBS and not stats
-    if plain:
+    kind, tau, ignore_index = o.kind, o.tau, o.ignore_index
+    base = kind.rows(o)
+    sparse = o.sparse_grad
+    if o.knobs == NO_KNOBS and not stats:
         base.sparse_grad = sparse
         # cross-entropy and TS² with class indices: the rows and G in one pass; sparsemax and
         # entmax15: the rows and G's live columns in one pass (chunked_pass, on the CPU)
-        if loss in ("cross_entropy", "softmax"):
-            base.in_place = _ce_in_place(ignore_index, tau)
-        elif loss == "ts2":
-            base.in_place = ts2_in_place(ignore_index, tau, suppression, adaptive)
-        elif loss in ("sparsemax", "entmax15"):
-            base.live_in_place = live_in_place(loss, ignore_index, tau)
+        if kind.in_place is not None:
+            base.in_place = kind.in_place(o)
+        if kind.live_in_place is not None:
+            base.live_in_place = kind.live_in_place(o)
         return base
-    cap, eps, weight, beta = knobs
-    fy_smooth = eps > 0 and loss in _FY_FAMILY
-    family = _FY_FAMILY[loss](alpha) if fy_smooth else None
-    row_weight = weight is not None and loss != "cross_entropy"
+    cap, eps, weight, beta = o.knobs
+    own = kind.torch_cross_entropy  # weighted and smoothed by torch's formula, in base itself
+    fy_smooth = eps > 0 and not own
+    family = kind.family(o) if fy_smooth else None
+    row_weight = weight is not None and not own
 
     def fn(z, t):
         if cap is not None:
@@ -208,7 +126,7 @@ def chunk_loss_fn(loss: str, *, alpha, k: int, method: str, tau: float, ignore_i
             return rows
         with torch.no_grad():
             zd = zc.detach()
-            support = _support(loss, zd, alpha, k, method, tau)
+            support = kind.support(o, zd).to(zd.dtype)
             guess = zd.argmax(-1)
             correct = (guess == (t.argmax(-1) if dense else idx)).to(zd.dtype)
             if keep is not None:
@@ -219,20 +137,3 @@ def chunk_loss_fn(loss: str, *, alpha, k: int, method: str, tau: float, ignore_i
 
     fn.sparse_grad = sparse
     return fn
-
-
-def _support(loss, z, alpha, k, method, tau):
-    """The number of classes with p > 0 in each row of z (C, V), p the loss's map at z/τ."""
-    if loss == "topk_softmax_ce":
-        return torch.full(z.shape[:-1], float(min(k, z.shape[-1])), dtype=z.dtype, device=z.device)
-    if loss in ("cross_entropy", "softmax"):
-        p = softmax(z, tau=tau)
-    elif loss in ("sparsemax", "ts2"):
-        p = sparsemax(z, tau=tau)
-    elif loss == "entmax15":
-        p = entmax15(z, tau=tau)
-    elif loss == "entmax":
-        p = entmax(z, alpha, tau=tau)
-    else:
-        p = soft_topk(z, k, tau=tau, method=method)
-    return (p > 0).sum(-1).to(z.dtype)

@@ -42,11 +42,12 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from .._validate import DEFAULT_LOSS, check_chunk_size, check_input, check_loss_options, mean_of
+from .._validate import check_input, mean_of
 from .._ops.fused_linear import FusedLinearLoss, checkpointed_pass
-from ._knobs import check_knobs, check_ts2_options
+from ._options import loss_options
+from ._registry import DEFAULT_LOSS
 from .chunking import auto_chunk_size, chunk_loss_fn
-from .targets import check_ignore_index, check_reduction, check_target_tensor
+from .targets import check_target_tensor
 
 
 def _check_linear(input, weight, bias):
@@ -162,14 +163,12 @@ def fused_linear_loss(
     True
     """
     _check_linear(input, weight, bias)
-    check_loss_options(loss, alpha, k, method)
-    suppression, adaptive = check_ts2_options(loss, suppression, adaptive)
-    knobs = check_knobs(loss, softcap=softcap, label_smoothing=label_smoothing, class_weight=class_weight,
-                        z_loss=z_loss, dense=target.is_floating_point() if isinstance(target, Tensor) else False,
-                        vocab=weight.shape[0], device=weight.device)
-    reduction = check_reduction(reduction)
-    ignore_index = check_ignore_index(ignore_index)
-    chunk = check_chunk_size(chunk_size)
+    o = loss_options(loss, alpha=alpha, k=k, method=method, tau=tau, ignore_index=ignore_index, reduction=reduction,
+                     chunk_size=chunk_size, softcap=softcap, label_smoothing=label_smoothing,
+                     class_weight=class_weight, z_loss=z_loss, suppression=suppression, adaptive=adaptive,
+                     dense=target.is_floating_point() if isinstance(target, Tensor) else False,
+                     vocab=weight.shape[0], device=weight.device)
+    reduction, ignore_index, chunk = o.reduction, o.ignore_index, o.chunk_size
     check_target_tensor(target)
     lead = input.shape[:-1]
     x = input.reshape(-1, input.shape[-1])
@@ -190,18 +189,17 @@ def fused_linear_loss(
             )
         t = target.reshape(-1)
         # a count on the device (no host sync): the mean's divisor
-        n_kept = (t != ignore_index).sum() if loss != "soft_topk" else x.shape[0]
+        n_kept = (t != ignore_index).sum()
     n_rows, z_scale = n_kept, 1.0
-    if knobs.class_weight is not None:
+    if o.class_weight is not None:
         # torch's weighted mean divides by Σ w[y] over the kept rows; the
         # z-loss is averaged over the rows themselves, so it is scaled by Σw/n.
         kept = t != ignore_index
-        n_kept = torch.where(kept, knobs.class_weight[torch.where(kept, t, 0)], 0).sum()
+        n_kept = torch.where(kept, o.class_weight[torch.where(kept, t, 0)], 0).sum()
         if reduction == "mean":
             # (n_rows is a count of rows: 0 only where Σw is 0 too, and no row has a z term)
             z_scale = n_kept / (n_rows.clamp(min=1) if isinstance(n_rows, torch.Tensor) else max(n_rows, 1))
-    fn = chunk_loss_fn(loss, alpha=alpha, k=k, method=method, tau=tau, ignore_index=ignore_index, knobs=knobs,
-                       suppression=suppression, adaptive=adaptive, z_scale=z_scale, stats=bool(return_stats))
+    fn = chunk_loss_fn(o, z_scale=z_scale, stats=bool(return_stats))
     if chunk is None:
         chunk = auto_chunk_size(x.shape[0], x.shape[1], vocab, x.device.type)
     if x.shape[0] == 0:
@@ -215,7 +213,7 @@ def fused_linear_loss(
     grad_on = torch.is_grad_enabled()
     want = tuple(grad_on and a is not None and a.requires_grad for a in (input, weight, bias))
     rows_kept, extra = None, None
-    if x.is_cpu and not torch.compiler.is_compiling() and not t.is_floating_point() and loss != "soft_topk":
+    if x.is_cpu and not torch.compiler.is_compiling() and not t.is_floating_point():
         # ignored rows add nothing: leave them out of the matmuls (on the CPU,
         # where reading the mask costs no device sync; a batch with no kept
         # row keeps its rows, for the mean's NaN with zero gradients)

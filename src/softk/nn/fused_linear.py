@@ -8,11 +8,9 @@ import numbers
 import torch
 from torch import nn
 
-from .._validate import DEFAULT_LOSS, LOSSES, check_chunk_size, check_loss_options
-from ..losses._knobs import check_knobs, check_ts2_options
+from ..losses._options import loss_options
+from ..losses._registry import DEFAULT_LOSS, LOSSES
 from ..losses.fused_linear import fused_linear_loss
-from ..losses.targets import check_ignore_index, check_reduction
-from .._validate import check_tau
 
 
 class FusedLinearLoss(nn.Module):
@@ -63,23 +61,20 @@ class FusedLinearLoss(nn.Module):
         for name, v in (("in_features", in_features), ("num_classes", num_classes)):
             if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
-        check_loss_options(loss, alpha, k, method)
-        self.suppression, self.adaptive = check_ts2_options(loss, suppression, adaptive)
-        knobs = check_knobs(loss, softcap=softcap, label_smoothing=label_smoothing, class_weight=class_weight,
-                            z_loss=z_loss, dense=LOSSES[loss].targets == "dense", vocab=int(num_classes),
-                            device=device)
-        self.softcap, self.label_smoothing, self.z_loss = knobs.softcap, knobs.label_smoothing, knobs.z_loss
+        o = loss_options(loss, alpha=alpha, k=k, method=method, tau=tau, ignore_index=ignore_index,
+                         reduction=reduction, chunk_size=chunk_size, softcap=softcap,
+                         label_smoothing=label_smoothing, class_weight=class_weight, z_loss=z_loss,
+                         suppression=suppression, adaptive=adaptive, vocab=int(num_classes), device=device)
         self.in_features, self.num_classes = int(in_features), int(num_classes)
-        self.loss, self.alpha, self.k, self.method = loss, alpha, k, method
-        self.tau = check_tau(tau)
-        self.ignore_index = check_ignore_index(ignore_index)
-        self.reduction = check_reduction(reduction)
-        self.chunk_size = check_chunk_size(chunk_size)
+        self.loss, self.alpha, self.k, self.method = o.loss, o.alpha, o.k, o.method
+        self.suppression, self.adaptive = o.suppression, o.adaptive
+        self.tau, self.ignore_index, self.reduction, self.chunk_size = o.tau, o.ignore_index, o.reduction, o.chunk_size
+        self.softcap, self.label_smoothing, self.z_loss = o.softcap, o.label_smoothing, o.z_loss
         kw = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty(num_classes, in_features, **kw))
         self.bias = nn.Parameter(torch.empty(num_classes, **kw)) if bias else None
         # a buffer: it follows the module to its device (not in the state dict, which stays nn.Linear's)
-        self.register_buffer("class_weight", knobs.class_weight, persistent=False)
+        self.register_buffer("class_weight", o.class_weight, persistent=False)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -98,13 +93,11 @@ class FusedLinearLoss(nn.Module):
             alpha=self.alpha, k=self.k, method=self.method, tau=self.tau,
             ignore_index=self.ignore_index, reduction=self.reduction, chunk_size=self.chunk_size,
             softcap=self.softcap, label_smoothing=self.label_smoothing, class_weight=self.class_weight,
-            z_loss=self.z_loss, suppression=self.suppression if self.loss == "ts2" else None, adaptive=self.adaptive,
+            z_loss=self.z_loss, suppression=self.suppression, adaptive=self.adaptive,
         )
 
     def extra_repr(self) -> str:
-        extra = f", alpha={self.alpha}" if self.alpha is not None else ""
-        extra += f", k={self.k}, method={self.method!r}" if self.loss in ("soft_topk", "topk_softmax_ce") else ""
-        extra += f", suppression={self.suppression}, adaptive={self.adaptive}" if self.loss == "ts2" else ""
+        extra = "".join(f", {name}={getattr(self, name)!r}" for name in LOSSES[self.loss].options)
         extra += f", softcap={self.softcap}" if self.softcap is not None else ""
         extra += f", label_smoothing={self.label_smoothing}" if self.label_smoothing else ""
         extra += ", class_weight=(...)" if self.class_weight is not None else ""
