@@ -1,17 +1,18 @@
-r"""Which map an attention call runs: the family id shared with the Triton
-kernels, and the :class:`softk.threshold.Family` the memory-efficient backend
-solves with.
+r"""Which map an attention call runs: a :class:`softk.threshold.Family`, and its kernel id.
 
-Attention rows are k = 1 maps, p_j = f(s_j − λ), Σ_j p_j = 1:
+Attention rows are k = 1 maps, p_j = f(s_j − λ), Σ_j p_j = 1.  The maps
+attention takes are the simplex families below, and each one's id is the
+family's own kernel id (:data:`softk.threshold.families.KERNEL_IDS`, the one
+table the C and Triton kernels read), never a position in a list:
 
-=========  ====  ============================  =======================
-map        id    f(u)                          c with f(c) = 1
-=========  ====  ============================  =======================
+=========  ====  ============================  ==========================
+map        id    f(u)                          ``Family.unit``: f(u) = 1
+=========  ====  ============================  ==========================
 softmax    0     e^u                           0
 sparsemax  1     max(u, 0)                     1
 entmax15   2     (u/2)₊²                       2
 entmax     3     [(α−1)u]₊^{1/(α−1)}           1/(α−1)
-=========  ====  ============================  =======================
+=========  ====  ============================  ==========================
 
 (α-entmax with α = 1.5 or 2 as a plain number runs the exact closed forms of
 ids 2 and 1; a tensor α, one per head, always runs id 3 so that it can get
@@ -19,38 +20,41 @@ its gradient.)
 
 >>> family_id("entmax", 2.0, learnable=False), family_id("entmax", 2.0, learnable=True)
 (1, 3)
+>>> [family_id(name, 1.3, False) for name in MAPS] == [KERNEL_IDS[name] for name in MAPS]
+True
 """
 
 from __future__ import annotations
 
 from torch import Tensor
 
-from .families import ENTMAX15, SOFTMAX, SPARSEMAX, Family, entmax_family
+from .families import ENTMAX15, KERNEL_IDS, SOFTMAX, SPARSEMAX, Family, entmax_family
 
-MAPS = ("softmax", "sparsemax", "entmax15", "entmax")
-SOFTMAX_ID, SPARSEMAX_ID, ENTMAX15_ID, ENTMAX_ID = 0, 1, 2, 3
+# The maps with one fixed family, by name; "entmax" takes its α per call.
+_FIXED = {f.name: f for f in (SOFTMAX, SPARSEMAX, ENTMAX15)}
+MAPS = (*_FIXED, "entmax")
+SOFTMAX_ID, SPARSEMAX_ID, ENTMAX15_ID, ENTMAX_ID = (KERNEL_IDS[name] for name in MAPS)
+_BY_ID = {KERNEL_IDS[name]: f for name, f in _FIXED.items()}
 
 
 def family_id(name: str, alpha, learnable: bool) -> int:
     """The kernel id of ``name`` (``alpha``: entmax's α as a float, or None)."""
     if name != "entmax":
-        return MAPS.index(name)
+        return KERNEL_IDS[name]
     if not learnable and alpha in (1.5, 2.0):
         return ENTMAX15_ID if alpha == 1.5 else SPARSEMAX_ID
     return ENTMAX_ID
 
 
 def family(fam: int, alpha_rows: Tensor | None = None) -> Family:
-    """The threshold family of id ``fam``; for id 3, α per row (a tensor
+    """The threshold family of id ``fam``; for α-entmax, α per row (a tensor
     broadcastable to the rows, size 1 in the last dimension)."""
     if fam == ENTMAX_ID:
         return entmax_family(alpha_rows)
-    return (SOFTMAX, SPARSEMAX, ENTMAX15)[fam]
+    return _BY_ID[fam]
 
 
 def unit_offset(fam: int, alpha_rows: Tensor | None = None):
-    """c with f(c) = 1: a row with a single key that takes part has
-    λ = s − c, so that key gets p = 1."""
-    if fam == ENTMAX_ID:
-        return 1.0 / (alpha_rows - 1)
-    return (0.0, 1.0, 2.0)[fam]
+    """c with f(c) = 1 (:attr:`Family.unit`): a row with a single key that
+    takes part has λ = s − c, so that key gets p = 1."""
+    return family(fam, alpha_rows).unit

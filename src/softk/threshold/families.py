@@ -58,6 +58,10 @@ class Family:
     # by its maximum (−inf padding last), without bisection (see solve.py).
     support_size: Optional[Callable[[Tensor, Tensor, int], Tensor]] = None
     alpha: object = None  # entmax's α (the Triton kernels take it as a number)
+    # u with f(u) = 1, for the simplex maps: a row whose only finite entry is z
+    # has λ = z − unit (attention rows with a single key).  A number, or for a
+    # tensor α one per row; None where no such offset is used.
+    unit: object = None
 
     # Which kernels serve the family: one table, read by softk._backends.dispatch.  The
     # answers are computed once, in __post_init__ (every call asks them, and
@@ -146,6 +150,7 @@ SOFTMAX = Family(
     capped=False,
     # No knots: e^{-λ} Σ e^z = k has one closed form on the whole line.
     closed_form=lambda z, k, t: _lse(z, z > NEG_INF) - torch.log(torch.tensor(float(k), dtype=z.dtype)),
+    unit=0.0,  # f(0) = 1
 )
 
 
@@ -253,6 +258,7 @@ SPARSEMAX = Family(
     convex=True,
     zero_below=True,
     support_size=_relu_support_size,
+    unit=1.0,  # f(1) = 1
 )
 
 
@@ -292,6 +298,7 @@ ENTMAX15 = Family(
     convex=True,
     zero_below=True,
     support_size=_entmax15_support_size,
+    unit=2.0,  # f(2) = 1
 )
 
 
@@ -362,6 +369,7 @@ def entmax_family(alpha) -> Family:
         # For α > 2 (q < 1) h is not convex: plain Newton (q = 1) there.
         newton_power=torch.clamp(beta, min=1.0) if isinstance(beta, Tensor) else max(beta, 1.0),
         alpha=alpha,
+        unit=beta,  # f(1/(α−1)) = 1
     )
 
 

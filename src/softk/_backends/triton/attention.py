@@ -72,6 +72,7 @@ from torch import Tensor
 
 from .attention_bwd import attn_bwd_dkdv_kernel, attn_bwd_dq_kernel
 from .attention_kernels import attn_fwd_kernel
+from ...threshold.attention_maps import ENTMAX_ID, SOFTMAX_ID
 
 BLOCK_M = 64
 BLOCK_N = 64
@@ -107,7 +108,7 @@ def _check(q: Tensor, k: Tensor, v: Tensor, mask, fam: int, alpha) -> None:
         raise ValueError(f"fam must be 0 (softmax), 1 (sparsemax), 2 (entmax15) or 3 (entmax α), got {fam}")
     if mask is not None and tuple(mask.shape) != (B, H, L, k.shape[2]):
         raise ValueError(f"mask must be expanded to {(B, H, L, k.shape[2])}, got {tuple(mask.shape)}")
-    if fam == 3 and (not isinstance(alpha, Tensor) or alpha.shape != (H,) or alpha.dtype != torch.float32):
+    if fam == ENTMAX_ID and (not isinstance(alpha, Tensor) or alpha.shape != (H,) or alpha.dtype != torch.float32):
         raise ValueError(f"alpha must be a float32 tensor of shape ({H},) for fam 3")
 
 
@@ -125,7 +126,7 @@ def _mask_args(mask, like: Tensor, scale: float, softcap: float):
 
 
 def _alpha_arg(alpha, fam: int, like: Tensor) -> Tensor:
-    return alpha.contiguous() if fam == 3 else like
+    return alpha.contiguous() if fam == ENTMAX_ID else like
 
 
 def attention_forward(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: bool, mask, fam: int, alpha,
@@ -181,7 +182,7 @@ def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tenso
     :func:`attention_forward`; a ``stats`` dict receives ``live`` (int8, per
     query block and head, per key block: 1 where the tile took part)."""
     _check(q, k, v, mask, fam, alpha)
-    if need_dalpha and fam != 3:
+    if need_dalpha and fam != ENTMAX_ID:
         raise ValueError(f"need_dalpha needs fam 3 (entmax with a per-head alpha), got fam {fam}")
     B, H, L, E = q.shape
     Hkv, S, Ev = k.shape[1], k.shape[2], v.shape[3]
@@ -205,7 +206,7 @@ def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tenso
     out_f32 = out.dtype == torch.float32
     # the live-tile flags: written by the dq kernel's δ pass (every family but
     # softmax with a float32 out), read by the dk/dv kernel (fam ≠ 0)
-    tiles = torch.empty(1 if fam == 0 and out_f32 else B * H * nqb * nkb, dtype=torch.int8, device=q.device)
+    tiles = torch.empty(1 if fam == SOFTMAX_ID and out_f32 else B * H * nqb * nkb, dtype=torch.int8, device=q.device)
     mk, kind, ms = _mask_args(mask, q, scale, softcap)
     al = _alpha_arg(alpha, fam, q)
     warps = _warps(max(E, Ev))

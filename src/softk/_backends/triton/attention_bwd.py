@@ -26,6 +26,7 @@ Two kernels, sharing the tile size (BM queries × BN keys):
 import triton
 import triton.language as tl
 
+from .ids import ENTMAX, SOFTMAX
 from .attention_tiles import _any, _cap_slope, _dot, _key_blocks, _load_2d, _p_entmax, _qk_tile, _scores, _shift
 from .family_math import _d_from_p, _f
 
@@ -34,7 +35,7 @@ from .family_math import _d_from_p, _f
 def _p_d(z, lam, alpha, FAM: tl.constexpr):
     # p = f(z − λ) and d = f′ on a tile of z = s − m (0 where z = −inf);
     # α-entmax reads its shifted threshold t = λ + 1/(α−1) (:mod:`.attention`)
-    if FAM == 3:
+    if FAM == ENTMAX:
         p = tl.where(z > float("-inf"), _p_entmax(z, lam, alpha - 1.0), 0.0)
     else:
         p = tl.where(z > float("-inf"), _f(z - lam, FAM, alpha - 1.0), 0.0)
@@ -87,13 +88,13 @@ def attn_bwd_dq_kernel(Q, K, V, MASK, ALPHA, OUT, DO, M, LAM, DQ, DELTA, DAROW, 
     nkb = _key_blocks(qstart, S, CAUSAL, BM, BN)
     FL = TILES + (bh.to(tl.int64) * tl.num_programs(0) + pid) * NKB
     alpha = tl.full((), 0.0, tl.float32) + alpha_f
-    if FAM == 3:
+    if FAM == ENTMAX:
         alpha = tl.load(ALPHA + h).to(tl.float32)
     od = tl.zeros([BM, 1], tl.float32)
     if OUT_F32:  # dO·out = Σ_j p_j dP_j, read off a float32 out (a half one's rounding is too coarse)
         o = _load_2d(OUT + b * sob + h64 * soh, rows, som, sod, L, EV, EVP).to(tl.float32)
         od = tl.sum(do.to(tl.float32) * o, 1, keep_dims=True)
-    if FAM == 0 and OUT_F32:
+    if FAM == SOFTMAX and OUT_F32:
         delta = od
     else:  # recomputed (a half-precision out's rounding in δ would be multiplied by |k| in dq)
         sd = tl.zeros([BM, 1], tl.float32)
@@ -147,7 +148,7 @@ def attn_bwd_dq_kernel(Q, K, V, MASK, ALPHA, OUT, DO, M, LAM, DQ, DELTA, DAROW, 
         kref = tl.load(Kb + ec * skd, mask=ec < E, other=0.0).to(tl.float32)
     for j in range(0, nkb):
         live = nkb >= 0
-        if FAM != 0:
+        if FAM != SOFTMAX:
             live = tl.load(FL + j) != 0
         if live:
             kidx = j * BN + tl.arange(0, BN)[:, None]
@@ -193,12 +194,12 @@ def attn_bwd_dkdv_kernel(Q, K, V, MASK, ALPHA, DO, M, LAM, DELTA, DK, DV, TILES,
         h64 = h.to(tl.int64)
         bh = b * H + h64
         alpha = tl.full((), 0.0, tl.float32) + alpha_f
-        if FAM == 3:
+        if FAM == ENTMAX:
             alpha = tl.load(ALPHA + h).to(tl.float32)
         Mb = MASK + b * smb + h64 * smh
         for qb in range(qb0, NQB):
             live = qb >= 0
-            if FAM != 0:
+            if FAM != SOFTMAX:
                 live = tl.load(TILES + (bh * NQB + qb) * NKB + kb) != 0
             if live:
                 ridx = qb * BM + tl.arange(0, BM)[:, None]

@@ -24,6 +24,7 @@ f(s − m − λ) = 0 for every key by the same formula.
 import triton
 import triton.language as tl
 
+from .ids import ENTMAX, SOFTMAX
 from .attention_search import NEAR_ONE, _max_pass, _refine_t, _search
 from .attention_tiles import _any, _dot, _key_blocks, _load_2d, _p_entmax, _qk_tile, _shift
 from .family_math import _f
@@ -68,7 +69,7 @@ def _pv_pass(q, Kb, skn, skd, Vb, svn, svd, rows, L, S, E, EV, scale, softcap, M
             t = _qk_tile(q, Kb, skn, skd, j * BN, rows, L, S, E, scale, softcap, Mb, smm, smn, MASK_KIND, CAUSAL,
                          SOFTCAP, BN, EP)
             z = _shift(t, m, scale, MASK_KIND)
-            if FAM == 3:  # lam holds t = λ + 1/(α−1)
+            if FAM == ENTMAX:  # lam holds t = λ + 1/(α−1)
                 p = tl.where(z > float("-inf"), _p_entmax(z, lam, alpha - 1.0), 0.0)
             else:
                 p = tl.where(z > float("-inf"), _f(z - lam, FAM, alpha - 1.0), 0.0)
@@ -102,7 +103,7 @@ def attn_fwd_kernel(Q, K, V, MASK, ALPHA, OUT, M, LAM, TILES, STATS,
     rows = qstart + tl.arange(0, BM)[:, None]  # [BM, 1]
     q = _load_2d(Qb, rows, sqm, sqd, L, E, EP)
     nkb = _key_blocks(qstart, S, CAUSAL, BM, BN)
-    if FAM == 0:
+    if FAM == SOFTMAX:
         acc, m, l = _softmax_pass(q, Kb, skn, skd, Vb, svn, svd, rows, L, S, E, EV, scale, softcap, Mb, smm, smn, nkb,
                                   MASK_KIND, CAUSAL, SOFTCAP, BM, BN, EP, EVP)
         active = l > 0
@@ -113,7 +114,7 @@ def attn_fwd_kernel(Q, K, V, MASK, ALPHA, OUT, M, LAM, TILES, STATS,
         used = nkb
     else:
         alpha = tl.full((), 0.0, tl.float32) + alpha_f  # a scalar tensor in the interpreter too
-        if FAM == 3:
+        if FAM == ENTMAX:
             alpha = tl.load(ALPHA + h).to(tl.float32)
         FL = TILES + (bh.to(tl.int64) * tl.num_programs(0) + pid) * NKB
         lo0 = -1.0 / (alpha - 1.0)
@@ -124,7 +125,7 @@ def attn_fwd_kernel(Q, K, V, MASK, ALPHA, OUT, M, LAM, TILES, STATS,
         lam, bit, passes, visited = _search(q, Kb, skn, skd, rows, L, S, E, scale, softcap, Mb, smm, smn, nkb, FL, m, n,
                                             active, alpha, FAM, MASK_KIND, CAUSAL, SOFTCAP, SKIP, BM, BN, EP,
                                             NEWTON_CAP, MAXIT)
-        if FAM == 3:
+        if FAM == ENTMAX:
             # the shifted threshold t = λ + 1/(α−1), refined near α = 1
             lam = lam + 1.0 / (alpha - 1.0)
             if alpha - 1.0 < NEAR_ONE:

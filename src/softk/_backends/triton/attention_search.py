@@ -38,6 +38,7 @@ support, is not recomputed, and stays dead (lo only grows).
 import triton
 import triton.language as tl
 
+from .ids import ENTMAX, ENTMAX15, SPARSEMAX
 from .attention_tiles import _any, _p_entmax, _qk_tile, _shift
 from .family_math import _acc, _fin, _init, _red
 
@@ -91,7 +92,7 @@ def _search_pass(q, Kb, skn, skd, rows, L, S, E, scale, softcap, Mb, smm, smn, n
             z = _shift(t, m, scale, MASK_KIND)
             t = _red(_acc(z, lam, 0.0, alpha - 1.0, _init(FAM, BM, BN), FAM), FAM)
             tot = (tot[0] + t[0], tot[1] + t[1], tot[2] + t[2])  # plain sums for families 1–3
-            if FAM == 2:
+            if FAM == ENTMAX15:
                 cnt += tl.sum(((z > float("-inf")) & (z > cand)).to(tl.float32), 1, keep_dims=True)
             zr = tl.max(z, 1, keep_dims=True)
             nb = tl.where(_any(zr > lo), 1, 0) + tl.where(_any(zr > lam), 2, 0)
@@ -112,9 +113,9 @@ def _search(q, Kb, skn, skd, rows, L, S, E, scale, softcap, Mb, smm, smn, nkb, F
     # columns, as the interpreter cannot & a block with a scalar
     big = (zero + alpha) > 2.0
     small = (zero + alpha) <= 2.0
-    if FAM == 1:
+    if FAM == SPARSEMAX:
         lo = zero - 1.0
-    elif FAM == 2:
+    elif FAM == ENTMAX15:
         lo = zero - 2.0
     else:
         lo = zero - beta * (1.0 + 4.0 * EPS)  # a few ulps below: g(lo) ≥ 1 despite rounding
@@ -145,7 +146,7 @@ def _search(q, Kb, skn, skd, rows, L, S, E, scale, softcap, Mb, smm, smn, nkb, F
         # ---- the bracket (and, for α > 2, h at its ends, Illinois-halved)
         upl = (r > 0) & (lam >= lo)
         uph = (r < 0) & (lam <= hi)
-        if FAM == 3:
+        if FAM == ENTMAX:
             hhi = tl.where(upl & (side > 0), 0.5 * hhi, hhi)
             hlo = tl.where(uph & (side < 0), 0.5 * hlo, hlo)
             side = tl.where(upl, 1, tl.where(uph, -1, 0))
@@ -160,7 +161,7 @@ def _search(q, Kb, skn, skd, rows, L, S, E, scale, softcap, Mb, smm, smn, nkb, F
         # (α > 2: not back onto an end already evaluated, where Newton can cycle)
         ok = ok & (small | ((prop > lo) & (prop < hi)))
         nxt = tl.where(ok, prop, mid)
-        if FAM == 3:
+        if FAM == ENTMAX:
             fp = lo + hlo / (hlo - hhi) * (hi - lo)
             fp = tl.where((tl.abs(fp) < float("inf")) & (fp >= lo) & (fp <= hi) & (it < NEWTON_CAP), fp, mid)
             nxt = tl.where(big & ~(ok & (tl.abs(d) * 64.0 > (hi - lo))), fp, nxt)
@@ -168,12 +169,12 @@ def _search(q, Kb, skn, skd, rows, L, S, E, scale, softcap, Mb, smm, smn, nkb, F
         # ---- stopping rules, most specific first; fin is the answer
         stop = r == 0
         fin = lam
-        if FAM == 1:  # λ is the root of the piece it lies on
+        if FAM == SPARSEMAX:  # λ is the root of the piece it lies on
             s = (~stop) & (s1 == pcnt)
             fin = tl.where(s, tl.where(ok, prop, lam), fin)
             stop = stop | s
             pcnt = tl.where(ok, s1, -1.0)
-        if FAM == 2:  # the closed form on the support it came from is that support's
+        if FAM == ENTMAX15:  # the closed form on the support it came from is that support's
             s = (~stop) & (cntC == pcnt)
             fin = tl.where(s, cand, fin)
             stop = stop | s

@@ -5,13 +5,15 @@ formulas as ``Family.d_from_p``; entmax's α enters as ``am1`` = α − 1,
 passed as such so that α near 1 keeps its relative precision), and ``_init``/``_acc``/``_red``/``_fin``
 are the sums over a row that the λ search evaluates at one point λ = c + t
 (see :mod:`softk._backends.triton.search`).  Every function branches on the constexpr
-family id ``FAM`` (:data:`softk.threshold.families.KERNEL_IDS`: 0 softmax,
-1 sparsemax, 2 entmax15, 3 entmax α, 4 exp, 5 sigmoid, 6 laplace, 7 sparse),
-so a compiled kernel holds one family's code only.
+family id ``FAM``, compared with the named ids of :mod:`.ids` (the values of
+:data:`softk.threshold.families.KERNEL_IDS`), so a compiled kernel holds one
+family's code only.
 """
 
 import triton
 import triton.language as tl
+
+from .ids import ENTMAX, ENTMAX15, EXP, LAPLACE, SIGMOID, SOFTMAX, SPARSEMAX
 
 LOG2 = tl.constexpr(0.6931471805599453)
 
@@ -27,21 +29,21 @@ def _log1p(e):
 # ---------------------------------------------------------------- f and f′
 @triton.jit
 def _f(u, FAM: tl.constexpr, am1):
-    if FAM == 0:
+    if FAM == SOFTMAX:
         r = tl.exp(u)
-    elif FAM == 1:
+    elif FAM == SPARSEMAX:
         r = tl.maximum(u, 0.0)
-    elif FAM == 2:
+    elif FAM == ENTMAX15:
         h = tl.maximum(u, 0.0) * 0.5
         r = h * h
-    elif FAM == 3:
+    elif FAM == ENTMAX:
         s = tl.maximum(am1 * u, 0.0)
         r = tl.where(s > 0, tl.exp(tl.log(tl.where(s > 0, s, 1.0)) / am1), 0.0)
-    elif FAM == 4:
+    elif FAM == EXP:
         r = tl.exp(tl.minimum(u, 0.0))
-    elif FAM == 5:
+    elif FAM == SIGMOID:
         r = 1.0 / (1.0 + tl.exp(-u))
-    elif FAM == 6:
+    elif FAM == LAPLACE:
         r = tl.where(u >= 0, 1.0 - 0.5 * tl.exp(-tl.abs(u)), 0.5 * tl.exp(-tl.abs(u)))
     else:
         r = tl.minimum(tl.maximum(u, 0.0), 1.0)
@@ -50,19 +52,19 @@ def _f(u, FAM: tl.constexpr, am1):
 
 @triton.jit
 def _d_from_p(p, FAM: tl.constexpr, am1):
-    if FAM == 0:
+    if FAM == SOFTMAX:
         d = p
-    elif FAM == 1:
+    elif FAM == SPARSEMAX:
         d = tl.where(p > 0, 1.0, 0.0)
-    elif FAM == 2:
+    elif FAM == ENTMAX15:
         d = tl.sqrt(p)
-    elif FAM == 3:
+    elif FAM == ENTMAX:
         d = tl.where(p > 0, tl.exp((1.0 - am1) * tl.log(tl.where(p > 0, p, 1.0))), 0.0)
-    elif FAM == 4:
+    elif FAM == EXP:
         d = tl.where(p < 1, p, 0.0)
-    elif FAM == 5:
+    elif FAM == SIGMOID:
         d = p * (1.0 - p)
-    elif FAM == 6:
+    elif FAM == LAPLACE:
         d = tl.minimum(p, 1.0 - p)
     else:
         d = tl.where((p > 0) & (p < 1), 1.0, 0.0)
@@ -82,9 +84,9 @@ def _d_from_p(p, FAM: tl.constexpr, am1):
 def _init(FAM: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
     v = tl.zeros([ROWS, BLOCK], tl.float32)
     ninf = tl.full([ROWS, 1], float("-inf"), tl.float32)
-    if FAM == 4:
+    if FAM == EXP:
         acc = (v, ninf, v)
-    elif FAM == 5 or FAM == 6:
+    elif FAM == SIGMOID or FAM == LAPLACE:
         acc = (v, ninf, v, v, ninf, v, v)
     else:
         acc = (v, v, v)
@@ -103,24 +105,24 @@ def _rescale(M, Mb):
 def _acc(z, c, t, am1, acc, FAM: tl.constexpr):
     fin = z > float("-inf")
     u = (z - c) - t
-    if FAM == 1:
+    if FAM == SPARSEMAX:
         sup = fin & (u > 0)
         acc = (acc[0] + sup.to(tl.float32), acc[1] + tl.where(sup, u, 0.0), acc[2])
-    elif FAM == 2:
+    elif FAM == ENTMAX15:
         w = tl.where(fin & (u > 0), u, 0.0)
         acc = (acc[0] + (w > 0).to(tl.float32), acc[1] + w, acc[2] + w * w)
-    elif FAM == 3:
+    elif FAM == ENTMAX:
         y = tl.where(fin, tl.maximum(am1 * u, 0.0), 0.0)
         pos = y > 0
         ys = tl.where(pos, y, 1.0)
         fy = tl.where(pos, tl.exp(tl.log(ys) / am1), 0.0)
         acc = (acc[0] + fy, acc[1] + fy / ys, acc[2])  # g, −g' = Σ y^(q−1)
-    elif FAM == 4:
+    elif FAM == EXP:
         sat = fin & (u >= 0)
         low = fin & (u < 0)
         M, a, Ms = _rescale(acc[1], tl.max(tl.where(low, u, float("-inf")), 1, keep_dims=True))
         acc = (acc[0] + sat.to(tl.float32), M, acc[2] * a + tl.where(low, tl.exp(u - Ms), 0.0))
-    elif FAM == 5 or FAM == 6:
+    elif FAM == SIGMOID or FAM == LAPLACE:
         up = fin & (u >= 0)
         low = fin & (u < 0)
         y = -tl.abs(u)
@@ -128,7 +130,7 @@ def _acc(z, c, t, am1, acc, FAM: tl.constexpr):
         Mb, ab, Mbs = _rescale(acc[4], tl.max(tl.where(up, y, float("-inf")), 1, keep_dims=True))
         Mside = tl.where(low, Mas, Mbs)
         ee = tl.where(fin, tl.exp(y - Mside), 0.0)  # e^{−|u|} / e^{M(side)}
-        if FAM == 5:
+        if FAM == SIGMOID:
             w = 1.0 / (1.0 + ee * tl.exp(Mside))  # f = e^{−|u|} w on the low side, 1 − f on the up side
             w2 = w * w  # f' = e^{−|u|} w²
         else:
@@ -153,9 +155,9 @@ def _rsum(v):
 
 @triton.jit
 def _red(acc, FAM: tl.constexpr):
-    if FAM == 4:
+    if FAM == EXP:
         r = (_rsum(acc[0]), acc[1], _rsum(acc[2]))
-    elif FAM == 5 or FAM == 6:
+    elif FAM == SIGMOID or FAM == LAPLACE:
         r = (_rsum(acc[0]), acc[1], _rsum(acc[2]), _rsum(acc[3]), acc[4], _rsum(acc[5]), _rsum(acc[6]))
     else:
         r = (_rsum(acc[0]), _rsum(acc[1]), _rsum(acc[2]))
@@ -180,7 +182,7 @@ def _fin_two_sided(acc, k, FAM: tl.constexpr):
     A = tl.exp(la)
     B = tl.exp(lb)
     r = (A - B) - cb
-    if FAM == 5:
+    if FAM == SIGMOID:
         ap = tl.maximum(-cb, 0.0)
         bp = tl.maximum(cb, 0.0)
         logL = tl.where(ap > 0, tl.log(ap + A), la)
@@ -204,10 +206,10 @@ def _fin(acc, k, q, FAM: tl.constexpr):
     s1 = acc[0]
     s2 = tl.zeros_like(acc[0])  # [ROWS, 1]: loop-carried through the search
     x = tl.zeros_like(acc[0])
-    if FAM == 1:
+    if FAM == SPARSEMAX:
         r = acc[1] - k
         d = r / s1
-    elif FAM == 2:
+    elif FAM == ENTMAX15:
         cnt = acc[0]
         W1 = acc[1]
         g = acc[2] * 0.25
@@ -216,7 +218,7 @@ def _fin(acc, k, q, FAM: tl.constexpr):
         d = 4.0 * (rg - tl.sqrt(k)) * rg / W1  # Newton on √g
         # closed form on this support: Σ (w − δ)² = 4k, the smaller root
         x = 4.0 * r / (W1 + tl.sqrt(tl.maximum(W1 * W1 - 4.0 * cnt * r, 0.0)))
-    elif FAM == 3:
+    elif FAM == ENTMAX:
         g = acc[0]
         r = g - k
         # Newton on h = g^(1/q) − k^(1/q): Δ = q h g^(1−1/q) / (−g')
@@ -224,13 +226,13 @@ def _fin(acc, k, q, FAM: tl.constexpr):
         x = tl.exp(lg / q) - tl.exp(tl.log(k) / q)  # h, for false position (α > 2)
         d = q * x * tl.exp(lg - lg / q) / acc[1]
         s1 = tl.zeros_like(acc[0])
-    elif FAM == 4:
+    elif FAM == EXP:
         ns = acc[0]
         M = acc[1]
         S = acc[2]
         r = (ns - k) + tl.exp(M) * S
         d = M + tl.log(S) - tl.log(k - ns)  # NaN/inf when ns ≥ k or nothing unsaturated
-    elif FAM == 5 or FAM == 6:
+    elif FAM == SIGMOID or FAM == LAPLACE:
         r, d = _fin_two_sided(acc, k, FAM)  # s1: entries at or above λ
     else:
         nl = acc[1]

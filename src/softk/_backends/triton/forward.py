@@ -15,6 +15,7 @@ pass reads the register copy of the rows or loops over blocks.
 import triton
 import triton.language as tl
 
+from .ids import EXP, SOFTMAX
 from .anchor import _solve_anchor, _write_p_anchor
 from .frame import _solve
 from .passes import _write_p
@@ -32,7 +33,7 @@ def threshold_fwd_kernel(X, Y, ITS, R, n, k, inv_tau, am1,
     yr = Y + rows * n
 
     # ---- pass 1 (raw x): max, min, finite count, NaN/+inf, lse for softmax/exp
-    xrow, lanes, xmax, xmin, m, broken, lseS = _row_stats(xr, rmask, n, inv_tau, FAM == 0 or FAM == 4,
+    xrow, lanes, xmax, xmin, m, broken, lseS = _row_stats(xr, rmask, n, inv_tau, FAM == SOFTMAX or FAM == EXP,
                                                           ROWS, BLOCK, ONCHIP)
     active = (m > k) & (~broken)
     m = tl.where(active, m, k + 1.0)  # keeps the brackets finite on rows filled below

@@ -56,6 +56,7 @@ lane sweeps are not counted as passes: they read no memory.
 import triton
 import triton.language as tl
 
+from .ids import EXP, SOFTMAX
 from .prelude import _cols, _finite_or_zero, _frame_z, _load_x
 from .search import EPS, _find_lambda
 
@@ -92,7 +93,7 @@ def _lane_start(xr, rmask, lanes, ref, inv_tau, active, k, am1,
     zmax = tl.where(la, tl.max(zl, 1, keep_dims=True), 0.0)
     zmin = tl.where(la, tl.min(tl.where(fin, zl, float("inf")), 1, keep_dims=True), 0.0)
     lz = tl.zeros_like(zmax)
-    if FAM == 4:
+    if FAM == EXP:
         lz = tl.log(tl.where(la, tl.sum(tl.exp(zl - zmax), 1, keep_dims=True), 1.0)) + zmax
     none = tl.full([ROWS, 1], float("-inf"), tl.float32)
     nan = tl.full([ROWS, 1], float("nan"), tl.float32)
@@ -198,7 +199,7 @@ def _solve(xr, rmask, xrow, lanes, n, inv_tau, xmax, xmin, m, lseS, active, k, a
     zmax, zmin, lz = _frame_values(xmax, xmin, lseS, ref, inv_tau, active, FAM)
     zero = tl.zeros([ROWS, 1], tl.float32)
     it = tl.zeros([ROWS, 1], tl.int32)
-    if FAM == 0:  # softmax: λ = lse(z) − log k, no search
+    if FAM == SOFTMAX:  # softmax: λ = lse(z) − log k, no search
         c = tl.where(active, lz, 0.0) - tl.log(k)
         t = zero
     else:
@@ -207,7 +208,7 @@ def _solve(xr, rmask, xrow, lanes, n, inv_tau, xmax, xmin, m, lseS, active, k, a
         if not ONCHIP:
             hlo, la, _, _ = _lane_start(xr, rmask, lanes, ref, inv_tau, active, k, am1, FAM, ROWS, BLOCK, BIG,
                                         PROBE, NEWTON_CAP, MAXIT)
-            if FAM >= 4:
+            if FAM >= EXP:
                 # the top-k families move their frame to the lanes' λ
                 lam = hlo
                 nref = tl.where(la, ref + lam / inv_tau, ref)
@@ -215,7 +216,7 @@ def _solve(xr, rmask, xrow, lanes, n, inv_tau, xmax, xmin, m, lseS, active, k, a
                                hlo)
                 ref = nref
                 zmax, zmin, lz = _frame_values(xmax, xmin, lseS, ref, inv_tau, active, FAM)
-                if FAM != 4:  # exp keeps its iterate from above
+                if FAM != EXP:  # exp keeps its iterate from above
                     hx0 = tl.where(la, hlo, hx0)
         c = zero
         t = zero
@@ -230,7 +231,7 @@ def _solve(xr, rmask, xrow, lanes, n, inv_tau, xmax, xmin, m, lseS, active, k, a
             t = tl.where(todo, t2, t)
             it += it2
             far = todo & (zero > 1.0)  # none, for the k = 1 maps
-            if FAM >= 4:
+            if FAM >= EXP:
                 lam = c + t
                 # beyond LIM: the row's frame becomes its k-th largest entry
                 sel = todo & (stage == 0) & (tl.abs(lam) > LIM)
@@ -239,14 +240,14 @@ def _solve(xr, rmask, xrow, lanes, n, inv_tau, xmax, xmin, m, lseS, active, k, a
                 # just above it, its iterates come from above)
                 nref = tl.where(far, ref + lam / inv_tau, ref)
                 x0 = lam - _frame_z(nref, ref, inv_tau, FAM)
-                if FAM == 4:
+                if FAM == EXP:
                     x0 += 32.0 * EPS * (tl.abs(lam) + 1.0)
                 kth, its = _kth_largest(xr, rmask, xrow, n, xmax, xmin, k, sel, ROWS, BLOCK, ONCHIP)
                 it += its
                 ref = tl.where(sel, kth, nref)
                 # searched from the entry (exp: from log m + 1 above it,
                 # where g ≤ ⌊k⌋ − 1 + 1/e: its iterates come from above)
-                if FAM == 4:
+                if FAM == EXP:
                     x0 = tl.where(sel, tl.log(m) + 1.0, x0)
                 else:
                     x0 = tl.where(sel, 0.0, x0)

@@ -179,7 +179,7 @@ def forward_rows(rows: Tensor, fam: int, k: float, tau: float, alpha: float = 1.
         am1, big, anchor = _entmax_flags(fam, alpha)
         threshold_fwd_kernel[(triton.cdiv(r, rpp),)](
             rows, out, its, r, n, float(k), 1.0 / tau, am1,
-            FAM=fam, ROWS=rpp, BLOCK=blk, ONCHIP=oc, BIG=big, PROBE=fam >= 4 or big, ANCHOR=anchor,
+            FAM=fam, ROWS=rpp, BLOCK=blk, ONCHIP=oc, BIG=big, PROBE=fam >= FAMILY_IDS["exp"] or big, ANCHOR=anchor,
             NEWTON_CAP=NEWTON_CAP, MAXIT=MAXIT, WRITE_ITS=return_passes, num_warps=warps,
         )
     return (out, its) if return_passes else out

@@ -11,6 +11,7 @@ from torch import Tensor
 
 from .function import MAXIT, NEWTON_CAP, _config, _entmax_flags
 from .loss_kernel import fenchel_young_fwd_kernel
+from ...threshold.families import KERNEL_IDS
 
 
 def fenchel_young_fused_rows(x: Tensor, target: Tensor, scale: Tensor, fam: int, k: float, tau: float,
@@ -34,7 +35,7 @@ def fenchel_young_fused_rows(x: Tensor, target: Tensor, scale: Tensor, fam: int,
         am1, big, anchor = _entmax_flags(fam, alpha)
         fenchel_young_fwd_kernel[(triton.cdiv(r, rpp),)](
             x, target, grad if want_grad else x, loss, scale, r, n, float(k), 1.0 / tau, am1,
-            FAM=fam, ROWS=rpp, BLOCK=blk, ONCHIP=oc, BIG=big, PROBE=fam >= 4 or big, ANCHOR=anchor,
+            FAM=fam, ROWS=rpp, BLOCK=blk, ONCHIP=oc, BIG=big, PROBE=fam >= KERNEL_IDS["exp"] or big, ANCHOR=anchor,
             NEWTON_CAP=NEWTON_CAP, MAXIT=MAXIT, DENSE=dense, WANT_GRAD=want_grad, num_warps=warps,
         )
     return loss, grad

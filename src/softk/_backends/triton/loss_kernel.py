@@ -43,6 +43,7 @@ backward, which makes a new gradient buffer.
 import triton
 import triton.language as tl
 
+from .ids import ENTMAX, ENTMAX15, EXP, LAPLACE, SIGMOID, SOFTMAX, SPARSE, SPARSEMAX
 from .anchor import _anchor_p, _solve_anchor
 from .family_math import _f, _log1p
 from .frame import _solve
@@ -58,19 +59,19 @@ def _xlogx(v):
 def _F(u, p, FAM: tl.constexpr, am1):
     """F(u) = ∫f, F(−∞) = 0, given p = f(u) (the same formulas as ``Family.F``)."""
     w = tl.maximum(u, 0.0)
-    if FAM == 0:
+    if FAM == SOFTMAX:
         r = p
-    elif FAM == 1:
+    elif FAM == SPARSEMAX:
         r = 0.5 * w * w
-    elif FAM == 2:
+    elif FAM == ENTMAX15:
         r = p * w / 3.0  # (u/2)² u/3 = u³/12
-    elif FAM == 3:
+    elif FAM == ENTMAX:
         r = p * tl.maximum(am1 * u, 0.0) / (1.0 + am1)
-    elif FAM == 4:
+    elif FAM == EXP:
         r = tl.where(u <= 0, p, 1.0 + u)
-    elif FAM == 5:
+    elif FAM == SIGMOID:
         r = w + _log1p(tl.exp(-tl.abs(u)))  # softplus
-    elif FAM == 6:
+    elif FAM == LAPLACE:
         h = 0.5 * tl.exp(-tl.abs(u))
         r = tl.where(u >= 0, u + h, h)
     else:
@@ -81,15 +82,15 @@ def _F(u, p, FAM: tl.constexpr, am1):
 @triton.jit
 def _psi(y, FAM: tl.constexpr, am1):
     """ψ(y), the conjugate of F (the same formulas as ``Family.psi``); ψ(0) = 0."""
-    if FAM == 0 or FAM == 4:
+    if FAM == SOFTMAX or FAM == EXP:
         r = _xlogx(y) - y
-    elif FAM == 1 or FAM == 7:
+    elif FAM == SPARSEMAX or FAM == SPARSE:
         r = 0.5 * y * y
-    elif FAM == 2:
+    elif FAM == ENTMAX15:
         r = y * tl.sqrt(y) / 0.75
-    elif FAM == 3:
+    elif FAM == ENTMAX:
         r = tl.where(y > 0, tl.exp((1.0 + am1) * tl.log(tl.where(y > 0, y, 1.0))), 0.0) / ((1.0 + am1) * am1)
-    elif FAM == 5:
+    elif FAM == SIGMOID:
         r = _xlogx(y) + _xlogx(1.0 - y)
     else:
         r = tl.where(y < 0.5, 0.5 * _xlogx(2.0 * y) - y, 0.5 * _xlogx(2.0 * (1.0 - y)) - (1.0 - y))
@@ -106,7 +107,7 @@ def _loss_block(T, G, base, rmask, cols, n, z, c, t, A, ell, psi1, am1, scale, a
     mask = rmask & (cols < n)
     fin = z > float("-inf")
     u = (z - c) - t
-    if FAM >= 4:
+    if FAM >= EXP:
         # an entry at ±FLT_MAX (its x/τ overflowed) less a far λ stays
         # finite, as z does: F(u) − u·y then cancels instead of inf − inf
         u = tl.where(fin, tl.minimum(tl.maximum(u, -FLT_MAX), FLT_MAX), u)
@@ -149,7 +150,7 @@ def fenchel_young_fwd_kernel(X, T, G, LOSS, SCALE, R, n, k, inv_tau, am1,
         keep = tgt >= 0
 
     # ---- pass 1 (raw x), the frame and the λ search, as in the forward kernel
-    xrow, lanes, xmax, xmin, m, broken, lseS = _row_stats(xr, rmask, n, inv_tau, FAM == 0 or FAM == 4,
+    xrow, lanes, xmax, xmin, m, broken, lseS = _row_stats(xr, rmask, n, inv_tau, FAM == SOFTMAX or FAM == EXP,
                                                           ROWS, BLOCK, ONCHIP)
     active = (m > k) & (~broken)
     search = active & keep  # an ignored row is not searched
@@ -187,7 +188,7 @@ def fenchel_young_fwd_kernel(X, T, G, LOSS, SCALE, R, n, k, inv_tau, am1,
     loss = tl.sum(acc, 1, keep_dims=True)
     if not DENSE:
         loss += psi1
-        if FAM == 1 or FAM == 2 or FAM == 3:
+        if FAM == SPARSEMAX or FAM == ENTMAX15 or FAM == ENTMAX:
             # p = e_t exactly (a sparse map's one-hot at the target): L is 0,
             # where the sum above leaves an ulp of its cancellation (as in
             # the native kernel, kernels_loss.h)

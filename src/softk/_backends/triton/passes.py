@@ -18,6 +18,7 @@ through the prelude: z = (x − ref)/τ in the row's frame ``ref``
 import triton
 import triton.language as tl
 
+from .ids import ENTMAX15
 from .family_math import _acc, _f, _fin, _init, _red
 from .prelude import _cols, _frame_z, _load_frame_z
 
@@ -39,7 +40,7 @@ def _search_pass(xr, rmask, xrow, n, ref, inv_tau, c, t, qc, qt, cc, ct, k, am1,
         accQ = accX
         if PROBE:
             accQ = _red(_acc(z, qc, qt, am1, _init(FAM, ROWS, BLOCK), FAM), FAM)
-        if FAM == 2:
+        if FAM == ENTMAX15:
             cntC = ((z > float("-inf")) & (((z - cc) - ct) > 0)).to(tl.float32)
     else:
         for start in range(0, n, BLOCK):
@@ -47,7 +48,7 @@ def _search_pass(xr, rmask, xrow, n, ref, inv_tau, c, t, qc, qt, cc, ct, k, am1,
             accX = _acc(z, c, t, am1, accX, FAM)
             if PROBE:
                 accQ = _acc(z, qc, qt, am1, accQ, FAM)
-            if FAM == 2:
+            if FAM == ENTMAX15:
                 cntC += ((z > float("-inf")) & (((z - cc) - ct) > 0)).to(tl.float32)
         accX = _red(accX, FAM)
         accQ = _red(accQ, FAM)

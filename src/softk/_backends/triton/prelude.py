@@ -17,6 +17,8 @@ float32 whatever the input dtype.
 import triton
 import triton.language as tl
 
+from .ids import EXP
+
 FLT_MAX = tl.constexpr(3.4028234663852886e38)  # the largest finite float32
 
 
@@ -54,7 +56,7 @@ def _frame_z(x, ref, inv_tau, FAM: tl.constexpr):
     −FLT_MAX where (x − ref)/τ overflows: it remains an entry of the row
     (p = 0 there, and p = 1 on a row of at most k finite entries), where
     −inf would read as masked.  The k = 1 maps keep :func:`_scaled`."""
-    if FAM >= 4:
+    if FAM >= EXP:
         z = (x - ref) * inv_tau
         fin = (x > float("-inf")) & (x < float("inf"))
         z = tl.where(fin, tl.minimum(tl.maximum(z, -FLT_MAX), FLT_MAX), z)

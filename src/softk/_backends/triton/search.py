@@ -23,6 +23,7 @@ keeps its λ and its count while the others go on.
 import triton
 import triton.language as tl
 
+from .ids import ENTMAX, ENTMAX15, EXP, LAPLACE, SIGMOID, SPARSE, SPARSEMAX
 from .passes import _search_pass
 
 EPS = tl.constexpr(1.1920928955078125e-07)  # float32 machine epsilon
@@ -43,23 +44,23 @@ def _start(zmax, zmin, m, lz, active, k, am1, q, hlo, hx0, FAM: tl.constexpr, RO
     the first iterate x0 and whether x0 is exp's Newton iterate from above
     (lse − log k).  ``hlo`` is a known lower bound of λ (−inf: none), ``hx0``
     a first iterate (NaN: none); zmax, zmin, lz = lse(z) are in the frame."""
-    if FAM == 1:
+    if FAM == SPARSEMAX:
         lo = zmax - k
         hi = zmax
-    elif FAM == 2:
+    elif FAM == ENTMAX15:
         lo = zmax - 2.0 * tl.sqrt(k)
         hi = zmax
-    elif FAM == 3:
+    elif FAM == ENTMAX:
         lo = zmax - tl.exp(am1 * tl.log(k)) * q
         hi = zmax - tl.exp(am1 * tl.log(k / m)) * q
-    elif FAM == 4:
+    elif FAM == EXP:
         lo = zmin
         hi = zmax + tl.log(m / k)
-    elif FAM == 5:
+    elif FAM == SIGMOID:
         rr = tl.log(k) - tl.log(m - k)
         lo = zmin - rr
         hi = zmax - rr
-    elif FAM == 6:
+    elif FAM == LAPLACE:
         lo = zmin + tl.log(2.0 * (m - k) / m)
         hi = zmax + tl.log(m / k)
     else:
@@ -67,15 +68,15 @@ def _start(zmax, zmin, m, lz, active, k, am1, q, hlo, hx0, FAM: tl.constexpr, RO
         hi = zmax
     lo = tl.broadcast_to(tl.minimum(tl.maximum(lo, hlo), hi), [ROWS, 1])
     hi = tl.broadcast_to(hi, [ROWS, 1])
-    if FAM <= 3:  # Newton from the left (α > 2: false position from both ends)
+    if FAM < EXP:  # Newton from the left (α > 2: false position from both ends)
         x0 = lo
-    elif FAM == 4:  # from above: the root without saturation
+    elif FAM == EXP:  # from above: the root without saturation
         x0 = tl.where(active, lz, 0.0) - tl.log(k)
     else:
         x0 = 0.5 * (lo + hi)
     given = hx0 == hx0
     x0 = tl.where(given, tl.minimum(tl.maximum(hx0, lo), hi), x0)
-    return lo, hi, x0, tl.where(given, 0, 1 if FAM == 4 else 0)
+    return lo, hi, x0, tl.where(given, 0, 1 if FAM == EXP else 0)
 
 
 @triton.jit
@@ -133,7 +134,7 @@ def _proposal(c, t, X, qc, qt, Q, qv, lo, hi, hlo, hhi, mid,
         pqc, pqt = _two_sum(qc, qt + Q[1])
         pqr = pqc + pqt
         okQ = (qv != 0) & (tl.abs(Q[1]) < float("inf")) & (pqr >= lo) & (pqr <= hi)
-        if FAM == 4:  # the probe is above the root: its iterate is the better one
+        if FAM == EXP:  # the probe is above the root: its iterate is the better one
             useQ = okQ & (Q[0] < 0)
         else:
             useQ = okQ & ((~okX) | (tl.abs(Q[1]) < tl.abs(X[1])))
@@ -162,14 +163,14 @@ def _exact_stop(c, t, X, qc, qt, Q, qv, pxc, pxt, okX, newt, ps1, ps2, cc, ct, c
     ft = t
     if PROBE:
         stop, fc, ft = _stop_at(stop, fc, ft, (qv != 0) & (Q[0] == 0), qc, qt)
-    if FAM == 1 or FAM == 4 or FAM == 6 or FAM == 7:
+    if FAM == SPARSEMAX or FAM == EXP or FAM == LAPLACE or FAM == SPARSE:
         # λ came from the exact root of a piece that it lies on: exact;
         # this pass's own proposal (same piece, computed next to λ) polishes it.
         stop, fc, ft = _stop_at(stop, fc, ft, (newt != 0) & (X[2] == ps1) & (X[3] == ps2),
                                 tl.where(okX, pxc, fc), tl.where(okX, pxt, ft))
-    if FAM == 2:
+    if FAM == ENTMAX15:
         stop, fc, ft = _stop_at(stop, fc, ft, cntC == pcnt, cc, ct)
-    if FAM == 4:
+    if FAM == EXP:
         # an iterate from above that reaches or passes the root (rounding)
         stop, fc, ft = _stop_at(stop, fc, ft, (newt != 0) & ((X[0] > 0) | (X[2] >= k)), fc, ft)
     return stop, fc, ft
@@ -193,7 +194,7 @@ def _next_probe(nc, nt, lo, hi, mid, go, FAM: tl.constexpr):
     # iterate, which comes from above), used only where it is a new point
     nr = nc + nt
     qn = mid
-    if FAM == 4:
+    if FAM == EXP:
         qn = 0.5 * (lo + nr)
     qv = tl.where(go & (qn > lo) & (qn < hi) & (qn != nr), 1, 0)
     return qn, tl.zeros_like(qn), qv
@@ -238,7 +239,7 @@ def _find_lambda(xr, rmask, xrow, n, ref, inv_tau, zmax, zmin, m, lz, active, k,
         lamX = c + t
         # a few ulps of the data's scale around λ: of λ in the frame, and of
         # the unit width of f for the capped families
-        tol = 4.0 * EPS * (tl.abs(lamX) + (1.0 if FAM >= 4 else 0.0))
+        tol = 4.0 * EPS * (tl.abs(lamX) + (1.0 if FAM >= EXP else 0.0))
         lo, hi, hlo_, hhi_, side = _tighten(lo, hi, hlo_, hhi_, side, lamX, X, qc, qt, Q, qv, PROBE, BIG)
         mid = 0.5 * (lo + hi)
         # Newton proposals (from λ and from the probe); the best one
@@ -250,11 +251,11 @@ def _find_lambda(xr, rmask, xrow, n, ref, inv_tau, zmax, zmin, m, lz, active, k,
         # Newton while allowed and inside the bracket, else bisection
         go = bok & (it < NEWTON_CAP)
         stop, fc, ft = _converged(stop, fc, ft, X, pxc, pxt, bok, bc, bt, mid, zero, lo, hi, mid, tol, go, BIG)
-        if FAM >= 4:
+        if FAM >= EXP:
             stop, fc, ft = _stop_at(stop, fc, ft, (hi < -lim) | (lo > lim), tl.where(hi < -lim, hi, lo), zero)
         # ---- next point (the state of stopped rows moves on too, unread:
         # only their λ and count are kept, below)
-        if FAM == 2:
+        if FAM == ENTMAX15:
             cc, ct = _two_sum(c, t + X[4])
             pcnt = tl.where((tl.abs(X[4]) < float("inf")), X[2], -1.0)
         nc = tl.where(go, bc, mid)
