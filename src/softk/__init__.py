@@ -15,9 +15,16 @@ from ._maps.support import Support, support
 from ._maps.routing import Route, route
 from ._maps.properties import properties, property_violations
 from .attention import scaled_dot_product_attention
-from . import families, losses, nn
+from . import _dtensor, families, losses, nn
 
 __version__ = "0.1.0"
+
+
+def _load_distributed() -> None:
+    from . import distributed  # noqa: F401  (its import registers the DTensor entry of the maps and losses)
+
+
+_dtensor.set_loader(_load_distributed)
 
 __all__ = [
     "softmax",

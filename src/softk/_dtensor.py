@@ -14,20 +14,21 @@ are not sharded).
 Why a hook and not an import: the import layers (``.importlinter``, see
 docs/architecture.md) put ``softk.distributed`` above ``softk.losses`` and
 ``softk._maps``, so those may not import it, not even inside a function.
-This module imports nothing of softk at import time; the first DTensor that
-reaches an entry imports ``softk.distributed`` by name (which registers its
-handler), so that ``import softk`` does not pay for the distributed package
-(8 ms of a 42 ms import) and a plain call never does.
+This module imports nothing of softk; the package root (``softk/__init__``,
+above every floor) gives it a loader that imports ``softk.distributed``,
+which registers the handler.  The first DTensor that reaches an entry calls
+it, so that ``import softk`` does not pay for the distributed package (a
+sizeable share of the import) and a plain call never does.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
 
 from torch import Tensor
 
 _handler = None
+_loader = None
 _dtensor_cls = None
 
 
@@ -35,6 +36,13 @@ def register(handler) -> None:
     """``handler(kind, name, fn, args, kwargs)`` serves every call whose first argument is a DTensor."""
     global _handler
     _handler = handler
+
+
+def set_loader(loader) -> None:
+    """``loader()`` imports the package that registers the handler (called
+    once, by the first DTensor that finds none)."""
+    global _loader
+    _loader = loader
 
 
 def is_dtensor(x) -> bool:
@@ -60,8 +68,8 @@ def entry(kind: str, name: str):
             x = args[0] if args else next(iter(kwargs.values()), None)
             if type(x) is Tensor or not is_dtensor(x):
                 return fn(*args, **kwargs)
-            if _handler is None:
-                importlib.import_module("softk.distributed")  # registers the handler (see the module docstring)
+            if _handler is None and _loader is not None:
+                _loader()  # registers the handler (see the module docstring)
             if _handler is None:
                 raise RuntimeError(f"softk.{name} got a DTensor, but softk.distributed did not register its entry")
             return _handler(kind, name, fn, args, kwargs)

@@ -88,18 +88,6 @@ def pick(op: str, x: Tensor, *what) -> Kernel | None:
     return None
 
 
-def first_serving(op: str, backends: tuple, x: Tensor, *what) -> Kernel | None:
-    """The first kernel of ``op`` among ``backends`` that serves the call,
-    whatever the setting: for a kernel that runs another op's kernels on its
-    own rows (the blockwise attention's row maps take the CPU kernel where it
-    serves, else the torch one)."""
-    for name in backends:
-        kernel = KERNELS.get((op, name))
-        if kernel is not None and kernel.serves(x, *what) is None:
-            return kernel
-    return None
-
-
 # ------------------------------------------------------------------ explain
 class Choice(NamedTuple):
     """One dispatch decision, as :func:`softk.explain` records it."""

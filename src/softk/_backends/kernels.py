@@ -46,9 +46,9 @@ from typing import Callable, NamedTuple
 import torch
 
 from . import call_mode, registry
+from .native.threshold import serves as _threshold_native
 
 BACKENDS = ("torch", "native", "triton")
-_WIDE = (torch.float32, torch.float64)
 _HALF = (torch.float16, torch.bfloat16)
 
 
@@ -90,16 +90,6 @@ def _native_built():
 
 def _triton_installed():
     return None if registry.triton_importable() else "triton is not installed"
-
-
-def _threshold_native(x, family):
-    if not family.native:
-        return f"family {family.name!r} has no CPU kernel"
-    if not x.is_cpu:
-        return f"a tensor on {x.device}"
-    if x.dtype not in _WIDE:
-        return f"{x.dtype} (the CPU kernels take float32 and float64)"
-    return _native_built()
 
 
 def _threshold_triton(x, family):

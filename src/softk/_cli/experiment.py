@@ -28,6 +28,7 @@ import os
 import sys
 
 from . import UsageError, experiment_lm
+from .experiment_common import check as _check, emit, out_dir as _out_dir, positive as _positive
 
 from .._experiments.multilabel import CV_SCORES, FOLD_SIZES
 from .._experiments.multilabel import FOLD_SCHEMES as FOLDS
@@ -79,14 +80,6 @@ def register(sub):
         raise UsageError(f"choose an experiment: {', '.join(kinds.choices)}")
 
     p.set_defaults(run=no_experiment)
-
-
-def _check(values, allowed, option):
-    bad = [v for v in values if v not in allowed]
-    if bad:
-        raise UsageError(f"{option} must be among {', '.join(allowed)}; got {', '.join(bad)}")
-    if len(set(values)) != len(values):
-        raise UsageError(f"{option} lists a value twice: {' '.join(values)}")
 
 
 def _run_multilabel(args) -> int:
@@ -194,16 +187,6 @@ def _register_networks(kinds):
         q.set_defaults(run=_run_network, network=name)
 
 
-def _positive(value, option):
-    if value is not None and value < 1:
-        raise UsageError(f"{option} must be >= 1, got {value}")
-
-
-def _out_dir(out):
-    if out and os.path.exists(out) and not os.path.isdir(out):
-        raise UsageError(f"--out {out}: exists and is not a directory")
-
-
 def _run_network(args) -> int:
     import importlib
 
@@ -242,20 +225,3 @@ def _run_network(args) -> int:
     if args.figure:
         module.figure(result, args.figure)
     return emit(result, text, args.out, args.network, args.json)
-
-
-def emit(result: dict, text: str, out: str | None, name: str, as_json: bool) -> int:
-    """Write NAME.md and NAME.json to ``out`` (when given) and print the JSON or the Markdown; exit status 0."""
-    if out:
-        os.makedirs(out, exist_ok=True)
-        stem = os.path.join(out, name)
-        with open(stem + ".md", "w") as fh:
-            fh.write(text)
-        with open(stem + ".json", "w") as fh:
-            json.dump(result, fh, indent=1)
-    if as_json:
-        json.dump(result, sys.stdout, indent=1)
-        print()
-    else:
-        print(text, flush=True)
-    return 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 
 from . import UsageError
+from .experiment_common import check as _check, emit, out_dir as _out_dir, positive as _positive
 
 
 def register(kinds) -> None:
@@ -51,7 +52,6 @@ def run(args) -> int:
     from .._experiments import corpus, lm
     from .._experiments.common import MissingExtra, require
 
-    from .experiment import _check, _out_dir, _positive  # lazily: experiment imports this module
 
     _positive(args.steps, "--steps")
     _positive(args.ft_steps, "--ft-steps")
@@ -77,6 +77,5 @@ def run(args) -> int:
     text = lm.markdown(report)
     if args.figure:
         lm.figure(report, args.figure)
-    from .experiment import emit  # lazily: experiment imports this module
 
     return emit(report, text, args.out, "lm", args.json)

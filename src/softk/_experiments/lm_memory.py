@@ -20,7 +20,8 @@ import os
 import subprocess
 import sys
 
-_CHILD = "from softk._experiments.lm_memory import _child; _child()"
+# the child: a module of its own, which imports the model (this one is imported by it)
+_CHILD = [sys.executable, "-m", "softk._experiments.lm_memory_child"]
 
 
 def step_memory(cfg, configs) -> dict:
@@ -31,32 +32,9 @@ def step_memory(cfg, configs) -> dict:
         return {c: None for c in configs}
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
     payload = json.dumps({"cfg": cfg._asdict(), "configs": configs})
-    out = subprocess.run([sys.executable, "-c", _CHILD], input=payload, capture_output=True, text=True, env=env,
+    out = subprocess.run(_CHILD, input=payload, capture_output=True, text=True, env=env,
                          check=False)
     if out.returncode != 0:
         raise RuntimeError(f"the memory measurement failed:\n{out.stderr[-3000:]}")
     rows = json.loads(out.stdout.strip().splitlines()[-1])
     return {tuple(r[:3]): r[3] for r in rows}
-
-
-def _child() -> None:
-    import torch
-
-    from . import lm
-    from .memory import PeakRSS
-
-    torch.set_num_threads(1)
-    spec = json.loads(sys.stdin.read())
-    cfg = lm.Config(**spec["cfg"])
-    gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, cfg.vocab, (cfg.batch, cfg.context), generator=gen)
-    rows = []
-    for loss_arm, attention, fused in spec["configs"]:
-        model = lm.build_model(cfg, attention, 0)
-        step = lm.make_step(model, lm.LOSSES[loss_arm], fused, torch.optim.AdamW(model.parameters(), lr=1e-4))
-        step(ids[:1, :8])
-        with PeakRSS() as mem:
-            step(ids)
-        rows.append([loss_arm, attention, fused, mem.extra / 2**20])
-        del model, step
-    print(json.dumps(rows))

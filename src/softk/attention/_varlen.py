@@ -20,6 +20,7 @@ import numbers
 import torch
 from torch import Tensor
 
+from ._sdpa import scaled_dot_product_attention
 from .checks import check_softcap
 
 __all__ = ["varlen_attn"]
@@ -111,8 +112,6 @@ def varlen_attn(query: Tensor, key: Tensor, value: Tensor, cu_seq_q: Tensor, cu_
             [0.2500, 0.7500, 0.0000],
             [0.0000, 0.0000, 1.0000]])
     """
-    from . import scaled_dot_product_attention
-
     for t, name in ((query, "query"), (key, "key"), (value, "value")):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -197,8 +196,6 @@ def _paged_batch(query, key, value, qo, lq, lk, block_table, window, kw):
     max_q, D) and each sequence's pages (N, H_kv, pages·page_size, ·), with
     a mask that keeps key j for query t of sequence i iff j < seqused_k[i],
     t < L_q,i and the window sees it; padding rows see no key (output 0)."""
-    from . import scaled_dot_product_attention
-
     dev = query.device
     n, mq, mk = len(lq), max(lq), max(max(lk), 1)
     page = key.shape[1]

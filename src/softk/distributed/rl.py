@@ -110,7 +110,7 @@ def vocab_parallel_logprobs(
     >>> dist.destroy_process_group()
     """
     if _dtensor.is_dtensor(local_logits):
-        from .dtensor import rows_entry
+        from .placements import rows_entry  # (imports torch.distributed.tensor: on the first DTensor)
 
         x, t, grp, start, finish = rows_entry(local_logits, labels)
         return finish(vocab_parallel_logprobs(x, t, grp, vocab_start=start, map=map, alpha=alpha, tau=tau,
@@ -158,7 +158,7 @@ def vocab_parallel_entropy(local_logits: Tensor, map: str = "softmax", *, alpha=
     >>> dist.destroy_process_group()
     """
     if _dtensor.is_dtensor(local_logits):
-        from .dtensor import rows_entry
+        from .placements import rows_entry  # (imports torch.distributed.tensor: on the first DTensor)
 
         x, _, grp, _, finish = rows_entry(local_logits)
         return finish(vocab_parallel_entropy(x, map, alpha=alpha, tau=tau, group=grp))

@@ -145,7 +145,7 @@ class SoftkLoss:
 
         if not any(isinstance(p, Shard) and p.dim % pred.dim() == pred.dim() - 1 for p in pred.placements):
             return self._loss(pred, labels)  # classes whole on every rank: the single-device loss, eager
-        from ..distributed.dtensor import rows_entry
+        from ..distributed.placements import rows_entry
 
         pred, labels = self._rows(pred, labels)
         x, t, group, start, finish = rows_entry(pred, labels)  # eager: the mesh and the shard's offset

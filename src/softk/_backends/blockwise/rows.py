@@ -27,7 +27,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .. import dispatch
+from ..native import threshold as native_rows
+from ..torch import threshold as torch_rows
 from ...threshold.attention_maps import ENTMAX_ID, SOFTMAX_ID, family
 from ...threshold.entmax_alpha import dp_dalpha, entmax_log_d
 from ...threshold.families import entmax_family
@@ -70,12 +71,9 @@ def _families(fam: int, alpha, blk: Blocks):
             for h in range(len(a))]
 
 
-# the rows' own threshold kernel, whatever the setting: the CPU's where it serves, else torch's
-_ROW_KERNELS = ("native", "torch")
-
-
 def _backend(fam_obj, s: Tensor):
-    return dispatch.first_serving("threshold", _ROW_KERNELS, s, fam_obj).impl
+    # the rows' own threshold kernel, whatever the setting: the CPU's where it serves, else torch's
+    return native_rows if native_rows.serves(s, fam_obj) is None else torch_rows
 
 
 def _map(fams, s: Tensor) -> Tensor:

@@ -1,16 +1,31 @@
 """The compiled CPU kernel of the threshold maps, in the interface every
 threshold kernel has (:mod:`softk._backends.kernels`): ``forward(family, x,
 k, tau)`` and ``backward(family, p, g, tau)`` on rows of float32/float64 CPU
-tensors (what the kernel serves)."""
+tensors, and :func:`serves`, what it runs."""
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from ...threshold.families import Family
 from ...threshold.rows import scaled_rows
+from .. import registry
 from . import backward as _backward
 from . import forward as _forward
+
+_WIDE = (torch.float32, torch.float64)
+
+
+def serves(x: Tensor, family: Family):
+    """None when the kernel runs ``family`` on ``x``, else why not."""
+    if not family.native:
+        return f"family {family.name!r} has no CPU kernel"
+    if not x.is_cpu:
+        return f"a tensor on {x.device}"
+    if x.dtype not in _WIDE:
+        return f"{x.dtype} (the CPU kernels take float32 and float64)"
+    return None if registry.native_available() else "the CPU kernels are not built here (no C compiler)"
 
 
 def forward(family: Family, x: Tensor, k: int, tau: float) -> Tensor:
