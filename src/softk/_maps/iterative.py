@@ -49,8 +49,8 @@ def _rows(x: Tensor, k: int, tau: float):
 
 def _masked_softmax(logits: Tensor, use: Tensor) -> Tensor:
     """softmax over the entries in ``use`` (at least one per row), 0 elsewhere.
-    Written out: torch.softmax's threaded kernel costs ~10 ms per call on tiny
-    rows when the cores are busy."""
+    Written out: torch.softmax's threaded kernel wakes its threads even for
+    tiny rows, which costs far more than the rows when the cores are busy."""
     m = torch.where(use, logits, float("-inf")).amax(-1, keepdim=True).detach()
     e = torch.where(use, torch.exp(torch.where(use, logits, m) - m), 0.0)
     return e / e.sum(-1, keepdim=True)

@@ -2,7 +2,7 @@
 
 ``torch.library`` ops take tensors, numbers and strings, not a
 :class:`~softk.threshold.families.Family`, so every op of the contract
-(:mod:`.op`, :mod:`.op_rowk`, the fused losses) passes ``family_key(family)``
+(:mod:`.op`, :mod:`.per_row_k`, the fused losses) passes ``family_key(family)``
 and rebuilds the family with ``family_by_key``.
 """
 

@@ -14,8 +14,8 @@ from torch import Tensor
 def exp_(logp: Tensor) -> Tensor:
     """p = exp(log p) in place on a chunk of log-probabilities.  On the CPU the
     entries under log(tiny) become exact zeros first: exp of such an entry is
-    a denormal or 0, and the CPU's exp takes a slow path for those (12–30× the
-    time per element here); p < tiny is below any gradient's rounding."""
+    a denormal or 0, and the CPU's exp takes a slow path for those
+    (BENCHMARKS.md); p < tiny is below any gradient's rounding."""
     if logp.is_cpu:
         torch.nn.functional.threshold(logp, math.log(torch.finfo(logp.dtype).tiny), -math.inf, inplace=True)
     return logp.exp_()

@@ -72,10 +72,9 @@ def _product_block(a: Tensor, b: Tensor, off: int, width: int, da: Tensor | None
 
 
 # Terms materialised at once by a product on the CPU, so that the five passes
-# over them run in cache: unblocked, the largest levels at 8x4096, k = 256
-# (8.4M terms) took 18 ns per term against 8 ns for levels that fit; of blocks
-# of 2^13, 2^15 and 2^17 terms, 2^17 was fastest (one thread, 2026-11-23).  On
-# a GPU a level is one block: few large ops are what it is good at.
+# over them run in cache (the block size measured fastest: BENCHMARKS.md,
+# GradTopK's tree).  On a GPU a level is one block: few large ops are what it
+# is good at.
 _CPU_BLOCK = 1 << 17
 
 

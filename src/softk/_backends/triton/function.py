@@ -6,7 +6,7 @@ which hold the one autograd contract.
 
 The forward (the λ search) and the backward (one streaming pass) have
 their own launch settings (:func:`_config`), chosen from the sweep of
-``benchmarks/gpu/tune.py`` on an H200 (BENCHMARKS.md has the table):
+``benchmarks/gpu/tune.py`` (BENCHMARKS.md has the table and the machine):
 
 * Forward.  Rows of at most :data:`ONCHIP_MAX` entries run "on chip": the
   kernel loads the row once into registers (a block of the next power of

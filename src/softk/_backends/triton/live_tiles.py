@@ -43,17 +43,16 @@ import triton.language as tl
 
 from .attention_tiles import _dot
 
-# Block sizes: untuned (a first guess at a tensor-core tile; the crossover
-# against the dense products and the best tile are for a GPU to measure,
-# benchmarks/gpu/fused_live_tiles.py).  Each is a power of two ≥ 16, the
-# smallest operand width of tl.dot.
+# Block sizes: a first choice of tensor-core tile, not tuned
+# (benchmarks/gpu/fused_live_tiles.py times the tiles against the dense
+# products).  Each is a power of two ≥ 16, the smallest operand width of tl.dot.
 BLOCK_V = 64  # classes per vocabulary tile, the unit that is skipped
 BLOCK_C = 64  # rows of the chunk per block
 BLOCK_H = 64  # hidden features per block
 
 # The live tiles run up to this share of the V/BLOCK_V tiles; above it
-# :func:`products` declines and the dense products run.  1.0 (always the
-# tiles) until a GPU measures the crossover.
+# :func:`products` declines and the dense products run.  1.0: the tiles at
+# every share.
 MAX_LIVE_SHARE = 1.0
 
 
