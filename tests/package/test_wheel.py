@@ -47,6 +47,9 @@ def test_wheel_carries_the_kernel_sources_and_runs_them(tmp_path):
     sources = {f"softk/_backends/native/{p.name}" for p in (ROOT / "src/softk/_backends/native").iterdir() if p.suffix in (".c", ".h")}
     assert sources and sources <= names
     assert "softk/py.typed" in names and "softk/_cli/__init__.py" in names
+    test_only = [n for n in names if n.rsplit("/", 1)[-1] in ("conftest.py",) or "/tests/" in n
+                 or n.rsplit("/", 1)[-1].startswith("test_")]
+    assert not test_only, test_only  # nothing of the test run ships
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     env = {**os.environ, "PYTHONPATH": str(site), "SOFTK_CACHE_DIR": str(tmp_path / "cache"),
