@@ -120,7 +120,7 @@ def block_sparsity(q, k, v, name, causal, tile=64):
 
     fam = maps.family_id(name, None, False)
     with torch.no_grad():
-        _, m, lam = op._forward(q, k, v, None, None, q.shape[-1] ** -0.5, causal, fam, dispatch.pick("attention", q).backend)
+        _, m, lam = op._forward(q, k, v, None, None, q.shape[-1] ** -0.5, causal, fam, dispatch.pick("attention", q, fam).backend)
         ct = torch.float32
         blk = blocks.Blocks(q, k.to(ct), v.to(ct), None, q.shape[-1] ** -0.5, causal)
         m, lam = blk.rows(m.to(ct)).unsqueeze(-1), blk.rows(lam.to(ct)).unsqueeze(-1)
@@ -135,6 +135,14 @@ def block_sparsity(q, k, v, name, causal, tile=64):
             nonzero += int((hit & seen).sum())
             visible += int(seen.sum()) * hit.shape[0] * hit.shape[1]
     return 1.0 - nonzero / max(visible, 1)
+
+
+def _kernel_name(q, name):
+    """The kernel of op "attention" that runs map ``name`` on q ("reference": none)."""
+    from softk._backends import dispatch
+    from softk.threshold import attention_maps
+
+    return getattr(dispatch.pick("attention", q, attention_maps.family_id(name, None, False)), "backend", "reference")
 
 
 def _softk(name):
@@ -204,7 +212,7 @@ def gpu_table(a, flush=lambda rows: None) -> list:
                                           locality=a.locality, window=a.window)
                     case = dict(L=L, E=E, causal=causal, mode=mode)
                     impls = [(f"sdpa-{b}", _sdpa(b), None) for b in (("math",) if a.smoke else ("flash", "efficient"))]
-                    impls += [(f"softk-{m} ({dispatch.pick('attention', q).backend})", _softk(m), m) for m in a.maps]
+                    impls += [(f"softk-{m} ({_kernel_name(q, m)})", _softk(m), m) for m in a.maps]
                     for label, fn, name in impls:
                         row = dict(case, impl=label)
                         try:

@@ -61,6 +61,7 @@ def run_case(name, dtype, ls, causal, gqa, kind, device, seed=0):
 
     import softk
     from softk._backends import dispatch
+    from softk.threshold.attention_maps import family_id
     from tests.oracle import attention as oracle
 
     g = torch.Generator().manual_seed(seed)
@@ -102,7 +103,7 @@ def run_case(name, dtype, ls, causal, gqa, kind, device, seed=0):
         errs["dalpha"] = float(np.max(np.abs(ad.grad.double().cpu().numpy() - want)) / max(1.0, float(np.max(np.abs(want)))))
         ok = ok and errs["dalpha"] <= max(DALPHA_TOL, tol)
     return {"map": name, "dtype": dtype, "L": L, "S": S, "causal": causal, "gqa": gqa, "kind": kind,
-            "backend": getattr(dispatch.pick("attention", qd), "backend", "reference"), "tol": tol, "err": errs, "verdict": "pass" if ok else "fail"}
+            "backend": getattr(dispatch.pick("attention", qd, family_id(name, None, False)), "backend", "reference"), "tol": tol, "err": errs, "verdict": "pass" if ok else "fail"}
 
 
 def _run_safe(c, device):

@@ -155,7 +155,10 @@ def window_keep(L, window, device):
 def _label(name, q):
     from softk._backends import dispatch
 
-    return f"softk-{name} ({getattr(dispatch.pick('attention', q), 'backend', 'reference')})"
+    from softk.threshold import attention_maps
+
+    kernel = dispatch.pick("attention", q, attention_maps.family_id(name, None, False))
+    return f"softk-{name} ({getattr(kernel, 'backend', 'reference')})"
 
 
 def _sdpa(flash=False, **kw):

@@ -11,6 +11,8 @@ import torch.nn.functional as F
 import softk
 from softk._backends.blockwise import blocks, forward as blockwise, rows, support
 from softk._backends import dispatch, kernels
+from softk.threshold.attention_maps import SPARSEMAX_ID
+from softk.threshold.families import KERNEL_IDS
 from softk.attention import checks, op, scaled_dot_product_attention as sdpa
 
 from ..oracle import attention as ora
@@ -223,14 +225,15 @@ def test_empty_inputs():
 def test_attention_kernel_follows_the_setting(monkeypatch):
     x = torch.zeros(1, 1, 2, 2)
 
-    def picked(t):
-        kernel = dispatch.pick("attention", t)
+    def picked(t, fam=SPARSEMAX_ID):
+        kernel = dispatch.pick("attention", t, fam)
         return None if kernel is None else kernel.backend
 
     with softk.use_backend("torch"):
         assert picked(x) is None  # the reference: the scores materialised
     with softk.use_backend("auto"):
         assert picked(x) == "native"  # the blockwise kernel
+        assert picked(x, max(KERNEL_IDS.values()) + 1) is None  # a map no kernel has the row maths of
     monkeypatch.setattr(kernels, "triton_attention_ready", lambda: True)
     with softk.use_backend("triton"):  # tests/conftest.py sets TRITON_INTERPRET=1
         assert picked(x) == "triton"

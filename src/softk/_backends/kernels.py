@@ -45,6 +45,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
+from ..threshold import attention_maps
 from . import call_mode, registry
 from .native.threshold import serves as _threshold_native
 
@@ -168,11 +169,14 @@ def _live_tiles_triton(x):
     return missing
 
 
-def _attention_native(q):
-    return None  # blocks of keys in tensor code: every device and dtype
+def _attention_native(q, fam):
+    # blocks of keys in tensor code: every device and dtype, the maps it has the row maths of
+    return None if fam in attention_maps.KERNEL_MAPS else f"map id {fam} has no blockwise kernel"
 
 
-def _attention_triton(q):
+def _attention_triton(q, fam):
+    if fam not in attention_maps.KERNEL_MAPS:
+        return f"map id {fam} has no Triton kernel"
     if q.dtype == torch.float64:
         return "float64 (the Triton kernels compute in float32)"
     if not triton_attention_ready():

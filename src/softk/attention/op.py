@@ -36,7 +36,7 @@ def attention(call: Call, kernel=_PICK) -> Tensor:
     ``kernel``: by default the dispatcher's answer; tests pass a kernel of
     op "attention", or None for the reference."""
     if kernel is _PICK:
-        kernel = dispatch.pick("attention", call.q)
+        kernel = dispatch.pick("attention", call.q, call.fam)
     if kernel is None or 0 in call.q.shape or 0 in call.k.shape:
         out = reference.attention(call)  # (an empty call runs here: its result is empty or zeros)
     else:

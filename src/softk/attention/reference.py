@@ -16,9 +16,10 @@ import torch
 from torch import Tensor
 
 from .._maps import simplex
+from .._ops.op import threshold_map
 from ..threshold.rows import compute_dtype
 from .checks import Call
-from ..threshold.attention_maps import ENTMAX_ID
+from ..threshold.attention_maps import ENTMAX_ID, family
 
 
 def scores(q: Tensor, k: Tensor, mask, scale: float, causal: bool, softcap=None) -> Tensor:
@@ -44,7 +45,7 @@ def weights(s: Tensor, call: Call) -> Tensor:
         if isinstance(alpha, Tensor):  # one α per head: broadcast over (B, H, L, 1)
             alpha = alpha.reshape(-1, 1, 1)
         return simplex.entmax(s, alpha)
-    return (simplex.softmax, simplex.sparsemax, simplex.entmax15)[call.fam](s)
+    return threshold_map(s, family(call.fam), 1, s.dim() - 1, 1.0)
 
 
 def attention(call: Call) -> Tensor:

@@ -35,6 +35,9 @@ _FIXED = {f.name: f for f in (SOFTMAX, SPARSEMAX, ENTMAX15)}
 MAPS = (*_FIXED, "entmax")
 SOFTMAX_ID, SPARSEMAX_ID, ENTMAX15_ID, ENTMAX_ID = (KERNEL_IDS[name] for name in MAPS)
 _BY_ID = {KERNEL_IDS[name]: f for name, f in _FIXED.items()}
+# The ids the memory-efficient attention kernels (blockwise, Triton) have the
+# row maths of; a map without one runs the reference (scores materialised).
+KERNEL_MAPS = frozenset(KERNEL_IDS[name] for name in MAPS)
 
 
 def family_id(name: str, alpha, learnable: bool) -> int:

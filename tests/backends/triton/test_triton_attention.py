@@ -19,6 +19,7 @@ import softk
 tri = pytest.importorskip("softk._backends.triton.attention")
 
 from softk._backends import dispatch  # noqa: E402
+from softk.threshold.attention_maps import SPARSEMAX_ID  # noqa: E402
 
 from ...oracle import attention as ora  # noqa: E402
 from ...attention.test_attention import MAPS, alpha_of, bool_mask, one_thread, run  # noqa: E402,F401
@@ -153,13 +154,13 @@ def test_triton_backend_reaches_the_kernels_on_cpu(monkeypatch):
     monkeypatch.setattr(tri, "attention_forward", lambda *a, **kw: calls.append(1) or fwd(*a, **kw))
     q, k, v = (t.detach() for t in leaves(L=5, S=6))
     with softk.use_backend("triton"):
-        assert dispatch.pick("attention", q).backend == "triton"
+        assert dispatch.pick("attention", q, SPARSEMAX_ID).backend == "triton"
         out = softk.attention.scaled_dot_product_attention(q, k, v, enable_gqa=True, map="sparsemax")
     assert calls == [1]
     ref, _ = ora.attention(*(t.double().numpy() for t in (q, k, v)), None, False, None, "sparsemax")
     close32(out, ref)
     with softk.use_backend("auto"):
-        assert dispatch.pick("attention", q).backend == "native"  # the blockwise kernel
+        assert dispatch.pick("attention", q, SPARSEMAX_ID).backend == "native"  # the blockwise kernel
 
 
 @pytest.mark.parametrize("alpha", [2.0, 1.05])
