@@ -124,6 +124,9 @@ def apply_rows(x: Tensor, family: Family, k, tau: float, backend: str) -> Tensor
     ``k`` an int, or a tensor shaped x.shape[:-1] + (1,) (see :mod:`.per_row_k`)."""
     if isinstance(k, Tensor):
         return apply_rows_k(x, k, family, tau)
+    # _PATHS runs _kernel (above) on its eager path and the op softk::threshold
+    # otherwise; both call kernels.get("threshold", backend).impl.forward, the
+    # kernel the dispatcher picked (_backends/kernels.py names its module).
     return _PATHS.apply(x, family, k, tau, backend)
 
 
