@@ -21,7 +21,6 @@ inputs use "torch" under it).
 from __future__ import annotations
 
 import contextlib
-import functools
 import importlib.util
 import os
 import threading
@@ -35,12 +34,17 @@ def _constant_under_compile(fn):
     return fn
 
 
+_triton_found = None
+
+
 @_constant_under_compile
-@functools.lru_cache(maxsize=None)
 def triton_importable() -> bool:
     """True when the ``triton`` package is installed (not imported here;
-    looked up once per process)."""
-    return importlib.util.find_spec("triton") is not None
+    looked up once per process, and read once when a graph is captured)."""
+    global _triton_found
+    if _triton_found is None:
+        _triton_found = importlib.util.find_spec("triton") is not None
+    return _triton_found
 
 
 def triton_interpreted() -> bool:
