@@ -423,7 +423,8 @@ def figure(report: dict, path: str) -> str:
         steps = [c["step"] for c in rows[0]["curve"]]
         for ax, (key, title, log) in zip(axes, keys):
             ys = [sum(r["curve"][i][key] for r in rows) / len(rows) for i in range(len(steps))]
-            ax.plot(steps, ys, label=arm, marker=".", color=colours[(2 * i) % 20 + (2 * i) // 20], linestyle="--" if arm.startswith("finetune/") else "-")
+            ax.plot(steps, ys, label=arm, marker=".", color=colours[(2 * i) % 20 + (2 * i) // 20],
+                    linestyle="--" if arm.startswith("finetune/") else "-")
             ax.set_title(title)
             ax.set_xlabel("step")
             if log:

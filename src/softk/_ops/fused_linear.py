@@ -213,7 +213,8 @@ def _chunk_rows(xc, weight, bias, target, fn):
 
 
 class FusedLinearLoss(torch.autograd.Function):
-    """loss(x Wᵀ + b, target) over chunks of rows, the gradients written during the forward (reductions "mean" and "sum") or recomputed in the backward ("none"); see :func:`softk.losses.fused_linear_loss`."""
+    """loss(x Wᵀ + b, target) over chunks of rows, the gradients written during the forward (reductions "mean" and "sum")
+    or recomputed in the backward ("none"); see :func:`softk.losses.fused_linear_loss`."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, target, fn, chunk, reduction, n_kept, want, stats=False):

@@ -247,7 +247,8 @@ def vocab_parallel_loss(
 
 
 #: The options :func:`vocab_parallel_loss` takes beside the name and the reduction.
-VOCAB_PARALLEL_OPTIONS = tuple(p for p in inspect.signature(vocab_parallel_loss).parameters if p in FIELDS and p not in ("loss", "reduction"))
+VOCAB_PARALLEL_OPTIONS = tuple(p for p in inspect.signature(vocab_parallel_loss).parameters
+                               if p in FIELDS and p not in ("loss", "reduction"))
 
 
 def vocab_parallel_options(o: LossOptions) -> dict:
