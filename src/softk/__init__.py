@@ -15,7 +15,7 @@ from ._maps.support import Support, support
 from ._maps.routing import Route, route
 from ._maps.properties import properties, property_violations
 from .attention import scaled_dot_product_attention
-from . import _dtensor, families, losses, nn
+from . import _dtensor, families, losses, nn  # noqa: F401  (softk.families, softk.losses and softk.nn after a plain `import softk`)
 
 __version__ = "0.1.0"
 

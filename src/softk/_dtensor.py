@@ -54,7 +54,7 @@ def is_dtensor(x) -> bool:
         try:
             from torch.distributed.tensor import DTensor
         except ImportError:  # a torch without torch.distributed
-            DTensor = ()
+            DTensor = ()  # type: ignore[misc, assignment]  # isinstance(x, ()) is always False
         _dtensor_cls = DTensor
     return isinstance(x, _dtensor_cls)
 

@@ -74,7 +74,7 @@ def pick(op: str, x: Tensor, *what) -> Kernel | None:
     arguments that decide it: the family, k, τ, the target) under the current
     setting, or None: the op's own tensor code runs.  Raises the ValueError
     of :func:`order` for a named backend that cannot run ``x``."""
-    tried = None
+    tried: tuple[tuple[str, str], ...] | None = None
     for name in order(op, x):
         kernel = KERNELS.get((op, name))
         why = f"no {name} kernel" if kernel is None else kernel.serves(x, *what)

@@ -257,7 +257,7 @@ def triton_attention_ready() -> bool:
     return triton_attention_module() is not None
 
 
-triton_attention_ready._dynamo_marked_constant = True  # read once when a graph is captured
+triton_attention_ready._dynamo_marked_constant = True  # type: ignore[attr-defined]  # read once when a graph is captured
 
 
 # ---------------------------------------------------------------- the registry

@@ -66,7 +66,7 @@ def load_mnist5k(n_train_per_class: int = 400, n_test_per_class: int = 100, digi
         rows = order[y[order] == c]
         tr.append(rows[:n_train_per_class])
         te.append(rows[n_train_per_class:n_train_per_class + n_test_per_class])
-    tr, te = np.concatenate(tr), np.concatenate(te)
+    tr, te = np.concatenate(tr), np.concatenate(te)  # type: ignore[assignment]  # the lists' rows, joined
 
     def pack(idx):
         return torch.tensor(X[idx] / 255.0, dtype=torch.float32), torch.tensor(y[idx], dtype=torch.int64)

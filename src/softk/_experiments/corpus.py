@@ -87,7 +87,7 @@ def find_texts(path: str | None = None) -> dict:
             for member in sorted(tar.getmembers(), key=lambda m: m.name):
                 work = work_name(member.name)
                 if work is not None and "/texts/" in member.name and member.isfile():
-                    texts[work] = tar.extractfile(member).read().decode("utf-8", errors="replace")
+                    texts[work] = tar.extractfile(member).read().decode("utf-8", errors="replace")  # type: ignore[union-attr]
     else:
         raise CorpusMissing(f"--corpus {path}: no such folder or archive; this experiment needs {CORPUS_HELP}")
     missing = [w for w in TEST_WORKS if w not in texts]

@@ -192,19 +192,19 @@ def evaluate(model, windows: torch.Tensor, own_map: Callable, chunk: int = 16) -
     (transformers' shift: position t predicts t + 1), plus the ε-perplexity at
     the best ε of :data:`EPS_GRID` (chosen on these tokens: an optimistic reading)."""
     acc = Accumulator(EPS)
-    p_y = []
+    p_ys = []
     for i in range(0, len(windows), chunk):
         ids = windows[i:i + chunk]
         z = model(input_ids=ids).logits[:, :-1].reshape(-1, model.config.vocab_size).float()
         y = ids[:, 1:].reshape(-1)
         p = own_map(z)
         acc.add(p, y, torch.log_softmax(z, -1).gather(-1, y[:, None]).squeeze(-1))
-        p_y.append(p.gather(-1, y[:, None]).squeeze(-1).double())
+        p_ys.append(p.gather(-1, y[:, None]).squeeze(-1).double())
     out = acc.result()
-    p_y = torch.cat(p_y)
+    p_y = torch.cat(p_ys)
     V = model.config.vocab_size
     tuned = {eps: math.exp(-float(torch.log((p_y + eps) / (1 + V * eps)).mean())) for eps in EPS_GRID}
-    best = min(tuned, key=tuned.get)
+    best = min(tuned, key=tuned.__getitem__)
     out["eps_perplexity_tuned"], out["eps_tuned"] = tuned[best], best
     return out
 
@@ -423,7 +423,8 @@ def figure(report: dict, path: str) -> str:
         steps = [c["step"] for c in rows[0]["curve"]]
         for ax, (key, title, log) in zip(axes, keys):
             ys = [sum(r["curve"][i][key] for r in rows) / len(rows) for i in range(len(steps))]
-            ax.plot(steps, ys, label=arm, marker=".", color=colours[(2 * i) % 20 + (2 * i) // 20], linestyle="--" if arm.startswith("finetune/") else "-")
+            ax.plot(steps, ys, label=arm, marker=".", color=colours[(2 * i) % 20 + (2 * i) // 20],
+                    linestyle="--" if arm.startswith("finetune/") else "-")
             ax.set_title(title)
             ax.set_xlabel("step")
             if log:

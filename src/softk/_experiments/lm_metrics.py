@@ -65,8 +65,10 @@ class Accumulator:
         self.eps = float(eps)
         self.n = 0
         self.sums = {"log_eps": 0.0, "sparsemax_score": 0.0, "js_divergence": 0.0}
-        self.support, self.confidence, self.correct = [], [], []
-        self.softmax_nll = None  # None until add() is given the softmax log-probabilities
+        self.support: list[torch.Tensor] = []
+        self.confidence: list[torch.Tensor] = []
+        self.correct: list[torch.Tensor] = []
+        self.softmax_nll: float | None = None  # None until add() is given the softmax log-probabilities
 
     def add(self, p: torch.Tensor, y: torch.Tensor, softmax_logp_y: torch.Tensor | None = None) -> None:
         rows = row_metrics(p, y, self.eps)

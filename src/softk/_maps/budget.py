@@ -52,10 +52,10 @@ def check_budget(budget, x: Tensor, dim: int):
             return per_row(budget, x, dim, "budget").to(compute_dtype(x.dtype))
     if isinstance(budget, bool) or not isinstance(budget, numbers.Real):
         raise TypeError(f"budget must be a number or a tensor, got {type(budget).__name__}")
-    if not (math.isfinite(budget) and 0 <= budget <= n):
+    if not (math.isfinite(budget) and 0 <= budget <= n):  # type: ignore[operator]  # a numbers.Real compares with an int
         raise ValueError(f"budget must lie in {where}, got {budget}")
-    if budget >= 1 and float(budget).is_integer():
-        return int(budget)
+    if budget >= 1 and float(budget).is_integer():  # type: ignore[operator]
+        return int(budget)  # type: ignore[call-overload]  # int() takes a numbers.Real
     shape = x.movedim(dim, -1).shape[:-1] + (1,)
     return torch.full(shape, float(budget), dtype=compute_dtype(x.dtype), device=x.device)
 

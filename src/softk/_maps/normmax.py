@@ -66,7 +66,7 @@ def check_normmax_alpha(alpha, x, dim: int):
         return per_row(alpha, x, dim, "alpha")
     if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
         raise TypeError(f"alpha must be a float >= 1 or a tensor, got {type(alpha).__name__}")
-    if not (alpha >= 1 and math.isfinite(alpha)):
+    if not (alpha >= 1 and math.isfinite(alpha)):  # type: ignore[operator]  # a numbers.Real compares with an int
         raise ValueError(f"{msg}, got {alpha}")
     return float(alpha)
 

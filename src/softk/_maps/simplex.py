@@ -14,9 +14,6 @@ zero gradient, a NaN stays in its row.
 
 from __future__ import annotations
 
-import math
-
-import torch
 from torch import Tensor
 
 from .. import _dtensor

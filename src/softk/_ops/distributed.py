@@ -50,7 +50,7 @@ def all_reduce(t, op: str, group):
     if torch.compiler.is_compiling():
         from torch.distributed import _functional_collectives as funcol
 
-        return funcol.all_reduce(t, op, group if group is not None else dist.group.WORLD)
+        return funcol.all_reduce(t, op, group if group is not None else dist.group.WORLD)  # type: ignore[arg-type]  # WORLD: set once initialised
     dist.all_reduce(t, op=getattr(dist.ReduceOp, _OPS[op]), group=group)
     return t
 
@@ -62,7 +62,7 @@ def all_gather(t, group, world: int):
     if torch.compiler.is_compiling():
         from torch.distributed import _functional_collectives as funcol
 
-        return list(funcol.all_gather_tensor(t, 0, group if group is not None else dist.group.WORLD).chunk(world))
+        return list(funcol.all_gather_tensor(t, 0, group if group is not None else dist.group.WORLD).chunk(world))  # type: ignore[arg-type]
     blocks = [torch.empty_like(t) for _ in range(world)]
     dist.all_gather(blocks, t, group=group)
     return blocks

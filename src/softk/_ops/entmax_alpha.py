@@ -10,6 +10,8 @@ on every device (the kernels take one α per call); the maths is
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import Tensor
 
@@ -28,7 +30,8 @@ def _entmax_alpha(x: Tensor, alpha: Tensor, tau: float) -> Tensor:
     return _kernel(x, alpha, tau)
 
 
-entmax_alpha_op = None  # softk::entmax_alpha, defined by _library()
+# softk::entmax_alpha, defined by _library(), which the library path runs before any forward below
+entmax_alpha_op: Callable[..., Tensor] = None  # type: ignore[assignment]
 
 
 @_lean.library

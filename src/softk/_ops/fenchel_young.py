@@ -174,5 +174,5 @@ def fenchel_young_rows(x: Tensor, y, index, family: Family, k: int, tau: float) 
         if not a.is_cpu or bool((a == 1).any()):
             loss = torch.where(a.detach() == 1, fn.apply(xc, p, yc, index, SOFTMAX, tau, None), loss)
         return loss + _alpha_correction(p, yc, index, a)
-    p = apply_rows(xc, family, k, tau, dispatch.pick("threshold", xc, family).backend)
+    p = apply_rows(xc, family, k, tau, dispatch.pick("threshold", xc, family).backend)  # type: ignore[union-attr]
     return fn.apply(xc, p, yc, index, family, tau, None)

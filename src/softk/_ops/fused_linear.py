@@ -94,7 +94,7 @@ def chunked_pass(x, weight, bias, target, fn, chunk: int, row_weight, grads):
             lrow, gs, cols = live_in_place(logits, target[s:e], None if row_weight is None else row_weight[s:e])
             losses[s:e] = lrow
             del logits
-            live_products(gs, cols, weight, xc, gx[s:e] if want_x else None, gw, gb, acc, half_product)
+            live_products(gs, cols, weight, xc, None if gx is None else gx[s:e], gw, gb, acc, half_product)
             continue
         if one_pass and in_place is not None:
             # the loss's own one-pass form: the logits become G
@@ -117,7 +117,7 @@ def chunked_pass(x, weight, bias, target, fn, chunk: int, row_weight, grads):
         del logits
         if not any_grad:
             continue
-        products(g, weight, xc, gx[s:e] if want_x else None, gw, gb, acc, half_product, sparse, tiles)
+        products(g, weight, xc, None if gx is None else gx[s:e], gw, gb, acc, half_product, sparse, tiles)
         del g
     return losses, gx, gw, gb, extra
 
@@ -213,7 +213,8 @@ def _chunk_rows(xc, weight, bias, target, fn):
 
 
 class FusedLinearLoss(torch.autograd.Function):
-    """loss(x Wᵀ + b, target) over chunks of rows, the gradients written during the forward (reductions "mean" and "sum") or recomputed in the backward ("none"); see :func:`softk.losses.fused_linear_loss`."""
+    """loss(x Wᵀ + b, target) over chunks of rows, the gradients written during the forward (reductions "mean" and "sum")
+    or recomputed in the backward ("none"); see :func:`softk.losses.fused_linear_loss`."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, target, fn, chunk, reduction, n_kept, want, stats=False):

@@ -183,4 +183,4 @@ def fused_fenchel_young(x: Tensor, target: Tensor, family: Family, k, tau: float
         raise
 
 
-_EAGER = _PATHS.eager_function.fast_apply
+_EAGER = _PATHS.eager_function.fast_apply  # type: ignore[attr-defined]  # set by _lean.twin

@@ -54,6 +54,7 @@ the input dtype.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -201,7 +202,11 @@ def _log_ek_kernel(x: Tensor, k: int, tau: float) -> Tensor:
     return log_ek_rows(x, k, tau)[0].to(x.dtype)
 
 
-gradtopk_op = gradtopk_hvp_op = log_ek_op = None  # softk::gradtopk, gradtopk_hvp, log_ek: see _library()
+# softk::gradtopk, gradtopk_hvp, log_ek: see _library(), which the library path runs before any forward below
+gradtopk_op: Callable[..., Tensor]
+gradtopk_hvp_op: Callable[..., Tensor]
+log_ek_op: Callable[..., Tensor]
+gradtopk_op = gradtopk_hvp_op = log_ek_op = None  # type: ignore[assignment]
 
 
 @_lean.library

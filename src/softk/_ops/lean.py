@@ -26,7 +26,7 @@ _LOCK = threading.Lock()
 _compiling = compiling
 
 
-def function(with_jvp: type, without_jvp: type) -> type:
+def function(with_jvp: type[torch.autograd.Function], without_jvp: type[torch.autograd.Function]) -> type[torch.autograd.Function]:
     """The autograd.Function a call applies: ``with_jvp`` (forward mode
     through its custom jvp), or under ``torch.compile`` its parent
     ``without_jvp`` (Dynamo does not trace a Function with a custom jvp)."""
@@ -107,7 +107,7 @@ def custom_op(name: str, kernel, fake=None):
     return op
 
 
-def twin(function: type, kernel) -> type:
+def twin(function: type[torch.autograd.Function], kernel) -> type[torch.autograd.Function]:
     """The eager twin of the library path's autograd.Function ``function``
     (new style: ``forward(*inputs)``, ``setup_context``, ``backward``, ``jvp``):
     an old-style Function whose forward runs ``kernel(*inputs)`` (the kernel
@@ -129,7 +129,7 @@ def twin(function: type, kernel) -> type:
     cls = type(function.__name__ + "Eager", (torch.autograd.Function,), body)
     # Function.apply (Python) only adds the functorch checks, which eager() has
     # already made: call the C implementation it ends in.
-    cls.fast_apply = _C_APPLY.__get__(None, cls)
+    cls.fast_apply = _C_APPLY.__get__(None, cls)  # type: ignore[attr-defined]  # a class built by type()
     return cls
 
 
@@ -151,7 +151,8 @@ class Paths:
     ``tensors(*inputs)`` picks the inputs that decide the path (the tensors
     autograd could track)."""
 
-    def __init__(self, function: type, kernel, tensors, compiled: type | None = None, register=None):
+    def __init__(self, function: type[torch.autograd.Function], kernel, tensors,
+                 compiled: type[torch.autograd.Function] | None = None, register=None):
         self.function, self.kernel, self.tensors = function, kernel, tensors
         self.compiled = compiled or function
         self.register = register or (lambda: True)  # a library(...)-wrapped registration

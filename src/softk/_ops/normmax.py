@@ -29,7 +29,7 @@ def normmax_rows(x: Tensor, alpha, tau: float) -> Tensor:
     s = torch.where(active, (xc - finite_max(xc)) / tau, 0.0)  # row max at 0
     if isinstance(alpha, Tensor):
         hard = alpha.to(ct) == 1
-        a = torch.where(hard, 2.0, alpha.to(ct))
+        a: Tensor | float = torch.where(hard, 2.0, alpha.to(ct))
         family = entmax_family(2 - 1 / a)
     else:
         hard = alpha == 1

@@ -142,7 +142,7 @@ def threshold_map(x: Tensor, family: Family, k, dim: int, tau) -> Tensor:
         return empty_like_result(x)
     if isinstance(tau, Tensor):
         x, tau = x / tau.to(x.dtype), 1.0
-    backend = dispatch.pick("threshold", x, family).backend
+    backend = dispatch.pick("threshold", x, family).backend  # type: ignore[union-attr]  # its torch kernel serves every call
     if dim == x.dim() - 1:
         return apply_rows(x, family, k, tau, backend)
     return apply_rows(x.movedim(dim, -1), family, k, tau, backend).movedim(-1, dim)

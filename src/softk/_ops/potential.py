@@ -82,7 +82,7 @@ class _PotentialValueJvp(_PotentialValue):
 def potential_rows(x: Tensor, family: Family, k: int, tau: float) -> Tensor:
     """τ·Φ(x/τ) on the last dimension (keepdim), arguments validated."""
     xc = x.to(compute_dtype(x.dtype))
-    p = apply_rows(xc, family, k, tau, dispatch.pick("threshold", xc, family).backend)
+    p = apply_rows(xc, family, k, tau, dispatch.pick("threshold", xc, family).backend)  # type: ignore[union-attr]
     return _lean.function(_PotentialValueJvp, _PotentialValue).apply(xc, p, family, tau)
 
 

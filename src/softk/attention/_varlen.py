@@ -138,6 +138,7 @@ def varlen_attn(query: Tensor, key: Tensor, value: Tensor, cu_seq_q: Tensor, cu_
         if any(u < 0 for u in used):
             raise ValueError(f"seqused_k must be >= 0, got {used}")
     if paged:
+        assert used is not None  # block_table needs seqused_k (checked above)
         if (not isinstance(block_table, Tensor) or block_table.dtype != torch.int32 or block_table.dim() != 2
                 or block_table.shape[0] != n):
             raise ValueError(f"block_table must be an int32 tensor of shape (N, max_pages) with N = {n}")
@@ -153,6 +154,7 @@ def varlen_attn(query: Tensor, key: Tensor, value: Tensor, cu_seq_q: Tensor, cu_
         if bool(((block_table < 0) | (block_table >= key.shape[0]))[live].any()):
             raise ValueError(f"block_table's pages in use must index the pool of {key.shape[0]} pages")
         keys = None
+        lk = used
     else:
         ko = _offsets(cu_seq_k, "cu_seq_k", key.shape[0], n)
         if value.shape[0] != key.shape[0]:
@@ -160,8 +162,8 @@ def varlen_attn(query: Tensor, key: Tensor, value: Tensor, cu_seq_q: Tensor, cu_
         if used is not None and any(u > b - a for u, a, b in zip(used, ko, ko[1:])):
             raise ValueError("seqused_k must not exceed a sequence's keys in cu_seq_k")
         keys = [(a, a + (b - a if used is None else u)) for a, b, u in zip(ko, ko[1:], used or [0] * n)]
+        lk = [b - a for a, b in keys]
     lq = [b - a for a, b in zip(qo, qo[1:])]
-    lk = used if paged else [b - a for a, b in keys]
     if n and max(lq) > max_q:
         raise ValueError(f"max_q = {max_q} is smaller than a sequence's {max(lq)} queries")
     if n and max(lk) > max_k:
@@ -179,7 +181,7 @@ def varlen_attn(query: Tensor, key: Tensor, value: Tensor, cu_seq_q: Tensor, cu_
             k_i = key[pages].reshape(-1, *key.shape[2:])[: lk[i]]
             v_i = value[pages].reshape(-1, *value.shape[2:])[: lk[i]]
         else:
-            k_i, v_i = key[keys[i][0]:keys[i][1]], value[keys[i][0]:keys[i][1]]
+            k_i, v_i = key[keys[i][0]:keys[i][1]], value[keys[i][0]:keys[i][1]]  # type: ignore[index]  # set when not paged
         q_i = query[qo[i]:qo[i + 1]]
         causal = window == (-1, 0) and lq[i] == lk[i]  # top-left and bottom-right alignments agree
         mask = None if window == (-1, -1) or causal else window_mask(lq[i], lk[i], window, query.device)

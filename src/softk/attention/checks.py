@@ -84,9 +84,9 @@ def _scale(scale, e: int) -> float:
 def _dropout(p) -> None:
     if isinstance(p, bool) or not isinstance(p, numbers.Real):
         raise TypeError(f"dropout_p must be a number, got {type(p).__name__}")
-    if not 0.0 <= p <= 1.0:
+    if not 0.0 <= p <= 1.0:  # type: ignore[operator]  # a numbers.Real compares with a float
         raise ValueError(f"dropout_p must be in [0, 1], got {p}")
-    if p > 0:
+    if p > 0:  # type: ignore[operator]
         raise ValueError(
             f"dropout_p={p}: softk's attention does not implement dropout on the attention weights "
             "(pass dropout_p=0.0, e.g. `dropout_p=p if self.training else 0.0` -> 0.0, and apply dropout "

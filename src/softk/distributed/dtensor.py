@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import inspect
 import numbers
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -192,7 +193,7 @@ def _local_only(kind, name, fn, a):
                      f"(its result is not shaped like its input); pass x.to_local() and reduce yourself")
 
 
-_SIGS = {}
+_SIGS: dict[Callable, inspect.Signature] = {}
 
 
 def handle(kind, name, fn, args, kwargs):

@@ -164,6 +164,6 @@ def vocab_parallel_fused_linear_loss(
             return out
         return knobbed_rows(out, logits, t, o, start=start, vocab=vocab, z_scale=z_scale, group=group)
 
-    loss_rows.sparse_grad = o.sparse_grad
+    loss_rows.sparse_grad = o.sparse_grad  # type: ignore[attr-defined]  # what fused_linear reads off the function
     return ChunkedLinearLoss.apply(input, local_weight, local_bias, loss_rows, chunk, n_kept, o.reduction == "mean",
                                    want, group)

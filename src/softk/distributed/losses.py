@@ -198,7 +198,7 @@ def vocab_parallel_loss(
         grad.scatter_add_(-1, li, -owned.unsqueeze(-1).to(grad.dtype))  # − e_t on the owner (no data-dependent shape)
     else:
         ce = o.kind.torch_cross_entropy  # −log p_y: no Ω(y) term
-        extra = {}
+        extra: dict = {}  # sum_extra (a function) or max_extra (a tensor)
         if dense:
             def sums(zs):
                 zy = torch.where(y != 0, zs * y, 0.0).sum(-1, keepdim=True)
@@ -209,6 +209,7 @@ def vocab_parallel_loss(
             extra["max_extra"] = zt_local
         fwd = distributed_forward(family, z, k, group, rank, world, **extra)
         if dense:
+            assert fwd.sum_extra is not None  # given sum_extra, distributed_forward sums it
             ysum = fwd.sum_extra[:, 1]
             tol = sum_tolerance(k, agreed.vocab, target.dtype)
             if bool(((ysum - k).abs() > tol).any()):
@@ -219,6 +220,7 @@ def vocab_parallel_loss(
             rest = fwd.sum_extra[:, :1]
             grad = fwd.p - y
         else:
+            assert fwd.max_extra is not None  # given max_extra, distributed_forward reduces it
             rest = -(fwd.max_extra - fwd.shift) + (0.0 if ce else family.psi(torch.ones_like(fwd.shift)))
             grad = fwd.p.clone()
             grad.scatter_add_(-1, li, -owned.unsqueeze(-1).to(grad.dtype))
@@ -247,7 +249,8 @@ def vocab_parallel_loss(
 
 
 #: The options :func:`vocab_parallel_loss` takes beside the name and the reduction.
-VOCAB_PARALLEL_OPTIONS = tuple(p for p in inspect.signature(vocab_parallel_loss).parameters if p in FIELDS and p not in ("loss", "reduction"))
+VOCAB_PARALLEL_OPTIONS = tuple(p for p in inspect.signature(vocab_parallel_loss).parameters
+                               if p in FIELDS and p not in ("loss", "reduction"))
 
 
 def vocab_parallel_options(o: LossOptions) -> dict:

@@ -211,7 +211,7 @@ def register() -> tuple:
     try:  # transformers >= 4.53 builds masks per implementation: take sdpa's (bool, or None and is_causal)
         from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
     except ImportError:  # older: a 4-D additive mask (finfo.min where hidden), which the maps take as it is
-        AttentionMaskInterface = sdpa_mask = None
+        AttentionMaskInterface = sdpa_mask = None  # type: ignore[misc, assignment]
     for name, map_name in IMPLEMENTATIONS.items():
         AttentionInterface.register(name, _attention_function(map_name))
         if AttentionMaskInterface is not None:

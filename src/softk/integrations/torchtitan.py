@@ -138,18 +138,18 @@ class SoftkLoss:
 
     def _compiled_loss(self, pred: Tensor, labels: Tensor) -> Tensor:
         if not _dtensor.is_dtensor(pred) and not _dtensor.is_dtensor(labels):
-            return self._compiled(pred, labels)
+            return self._compiled(pred, labels)  # type: ignore[misc]  # set whenever self.fn is this method
         if not _dtensor.is_dtensor(pred) or labels.is_floating_point():
             return self._loss(pred, labels)
         from torch.distributed.tensor import Replicate, Shard
 
-        if not any(isinstance(p, Shard) and p.dim % pred.dim() == pred.dim() - 1 for p in pred.placements):
+        if not any(isinstance(p, Shard) and p.dim % pred.dim() == pred.dim() - 1 for p in pred.placements):  # type: ignore[attr-defined]
             return self._loss(pred, labels)  # classes whole on every rank: the single-device loss, eager
         from ..distributed.placements import rows_entry
 
         pred, labels = self._rows(pred, labels)
         x, t, group, start, finish = rows_entry(pred, labels)  # eager: the mesh and the shard's offset
-        out = finish(self._compiled_rows(x, t, group, start)).sum()
+        out = finish(self._compiled_rows(x, t, group, start)).sum()  # type: ignore[misc]  # set with self._compiled
         if not all(isinstance(p, Replicate) for p in out.placements):  # rows sharded over the batch: their sum
             out = out.redistribute(out.device_mesh, [Replicate()] * out.device_mesh.ndim)
         return out if _dtensor.is_dtensor(labels) else out.to_local()

@@ -245,7 +245,7 @@ def _install(model, patch: _Patch) -> None:
 
     # Name, docstring and signature of the model's forward (the Trainer inspects the signature).
     functools.update_wrapper(forward, type(model).forward)
-    forward._softk_wrapper = True
+    forward._softk_wrapper = True  # type: ignore[attr-defined]  # marks softk's wrapper
     model._softk_patch = patch
     # A bound method: copy.deepcopy(model) rebinds it to the copy.
     model.forward = types.MethodType(forward, model)
@@ -304,14 +304,14 @@ def _capture_head(head: nn.Linear, keep_logits: bool):
         seen.append((hidden, out))
         return out
 
-    head.forward = forward
+    head.forward = forward  # type: ignore[method-assign]  # on the instance, undone below
     try:
         yield seen
     finally:
         if own is None:
             del head.forward
         else:
-            head.forward = own
+            head.forward = own  # type: ignore[method-assign]
 
 
 def _check_head_calls(model, head, seen, out):

@@ -117,7 +117,8 @@ def cross_entropy(
             # The common call, (N, C) scores and (N,) indices: every check below
             # passes, and torch's kernel is called as F.cross_entropy calls it.
             try:
-                return _cross_entropy_loss(input, target, None, _REDUCTION_ENUM[reduction], ignore_index, 0.0)
+                # the binding takes the reduction's enum, as F.cross_entropy gives it (its stub says str)
+                return _cross_entropy_loss(input, target, None, _REDUCTION_ENUM[reduction], ignore_index, 0.0)  # type: ignore[arg-type]
             except (IndexError, RuntimeError):
                 tg.index_target(input, target, ignore_index)  # softk's message for an index out of range
                 raise

@@ -10,7 +10,7 @@ has no knobs and no chunk size, torchtitan's adapter a fixed
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from typing import Optional
+from typing import Any, Optional
 
 from torch import Tensor
 
@@ -109,7 +109,7 @@ def loss_options(loss=DEFAULT_LOSS, *, dense=None, vocab=None, device=None, **gi
     check_choice(loss, tuple(LOSSES), "loss")
     kind = LOSSES[loss]
     o = LossOptions(loss, **given)
-    own = {}
+    own: dict[str, Any] = {}  # the checked options, each of its own type
     for name in _OWN:
         value = getattr(o, name)
         if name in kind.options:

@@ -131,7 +131,8 @@ _KINDS = (
     LossKind("entmax15", entmax15_loss, {}, "both", lambda o: ENTMAX15,
              lambda o, z: _count(entmax15(z, tau=o.tau)), _always, smoothed=True,
              live_in_place=_live(entmax15, ENTMAX15)),
-    LossKind("entmax", entmax_loss, {"alpha": REQUIRED}, "both", lambda o: entmax_by_alpha(o.alpha),
+    # (loss_options leaves no required option None: α is a number here)
+    LossKind("entmax", entmax_loss, {"alpha": REQUIRED}, "both", lambda o: entmax_by_alpha(o.alpha),  # type: ignore[arg-type]
              lambda o, z: _count(entmax(z, o.alpha, tau=o.tau)), _always, smoothed=True),
     # soft top-k: the family is the method's; its gradient is sparse with "sparse" (clip) only
     LossKind("soft_topk", soft_topk_loss, {"k": 1, "method": "exp"}, "dense", lambda o: THRESHOLD_METHODS[o.method],
@@ -140,9 +141,10 @@ _KINDS = (
     LossKind("topk_softmax_ce", topk_softmax_cross_entropy, {"k": 1}, "index", lambda o: None,
              lambda o, z: torch.full(z.shape[:-1], min(o.k, z.shape[-1]), device=z.device), _always),
     # TS²: its first term is the sparsemax loss; its penalty gives every class a gradient
+    # (loss_options fills in the suppression's default: it is a number here)
     LossKind("ts2", ts2_loss, {"suppression": 1.0, "adaptive": False}, "index", lambda o: SPARSEMAX,
              lambda o, z: _count(sparsemax(z, tau=o.tau)), _never,
-             in_place=lambda o: ts2_in_place(o.ignore_index, o.tau, o.suppression, o.adaptive)),
+             in_place=lambda o: ts2_in_place(o.ignore_index, o.tau, o.suppression, o.adaptive)),  # type: ignore[arg-type]
 )
 
 #: The one table of loss names.

@@ -78,13 +78,13 @@ def chunk_loss_fn(o: LossOptions, *, z_scale=1.0, stats: bool = False):
     base = kind.rows(o)
     sparse = o.sparse_grad
     if o.knobs == NO_KNOBS and not stats:
-        base.sparse_grad = sparse
+        base.sparse_grad = sparse  # type: ignore[attr-defined]  # what fused_linear reads off the function
         # cross-entropy and TS² with class indices: the rows and G in one pass; sparsemax and
         # entmax15: the rows and G's live columns in one pass (chunked_pass, on the CPU)
         if kind.in_place is not None:
-            base.in_place = kind.in_place(o)
+            base.in_place = kind.in_place(o)  # type: ignore[attr-defined]
         if kind.live_in_place is not None:
-            base.live_in_place = kind.live_in_place(o)
+            base.live_in_place = kind.live_in_place(o)  # type: ignore[attr-defined]
         return base
     cap, eps, weight, beta = o.knobs
     own = kind.torch_cross_entropy  # weighted and smoothed by torch's formula, in base itself
@@ -135,5 +135,5 @@ def chunk_loss_fn(o: LossOptions, *, z_scale=1.0, stats: bool = False):
             extra_rows = torch.stack([support, correct, zterm.detach().to(zd.dtype)], -1)
         return rows, extra_rows
 
-    fn.sparse_grad = sparse
+    fn.sparse_grad = sparse  # type: ignore[attr-defined]
     return fn

@@ -180,7 +180,7 @@ def fused_linear_loss(
                 f"got {tuple(target.shape)}"
             )
         t = target.reshape(-1, vocab)
-        n_kept = x.shape[0]
+        n_kept: int | Tensor = x.shape[0]
     else:
         if target.shape != lead:
             raise ValueError(
@@ -190,6 +190,7 @@ def fused_linear_loss(
         t = target.reshape(-1)
         # a count on the device (no host sync): the mean's divisor
         n_kept = (t != ignore_index).sum()
+    z_scale: float | Tensor
     n_rows, z_scale = n_kept, 1.0
     if o.class_weight is not None:
         # torch's weighted mean divides by Σ w[y] over the kept rows; the

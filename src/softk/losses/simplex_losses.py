@@ -73,7 +73,8 @@ def softmax_loss(input: Tensor, target: Tensor, ignore_index: int = -100, reduct
 
 @_dtensor.entry("loss", "sparsemax_loss")
 def sparsemax_loss(input: Tensor, target: Tensor, ignore_index: int = -100, reduction: str = "mean", tau: float = 1.0) -> Tensor:
-    r"""Sparsemax loss (Martins & Astudillo, 2016): :math:`\langle z, p\rangle - \tfrac12\|p\|^2 + \tfrac12\|y\|^2 - \langle z, y\rangle`, p = sparsemax(z).
+    r"""Sparsemax loss (Martins & Astudillo, 2016):
+    :math:`\langle z, p\rangle - \tfrac12\|p\|^2 + \tfrac12\|y\|^2 - \langle z, y\rangle`, p = sparsemax(z).
 
     Zero as soon as sparsemax puts all its mass on the target, i.e. once the
     target score leads the runner-up by a margin of 1 (for a one-hot target).

@@ -59,8 +59,8 @@ class ScaledDotProductAttention(nn.Module):
         self.map = check_choice(map, MAPS, "map")
         self.learnable = bool(learnable)
         if not self.learnable:
-            # the function's own checks, once, on a tiny call
-            scaled_dot_product_attention(*(torch.zeros(1, 1, 1) for _ in range(3)), map=map, alpha=alpha)
+            # the function's own checks, once, on a tiny call (a type checker cannot count the generator's three tensors)
+            scaled_dot_product_attention(*(torch.zeros(1, 1, 1) for _ in range(3)), map=map, alpha=alpha)  # type: ignore[arg-type]
             self._alpha = alpha
             return
         if map != "entmax":

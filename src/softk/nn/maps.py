@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from .._maps import simplex, soft_topk as topk
-from .._validate import check_alpha, check_choice, check_dim, check_k, check_module_k, check_tau
+from .._validate import check_alpha, check_choice, check_dim, check_module_k, check_tau
 
 
 class Softmax(nn.Module):

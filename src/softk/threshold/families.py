@@ -22,8 +22,8 @@ A new family is a few lines: see :func:`sigmoid_family`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Optional
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 from torch import Tensor
@@ -52,7 +52,7 @@ class Family:
     # Newton runs on h(λ) = g(λ)^(1/q) − k^(1/q) when this is set: for entmax
     # with q = 1/(α−1) ≥ 1, h is convex and nearly linear (a q-norm of (z−λ)_+),
     # so Newton from the left reaches λ in a few steps instead of many.
-    newton_power: object = None
+    newton_power: float | Tensor | None = None
     # Optional shortcut for the piecewise families whose knots are the z's:
     # the support size ρ from the row sorted in descending order and shifted
     # by its maximum (−inf padding last), without bisection (see solve.py).
@@ -62,6 +62,8 @@ class Family:
     # has λ = z − unit (attention rows with a single key).  A number, or for a
     # tensor α one per row; None where no such offset is used.
     unit: object = None
+    if TYPE_CHECKING:  # set by __post_init__ (object.__setattr__: the class is frozen), not a field
+        _kernels: tuple[Optional[int], bool, Optional[float]] = field(init=False)
 
     # Which kernels serve the family: one table, read by softk._backends.dispatch.  The
     # answers are computed once, in __post_init__ (every call asks them, and
@@ -93,7 +95,7 @@ class Family:
     def alpha_value(self) -> float:
         """α as a float for the kernels (1.5 where the family has none)."""
         value = self._kernels[2]
-        return float(self.alpha) if value is None else value
+        return float(self.alpha) if value is None else value  # type: ignore[arg-type]  # value is None only for a tensor α
 
 
 # Kernel ids shared by kernels_impl.h (native) and softk/_backends/triton/kernels.py.

@@ -70,7 +70,7 @@ def _newton_lower_bound(family: Family, v: Tensor, k: int, steps: int = 3) -> Te
     return lo
 
 
-def _pool_and_gather(family: Family, z: Tensor, k: int, w: int, lam_lo: Tensor, broken: Tensor):
+def _pool_and_gather(family: Family, z: Tensor, k: int, w: int, lam_lo: Tensor | None, broken: Tensor | None):
     """Tighten the lower bound λ_lo with the maxima of blocks of ``w`` and
     gather the blocks that can hold support entries.  Returns (λ_lo, broken
     rows, local column indices, gathered values with −inf in padding slots);
@@ -92,6 +92,7 @@ def _pool_and_gather(family: Family, z: Tensor, k: int, w: int, lam_lo: Tensor, 
         top = pooled.amax(-1, keepdim=True)
         broken = torch.isnan(top) | (top == float("inf"))
         lam_lo = torch.full_like(top, float("-inf"))
+    assert lam_lo is not None and broken is not None  # set just now, or given by the level before
     # Block maxima are entries of the row: the λ of any subset of entries is
     # a lower bound for the row's λ (g of the subset ≤ g of the row).
     sub_active = ((pooled > float("-inf")).sum(-1, keepdim=True) > k) & ~broken
@@ -186,9 +187,11 @@ def solve_on_candidates(family: Family, z: Tensor, k: int):
             return _finish(family, z, k, cols, cand, lam_lo, broken, active)
         cols = local if cols is None else cols.gather(-1, local)
     if broken is None:
+        assert top is not None  # no level ran: the row is narrow
         broken = torch.isnan(top) | (top == float("inf"))
     active = _row_active(cand, k, lam_lo, broken)
     if cols is not None:
+        assert lam_lo is not None  # a level ran
         # Entries ≤ λ_lo have f = 0 at every λ ≥ λ_lo: drop them before the
         # exact solve (g restricted to the rest still has g(λ_lo) ≥ k).
         cols, cand = _compact(cols, cand, (cand > lam_lo) & active)

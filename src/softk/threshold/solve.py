@@ -46,7 +46,7 @@ def _g(family: Family, z: Tensor, lam: Tensor) -> Tensor:
 
 def bracket_by_knots(family: Family, z: Tensor, k: int) -> Tensor:
     """A point t strictly inside the knot interval that contains λ."""
-    knots = family.knots(z)
+    knots = family.knots(z)  # type: ignore[misc]  # called for a family with knots
     # Masked entries have -inf knots, where g is undefined (-inf - -inf); any
     # extra point is harmless to the bisection, so move them onto a finite knot.
     top = knots.amax(-1, keepdim=True)
@@ -76,7 +76,7 @@ def bracket_by_sorting(family: Family, z: Tensor, k: int) -> Tensor:
     finite = v > float("-inf")
     top = v[..., :1]
     s = torch.where(finite, v - torch.where(finite[..., :1], top, 0.0), float("-inf"))
-    rho = family.support_size(s, finite, k).clamp(min=1)
+    rho = family.support_size(s, finite, k).clamp(min=1)  # type: ignore[misc]  # called for a family with support_size
     n = v.shape[-1]
     inside = v.gather(-1, rho - 1)
     below = v.gather(-1, rho.clamp(max=n - 1))
@@ -224,12 +224,12 @@ def solve_lambda(family: Family, z: Tensor, k: int, active: Tensor, lower=None) 
 def _solve_shifted(family: Family, s: Tensor, k: int, active: Tensor, lower) -> Tensor:
     """λ' on a row already shifted so that λ' = O(spread) (see above)."""
     if family.support_size is not None:
-        return family.closed_form(s, k, bracket_by_sorting(family, s, k))
+        return family.closed_form(s, k, bracket_by_sorting(family, s, k))  # type: ignore[misc]  # support_size comes with one
     if family.closed_form is not None:
         t = bracket_by_knots(family, s, k) if family.knots is not None else None
-        return family.closed_form(s, k, t)
+        return family.closed_form(s, k, t)  # type: ignore[arg-type]  # t is None for a family without knots (softmax)
     finite = s > float("-inf")
-    lo, hi = family.bracket(s, k, finite)
+    lo, hi = family.bracket(s, k, finite)  # type: ignore[misc]  # a family without a closed form has a bracket
     if lower is not None:
         lo = torch.minimum(torch.maximum(lo, lower), hi)
     return _newton_shifted(family, s, k, lo, hi, active)

@@ -99,7 +99,7 @@ def _chunk(blk: Blocks, out, dout, m, lam, dk, dv, fam, alpha, need_dalpha, bloc
                 pl = _xlogx(p)
                 h_ent = h_ent + pl.sum(-1, keepdim=True)
                 plv = plv + pl @ blk.v[:, :, j0:j1]
-                pg = p_gamma(p, torch.log(torch.where(p > 0, p, 1.0)), d, a - 1)
+                pg = p_gamma(p, torch.log(torch.where(p > 0, p, 1.0)), d, a - 1)  # type: ignore[operator]  # need_dalpha: a is set
                 gam = gam + pg.sum(-1, keepdim=True)
                 pgv = pgv + pg @ blk.v[:, :, j0:j1]
         some = sd > 0
@@ -118,10 +118,11 @@ def _chunk(blk: Blocks, out, dout, m, lam, dk, dv, fam, alpha, need_dalpha, bloc
         dk[:, :, j0:j1] += ds.transpose(-1, -2) @ blk.q  # blk.q is scale·q
         dv[:, :, j0:j1] += p.transpose(-1, -2) @ do
         if need_dalpha:
-            pdp = pdp + (p * dp).sum(-1, keepdim=True)
+            pdp = pdp + (p * dp).sum(-1, keepdim=True)  # type: ignore[operator]  # need_dalpha: pdp is set
 
     dalpha = None
     if need_dalpha:
+        assert a is not None and pdp is not None  # need_dalpha: both are set
         am1 = a - 1
         pldp = (do * plv).sum(-1, keepdim=True)
         pgdp = (do * pgv).sum(-1, keepdim=True)

@@ -86,7 +86,7 @@ def _chunk(blk: Blocks, fam: int, alpha, block: int, cap: int):
         a = blk.per_row(alpha) if alpha is not None and fam == 3 else None
         m, lam = _threshold(blk, fam, a, block, cap)
         if fam == ENTMAX_ID:  # the shifted threshold t = λ + 1/(α−1), refined near α = 1
-            lam = refine_t(blk, a, m, lam + 1 / (a - 1), block)
+            lam = refine_t(blk, a, m, lam + 1 / (a - 1), block)  # type: ignore[operator]  # entmax: a is α per row
         out = _output(blk, fam, a, m, lam, block)
     return blk.heads(out), blk.heads(m.squeeze(-1)), blk.heads(lam.squeeze(-1))
 

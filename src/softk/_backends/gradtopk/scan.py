@@ -67,7 +67,7 @@ def _tangent(t: Tensor, zt: Tensor, gt: Tensor) -> Tensor:
         beta.sub_(t[b0 + 1 : b1 + 1, :, 1:]).exp_().nan_to_num_(nan=0.0)
         alpha = (1 - beta).unbind(0)
         bg = (beta * gt[b0:b1, :, None]).unbind(0)
-        beta = beta.unbind(0)
+        beta = beta.unbind(0)  # type: ignore[assignment]  # a tuple of its rows from here on
         for s in range(b1 - b0):
             src, out = drows[b0 + s], drows[b0 + s + 1][:, 1:]
             torch.addcmul(bg[s], alpha[s], src[:, 1:], out=out)

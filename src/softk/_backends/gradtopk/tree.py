@@ -65,6 +65,7 @@ def _product_block(a: Tensor, b: Tensor, off: int, width: int, da: Tensor | None
     c = (total.log() + top).squeeze(-1)
     if da is None:
         return c, None
+    assert db is not None  # the tangents come in pairs
     # the terms' shares in each output (0/0 = NaN → 0 where the output is empty)
     share = terms.div_(total).nan_to_num_(nan=0.0)
     dterms = _windows(db, off, count, width, 0.0) + da.flip(-1)[..., None, :]
@@ -145,12 +146,12 @@ def _outside(levels, dlevels, k: int):
         cwidth = min(1 << depth, k)
         clo = k - cwidth
         out, dout = _product(
-            sib, out[:, :, None, :], clo - lo, cwidth, dsib, dout[:, :, None, :] if tangent else None
+            sib, out[:, :, None, :], clo - lo, cwidth, dsib, dout[:, :, None, :] if tangent else None  # type: ignore[index]
         )
         out = out.reshape(r, m, cwidth)
         dout = dout.reshape(r, m, cwidth) if tangent else None
         lo = clo
-    return out[..., 0], (dout[..., 0] if tangent else None)
+    return out[..., 0], (dout[..., 0] if tangent else None)  # type: ignore[index]  # dout is set with tangent
 
 
 def solve_tree(z: Tensor, k: int, g: Tensor | None = None):

@@ -133,7 +133,7 @@ def vjp(family: Family, p: Tensor, g: Tensor, tau: float) -> Tensor:
     if family.name == "entmax" and bool(torch.any(torch.as_tensor(family.alpha) > 2)):
         logp = torch.log(torch.where(p > 0, p, 1.0))
         a = family.alpha.to(p.dtype) if isinstance(family.alpha, Tensor) else family.alpha
-        logd = torch.where(p > 0, (2 - a) * logp, torch.where(p != p, p, float("-inf")))
+        logd = torch.where(p > 0, (2 - a) * logp, torch.where(p != p, p, float("-inf")))  # type: ignore[operator]  # α: a number or tensor
         return vjp_from_log_slope(logd, g, tau)
     return vjp_from_slope(slope(family, p), g, tau)
 

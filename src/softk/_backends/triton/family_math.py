@@ -87,7 +87,7 @@ def _init(FAM: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
     if FAM == EXP:
         acc = (v, ninf, v)
     elif FAM == SIGMOID or FAM == LAPLACE:
-        acc = (v, ninf, v, v, ninf, v, v)
+        acc = (v, ninf, v, v, ninf, v, v)  # type: ignore[assignment]  # FAM is a constexpr: one branch is compiled
     else:
         acc = (v, v, v)
     return acc
@@ -158,7 +158,7 @@ def _red(acc, FAM: tl.constexpr):
     if FAM == EXP:
         r = (_rsum(acc[0]), acc[1], _rsum(acc[2]))
     elif FAM == SIGMOID or FAM == LAPLACE:
-        r = (_rsum(acc[0]), acc[1], _rsum(acc[2]), _rsum(acc[3]), acc[4], _rsum(acc[5]), _rsum(acc[6]))
+        r = (_rsum(acc[0]), acc[1], _rsum(acc[2]), _rsum(acc[3]), acc[4], _rsum(acc[5]), _rsum(acc[6]))  # type: ignore[assignment]
     else:
         r = (_rsum(acc[0]), _rsum(acc[1]), _rsum(acc[2]))
     return r

@@ -17,7 +17,8 @@ def forward(family: Family, x: Tensor, k: int, tau: float) -> Tensor:
     rows = x.contiguous().view(-1, x.shape[-1])
     if family.kernel == 0 and k == 1:
         return softmax.softmax_rows(rows, tau).view(x.shape)
-    return function.forward_rows(rows, family.kernel, k, tau, family.alpha_value).view(x.shape)
+    # family.kernel is not None: the dispatcher gives this kernel only the families with an id
+    return function.forward_rows(rows, family.kernel, k, tau, family.alpha_value).view(x.shape)  # type: ignore[arg-type]
 
 
 def backward(family: Family, p: Tensor, g: Tensor, tau: float) -> Tensor:
@@ -25,4 +26,4 @@ def backward(family: Family, p: Tensor, g: Tensor, tau: float) -> Tensor:
     p_rows, g_rows = p.contiguous().view(-1, n), g.to(p.dtype).contiguous().view(-1, n)
     if family.kernel == 0:  # softmax (k = 1 always)
         return softmax.softmax_backward_rows(p_rows, g_rows, tau).view(p.shape)
-    return function.backward_rows(p_rows, g_rows, family.kernel, tau, family.alpha_value).view(p.shape)
+    return function.backward_rows(p_rows, g_rows, family.kernel, tau, family.alpha_value).view(p.shape)  # type: ignore[arg-type]

@@ -60,8 +60,10 @@ Deliberate differences (each also in that guide):
 __version__ = "1.4.dev0"
 
 from .activations import Entmax15, Sparsemax, entmax15, sparsemax
-from .losses import Entmax15Loss, EntmaxBisectLoss, NormmaxBisectLoss, SparsemaxBisectLoss, SparsemaxLoss, entmax15_loss, entmax_bisect_loss, normmax_bisect_loss, sparsemax_bisect_loss, sparsemax_loss
-from .root_finding import BudgetBisect, EntmaxBisect, NormmaxBisect, SparsemaxBisect, budget_bisect, entmax_bisect, normmax_bisect, sparsemax_bisect
+from .losses import (Entmax15Loss, EntmaxBisectLoss, NormmaxBisectLoss, SparsemaxBisectLoss, SparsemaxLoss,
+                     entmax15_loss, entmax_bisect_loss, normmax_bisect_loss, sparsemax_bisect_loss, sparsemax_loss)
+from .root_finding import (BudgetBisect, EntmaxBisect, NormmaxBisect, SparsemaxBisect,
+                           budget_bisect, entmax_bisect, normmax_bisect, sparsemax_bisect)
 
 __all__ = [
     "sparsemax", "entmax15", "Sparsemax", "Entmax15",

@@ -107,7 +107,7 @@ def check_positive_param(value, X, dim, name: str, low: float, low_text: str):
         return value
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a number or a tensor, got {type(value).__name__}")
-    if not (math.isfinite(value) and value > low):
+    if not (math.isfinite(value) and value > low):  # type: ignore[operator]  # a numbers.Real compares with a float
         raise ValueError(f"{name} must be finite and {low_text}, got {value}")
     return float(value)
 
