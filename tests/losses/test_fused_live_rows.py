@@ -8,7 +8,6 @@ import entmax
 import pytest
 import torch
 
-import dataclasses
 
 from softk.losses import fused_linear_loss
 from softk.losses._registry import LOSSES
@@ -26,7 +25,7 @@ def live_calls(monkeypatch):
             f = real(o)
             return lambda z, t, w: calls.append(z.shape[0]) or f(z, t, w)
 
-        monkeypatch.setitem(LOSSES, loss, dataclasses.replace(LOSSES[loss], live_in_place=spy))
+        monkeypatch.setitem(LOSSES, loss, LOSSES[loss]._replace(live_in_place=spy))
     return calls
 
 

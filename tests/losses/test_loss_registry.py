@@ -12,7 +12,6 @@ away from its default.
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import os
 
@@ -149,7 +148,7 @@ def test_every_entry_point_has_the_one_set_of_defaults():
         "megatron_loss": inspect.signature(megatron_loss).parameters,
         "SoftkLoss.Config": inspect.signature(SoftkLoss.Config).parameters,
     }
-    defaults = {f.name: f.default for f in dataclasses.fields(LossOptions)}
+    defaults = dict(LossOptions._field_defaults)
     for where, params in entry_points.items():
         for p in params.values():
             if p.name in defaults:

@@ -9,8 +9,7 @@ has no knobs and no chunk size, torchtitan's adapter a fixed
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 from torch import Tensor
 
@@ -22,8 +21,7 @@ from ._ts2 import check_suppression
 from .targets import check_ignore_index, check_reduction
 
 
-@dataclass(frozen=True, eq=False)
-class LossOptions:
+class LossOptions(NamedTuple):
     """A loss name and its options, checked (see :func:`loss_options`).
 
     ``alpha``, ``k``, ``method``, ``suppression`` and ``adaptive`` belong to
@@ -117,7 +115,7 @@ def loss_options(loss=DEFAULT_LOSS, *, dense=None, vocab=None, device=None, **gi
                 value = kind.options[name]
             if value is REQUIRED:
                 raise ValueError(f"loss={loss!r} needs {name}, {_NEEDS.get(name, 'a value')}, got None")
-            own[name] = _CHECKS[name](value, replace(o, **own))
+            own[name] = _CHECKS[name](value, o._replace(**own))
         elif name == "method":
             own[name] = _CHECKS[name](value, o)
         elif value != getattr(DEFAULTS, name):
@@ -129,10 +127,10 @@ def loss_options(loss=DEFAULT_LOSS, *, dense=None, vocab=None, device=None, **gi
         smoothed = [name for name, k in LOSSES.items() if k.smoothed]
         raise ValueError(f"label_smoothing is not defined for loss={loss!r}; it applies to {smoothed}, got "
                          f"label_smoothing={knobs.label_smoothing}")
-    return replace(o, **own, **knobs._asdict(), reduction=check_reduction(o.reduction),
-                   ignore_index=check_ignore_index(o.ignore_index), chunk_size=check_chunk_size(o.chunk_size),
-                   tau=check_tau(o.tau))
+    return o._replace(**own, **knobs._asdict(), reduction=check_reduction(o.reduction),
+                      ignore_index=check_ignore_index(o.ignore_index), chunk_size=check_chunk_size(o.chunk_size),
+                      tau=check_tau(o.tau))
 
 
 #: The fields of :class:`LossOptions`, in order.
-FIELDS = tuple(f.name for f in fields(LossOptions))
+FIELDS = LossOptions._fields

@@ -18,8 +18,7 @@ The options themselves, checked once for every entry point, are
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Mapping, Optional
+from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple, Optional
 
 import torch
 from torch import Tensor
@@ -42,10 +41,10 @@ REQUIRED = object()
 
 # A public loss's parameter that is named otherwise among the options (torch's ``weight``).
 _FIELD_OF = {"weight": "class_weight"}
+_PARAMETERS: dict = {}  # LossKind.parameters, per function
 
 
-@dataclass(frozen=True)
-class LossKind:
+class LossKind(NamedTuple):
     """One loss name: what it computes, what it takes, and how the fused and
     vocab-parallel losses run it.  Every function field takes the checked
     :class:`~softk.losses._options.LossOptions` ``o``."""
@@ -75,12 +74,16 @@ class LossKind:
     # with G; ``live_in_place(o)`` returns G on its live columns only.
     in_place: Optional[Callable[["LossOptions"], Callable]] = None
     live_in_place: Optional[Callable[["LossOptions"], Callable]] = None
-    parameters: tuple = field(init=False)  # (the function's parameter, the option it reads)
 
-    def __post_init__(self):
-        sig = inspect.signature(self.function)
-        names = list(sig.parameters)[2:]  # after (input, target)
-        object.__setattr__(self, "parameters", tuple((p, _FIELD_OF.get(p, p)) for p in names))
+    @property
+    def parameters(self) -> tuple:
+        """(the function's parameter, the option it reads) for each parameter after
+        (input, target), read off its signature once."""
+        found = _PARAMETERS.get(self.function)
+        if found is None:
+            names = list(inspect.signature(self.function).parameters)[2:]
+            found = _PARAMETERS[self.function] = tuple((p, _FIELD_OF.get(p, p)) for p in names)
+        return found
 
     @property
     def public_name(self) -> str:
