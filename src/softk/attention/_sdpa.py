@@ -11,7 +11,7 @@ from .op import attention as _attention
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask=None, dropout_p: float = 0.0,
                                  is_causal: bool = False, scale=None, enable_gqa: bool = False, *,
                                  map: str = "entmax15", alpha=None, softcap=None) -> Tensor:
-    r"""Attention with a sparse map:  O = map(scale·QKᵀ + M) V, the map on each query's row of keys.
+    r"""Attention with a sparse map, ``map="entmax15"`` by default (torch's is softmax): O = map(scale·QKᵀ + M) V.
 
     .. math:: O_i = \sum_j p_{ij} v_j, \qquad p_{ij} = f(s_{ij} - \lambda_i), \quad \sum_j p_{ij} = 1,
               \qquad s_{ij} = \mathrm{scale}\; q_i\cdot k_j + M_{ij},

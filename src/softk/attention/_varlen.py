@@ -69,7 +69,7 @@ def window_mask(lq: int, lk: int, window, device) -> Tensor:
 def varlen_attn(query: Tensor, key: Tensor, value: Tensor, cu_seq_q: Tensor, cu_seq_k, max_q: int, max_k: int, *,
                 scale=None, window_size=(-1, -1), enable_gqa: bool = False, seqused_k=None, block_table=None,
                 map: str = "entmax15", alpha=None, softcap=None) -> Tensor:
-    r"""Attention over packed sequences with a sparse map.
+    r"""Attention over packed sequences with a sparse map, ``map="entmax15"`` by default (torch's is softmax).
 
     Sequence i holds queries ``query[cu_seq_q[i]:cu_seq_q[i+1]]`` and keys
     and values ``key[cu_seq_k[i]:cu_seq_k[i+1]]`` (its first

@@ -25,7 +25,7 @@ def _logit(y: torch.Tensor) -> torch.Tensor:
 
 
 class ScaledDotProductAttention(nn.Module):
-    r"""``softk.attention.scaled_dot_product_attention`` as a module.
+    r"""``softk.attention.scaled_dot_product_attention`` as a module, ``map="entmax15"`` by default (torch's is softmax).
 
     ``forward(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     scale=None, enable_gqa=False)`` takes the function's arguments in its
