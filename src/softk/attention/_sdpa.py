@@ -13,8 +13,8 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
                                  map: str = "entmax15", alpha=None, softcap=None) -> Tensor:
     r"""Attention with a sparse map:  O = map(scale·QKᵀ + M) V, the map on each query's row of keys.
 
-    .. math:: O_i = \sum_j p_{ij} v_j, \qquad p_{ij} = f(s_{ij} - \lambda_i), \quad \sum_j p_{ij} = 1,
-              \qquad s_{ij} = \mathrm{scale}\; q_i\cdot k_j + M_{ij},
+    .. math:: \begin{gathered} O_i = \sum_j p_{ij} v_j, \qquad p_{ij} = f(s_{ij} - \lambda_i), \quad \sum_j p_{ij} = 1,
+              \\ s_{ij} = \mathrm{scale}\; q_i\cdot k_j + M_{ij}, \end{gathered}
 
     with :math:`f(u) = e^u` (softmax), :math:`\max(u, 0)` (sparsemax, Martins &
     Astudillo 2016, §4.3), :math:`(u/2)_+^2` (1.5-entmax) or
