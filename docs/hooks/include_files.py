@@ -1,6 +1,6 @@
 """A MkDocs hook: ``<!-- include: BENCHMARKS.md -->`` on a line of its own is
-replaced by that file of the repository, so the site shows the figures where
-they are kept (one copy, no numbers that drift).  The file's headings move down
+replaced by that file of the repository, so the site shows the file where it
+is kept (one copy, nothing to drift).  The file's headings move down
 one level (its title becomes a section of the page that includes it), and its
 links to ``docs/...`` are rewritten relative to that page."""
 

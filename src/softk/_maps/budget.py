@@ -62,17 +62,18 @@ def check_budget(budget, x: Tensor, dim: int):
 
 @_dtensor.entry("local map", "budget_sparsemax")
 def budget_sparsemax(x: Tensor, budget, dim: int = -1, tau=1.0) -> Tensor:
-    r"""Budget sparsemax: p = clip(x/τ − λ, 0, 1) with Σp = ``budget`` along ``dim``.
+    r"""Budget sparsemax: :math:`p = \operatorname{clip}(x/\tau - \lambda, 0, 1)` summing to ``budget`` along ``dim``.
 
-    The closest point to x/τ in the capped simplex {0 ≤ p ≤ 1, Σp = B}:
-    exact zeros and exact ones, piecewise linear in x.
+    The closest point to x/τ in the capped simplex
+    :math:`\{p : 0 \le p_i \le 1,\ \sum_i p_i = B\}`: exact zeros and exact
+    ones, piecewise linear in x.
 
     Args:
         x: scores, any shape, floating point (half computed in float32).
         budget: B, a real number in [0, n] (n = x.shape[dim]; fractional is
             fine), or one budget per row: a real tensor broadcastable to ``x``
             with size 1 along ``dim``, values in [0, n]; a floating one that
-            requires grad gets ∂p/∂B = a/|a| (a: entries strictly inside (0, 1)).
+            requires grad gets :math:`\partial p/\partial B = a/|a|` (a: entries strictly inside (0, 1)).
         dim: the dimension that sums to B.
         tau: temperature > 0 (a float, or a one-element tensor that may require grad).
 

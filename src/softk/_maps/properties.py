@@ -169,10 +169,11 @@ def properties(method: str, seed: int = 0, tol: float = 1e-6, limit_tol: float =
         A dict from each property's name to a bool, True where the property
         holds.  The names, with what each demands of p = soft_topk(x, k):
         ``sum_k`` (Σp = k on every row), ``range`` (0 ≤ p ≤ 1), ``monotone``
-        (x_i > x_j ⇒ p_i ≥ p_j), ``shift_invariant`` (p(x + c) = p(x) for
-        constants c up to ±2^−6/eps of float64), ``limit_hard_topk`` (at
-        τ = 1/20, scores at least 1 apart, p is within ``limit_tol`` of the
-        k-hot mask) and ``k1_softmax`` (k = 1 gives softmax(x/τ)).
+        (:math:`x_i > x_j \Rightarrow p_i \ge p_j`), ``shift_invariant``
+        (:math:`p(x + c) = p(x)` for constants :math:`|c| \le 2^{-6}/\varepsilon`,
+        ε float64's machine epsilon), ``limit_hard_topk`` (at τ = 1/20, scores
+        at least 1 apart, p is within ``limit_tol`` of the k-hot mask) and
+        ``k1_softmax`` (k = 1 gives :math:`\operatorname{softmax}(x/\tau)`).
 
     >>> import softk
     >>> softk.properties("exp")["range"], softk.properties("iterative")["range"]

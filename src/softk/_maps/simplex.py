@@ -35,9 +35,10 @@ def _prepare(x, dim, tau):
 def softmax(x: Tensor, dim: int = -1, tau: float = 1.0) -> Tensor:
     r"""Softmax with temperature: :math:`p_i = e^{x_i/\tau} / \sum_j e^{x_j/\tau}`.
 
-    The maximiser of ⟨z, p⟩ + H(p) over the simplex (Shannon entropy H); the
-    threshold map with f(u) = e^u and λ = logsumexp(z).  Large τ flattens it,
-    τ → 0 tends to the one-hot argmax.
+    The maximiser of :math:`\langle z, p\rangle + H(p)` over the simplex
+    (Shannon entropy :math:`H`); the threshold map with :math:`f(u) = e^u` and
+    :math:`\lambda = \operatorname{logsumexp}(z)`.  Large τ flattens it, τ → 0
+    tends to the one-hot argmax.
 
     Args:
         x: scores, any shape, floating point.
@@ -128,7 +129,8 @@ def entmax15(x: Tensor, dim: int = -1, tau: float = 1.0) -> Tensor:
     .. math:: p = \arg\max_{p\in\Delta} \langle z,p\rangle + \tfrac{4}{3}\bigl(1-\textstyle\sum_i p_i^{3/2}\bigr),
               \qquad p_i = \bigl[(z_i-\lambda)/2\bigr]_+^2,
 
-    λ from the closed form of the quadratic Σ_S (z_i − λ)² = 4 on the support S.
+    λ from the closed form of the quadratic :math:`\sum_{i\in S} (z_i - \lambda)^2 = 4`
+    on the support :math:`S`.
     Sparse like sparsemax but smoother (its Jacobian is continuous).
 
     >>> import torch, softk
@@ -156,7 +158,8 @@ def entmax(x: Tensor, alpha=1.5, dim: int = -1, tau: float = 1.0) -> Tensor:
     refused (use ``softk.hard_topk(x, 1)``).
 
     α < 1 is refused.  The maths does define a map for 0 < α < 1 (the Tsallis
-    entropy is still concave): p_i = [(1−α)(λ − z_i)]^{−1/(1−α)} with λ > max z,
+    entropy is still concave): :math:`p_i = [(1-\alpha)(\lambda - z_i)]^{-1/(1-\alpha)}`
+    with :math:`\lambda > \max_i z_i`,
     dense and with polynomial tails, never sparse.  It is not offered here:
     it is neither sparse like entmax nor softmax, and nothing in the seeds or
     the entmax package (which also requires α > 1) asks for it.

@@ -84,7 +84,7 @@ def soft_topk(x: Tensor, k: int | float | Tensor, dim: int = -1, tau: float = 1.
             the same for every row) or one budget per row, a tensor
             broadcastable to ``x`` with size 1 along ``dim`` whose values lie
             in (0, n] (Σp = k still holds; a floating k that requires grad
-            gets ∂p/∂k = d/Σd).  A fractional or per-row k runs on the
+            gets :math:`\partial p/\partial k = d/\sum_i d_i`).  A fractional or per-row k runs on the
             PyTorch path on every device.
         dim: the dimension to select along.
         tau: temperature > 0.

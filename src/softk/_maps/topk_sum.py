@@ -45,12 +45,12 @@ def topk_sum(
     .. math:: \mathrm{topk\_sum}(x) = \tau \max_{0 \le p \le 1,\ \sum p = k}
               \Bigl(\langle x/\tau, p\rangle - \sum_i [\psi(p_i) - \psi(1)\,p_i]\Bigr)
 
-    (the potential Φ of ``soft_topk``, whose gradient is p, plus τψ(1)k, so
-    the regulariser is 0 on k-hot masks); for "grad" it is
-    τ·log Σ_{|S|=k} exp(Σ_{i∈S} x_i/τ).  In every case the gradient with
-    respect to x is ``soft_topk(x, k, dim, tau, method)``, the value is at
-    least the hard top-k sum and tends to it as τ → 0, and for "exp" and
-    "grad" at k = 1 it is exactly τ·logsumexp(x/τ).
+    (the potential Φ of ``soft_topk``, whose gradient is p, plus
+    :math:`\tau\psi(1)k`, so the regulariser is 0 on k-hot masks); for "grad"
+    it is :math:`\tau \log \sum_{|S|=k} \exp(\sum_{i\in S} x_i/\tau)`.  In every
+    case the gradient with respect to x is ``soft_topk(x, k, dim, tau, method)``,
+    the value is at least the hard top-k sum and tends to it as τ → 0, and for
+    "exp" and "grad" at k = 1 it is exactly :math:`\tau \operatorname{logsumexp}(x/\tau)`.
 
     Args:
         x: scores, any shape, floating point (half computed in float32).

@@ -13,14 +13,15 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
                                  map: str = "entmax15", alpha=None, softcap=None) -> Tensor:
     r"""Attention with a sparse map, ``map="entmax15"`` by default (torch's is softmax): O = map(scale·QKᵀ + M) V.
 
-    .. math:: O_i = \sum_j p_{ij} v_j, \qquad p_{ij} = f(s_{ij} - \lambda_i), \quad \sum_j p_{ij} = 1,
-              \qquad s_{ij} = \mathrm{scale}\; q_i\cdot k_j + M_{ij},
+    .. math:: \begin{gathered} O_i = \sum_j p_{ij} v_j, \qquad p_{ij} = f(s_{ij} - \lambda_i), \quad \sum_j p_{ij} = 1,
+              \\ s_{ij} = \mathrm{scale}\; q_i\cdot k_j + M_{ij}, \end{gathered}
 
-    with f(u) = e^u (softmax), max(u, 0) (sparsemax, Martins & Astudillo
-    2016, §4.3), (u/2)₊² (1.5-entmax) or [(α−1)u]₊^{1/(α−1)} (α-entmax,
-    Peters et al. 2019); a tensor α, one per head, may be learned (the
-    adaptively sparse transformer of Correia et al. 2019).  Keys with
-    s_ij ≤ λ_i get exactly zero weight.
+    with :math:`f(u) = e^u` (softmax), :math:`\max(u, 0)` (sparsemax, Martins &
+    Astudillo 2016, §4.3), :math:`(u/2)_+^2` (1.5-entmax) or
+    :math:`[(\alpha-1)u]_+^{1/(\alpha-1)}` (α-entmax, Peters et al. 2019); a
+    tensor α, one per head, may be learned (the adaptively sparse transformer
+    of Correia et al. 2019).  Keys with :math:`s_{ij} \le \lambda_i` get exactly
+    zero weight.
 
     The arguments and conventions are those of
     ``torch.nn.functional.scaled_dot_product_attention``:

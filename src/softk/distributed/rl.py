@@ -141,7 +141,8 @@ def vocab_parallel_entropy(local_logits: Tensor, map: str = "softmax", *, alpha=
                            group=None) -> Tensor:
     r"""The entropy of each row of ``map(x/τ)``, the logits split over the ranks of ``group``.
 
-    Shannon H(p) = −Σ p log p for "softmax"; Tsallis H_α(p) = (1 − Σ p^α)/(α(α−1))
+    Shannon :math:`H(p) = -\sum_i p_i \log p_i` for "softmax"; Tsallis
+    :math:`H_\alpha(p) = (1 - \sum_i p_i^\alpha)/(\alpha(\alpha-1))`
     for "sparsemax" (α = 2), "entmax15" (α = 1.5) and "entmax" (``alpha`` > 1);
     both are 0 on a one-hot p, and each map maximises ⟨z, p⟩ + H(p).  Returns (...), the
     same on every rank, with gradients to ``local_logits``; a fully masked row

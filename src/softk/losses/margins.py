@@ -31,8 +31,8 @@ def _check_n(num_classes) -> int:
 
 
 def cross_entropy_margin(num_classes: int, loss: float) -> float:
-    r"""Smallest score range s_max − s_min at which cross-entropy can be ``loss``:
-    log(n − 1) − log(e^ε − 1).  It is <= 0 when ε >= log n: equal scores
+    r"""Smallest score range :math:`s_{\max} - s_{\min}` at which cross-entropy can be ``loss``
+    (ε): :math:`\log(n - 1) - \log(e^\varepsilon - 1)`.  It is <= 0 when ε >= log n: equal scores
     already give log n.
 
     >>> round(cross_entropy_margin(10, 0.01), 4)  # log 9 - log(e^0.01 - 1)
@@ -47,7 +47,7 @@ def cross_entropy_margin(num_classes: int, loss: float) -> float:
 
 def cross_entropy_floor(num_classes: int, margin: float) -> float:
     r"""Smallest cross-entropy reachable with score range ``margin``:
-    log(1 + (n − 1) e^{−margin}); the inverse of :func:`cross_entropy_margin`.
+    :math:`\log(1 + (n - 1)\, e^{-\mathrm{margin}})`; the inverse of :func:`cross_entropy_margin`.
 
     >>> round(cross_entropy_floor(10, 0.0), 6)  # all scores equal: log 10
     2.302585

@@ -30,8 +30,8 @@ from .margins import _check_n, cross_entropy_floor, cross_entropy_margin
 
 
 def normface_loss_bound(scale: float, num_classes: int) -> float:
-    r"""NormFace's lower bound log(1 + (n−1) e^{−s n/(n−1)}) on the cross-entropy
-    of logits s·cos(f, w_c) over n classes.
+    r"""NormFace's lower bound :math:`\log(1 + (n-1)\, e^{-s n/(n-1)})` on the cross-entropy
+    of logits :math:`s \cos(f, w_c)` over n classes.
 
     >>> round(normface_loss_bound(1.0, 2), 6)  # log(1 + e^-2)
     0.126928
@@ -43,7 +43,7 @@ def normface_loss_bound(scale: float, num_classes: int) -> float:
 
 def normface_min_scale(num_classes: int, loss: float = 0.01) -> float:
     r"""Smallest scale s whose NormFace bound is ``loss``:
-    s = (n−1)/n · (log(n−1) − log(e^ε − 1)), floored at a tiny positive value
+    :math:`s = \frac{n-1}{n} \bigl(\log(n-1) - \log(e^\varepsilon - 1)\bigr)`, floored at a tiny positive value
     when ε >= log n (any scale then suffices).
 
     >>> s = normface_min_scale(10, 0.01)

@@ -92,8 +92,8 @@ def sparsemax_loss(input: Tensor, target: Tensor, ignore_index: int = -100, redu
 def entmax15_loss(input: Tensor, target: Tensor, ignore_index: int = -100, reduction: str = "mean", tau: float = 1.0) -> Tensor:
     r"""1.5-entmax loss: :math:`\Phi(z) + \tfrac43\sum_i y_i^{3/2} - \langle z, y\rangle`, Φ the potential of entmax15.
 
-    Example by hand: z = (0, 0) gives p = (½, ½), Φ = −(4/3)·2·(½)^{3/2}, Ω(e_0) = 4/3,
-    so L = 4/3 − (2/3)√2 ≈ 0.3905.
+    Example by hand: z = (0, 0) gives p = (½, ½), :math:`\Phi = -\tfrac43 \cdot 2 \cdot (\tfrac12)^{3/2}`,
+    :math:`\Omega(e_0) = \tfrac43`, so :math:`L = \tfrac43 - \tfrac23\sqrt2 \approx 0.3905`.
     {args}
     >>> import torch
     >>> entmax15_loss(torch.tensor([[0.0, 0.0]]), torch.tensor([0]))
@@ -106,7 +106,7 @@ def entmax15_loss(input: Tensor, target: Tensor, ignore_index: int = -100, reduc
 def entmax_loss(
     input: Tensor, target: Tensor, alpha: float = 1.5, ignore_index: int = -100, reduction: str = "mean", tau: float = 1.0
 ) -> Tensor:
-    r"""α-entmax loss, Ω(y) = Σ y_i^α / (α(α−1)) (Tsallis); α = 1 is :func:`softmax_loss`,
+    r"""α-entmax loss, :math:`\Omega(y) = \sum_i y_i^\alpha / (\alpha(\alpha-1))` (Tsallis); α = 1 is :func:`softmax_loss`,
     1.5 :func:`entmax15_loss`, 2 :func:`sparsemax_loss` (those use their exact maps).
 
     ``alpha`` is a float >= 1, or a tensor of one α per row (broadcastable to

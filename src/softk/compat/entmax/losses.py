@@ -64,7 +64,7 @@ def sparsemax_loss(X, target, k=None, return_support_size=False):
 
 
 def entmax15_loss(X, target, k=None, return_support_size=False):
-    """1.5-entmax loss (Peters et al., 2019), per sample: ⟨p − e_y, x⟩ + (1 − Σ p^1.5)/0.75.
+    r"""1.5-entmax loss (Peters et al., 2019), per sample: :math:`\langle p - e_y, x\rangle + (1 - \sum_i p_i^{1.5})/0.75`.
 
     Arguments as :func:`sparsemax_loss`.
 
@@ -85,7 +85,7 @@ def sparsemax_bisect_loss(X, target, n_iter=50):
 
 
 def entmax_bisect_loss(X, target, alpha=1.5, n_iter=50):
-    """alpha-entmax loss per sample, ⟨p − e_y, x⟩ + (1 − Σ p^α)/(α(α−1)) (softmax's at α = 1).
+    r"""alpha-entmax loss per sample, :math:`\langle p - e_y, x\rangle + (1 - \sum_i p_i^\alpha)/(\alpha(\alpha-1))` (softmax's at α = 1).
 
     ``alpha``: α > 0, a float or a tensor broadcastable to (n_samples, 1) (one
     α per row; it receives ∂L/∂α, which entmax does not give).  ``n_iter`` is
