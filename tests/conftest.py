@@ -58,3 +58,24 @@ def each_cpu_backend(request):
 
     with softk.use_backend(request.param):
         yield request.param
+
+
+@pytest.fixture(scope="session")
+def site(tmp_path_factory):
+    """The documentation site, built once per test process with ``mkdocs build
+    --strict`` (any warning fails it) where the docs extra is installed; the
+    package tests (tests/package) and the figures and maths tests (tests/docs)
+    read the same build."""
+    import sys
+
+    from . import safety_net
+    from .paths import REPO
+
+    pytest.importorskip("mkdocs")
+    pytest.importorskip("mkdocstrings")
+    out = tmp_path_factory.mktemp("site")
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    done = safety_net.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
+                          capture_output=True, text=True, cwd=REPO, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out

@@ -1,2 +1,0 @@
-# The documentation tests build the site as tests/package/ does: the same fixture.
-from ..package.conftest import site  # noqa: F401
