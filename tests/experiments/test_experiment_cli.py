@@ -58,3 +58,47 @@ def test_no_experiment_is_an_error_of_softk_experiment(capsys):
     assert main(["experiment"]) == 2
     err = capsys.readouterr().err
     assert "softk experiment: error: choose an experiment" in err
+
+
+# experiment -> (module, its run function)
+NETWORKS = {"topk-softmax": ("topk_softmax", "run_topk_softmax"), "attention": ("attention", "run_attention"),
+            "router": ("router", "run_router")}
+
+
+def _stub_network(monkeypatch, name):
+    """Replace the experiment's run function (and figure) by stubs; returns the keyword arguments seen."""
+    import importlib
+
+    pytest.importorskip("mlxtend")
+    module_name, fn = NETWORKS[name]
+    module = importlib.import_module(f"softk._experiments.{module_name}")
+    seen = {}
+
+    def run(**kwargs):
+        seen.update(kwargs)
+        return {"experiment": name, "config": {}, "runs": []}
+
+    def figure(result, path):
+        with open(path, "wb") as fh:
+            fh.write(b"\x89PNG")
+        return path
+
+    monkeypatch.setattr(module, fn, run)
+    monkeypatch.setattr(module, "markdown", lambda result: "| table |\n")
+    monkeypatch.setattr(module, "figure", figure)
+    return seen
+
+
+@pytest.mark.parametrize("name", sorted(NETWORKS))
+def test_network_lists_the_paths_it_wrote(name, monkeypatch, capsys, tmp_path):
+    _stub_network(monkeypatch, name)
+    out, fig = tmp_path / "out", tmp_path / "fig.png"
+    assert main(["experiment", name, "--seed", "0", "--quiet", "--out", str(out), "--figure", str(fig)]) == 0
+    cap = capsys.readouterr()
+    assert cap.out == "| table |\n\n"  # stdout: the table only
+    assert cap.err.splitlines() == [f"wrote {out / name}.json", f"wrote {out / name}.md", f"wrote {fig}"]
+    assert json.loads((out / f"{name}.json").read_text())["experiment"] == name and fig.exists()
+    # without --out or --figure, nothing is written and nothing listed
+    assert main(["experiment", name, "--seed", "0", "--quiet", "--json"]) == 0
+    cap = capsys.readouterr()
+    assert cap.err == "" and json.loads(cap.out)["experiment"] == name

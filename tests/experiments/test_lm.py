@@ -141,6 +141,40 @@ def test_unknown_arm_lists_the_choices(capsys):
     assert "--steps must be >= 1" in capsys.readouterr().err
 
 
+def _stub_run_lm(monkeypatch):
+    """lm.run_lm replaced by a stub that records its arguments."""
+    seen = {}
+
+    def run_lm(seeds, arms, cfg, corpus_path, progress, out_dir, **kwargs):
+        seen.update(seeds=seeds, arms=arms, cfg=cfg, **kwargs)
+        return {"runs": [{"arm": a, "seed": s} for s in seeds for a in arms]}
+
+    def figure(report, path):
+        with open(path, "wb") as fh:
+            fh.write(b"\x89PNG")
+        return path
+
+    _installed_texts()
+    monkeypatch.setattr(lm, "run_lm", run_lm)
+    monkeypatch.setattr(lm, "markdown", lambda report: "| table |\n")
+    monkeypatch.setattr(lm, "figure", figure)
+    return seen
+
+
+def test_lists_the_paths_it_wrote(monkeypatch, capsys, tmp_path):
+    _stub_run_lm(monkeypatch)
+    out, fig = tmp_path / "out", tmp_path / "lm.png"
+    assert main(["experiment", "lm", "--quick", "--quiet", "--seeds", "0", "1", "--out", str(out),
+                 "--figure", str(fig)]) == 0
+    cap = capsys.readouterr()
+    assert cap.out == "| table |\n\n"  # stdout: the table only
+    assert cap.err.splitlines() == [f"wrote {out / 'lm.json'}", f"wrote {out / 'lm.md'}",
+                                    f"wrote {out / 'runs'}/ ({2 * len(lm.ARMS)} files)",
+                                    f"wrote {out / 'tokenizer.json'}", f"wrote {fig}"]
+    assert main(["experiment", "lm", "--quick", "--quiet", "--json"]) == 0  # nothing written, nothing listed
+    assert capsys.readouterr().err == ""
+
+
 KEYS = ("eps_perplexity", "sparsemax_score", "js_divergence", "accuracy", "support_mean", "support_p95", "ece",
         "softmax_perplexity", "tokens_per_s", "peak_mib")
 
@@ -170,7 +204,11 @@ def test_quick_run_end_to_end(tmp_path, capsys):
     assert len(runs["scratch/cross_entropy/entmax_learned"]["learned_alpha"]) == report["config"]["layers"]
     text = (out / "lm.md").read_text()
     assert all(arm in text for arm in lm.ARMS) and (out / "lm.png").stat().st_size > 0
-    assert text in capsys.readouterr().out
+    cap = capsys.readouterr()
+    assert text in cap.out
+    assert cap.err.splitlines()[-5:] == [f"wrote {out / 'lm.json'}", f"wrote {out / 'lm.md'}",
+                                         f"wrote {out / 'runs'}/ ({len(lm.ARMS)} files)",
+                                         f"wrote {out / 'tokenizer.json'}", f"wrote {out / 'lm.png'}"]
 
 
 def test_experiments_md_holds_the_committed_run():

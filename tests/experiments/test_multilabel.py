@@ -362,6 +362,16 @@ def test_cli_markdown_and_usage_errors(tiny_mulan, capsys):
     assert "--lambdas must be numbers > 0" in capsys.readouterr().err
 
 
+def test_cli_lists_the_paths_it_wrote(tiny_mulan, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["experiment", "multilabel", "--data", str(tiny_mulan), "--loss", "sigmoid", "--folds", "contiguous",
+                 "--lambdas", "1e-1", "--quiet", "--json", "--out", str(out)]) == 0
+    cap = capsys.readouterr()
+    report = json.loads(cap.out)  # stdout: the JSON only
+    assert cap.err.splitlines() == [f"wrote {out / 'tiny'}.json", f"wrote {out / 'tiny'}.md"]
+    assert json.loads((out / "tiny.json").read_text()) == report
+
+
 def test_run_multilabel_rejects_bad_arguments(tiny_mulan):
     ds = data.load_mulan(tiny_mulan)
     with pytest.raises(ValueError, match="losses must be"):

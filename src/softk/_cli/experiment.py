@@ -18,7 +18,8 @@ For each ``--data`` directory (a Mulan train/test ARFF pair with its .xml
 header; see :data:`MULAN_HELP` for where the files come from) and each loss, runs the protocol of :mod:`softk._experiments.multilabel`
 and prints a Markdown table (or, with ``--json``, the results as JSON: one
 object for one data set, a list for several).  ``--out DIR`` also writes
-``NAME.md`` and ``NAME.json`` there.  Progress goes to stderr.
+``NAME.md`` and ``NAME.json`` there.  Progress goes to stderr, and so does
+one ``wrote PATH`` line per file written (every experiment lists its files so).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import os
 import sys
 
 from . import UsageError, experiment_lm
-from .experiment_common import check as _check, emit, out_dir as _out_dir, positive as _positive
+from .experiment_common import check as _check, emit, out_dir as _out_dir, positive as _positive, wrote
 
 from .._experiments.multilabel import CV_SCORES, FOLD_SIZES
 from .._experiments.multilabel import FOLD_SCHEMES as FOLDS
@@ -113,14 +114,17 @@ def _run_multilabel(args) -> int:
             raise UsageError(f"--data {d}: {exc}") from None
         reports.append(report)
         text = markdown_report(report)
-        if args.out:
-            os.makedirs(args.out, exist_ok=True)
-            with open(os.path.join(args.out, f"{data.name}.md"), "w") as fh:
-                fh.write(text)
-            with open(os.path.join(args.out, f"{data.name}.json"), "w") as fh:
-                json.dump(report, fh, indent=2)
         if not args.json:
             print(text, flush=True)
+        if args.out:
+            os.makedirs(args.out, exist_ok=True)
+            stem = os.path.join(args.out, data.name)
+            with open(stem + ".json", "w") as fh:
+                json.dump(report, fh, indent=2)
+            with open(stem + ".md", "w") as fh:
+                fh.write(text)
+            wrote(stem + ".json")
+            wrote(stem + ".md")
     if args.json:
         json.dump(reports[0] if len(reports) == 1 else reports, sys.stdout, indent=2)
         print()
@@ -224,4 +228,4 @@ def _run_network(args) -> int:
     text = module.markdown(result)
     if args.figure:
         module.figure(result, args.figure)
-    return emit(result, text, args.out, args.network, args.json)
+    return emit(result, text, args.out, args.network, args.json, [args.figure] if args.figure else [])

@@ -1,6 +1,6 @@
 """What every ``softk experiment`` subcommand shares: the checks of its
-options (each a :class:`~softk._cli.UsageError` naming the option) and the
-writing of its results."""
+options (each a :class:`~softk._cli.UsageError` naming the option), the
+writing of its results and the ``wrote PATH`` lines that list them on stderr."""
 
 from __future__ import annotations
 
@@ -29,18 +29,30 @@ def out_dir(out):
         raise UsageError(f"--out {out}: exists and is not a directory")
 
 
-def emit(result: dict, text: str, out: str | None, name: str, as_json: bool) -> int:
-    """Write NAME.md and NAME.json to ``out`` (when given) and print the JSON or the Markdown; exit status 0."""
+def wrote(path: str) -> None:
+    """Say on stderr that ``path`` (a file, or a folder ending in ``/``) was written: one
+    short line, ``wrote PATH``, so that stdout keeps the table or the JSON."""
+    print(f"wrote {path}", file=sys.stderr, flush=True)
+
+
+def emit(result: dict, text: str, out: str | None, name: str, as_json: bool, written=()) -> int:
+    """Write NAME.json and NAME.md to ``out`` (when given), print the JSON or the Markdown,
+    then list on stderr every path written: those two and ``written`` (the figure, ...); exit status 0."""
+    paths = []
     if out:
         os.makedirs(out, exist_ok=True)
         stem = os.path.join(out, name)
-        with open(stem + ".md", "w") as fh:
-            fh.write(text)
         with open(stem + ".json", "w") as fh:
             json.dump(result, fh, indent=1)
+        with open(stem + ".md", "w") as fh:
+            fh.write(text)
+        paths += [stem + ".json", stem + ".md"]
     if as_json:
         json.dump(result, sys.stdout, indent=1)
         print()
     else:
         print(text, flush=True)
+    sys.stdout.flush()
+    for path in [*paths, *written]:
+        wrote(path)
     return 0

@@ -6,13 +6,14 @@ losses and attention maps (:mod:`softk._experiments.lm`).
 
 ``--out DIR`` writes ``lm.json`` (every run and the configuration), ``lm.md``
 (the table), ``runs/ARM-seedS.json`` (one per run, as it ends) and the
-tokenizer.  Needs ``transformers`` and ``tokenizers`` (the ``hf`` extra) and the
+tokenizer, and lists them on stderr, one ``wrote PATH`` line each.  Needs ``transformers`` and ``tokenizers`` (the ``hf`` extra) and the
 corpus (:data:`softk._experiments.corpus.CORPUS_HELP`); without them it exits 2
 saying what to install.
 """
 
 from __future__ import annotations
 
+import os
 
 from . import UsageError
 from .experiment_common import check as _check, emit, out_dir as _out_dir, positive as _positive
@@ -75,7 +76,10 @@ def run(args) -> int:
         raise UsageError(str(exc)) from None
     report["torch"] = torch.__version__
     text = lm.markdown(report)
+    written = []
+    if args.out:
+        written += [os.path.join(args.out, "runs", "") + f" ({len(report['runs'])} files)",
+                    os.path.join(args.out, "tokenizer.json")]
     if args.figure:
-        lm.figure(report, args.figure)
-
-    return emit(report, text, args.out, "lm", args.json)
+        written.append(lm.figure(report, args.figure))
+    return emit(report, text, args.out, "lm", args.json, written)
