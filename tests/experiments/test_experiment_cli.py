@@ -60,9 +60,27 @@ def test_no_experiment_is_an_error_of_softk_experiment(capsys):
     assert "softk experiment: error: choose an experiment" in err
 
 
-# experiment -> (module, its run function)
-NETWORKS = {"topk-softmax": ("topk_softmax", "run_topk_softmax"), "attention": ("attention", "run_attention"),
-            "router": ("router", "run_router")}
+# ------------------------------------------------------------ --quick's work
+def test_quick_settings_are_pinned():
+    """--quick's work, by count (not by clock): what every quick run trains."""
+    from softk._experiments import multilabel
+
+    assert multilabel.QUICK == {"n_train": 200, "lambdas": (1e-1,), "schemes": ("contiguous",)}
+    pytest.importorskip("mlxtend")
+    from softk._experiments import attention, router, topk_softmax
+
+    assert topk_softmax.QUICK == {"seeds": (0,), "epochs": 2, "pre_epochs": 2, "ft_epochs": 2}
+    assert attention.QUICK == {"seeds": (0,), "epochs": 1}
+    assert router.QUICK == {"seeds": (0,), "epochs": 2}
+
+
+# experiment -> (module, its run function, the keyword arguments --quick passes it)
+NETWORK_QUICK = {
+    "topk-softmax": ("topk_softmax", "run_topk_softmax",
+                     {"seeds": [0], "epochs": 2, "pre_epochs": 2, "ft_epochs": 2}),
+    "attention": ("attention", "run_attention", {"seeds": [0], "epochs": 1}),
+    "router": ("router", "run_router", {"seeds": [0], "epochs": 2}),
+}
 
 
 def _stub_network(monkeypatch, name):
@@ -70,7 +88,7 @@ def _stub_network(monkeypatch, name):
     import importlib
 
     pytest.importorskip("mlxtend")
-    module_name, fn = NETWORKS[name]
+    module_name, fn, _ = NETWORK_QUICK[name]
     module = importlib.import_module(f"softk._experiments.{module_name}")
     seen = {}
 
@@ -89,16 +107,30 @@ def _stub_network(monkeypatch, name):
     return seen
 
 
-@pytest.mark.parametrize("name", sorted(NETWORKS))
+@pytest.mark.parametrize("name", sorted(NETWORK_QUICK))
+def test_quick_runs_the_pinned_settings_on_every_arm(name, monkeypatch, capsys):
+    seen = _stub_network(monkeypatch, name)
+    assert main(["experiment", name, "--quick", "--quiet"]) == 0
+    expected = NETWORK_QUICK[name][2]
+    assert {k: seen[k] for k in expected} == expected
+    assert not any(k in seen for k in ("losses", "regimes", "maps", "routers"))  # every arm: the module's default
+    assert seen["n_train_per_class"] == 400 and seen["n_test_per_class"] == 100  # all of MNIST-5k
+    # an option given still applies under --quick
+    assert main(["experiment", name, "--quick", "--quiet", "--seeds", "3", "4", "--epochs", "5"]) == 0
+    assert seen["seeds"] == [3, 4] and seen["epochs"] == 5
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("name", sorted(NETWORK_QUICK))
 def test_network_lists_the_paths_it_wrote(name, monkeypatch, capsys, tmp_path):
     _stub_network(monkeypatch, name)
     out, fig = tmp_path / "out", tmp_path / "fig.png"
-    assert main(["experiment", name, "--seed", "0", "--quiet", "--out", str(out), "--figure", str(fig)]) == 0
+    assert main(["experiment", name, "--quick", "--quiet", "--out", str(out), "--figure", str(fig)]) == 0
     cap = capsys.readouterr()
     assert cap.out == "| table |\n\n"  # stdout: the table only
     assert cap.err.splitlines() == [f"wrote {out / name}.json", f"wrote {out / name}.md", f"wrote {fig}"]
     assert json.loads((out / f"{name}.json").read_text())["experiment"] == name and fig.exists()
     # without --out or --figure, nothing is written and nothing listed
-    assert main(["experiment", name, "--seed", "0", "--quiet", "--json"]) == 0
+    assert main(["experiment", name, "--quick", "--quiet", "--json"]) == 0
     cap = capsys.readouterr()
     assert cap.err == "" and json.loads(cap.out)["experiment"] == name

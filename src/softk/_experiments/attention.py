@@ -52,6 +52,8 @@ from .common import Progress, fmt, load_mnist5k, mean_std, pyplot, save_figure, 
 
 MAPS = ("softmax", "sparsemax", "entmax15", "entmax_learned", "soft_topk_sparse")
 TOPK_K = 4
+# ``softk experiment attention --quick``: every map once, one seed, one epoch (a smoke test, not a result)
+QUICK = {"seeds": (0,), "epochs": 1}
 HEADS = 4
 
 
