@@ -81,7 +81,7 @@ def test_network_choices_are_checked_before_training(network, option, bad, capsy
 def test_multilabel_without_data_says_what_it_needs(capsys):
     assert main(["experiment", "multilabel"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("softk experiment: error: --data is required")
+    assert err.startswith("softk experiment multilabel: error: --data is required")
     for word in ("NAME-train.arff", "NAME-test.arff", "NAME.xml", "Mulan", "../shared/data/mulan/"):
         assert word in err
     assert len(err.splitlines()) == 1

@@ -141,17 +141,96 @@ def test_unknown_arm_lists_the_choices(capsys):
     assert "--steps must be >= 1" in capsys.readouterr().err
 
 
+def test_quick_config_is_pinned():
+    """The quick run's work, by count: a one-layer model of width 32 on 60,000 characters, 16 steps
+    of 8 windows of 32 tokens per scratch arm and 8 per fine-tuned arm, 152 steps in all."""
+    assert lm.QUICK == lm.Config(vocab=512, context=32, width=32, layers=1, heads=2, batch=8, steps=16, ft_steps=8,
+                                 eval_every=8, curve_windows=8, test_stride=1, quick_chars=20_000)
+    assert lm.training_steps(lm.ARMS, lm.QUICK) == 8 * 16 + 3 * 8 == 152
+    assert lm.training_steps(["finetune/ts2/softmax"], lm.QUICK) == 16 + 8  # the base model it needs
+    assert lm.Config() == lm.Config(vocab=8192, context=128, width=192, layers=3, heads=4, batch=16, steps=300,
+                                    ft_steps=100, eval_every=60)  # the full run's, unchanged
+
+
+def _stub_run_lm(monkeypatch):
+    """lm.run_lm replaced by a stub that records its arguments and the thread count it ran under."""
+    seen = {}
+
+    def run_lm(seeds, arms, cfg, corpus_path, progress, out_dir, throughput, memory):
+        seen.update(seeds=seeds, arms=arms, cfg=cfg, throughput=throughput, memory=memory,
+                    threads=torch.get_num_threads())
+        return {"runs": [{"arm": a, "seed": s} for s in seeds for a in arms]}
+
+    def figure(report, path):
+        with open(path, "wb") as fh:
+            fh.write(b"\x89PNG")
+        return path
+
+    _installed_texts()
+    monkeypatch.setattr(lm, "run_lm", run_lm)
+    monkeypatch.setattr(lm, "markdown", lambda report: "| table |\n")
+    monkeypatch.setattr(lm, "figure", figure)
+    return seen
+
+
+def test_quick_is_the_quick_config_on_one_thread_without_measurements(monkeypatch, capsys):
+    seen = _stub_run_lm(monkeypatch)
+    threads = torch.get_num_threads()
+    assert main(["experiment", "lm", "--quick", "--quiet"]) == 0
+    assert seen == {"seeds": [0], "arms": list(lm.ARMS), "cfg": lm.QUICK, "throughput": False, "memory": False,
+                    "threads": 1}
+    assert torch.get_num_threads() == threads  # restored
+    assert main(["experiment", "lm", "--quick", "--quiet", "--throughput"]) == 0  # asked for: measured
+    assert seen["throughput"] and seen["memory"] and seen["cfg"] == lm.QUICK
+    assert main(["experiment", "lm", "--quiet"]) == 0  # the full run: its defaults, as before
+    assert seen == {"seeds": [0, 1, 2], "arms": list(lm.ARMS), "cfg": lm.Config(), "throughput": True,
+                    "memory": True, "threads": threads}
+    assert main(["experiment", "lm", "--quiet", "--no-throughput"]) == 0  # memory still measured
+    assert not seen["throughput"] and seen["memory"]
+    capsys.readouterr()
+
+
+def test_lists_the_paths_it_wrote(monkeypatch, capsys, tmp_path):
+    _stub_run_lm(monkeypatch)
+    out, fig = tmp_path / "out", tmp_path / "lm.png"
+    assert main(["experiment", "lm", "--quick", "--quiet", "--seeds", "0", "1", "--out", str(out),
+                 "--figure", str(fig)]) == 0
+    cap = capsys.readouterr()
+    assert cap.out == "| table |\n\n"  # stdout: the table only
+    assert cap.err.splitlines() == [f"wrote {out / 'lm.json'}", f"wrote {out / 'lm.md'}",
+                                    f"wrote {out / 'runs'}/ ({2 * len(lm.ARMS)} files)",
+                                    f"wrote {out / 'tokenizer.json'}", f"wrote {fig}"]
+    assert main(["experiment", "lm", "--quick", "--quiet", "--json"]) == 0  # nothing written, nothing listed
+    assert capsys.readouterr().err == ""
+
+
 KEYS = ("eps_perplexity", "sparsemax_score", "js_divergence", "accuracy", "support_mean", "support_p95", "ece",
         "softmax_perplexity", "tokens_per_s", "peak_mib")
 
 
 @pytest.mark.slow
-def test_quick_run_end_to_end(tmp_path, capsys):
+def test_quick_run_end_to_end(tmp_path, capsys, monkeypatch):
     _installed_texts()
     out = tmp_path / "out"
+    steps = []
+    make_step = lm.make_step
+
+    def counted(*args):  # every training step the run takes, counted
+        step = make_step(*args)
+        return lambda ids: (steps.append(ids.shape), step(ids))
+
+    def no_memory(*args):
+        raise AssertionError("--quick measures no memory")
+
+    monkeypatch.setattr(lm, "make_step", counted)
+    monkeypatch.setattr(lm, "step_memory", no_memory)
     assert main(["experiment", "lm", "--quick", "--quiet", "--out", str(out), "--figure", str(out / "lm.png")]) == 0
     report = json.loads((out / "lm.json").read_text())
     assert report["arms"] == list(lm.ARMS) and report["seeds"] == [0]
+    # the work: 152 steps of 8 windows of 32 tokens, on one thread, no throughput comparison
+    assert len(steps) == lm.training_steps(lm.ARMS, lm.QUICK) == 152 and set(steps) == {(8, 32)}
+    assert report["threads"] == 1 and "fused_vs_unfused" not in report
+    assert all(r["peak_mib"] is None for r in report["runs"])
     runs = {r["arm"]: r for r in report["runs"]}
     assert sorted(runs) == sorted(lm.ARMS)
     V = report["config"]["vocab"]
@@ -170,7 +249,11 @@ def test_quick_run_end_to_end(tmp_path, capsys):
     assert len(runs["scratch/cross_entropy/entmax_learned"]["learned_alpha"]) == report["config"]["layers"]
     text = (out / "lm.md").read_text()
     assert all(arm in text for arm in lm.ARMS) and (out / "lm.png").stat().st_size > 0
-    assert text in capsys.readouterr().out
+    cap = capsys.readouterr()
+    assert text in cap.out
+    assert cap.err.splitlines()[-5:] == [f"wrote {out / 'lm.json'}", f"wrote {out / 'lm.md'}",
+                                         f"wrote {out / 'runs'}/ ({len(lm.ARMS)} files)",
+                                         f"wrote {out / 'tokenizer.json'}", f"wrote {out / 'lm.png'}"]
 
 
 def test_experiments_md_holds_the_committed_run():

@@ -362,6 +362,33 @@ def test_cli_markdown_and_usage_errors(tiny_mulan, capsys):
     assert "--lambdas must be numbers > 0" in capsys.readouterr().err
 
 
+def test_cli_lists_the_paths_it_wrote(tiny_mulan, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["experiment", "multilabel", "--data", str(tiny_mulan), "--loss", "sigmoid", "--folds", "contiguous",
+                 "--lambdas", "1e-1", "--quiet", "--json", "--out", str(out)]) == 0
+    cap = capsys.readouterr()
+    report = json.loads(cap.out)  # stdout: the JSON only
+    assert cap.err.splitlines() == [f"wrote {out / 'tiny'}.json", f"wrote {out / 'tiny'}.md"]
+    assert json.loads((out / "tiny.json").read_text()) == report
+
+
+def test_cli_quick_runs_every_loss_on_the_quick_settings(tiny_mulan, capsys, monkeypatch):
+    # --quick: the first 200 training rows (here 30 of the tiny set's 40), one λ, the contiguous folds, every loss
+    assert multilabel.QUICK == {"n_train": 200, "lambdas": (1e-1,), "schemes": ("contiguous",)}
+    monkeypatch.setattr(multilabel, "QUICK", {**multilabel.QUICK, "n_train": 30})
+    assert main(["experiment", "multilabel", "--data", str(tiny_mulan), "--quick", "--quiet", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["data"]["n_train"] == 30 and report["data"]["fold_rows"] == [6] * 5
+    assert [(r["folds"], r["cv_score"]) for r in report["runs"]] == [("contiguous", "per-fold"), ("contiguous", "pooled")]
+    assert set(report["results"]) == set(objectives.LOSSES)
+    assert {res["lambda_micro"] for res in report["results"].values()} == {1e-1}
+    # an option given still applies under --quick
+    assert main(["experiment", "multilabel", "--data", str(tiny_mulan), "--quick", "--quiet", "--json",
+                 "--loss", "sigmoid", "--lambdas", "1e-2"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert list(report["results"]) == ["sigmoid"] and report["results"]["sigmoid"]["lambda_micro"] == 1e-2
+
+
 def test_run_multilabel_rejects_bad_arguments(tiny_mulan):
     ds = data.load_mulan(tiny_mulan)
     with pytest.raises(ValueError, match="losses must be"):

@@ -144,7 +144,7 @@ def test_cli_markdown_progress_and_errors(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(common, "require", missing)
     assert main(["experiment", "attention", *TRIM]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("softk experiment: error:") and '.[experiments]' in err and "Traceback" not in err
+    assert err.startswith("softk experiment attention: error:") and '.[experiments]' in err and "Traceback" not in err
 
 
 def test_require_names_the_extra():

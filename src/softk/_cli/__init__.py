@@ -4,7 +4,8 @@ A subcommand module adds its parser with ``subparsers.add_parser(...)`` and sets
 ``parser.set_defaults(run=handler)``; ``handler(args) -> int`` is the exit code.
 Bad input raises :class:`UsageError` (or a ValueError/TypeError from softk, or
 an OSError for a file), printed as one line ``softk <cmd>: error: ...`` on
-stderr with exit status 2 and no traceback.  The checks shared by several
+stderr with exit status 2 and no traceback; ``<cmd>`` is the full subcommand
+(``softk experiment lm: error: ...``).  The checks shared by several
 subcommands (numbers, files) live here so every command words them alike.
 The top floor: only ``softk.__main__`` imports it, and it may import anything.
 """
@@ -93,12 +94,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _subparser(parser: argparse.ArgumentParser, command) -> argparse.ArgumentParser:
-    """The parser of ``command`` (for errors worded ``softk <cmd>: error:``), else ``parser``."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
-            return action.choices[command]
-    return parser
+def _subparser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the deepest subcommand ``args`` chose (``softk experiment lm``'s
+    for ``softk experiment lm ...``), else ``parser``: its ``prog`` words the
+    errors, ``softk experiment lm: error: ...``."""
+    while True:
+        action = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        chosen = getattr(args, action.dest, None) if action is not None else None
+        if action is None or chosen not in action.choices:
+            return parser
+        parser = action.choices[chosen]
 
 
 def _is_number(text: str) -> bool:
@@ -112,8 +117,8 @@ def _is_number(text: str) -> bool:
 def main(argv=None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
+    sub = _subparser(parser, args)
     if extra:
-        sub = _subparser(parser, args.command)
         hint = "; negative values go after --, e.g. softk compare -- -1 0 2" if any(_is_number(a) for a in extra) else ""
         sub.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
     if not getattr(args, "run", None):
@@ -128,5 +133,5 @@ def main(argv=None) -> int:
         message = str(exc)
     except OSError as exc:  # a file a subcommand could not read or write
         message = os_message(exc)
-    print(f"softk {args.command}: error: {one_line(message)}", file=sys.stderr)
+    print(f"{sub.prog}: error: {one_line(message)}", file=sys.stderr)
     return 2

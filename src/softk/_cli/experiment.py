@@ -3,13 +3,14 @@
 * ``multilabel`` — the sparsemax multi-label benchmark on Mulan data (below);
 * ``topk-softmax``, ``attention``, ``router`` — small networks on MNIST-5k
   (:mod:`softk._experiments.topk_softmax`, ``.attention``, ``.router``), each with
-  ``--seeds``, ``--epochs``, ``--out DIR`` (NAME.json, NAME.md), ``--figure PNG``,
-  ``--json`` and ``--quiet`` (no progress bar); they need the ``experiments``
-  extra (mlxtend, matplotlib) and exit 2 naming it when it is missing;
+  ``--quick`` (the module's ``QUICK`` settings), ``--seeds``, ``--epochs``,
+  ``--out DIR`` (NAME.json, NAME.md), ``--figure PNG``, ``--json`` and
+  ``--quiet`` (no progress bar); they need the ``experiments`` extra (mlxtend,
+  matplotlib) and exit 2 naming it when it is missing;
 * ``lm`` — a small GPT-2 trained on Shakespeare with every loss and attention
   (:mod:`softk._cli.experiment_lm`).
 
-    softk experiment multilabel --data ../shared/data/mulan/emotions [--loss sparsemax ...]
+    softk experiment multilabel --data ../shared/data/mulan/emotions [--quick] [--loss sparsemax ...]
                                 [--folds contiguous shuffled] [--cv-score per-fold pooled]
                                 [--fold-sizes ceil|even] [--seed 0] [--out DIR] [--json] [--quiet]
                                 [--lambdas 1 1e-3 ...]
@@ -18,7 +19,11 @@ For each ``--data`` directory (a Mulan train/test ARFF pair with its .xml
 header; see :data:`MULAN_HELP` for where the files come from) and each loss, runs the protocol of :mod:`softk._experiments.multilabel`
 and prints a Markdown table (or, with ``--json``, the results as JSON: one
 object for one data set, a list for several).  ``--out DIR`` also writes
-``NAME.md`` and ``NAME.json`` there.  Progress goes to stderr.
+``NAME.md`` and ``NAME.json`` there.  Progress goes to stderr, and so does
+one ``wrote PATH`` line per file written (every experiment lists its files so).
+``--quick`` is a smoke test of every loss, not the protocol
+(:data:`softk._experiments.multilabel.QUICK`).  Every experiment's ``--help``
+says what its full and quick runs cost (:data:`.experiment_common.COST`).
 """
 
 from __future__ import annotations
@@ -28,8 +33,9 @@ import os
 import sys
 
 from . import UsageError, experiment_lm
-from .experiment_common import check as _check, emit, out_dir as _out_dir, positive as _positive
+from .experiment_common import COST, check as _check, cost, emit, out_dir as _out_dir, positive as _positive, wrote
 
+from .._experiments import multilabel as _multilabel
 from .._experiments.multilabel import CV_SCORES, FOLD_SIZES
 from .._experiments.multilabel import FOLD_SCHEMES as FOLDS
 from .._experiments.objectives import LOSSES
@@ -50,22 +56,28 @@ def register(sub):
         "multilabel",
         help="sigmoid/softmax/sparsemax/entmax15/soft_topk losses on Mulan data (Martins & Astudillo 2016)",
         description="Train a linear multi-label classifier with each loss (L-BFGS, λ and the prediction "
-        "threshold chosen by 5-fold CV on the training file) and report test micro/macro F1.",
+        f"threshold chosen by 5-fold CV on the training file) and report test micro/macro F1. {cost('multilabel')}",
     )
     m.add_argument("--data", nargs="+", metavar="DIR",
                    help=f"required, one or more: {MULAN_HELP}")
     m.add_argument("--loss", nargs="+", default=list(LOSSES), metavar="LOSS",
                    help=f"losses to run, among {', '.join(LOSSES)} (default: all)")
-    m.add_argument("--folds", nargs="+", default=list(FOLDS), metavar="SCHEME",
+    quick = _multilabel.QUICK
+    m.add_argument("--quick", action="store_true",
+                   help=f"a smoke test of every loss, not the protocol: the first {quick['n_train']} training rows, "
+                   f"λ {' and '.join(f'{l:g}' for l in quick['lambdas'])} only, contiguous folds only "
+                   f"({COST['multilabel'][1]} on 2 cores); options given still apply")
+    m.add_argument("--folds", nargs="+", metavar="SCHEME",
                    help="CV fold schemes; the first is the headline: contiguous (the paper's), "
-                   "shuffled (seeded) (default: both)")
+                   "shuffled (seeded) (default: both; --quick: contiguous)")
     m.add_argument("--cv-score", nargs="+", default=list(CV_SCORES), metavar="SCORE",
                    help="how CV F1 is scored; the first is the headline: per-fold (F1 on each fold, averaged; "
                    "the authors' code), pooled (F1 of all held-out predictions) (default: both, from the same fits)")
     m.add_argument("--fold-sizes", default="ceil", choices=FOLD_SIZES,
                    help="ceil: folds of ceil(n/5) rows, the authors' (default); even: np.array_split")
     m.add_argument("--lambdas", nargs="+", type=float, metavar="L",
-                   help="ridge grid instead of the paper's 1, 1e-1, ..., 1e-9 (quicker runs; not the protocol)")
+                   help="ridge grid instead of the paper's 1, 1e-1, ..., 1e-9 (quicker runs; not the protocol; "
+                   f"--quick: {' '.join(f'{l:g}' for l in quick['lambdas'])})")
     m.add_argument("--seed", type=int, default=0, help="seed of the shuffled folds (default 0)")
     m.add_argument("--out", metavar="DIR", help="also write NAME.md and NAME.json to this directory")
     m.add_argument("--json", action="store_true", help="print JSON instead of Markdown")
@@ -85,6 +97,11 @@ def register(sub):
 def _run_multilabel(args) -> int:
     if not args.data:
         raise UsageError(f"--data is required: {MULAN_HELP}")
+    quick = _multilabel.QUICK
+    if args.folds is None:
+        args.folds = list(quick["schemes"] if args.quick else FOLDS)
+    if args.quick and args.lambdas is None:
+        args.lambdas = list(quick["lambdas"])
     _check(args.loss, LOSSES, "--loss")
     _check(args.folds, FOLDS, "--folds")
     _check(args.cv_score, CV_SCORES, "--cv-score")
@@ -105,6 +122,8 @@ def _run_multilabel(args) -> int:
     reports = []
     for d in args.data:
         data = load_mulan(d)
+        if args.quick:
+            data.X_train, data.Y_train = data.X_train[:quick["n_train"]], data.Y_train[:quick["n_train"]]
         try:
             report = run_multilabel(data, args.loss, args.folds, args.seed,
                                     None if args.quiet else stderr_progress, args.lambdas or LAMBDAS,
@@ -113,14 +132,17 @@ def _run_multilabel(args) -> int:
             raise UsageError(f"--data {d}: {exc}") from None
         reports.append(report)
         text = markdown_report(report)
-        if args.out:
-            os.makedirs(args.out, exist_ok=True)
-            with open(os.path.join(args.out, f"{data.name}.md"), "w") as fh:
-                fh.write(text)
-            with open(os.path.join(args.out, f"{data.name}.json"), "w") as fh:
-                json.dump(report, fh, indent=2)
         if not args.json:
             print(text, flush=True)
+        if args.out:
+            os.makedirs(args.out, exist_ok=True)
+            stem = os.path.join(args.out, data.name)
+            with open(stem + ".json", "w") as fh:
+                json.dump(report, fh, indent=2)
+            with open(stem + ".md", "w") as fh:
+                fh.write(text)
+            wrote(stem + ".json")
+            wrote(stem + ".md")
     if args.json:
         json.dump(reports[0] if len(reports) == 1 else reports, sys.stdout, indent=2)
         print()
@@ -157,10 +179,20 @@ def _choices_help(module_name: str, option: str) -> str:
 
 DEFAULT_SEEDS = {"attention": [0, 1, 2]}  # the others: 0 1 2 3 4
 
+QUICK_HELP = {
+    "topk-softmax": "one seed, 2 epochs from scratch, 2 of pre-training and 2 of fine-tuning: every loss in both "
+                    "regimes once",
+    "attention": "one seed, one epoch: every map once",
+    "router": "one seed, 2 epochs: every router once",
+}
+
 
 def _register_networks(kinds):
     for name, (module_name, _, text) in NETWORKS.items():
-        q = kinds.add_parser(name, help=text, description=text + ". Defaults take a few minutes on 2 cores.")
+        q = kinds.add_parser(name, help=text, description=f"{text}. {cost(name)}")
+        q.add_argument("--quick", action="store_true",
+                       help=f"{QUICK_HELP[name]}, on all of MNIST-5k: a smoke test ({COST[name][1]} on 2 cores), "
+                       "not a result; options given still apply")
         seeds = q.add_mutually_exclusive_group()
         default = " ".join(map(str, DEFAULT_SEEDS.get(name, [0, 1, 2, 3, 4])))
         seeds.add_argument("--seeds", nargs="+", type=int, metavar="S", help=f"training seeds (default {default})")
@@ -202,10 +234,11 @@ def _run_network(args) -> int:
     for option, (constant, _) in CHOICES.items():
         if getattr(args, option, None) is not None:
             _check(getattr(args, option), getattr(module, constant), "--" + option)
-    default_seeds = DEFAULT_SEEDS.get(args.network, [0, 1, 2, 3, 4])
-    kwargs = {"seeds": [args.seed] if args.seed is not None else (args.seeds or default_seeds),
-              "n_train_per_class": args.n_train_per_class, "n_test_per_class": args.n_test_per_class,
-              "progress": not args.quiet}
+    # --quick: the module's QUICK settings, under the options given
+    kwargs = dict(module.QUICK) if args.quick else {"seeds": DEFAULT_SEEDS.get(args.network, [0, 1, 2, 3, 4])}
+    kwargs["seeds"] = [args.seed] if args.seed is not None else list(args.seeds or kwargs["seeds"])
+    kwargs.update(n_train_per_class=args.n_train_per_class, n_test_per_class=args.n_test_per_class,
+                  progress=not args.quiet)
     for option, key in (("epochs", "epochs"), ("loss", "losses"), ("regime", "regimes"), ("pre_epochs", "pre_epochs"),
                         ("ft_epochs", "ft_epochs"), ("ft_per_class", "ft_per_class"), ("map", "maps"),
                         ("router", "routers")):
@@ -224,4 +257,4 @@ def _run_network(args) -> int:
     text = module.markdown(result)
     if args.figure:
         module.figure(result, args.figure)
-    return emit(result, text, args.out, args.network, args.json)
+    return emit(result, text, args.out, args.network, args.json, [args.figure] if args.figure else [])

@@ -1,6 +1,6 @@
 """What every ``softk experiment`` subcommand shares: the checks of its
-options (each a :class:`~softk._cli.UsageError` naming the option) and the
-writing of its results."""
+options (each a :class:`~softk._cli.UsageError` naming the option), the
+writing of its results and the ``wrote PATH`` lines that list them on stderr."""
 
 from __future__ import annotations
 
@@ -9,6 +9,26 @@ import os
 import sys
 
 from . import UsageError
+
+
+# What each experiment's run costs, measured with /usr/bin/time on this project's machine; every
+# ``--help`` says it: (the defaults, --quick).  Measure again when a default changes.
+MEASURED = "On 2 cores shared with other jobs (measured 2026-11-28; CPU time is user + sys)"
+COST = {
+    "multilabel": ("about 2 min of CPU per data set on emotions, the smallest (yeast took 5 times emotions' on "
+                   "2026-11-23)", "10-20 s of CPU per data set"),
+    "topk-softmax": ("2.5-3 min of CPU (5 seeds)", "about 15 s of CPU"),
+    "attention": ("2-2.5 min of CPU (3 seeds)", "15-20 s of CPU"),
+    "router": ("about 2.5 min of CPU (5 seeds)", "about 15 s of CPU"),
+    "lm": ("about an hour of wall time on both cores (65 min on 2026-11-27; its CPU time was not measured)",
+           "under 20 s of CPU"),
+}
+
+
+def cost(name: str) -> str:
+    """What the experiment's full run and its --quick run cost, a sentence for its ``--help``."""
+    full, quick = COST[name]
+    return f"{MEASURED}, the defaults take {full}; --quick {quick}."
 
 
 def check(values, allowed, option):
@@ -29,18 +49,30 @@ def out_dir(out):
         raise UsageError(f"--out {out}: exists and is not a directory")
 
 
-def emit(result: dict, text: str, out: str | None, name: str, as_json: bool) -> int:
-    """Write NAME.md and NAME.json to ``out`` (when given) and print the JSON or the Markdown; exit status 0."""
+def wrote(path: str) -> None:
+    """Say on stderr that ``path`` (a file, or a folder ending in ``/``) was written: one
+    short line, ``wrote PATH``, so that stdout keeps the table or the JSON."""
+    print(f"wrote {path}", file=sys.stderr, flush=True)
+
+
+def emit(result: dict, text: str, out: str | None, name: str, as_json: bool, written=()) -> int:
+    """Write NAME.json and NAME.md to ``out`` (when given), print the JSON or the Markdown,
+    then list on stderr every path written: those two and ``written`` (the figure, ...); exit status 0."""
+    paths = []
     if out:
         os.makedirs(out, exist_ok=True)
         stem = os.path.join(out, name)
-        with open(stem + ".md", "w") as fh:
-            fh.write(text)
         with open(stem + ".json", "w") as fh:
             json.dump(result, fh, indent=1)
+        with open(stem + ".md", "w") as fh:
+            fh.write(text)
+        paths += [stem + ".json", stem + ".md"]
     if as_json:
         json.dump(result, sys.stdout, indent=1)
         print()
     else:
         print(text, flush=True)
+    sys.stdout.flush()
+    for path in [*paths, *written]:
+        wrote(path)
     return 0

@@ -260,10 +260,25 @@ def fused_vs_unfused(cfg: Config, stream: torch.Tensor, losses, memory: dict, st
     return out
 
 
+def training_steps(arms, cfg: Config) -> int:
+    """The AdamW steps one seed trains for ``arms``: ``cfg.steps`` per scratch arm, ``cfg.ft_steps``
+    per fine-tuned one, and the cross-entropy base model's when the arms need it and leave it out.
+
+    >>> training_steps(ARMS, QUICK), training_steps(ARMS, Config())
+    (152, 2700)
+    """
+    n = sum(cfg.ft_steps if a.startswith("finetune/") else cfg.steps for a in arms)
+    needs_base = any(a.startswith("finetune/") for a in arms) and "scratch/cross_entropy/softmax" not in arms
+    return n + cfg.steps * needs_base
+
+
 def run_lm(seeds=(0, 1, 2), arms=None, cfg: Config = Config(), corpus_path: str | None = None,
-           progress: bool = True, out_dir: str | None = None, throughput: bool = True) -> dict:
+           progress: bool = True, out_dir: str | None = None, throughput: bool = True, memory: bool = True) -> dict:
     """Train and score every arm for every seed; returns the report (see :func:`markdown`).
-    With ``out_dir``, each run's result is also written to ``runs/ARM-seedS.json`` as it ends."""
+    With ``out_dir``, each run's result is also written to ``runs/ARM-seedS.json`` as it ends.
+    ``throughput``: also compare each loss fused and unfused (:func:`fused_vs_unfused`);
+    ``memory``: measure each configuration's peak memory in a child process (else the
+    figures are None; ``throughput`` implies it)."""
     arms = list(ARMS if arms is None else arms)
     t_start = time.perf_counter()
     texts = corpus.find_texts(corpus_path)
@@ -290,12 +305,11 @@ def run_lm(seeds=(0, 1, 2), arms=None, cfg: Config = Config(), corpus_path: str 
 
     losses_run = sorted({arm_parts(a)[1] for a in arms if arm_parts(a)[0] == "scratch"}, key=list(LOSSES).index)
     # (loss arm, attention, fused): every arm's own configuration, and each scratch loss unfused
-    memory = step_memory(cfg, [(arm_parts(a)[1], arm_parts(a)[2], True) for a in arms]
-                         + ([(loss, "softmax", False) for loss in losses_run] if throughput else []))
-    n_steps = sum(cfg.ft_steps if a.startswith("finetune/") else cfg.steps for a in arms)
+    configs = ([(arm_parts(a)[1], arm_parts(a)[2], True) for a in arms]
+               + ([(loss, "softmax", False) for loss in losses_run] if throughput else []))
+    peak = step_memory(cfg, configs) if memory or throughput else dict.fromkeys(configs)
     needs_base = any(a.startswith("finetune/") for a in arms) and "scratch/cross_entropy/softmax" not in arms
-    n_steps += cfg.steps * needs_base
-    bar = Progress(n_steps * len(seeds), "lm", progress)
+    bar = Progress(training_steps(arms, cfg) * len(seeds), "lm", progress)
     runs = []
     for seed in seeds:
         base = None
@@ -320,7 +334,7 @@ def run_lm(seeds=(0, 1, 2), arms=None, cfg: Config = Config(), corpus_path: str 
             wall = time.perf_counter() - t0
             result = {"arm": arm, "regime": regime, "loss": loss.name, "loss_options": loss.options,
                       "attention": attention, "seed": seed, **evaluate(model, test_windows, loss.own_map),
-                      "tokens_per_s": fit["tokens_per_s"], "peak_mib": memory[(loss_name, attention, True)], "train_wall_s": wall,
+                      "tokens_per_s": fit["tokens_per_s"], "peak_mib": peak[(loss_name, attention, True)], "train_wall_s": wall,
                       "curve": fit["curve"], **samples(model, tok, prompts, loss.own_map, cfg, seed)}
             if attention == "entmax_learned":
                 result["learned_alpha"] = hf_attention.learned_alphas(model)
@@ -340,7 +354,7 @@ def run_lm(seeds=(0, 1, 2), arms=None, cfg: Config = Config(), corpus_path: str 
         "runs": runs,
     }
     if throughput:
-        report["fused_vs_unfused"] = fused_vs_unfused(cfg, train_stream, losses_run, memory)
+        report["fused_vs_unfused"] = fused_vs_unfused(cfg, train_stream, losses_run, peak)
     report["wall_s"] = time.perf_counter() - t_start
     report["threads"] = torch.get_num_threads()
     return report

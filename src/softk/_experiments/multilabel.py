@@ -59,6 +59,9 @@ N_FOLDS = 5
 LBFGS = dict(m=10, factr=100.0, pgtol=1e-8, maxiter=100)
 FOLD_SCHEMES = ("contiguous", "shuffled")
 CV_SCORES = ("per-fold", "pooled")
+# ``softk experiment multilabel --quick``: a smoke test of every loss, not the protocol: the first
+# ``n_train`` training rows, one λ instead of ten (CV then chooses the threshold only), the contiguous folds only
+QUICK: dict = {"n_train": 200, "lambdas": (1e-1,), "schemes": ("contiguous",)}
 FOLD_SIZES = ("ceil", "even")
 
 

@@ -49,6 +49,8 @@ from .common import Progress, fmt, load_mnist5k, mean_std, pyplot, save_figure, 
 
 ROUTERS = ("softmax_hardtopk", "topk_softmax", "sparsemax", "soft_topk_exp", "soft_topk_sparse")
 N_EXPERTS, K = 8, 2
+# ``softk experiment router --quick``: every router once, one seed, two epochs (a smoke test, not a result)
+QUICK = {"seeds": (0,), "epochs": 2}
 
 
 def route(name: str, r):

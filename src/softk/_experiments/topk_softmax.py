@@ -44,6 +44,9 @@ from .common import Progress, batches, ece, fmt, load_mnist5k, mean_std, pyplot,
 
 LOSSES = ("ce", "sparsemax", "entmax15", "topk2", "topk3", "topk5", "topk10")
 REGIMES = ("scratch", "finetune")
+# ``softk experiment topk-softmax --quick``: every loss in both regimes once, one seed, two epochs of
+# each training (a smoke test, not a result)
+QUICK = {"seeds": (0,), "epochs": 2, "pre_epochs": 2, "ft_epochs": 2}
 
 
 def _k(name: str) -> int:
