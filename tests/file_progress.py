@@ -35,7 +35,9 @@ class FileProgress:
             self.left[_file(nodeid)] += 1
         self.total = len(nodeids)
 
-    # ``-n``: the controller hears the workers' collections
+    # ``-n``: the controller hears the workers' collections (a hook xdist
+    # adds, optional so that ``-p no:xdist`` runs still load this plugin)
+    @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node, ids):
         self.expect(ids)
 

@@ -31,7 +31,7 @@ def project(tmp_path):
     return tmp_path
 
 
-@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["one process", "two workers"])
+@pytest.mark.parametrize("workers", [["-p", "no:xdist"], ["-n", "2"]], ids=["one process", "two workers"])
 def test_a_line_per_finished_file_and_no_dots(project, workers):
     r = safety_net.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", *workers,
                         str(project)], cwd=project, capture_output=True, text=True)

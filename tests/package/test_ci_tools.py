@@ -42,3 +42,20 @@ def test_ci_runs_them_after_the_import_contract_and_before_the_tests():
     tests = next(i for i, step in enumerate(steps) if step.startswith("python -m pytest"))
     assert steps.index("lint-imports") < steps.index("ruff check src") < tests
     assert steps.index("lint-imports") < steps.index("mypy") < tests
+
+
+def _readme_test_command() -> str:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    found = re.findall(r"(python -m pytest -n auto -m \"[^\"]+\")", readme)
+    assert found, "README.md shows no test command"
+    return found[0]
+
+
+def test_ci_runs_the_readmes_test_command_then_the_gpu_builds():
+    run = (REPO / ".ci" / "run").read_text(encoding="utf-8")
+    steps = [line.strip() for line in run.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    command = _readme_test_command()
+    assert command in steps, f".ci/run does not run the README's {command!r}"
+    assert "gpu_build" in command and "not gpu_build" in command
+    builds = steps.index('python -m pytest -n auto -m gpu_build')
+    assert steps.index(command) < builds

@@ -55,7 +55,7 @@ print("OK")
 """
 
 
-@pytest.mark.slow
+@pytest.mark.gpu_build
 def test_attention_kernels_compile_for_a_gpu():
     # about a minute with an empty Triton cache on an idle 2-core machine
     gpu_build.compile_for_gpu(_COMPILE)

@@ -204,7 +204,7 @@ print("OK")
 """
 
 
-@pytest.mark.slow
+@pytest.mark.gpu_build
 def test_fused_kernel_compiles_for_a_gpu():
     # The interpreter accepts code the compiler rejects: compile every family
     # on chip, looped and several rows per program for sm_90 (ptxas included), TRITON_INTERPRET unset.

@@ -298,7 +298,7 @@ print("OK")
 """
 
 
-@pytest.mark.slow
+@pytest.mark.gpu_build
 def test_live_tile_kernels_compile_for_a_gpu():
     from . import gpu_build
 

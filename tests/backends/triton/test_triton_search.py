@@ -311,7 +311,7 @@ print("OK")
 """
 
 
-@pytest.mark.slow
+@pytest.mark.gpu_build
 def test_kernels_compile_for_a_gpu():
     # The interpreter accepts code that the compiler rejects (a non-constexpr
     # global, a type that changes across a loop, a helper's tuple): compile

@@ -343,7 +343,7 @@ print("OK")
 """
 
 
-@pytest.mark.slow
+@pytest.mark.gpu_build
 def test_kernels_compile_for_a_gpu():
     # as in test_triton_search: the interpreter accepts code the compiler
     # rejects, so build every variant for sm_90 (ptxas included) in a
