@@ -260,7 +260,10 @@ def test_built_with_torchtitans_compile_config():
     torch.testing.assert_close(g, gw, rtol=1e-6, atol=1e-6)
 
 
-def _compiled_ranks(rank, world):
+COMPILED_LOSSES = {"cross_entropy": {}, "sparsemax": {}, "entmax15": {}, "topk_softmax_ce": {"k": 3}}
+
+
+def _compiled_ranks(rank, world, loss):
     """compile_config on two ranks: class-sharded DTensor logits (a 1-D mesh, a (1, 2) mesh whose first
     dimension shards the rows, and a (2, 1) mesh whose rows are on the two ranks, so that the compiled
     loss's sum over them is a real reduction) and plain (B, L, V/tp) slices with group=, compiled
@@ -284,34 +287,36 @@ def _compiled_ranks(rank, world):
                                         None),
         "slice": (lambda: z[..., lo:hi].clone().requires_grad_(), dist.group.WORLD),
     }
-    for loss, kw in (("cross_entropy", {}), ("sparsemax", {}), ("entmax15", {}), ("topk_softmax_ce", {"k": 3})):
-        for kind, (make, group) in inputs.items():
-            torch._dynamo.reset()
-            graphs = []
+    kw = COMPILED_LOSSES[loss]
+    for kind, (make, group) in inputs.items():
+        torch._dynamo.reset()
+        graphs = []
 
-            def recording(gm, example_inputs):
-                graphs.append(gm)
-                return torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
+        def recording(gm, example_inputs):
+            graphs.append(gm)
+            return torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
 
-            cfg = SoftkLoss.Config(loss=loss, global_vocab_size=11, **kw)
-            cc = SimpleNamespace(enable=True, components=["loss"], backend=recording)
-            results = []
-            for fn in (SoftkLoss(cfg, group=group), SoftkLoss(cfg, group=group, compile_config=cc)):
-                x = make()
-                out, _ = fn(x, t, n)
-                assert type(out) is torch.Tensor, (kind, type(out))
-                (g,) = torch.autograd.grad(out, x)
-                results.append((out.detach(), g.full_tensor() if hasattr(g, "full_tensor") else g))
-            mods = [m for gm in graphs for m in gm.modules() if isinstance(m, torch.fx.GraphModule)]
-            ops = {str(nd.target) for m in mods for nd in m.graph.nodes}
-            want_op = "all_gather_into_tensor" if loss == "topk_softmax_ce" else "all_reduce"
-            assert any(op.startswith(f"_c10d_functional.{want_op}") for op in ops), (loss, kind, "not compiled")
-            (want, gw), (got, g) = results
-            what = f"{loss} {kind} rank {rank}"
-            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, msg=lambda m: f"{what}: {m}")
-            torch.testing.assert_close(g, gw, rtol=1e-12, atol=1e-12, msg=lambda m: f"{what} grad: {m}")
+        cfg = SoftkLoss.Config(loss=loss, global_vocab_size=11, **kw)
+        cc = SimpleNamespace(enable=True, components=["loss"], backend=recording)
+        results = []
+        for fn in (SoftkLoss(cfg, group=group), SoftkLoss(cfg, group=group, compile_config=cc)):
+            x = make()
+            out, _ = fn(x, t, n)
+            assert type(out) is torch.Tensor, (kind, type(out))
+            (g,) = torch.autograd.grad(out, x)
+            results.append((out.detach(), g.full_tensor() if hasattr(g, "full_tensor") else g))
+        mods = [m for gm in graphs for m in gm.modules() if isinstance(m, torch.fx.GraphModule)]
+        ops = {str(nd.target) for m in mods for nd in m.graph.nodes}
+        want_op = "all_gather_into_tensor" if loss == "topk_softmax_ce" else "all_reduce"
+        assert any(op.startswith(f"_c10d_functional.{want_op}") for op in ops), (loss, kind, "not compiled")
+        (want, gw), (got, g) = results
+        what = f"{loss} {kind} rank {rank}"
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, msg=lambda m: f"{what}: {m}")
+        torch.testing.assert_close(g, gw, rtol=1e-12, atol=1e-12, msg=lambda m: f"{what} grad: {m}")
 
 
+# one loss per test, so that the compilations spread over the test run's workers
 @pytest.mark.slow
-def test_compiled_dtensor_and_slices_equal_eager_on_two_ranks(tmp_path):
-    run(2, _compiled_ranks, tmp_path)
+@pytest.mark.parametrize("loss", list(COMPILED_LOSSES))
+def test_compiled_dtensor_and_slices_equal_eager_on_two_ranks(tmp_path, loss):
+    run(2, _compiled_ranks, tmp_path, loss)

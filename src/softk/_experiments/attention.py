@@ -15,8 +15,8 @@ sequence :math:`x_1..x_{28}`:
 
 (:math:`e_t` a learned position embedding, width 64; 4 heads of width 16,
 each with one learned query :math:`q_h`), trained with CE, Adam lr 3e-3,
-batches of 64, 8 epochs, seeds 0, 1, 2 by default (2-2.5 min of CPU on 2
-cores, 2026-11-28).  The pooled heads are the only path from the tokens to the
+batches of 64, 8 epochs, seeds 0, 1, 2 by default (``--help`` says what that
+costs, measured).  The pooled heads are the only path from the tokens to the
 classifier, so their supports are what the model reads.  SDPA is
 :func:`softk.attention.scaled_dot_product_attention` with
 
