@@ -23,7 +23,7 @@ object for one data set, a list for several).  ``--out DIR`` also writes
 one ``wrote PATH`` line per file written (every experiment lists its files so).
 ``--quick`` is a smoke test of every loss, not the protocol
 (:data:`softk._experiments.multilabel.QUICK`).  Every experiment's ``--help``
-says what its full and quick runs cost (:data:`.experiment_common.COST`).
+points at the measured cost of its full and quick runs (:data:`.experiment_common.COST_NOTE`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import os
 import sys
 
 from . import UsageError, experiment_lm
-from .experiment_common import COST, check as _check, cost, emit, out_dir as _out_dir, positive as _positive, wrote
+from .experiment_common import COST_NOTE, check as _check, emit, out_dir as _out_dir, positive as _positive, wrote
 
 from .._experiments import multilabel as _multilabel
 from .._experiments.multilabel import CV_SCORES, FOLD_SIZES
@@ -56,7 +56,7 @@ def register(sub):
         "multilabel",
         help="sigmoid/softmax/sparsemax/entmax15/soft_topk losses on Mulan data (Martins & Astudillo 2016)",
         description="Train a linear multi-label classifier with each loss (L-BFGS, λ and the prediction "
-        f"threshold chosen by 5-fold CV on the training file) and report test micro/macro F1. {cost('multilabel')}",
+        f"threshold chosen by 5-fold CV on the training file) and report test micro/macro F1. {COST_NOTE}",
     )
     m.add_argument("--data", nargs="+", metavar="DIR",
                    help=f"required, one or more: {MULAN_HELP}")
@@ -65,8 +65,8 @@ def register(sub):
     quick = _multilabel.QUICK
     m.add_argument("--quick", action="store_true",
                    help=f"a smoke test of every loss, not the protocol: the first {quick['n_train']} training rows, "
-                   f"λ {' and '.join(f'{l:g}' for l in quick['lambdas'])} only, contiguous folds only "
-                   f"({COST['multilabel'][1]} on 2 cores); options given still apply")
+                   f"λ {' and '.join(f'{l:g}' for l in quick['lambdas'])} only, contiguous folds only; "
+                   "options given still apply")
     m.add_argument("--folds", nargs="+", metavar="SCHEME",
                    help="CV fold schemes; the first is the headline: contiguous (the paper's), "
                    "shuffled (seeded) (default: both; --quick: contiguous)")
@@ -189,9 +189,9 @@ QUICK_HELP = {
 
 def _register_networks(kinds):
     for name, (module_name, _, text) in NETWORKS.items():
-        q = kinds.add_parser(name, help=text, description=f"{text}. {cost(name)}")
+        q = kinds.add_parser(name, help=text, description=f"{text}. {COST_NOTE}")
         q.add_argument("--quick", action="store_true",
-                       help=f"{QUICK_HELP[name]}, on all of MNIST-5k: a smoke test ({COST[name][1]} on 2 cores), "
+                       help=f"{QUICK_HELP[name]}, on all of MNIST-5k: a smoke test, "
                        "not a result; options given still apply")
         seeds = q.add_mutually_exclusive_group()
         default = " ".join(map(str, DEFAULT_SEEDS.get(name, [0, 1, 2, 3, 4])))

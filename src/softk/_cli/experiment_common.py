@@ -11,24 +11,10 @@ import sys
 from . import UsageError
 
 
-# What each experiment's run costs, measured with /usr/bin/time on this project's machine; every
-# ``--help`` says it: (the defaults, --quick).  Measure again when a default changes.
-MEASURED = "On 2 cores shared with other jobs (measured 2026-11-28; CPU time is user + sys)"
-COST = {
-    "multilabel": ("about 2 min of CPU per data set on emotions, the smallest (yeast took 5 times emotions' on "
-                   "2026-11-23)", "10-20 s of CPU per data set"),
-    "topk-softmax": ("2.5-3 min of CPU (5 seeds)", "about 15 s of CPU"),
-    "attention": ("2-2.5 min of CPU (3 seeds)", "15-20 s of CPU"),
-    "router": ("about 2.5 min of CPU (5 seeds)", "about 15 s of CPU"),
-    "lm": ("about an hour of wall time on both cores (65 min on 2026-11-27; its CPU time was not measured)",
-           "under 20 s of CPU"),
-}
-
-
-def cost(name: str) -> str:
-    """What the experiment's full run and its --quick run cost, a sentence for its ``--help``."""
-    full, quick = COST[name]
-    return f"{MEASURED}, the defaults take {full}; --quick {quick}."
+# The measured cost of each experiment's full and --quick runs is a measurement,
+# kept with the others in the documentation; every ``--help`` points there.
+COST_NOTE = ("What the full run and --quick cost, measured on 2 cores, is in the documentation's Experiments "
+             "guide (docs/guides/experiments.md).")
 
 
 def check(values, allowed, option):

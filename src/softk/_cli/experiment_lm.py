@@ -26,7 +26,7 @@ import argparse
 import os
 
 from . import UsageError
-from .experiment_common import COST, check as _check, cost, emit, out_dir as _out_dir, positive as _positive
+from .experiment_common import COST_NOTE, check as _check, emit, out_dir as _out_dir, positive as _positive
 
 
 def register(kinds) -> None:
@@ -36,14 +36,13 @@ def register(kinds) -> None:
             "entmax15, ts2, topk_softmax_ce) and attention (softmax, entmax15, learned α), from scratch and "
             "fine-tuned; ε-perplexity, sparsemax score, JS, accuracy, support, ECE, softmax perplexity, "
             "distinct-n, tokens/s and memory")
-    q = kinds.add_parser("lm", help=text, description=f"{text}. {cost('lm')}")
+    q = kinds.add_parser("lm", help=text, description=f"{text}. {COST_NOTE}")
     seeds = q.add_mutually_exclusive_group()
     seeds.add_argument("--seeds", nargs="+", type=int, metavar="S", help="training seeds (default 0 1 2; --quick: 0)")
     seeds.add_argument("--seed", type=int, help="one training seed")
     q.add_argument("--quick", action="store_true",
                    help="a one-layer model of width 32 on a slice of the corpus, every arm once, one seed, one "
-                   f"thread, no memory or throughput measurement: a smoke test ({COST['lm'][1]} on 2 cores; "
-                   "the tests run it), not a result")
+                   "thread, no memory or throughput measurement: a smoke test (the tests run it), not a result")
     q.add_argument("--arm", nargs="+", metavar="ARM", help=f"arms, among {', '.join(ARMS)} (default: all)")
     q.add_argument("--steps", type=int, metavar="N", help="training steps from scratch (default 300; --quick 16)")
     q.add_argument("--ft-steps", type=int, metavar="N", help="fine-tuning steps (default 100; --quick 8)")
