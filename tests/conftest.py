@@ -29,6 +29,14 @@ with warnings.catch_warnings():
         _load_jvp_decompositions()
     import torch.utils.mkldnn  # noqa: F401
 
+# Triton's interpreter sweeps its language again on every call of a jitted
+# helper inside a kernel; tests/interpreter_speed.py makes that once per launch
+# (SOFTK_TEST_PLAIN_INTERPRETER=1 runs the interpreter as Triton ships it).
+if os.environ.get("SOFTK_TEST_PLAIN_INTERPRETER") != "1":
+    from . import interpreter_speed
+
+    interpreter_speed.install()
+
 
 settings.register_profile(
     "ci",

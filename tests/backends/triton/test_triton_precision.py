@@ -96,7 +96,7 @@ FAST = [("sparsemax", "offset1e4-tau0.3", 1), ("entmax15", "offset1e6-tau0.3", 1
 
 
 @pytest.mark.parametrize("map_id, case_id, k", FAST, ids=[f"{m}-{c}-k{k}" for m, c, k in FAST])
-def test_issue20_cases_are_exact(map_id, case_id, k):
+def test_the_precision_targets_are_exact(map_id, case_id, k):
     for variant in VARIANTS:
         check_map(map_id, case_id, k, variant)
 
