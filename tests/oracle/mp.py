@@ -44,7 +44,9 @@ def _fam(name, alpha=None):
     raise ValueError(name)
 
 
-def _root(f, df, z, k):
+def _root(f, df, z, k, settled=None):
+    """λ with Σ f(z_i − λ) = k, to PREC − 40 bits, or as soon as ``settled(lo,
+    hi)`` says the bracket [lo, hi] is narrow enough for the caller."""
     g = lambda lam: mp.fsum(f(v - lam) for v in z)  # noqa: E731
     zs = sorted(z, reverse=True)
     c = zs[min(k, len(zs)) - 1]
@@ -58,6 +60,7 @@ def _root(f, df, z, k):
         hi = c + w
     lam = (lo + hi) / 2
     tol = mp.mpf(2) ** (-(PREC - 40)) * (1 + abs(c))
+    near = mp.mpf(2) ** -40 * (1 + abs(c))  # below this width, ask settled()
     width = hi - lo
     for _ in range(8 * PREC):
         r = g(lam) - k
@@ -67,7 +70,7 @@ def _root(f, df, z, k):
             lo = lam
         else:
             hi = lam
-        if hi - lo <= tol:
+        if hi - lo <= tol or settled is not None and hi - lo <= near and settled(lo, hi):
             return (lo + hi) / 2
         d = mp.fsum(df(v - lam) for v in z)
         step = lam + r / d if d > 0 else None
@@ -91,7 +94,14 @@ def threshold_row(name, row, k, tau=1.0, alpha=None):
     f, df = _fam(name, alpha)
     with mp.workprec(PREC):
         z = [mp.mpf(float(v)) / mp.mpf(tau) for v in row[fin]]
-        lam = _root(f, df, z, k)
+
+        def settled(lo, hi):
+            # f is nondecreasing, so f(z − λ) at the root λ ∈ [lo, hi] lies
+            # between its values at hi and lo: where those round to the same
+            # float64, so does the exact answer, and bisecting on changes nothing
+            return all(float(f(v - lo)) == float(f(v - hi)) for v in z)
+
+        lam = _root(f, df, z, k, settled)
         out[fin] = [float(f(v - lam)) for v in z]
     return out
 
