@@ -89,22 +89,23 @@ def test_dalpha_holds_float32_across_the_band_above_one(backend, softcap):
     # α ∈ [1.02, 1.1] puts y = −(α−1)·log p of the rows' small p near the
     # switch from γ(y)'s series to its closed form, where a bound of y = 1/8
     # left dα 1e-5 to 1e-4 off (30x either side of the band); the bound y = 1
-    # keeps every α at the float32 level of its neighbours
+    # keeps every α at the float32 level of its neighbours.  On these rows
+    # the bound 1/8 puts every one of these α above the bar on every backend
+    # (1.03 the worst, 10x), and 1.1 is where the right bound comes nearest it
     from softk.attention import scaled_dot_product_attention as sdpa
     import softk
 
     name = {"reference": "torch", "blockwise": "native", "triton": "triton"}[backend]  # the setting
     worst = 0.0
-    for seed in range(2):
-        q, k, v, g = _random(10 + seed, 16, 96, 32)
-        for alpha in (1.02, 1.03, 1.04, 1.05, 1.06, 1.08, 1.1):
-            def dalpha(b, dtype):
-                a = torch.tensor([alpha, alpha + 0.005], dtype=dtype, requires_grad=True)
-                with softk.use_backend(b):
-                    out = sdpa(q.to(dtype), k.to(dtype), v.to(dtype), map="entmax", alpha=a, softcap=softcap)
-                return torch.autograd.grad(out, a, g.to(dtype))[0].double()
+    q, k, v, g = _random(11, 16, 96, 32)
+    for alpha in (1.02, 1.03, 1.05, 1.1):
+        def dalpha(b, dtype):
+            a = torch.tensor([alpha, alpha + 0.005], dtype=dtype, requires_grad=True)
+            with softk.use_backend(b):
+                out = sdpa(q.to(dtype), k.to(dtype), v.to(dtype), map="entmax", alpha=a, softcap=softcap)
+            return torch.autograd.grad(out, a, g.to(dtype))[0].double()
 
-            want = dalpha("torch", torch.float64)
-            err = float(((dalpha(name, torch.float32) - want).abs() / want.abs()).max())
-            worst = max(worst, err)
+        want = dalpha("torch", torch.float64)
+        err = float(((dalpha(name, torch.float32) - want).abs() / want.abs()).max())
+        worst = max(worst, err)
     assert worst <= 8e-6, worst
