@@ -1,12 +1,14 @@
 """The edge rows of :mod:`tests.precision.edge_cases` on the torch path and
 the compiled CPU kernels: exact answers (float64 references), sums of 1 or
-k, finite gradients."""
+k, finite gradients.  α near one × dtype: the default run covers each, the
+slow tier every combination (tests/matrix.py)."""
 
 import numpy as np
 import pytest
 import torch
 
 import softk
+from tests import matrix
 from tests.oracle.mp import threshold_row
 from tests.precision.edge_cases import (HALF, METHODS, NEAR_ONE, OVERFLOW_ROWS, entmax_reference,
                                         near_one_rows, overflow_reference, tolerance)
@@ -14,8 +16,7 @@ from tests.precision.edge_cases import (HALF, METHODS, NEAR_ONE, OVERFLOW_ROWS, 
 pytestmark = pytest.mark.usefixtures("each_cpu_backend")
 
 
-@pytest.mark.parametrize("dtype", (torch.float32,) + HALF, ids=str)
-@pytest.mark.parametrize("alpha", NEAR_ONE)
+@pytest.mark.parametrize("alpha, dtype", matrix.product(NEAR_ONE, (torch.float32,) + HALF))
 def test_entmax_near_alpha_one_matches_float64(alpha, dtype):
     for x, tau in near_one_rows(dtype):
         p = softk.entmax(x, alpha=alpha, tau=tau)

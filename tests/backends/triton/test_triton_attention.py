@@ -8,7 +8,8 @@ Every buffer the launcher allocates (out, m, λ, dq, dk, dv, δ, the dα rows)
 is NaN-filled first, so an element a kernel fails to write cannot pass.
 Tiles of 16×16 (besides the default 64×64) put several query and key blocks,
 the block skipping and the causal block bounds into play at these lengths.
-Skipped where the kernels are not built."""
+Maps × causal: the default run covers each, the slow tier both for every
+map (tests/matrix.py).  Skipped where the kernels are not built."""
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ tri = pytest.importorskip("softk._backends.triton.attention")
 from softk._backends import dispatch  # noqa: E402
 from softk.threshold.attention_maps import SPARSEMAX_ID  # noqa: E402
 
+from ... import matrix  # noqa: E402
 from ...oracle import attention as ora  # noqa: E402
 from ...attention.test_attention import MAPS, alpha_of, bool_mask, one_thread, run  # noqa: E402,F401
 
@@ -65,8 +67,7 @@ def check_grads(out, q, k, v, a, mask, causal, name, a_np, scale=None, tol=1e-4,
         assert (got[0][:, :, r] == 0).all()
 
 
-@pytest.mark.parametrize("name,alpha", MAPS)
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name,alpha,causal", matrix.product(MAPS, [False, True]))
 def test_triton_backend_matches_oracle(name, alpha, causal, tiles):
     L, S = 20, 37
     q, k, v = leaves(L=L, S=S)

@@ -4,7 +4,8 @@ v and a learned α, against the NumPy float64 oracle run on the capped
 scores, for every map, causal or not, boolean (with fully masked rows),
 float and no masks, GQA, L ≠ S; the kernels' tanh and the cap's slope
 against float64; and the dispatch, which now runs a capped call on the
-Triton kernels.
+Triton kernels.  Maps × causal × caps: the default run covers each of
+them, the slow tier every combination (tests/matrix.py).
 
 The oracle is given the capped scores as its queries and the identity as
 its keys (scale 1), so that its q·kᵀ is exactly those scores; its dq is
@@ -24,6 +25,7 @@ from softk.attention import checks, op  # noqa: E402
 from softk._backends import kernels  # noqa: E402
 from softk._backends.triton.attention_tiles import _cap_slope, _tanh  # noqa: E402
 
+from ... import matrix  # noqa: E402
 from ...oracle import attention as ora  # noqa: E402
 from ...attention.test_attention import MAPS, alpha_of, bool_mask  # noqa: E402
 from .test_triton_attention import close32, leaves  # noqa: E402
@@ -108,9 +110,7 @@ def check(q, k, v, c, mask=None, causal=False, name="entmax15", alpha=None, scal
     return out
 
 
-@pytest.mark.parametrize("softcap", CAPS)
-@pytest.mark.parametrize("name,alpha", MAPS)
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name,alpha,causal,softcap", matrix.product(MAPS, [False, True], CAPS))
 def test_softcap_matches_the_oracle(name, alpha, causal, softcap, tiles):
     # GQA (4 query heads on 2 key heads), L ≠ S, 16×16 tiles (several blocks
     # each way), a boolean mask with two fully masked rows; the products of

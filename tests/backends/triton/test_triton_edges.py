@@ -1,18 +1,19 @@
 """The edge rows of :mod:`tests.precision.edge_cases` on the Triton kernels
 (in the interpreter): α-entmax near α = 1 in every dtype, soft top-k where
-(x − r)/τ overflows float32."""
+(x − r)/τ overflows float32.  α × dtype and row × method: the default run
+covers each, the slow tier every combination (tests/matrix.py)."""
 
 import numpy as np
 import pytest
 import torch
 
 import softk
+from tests import matrix
 from tests.precision.edge_cases import (HALF, METHODS, NEAR_ONE, OVERFLOW_ROWS, entmax_reference,
                                         near_one_rows, overflow_reference, tolerance)
 
 
-@pytest.mark.parametrize("dtype", (torch.float32,) + HALF, ids=str)
-@pytest.mark.parametrize("alpha", NEAR_ONE)
+@pytest.mark.parametrize("alpha, dtype", matrix.product(NEAR_ONE, (torch.float32,) + HALF))
 def test_entmax_near_alpha_one_matches_float64(alpha, dtype):
     for x, tau in near_one_rows(dtype):
         with softk.use_backend("triton"):
@@ -22,8 +23,7 @@ def test_entmax_near_alpha_one_matches_float64(alpha, dtype):
         assert (err <= tolerance(dtype, ref)).all(), (tuple(x.shape), tau, err.max())
 
 
-@pytest.mark.parametrize("method", METHODS)
-@pytest.mark.parametrize("row, k, tau, exact", OVERFLOW_ROWS)
+@pytest.mark.parametrize("row, k, tau, exact, method", matrix.product(OVERFLOW_ROWS, METHODS))
 def test_soft_topk_where_x_over_tau_overflows(row, k, tau, exact, method):
     x = torch.tensor([row], requires_grad=True)
     with softk.use_backend("triton"):

@@ -2,7 +2,9 @@
 the first frame, as where (x − max)/τ overflows float32): searched in the
 frame of their k-th largest entry, on both variants, several rows to a
 program, and in the fused loss; the rows next to them in a program keep
-their p and their pass count bit for bit."""
+their p and their pass count bit for bit.  Rows × methods × variants: the
+default run covers each of them, the slow tier every combination
+(tests/matrix.py)."""
 
 import numpy as np
 import pytest
@@ -11,6 +13,7 @@ import torch
 import softk
 from softk._backends.triton.function import FAMILY_IDS, forward_rows
 from softk._backends.triton.loss import fenchel_young_fused_rows
+from tests import matrix
 from tests.precision.edge_cases import METHODS, OVERFLOW_ROWS, overflow_reference
 
 VARIANTS = {"onchip": dict(onchip=True), "looped": dict(onchip=False, block=16)}
@@ -20,9 +23,8 @@ def _normal_rows(n, r=3, seed=0):
     return torch.tensor(np.random.default_rng(seed).normal(size=(r, n)) * 3, dtype=torch.float32)
 
 
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
-@pytest.mark.parametrize("method", METHODS)
-@pytest.mark.parametrize("row, k, tau, exact", OVERFLOW_ROWS)
+@pytest.mark.parametrize("row, k, tau, exact, method, variant",
+                         matrix.product(OVERFLOW_ROWS, METHODS, sorted(VARIANTS)))
 def test_extreme_row_among_normal_rows(row, k, tau, exact, method, variant):
     n = len(row)
     normal = _normal_rows(n)
@@ -59,9 +61,8 @@ def test_wide_extreme_row_passes(method):
     assert its.item() <= 40, its.item()
 
 
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
-@pytest.mark.parametrize("method", METHODS)
-@pytest.mark.parametrize("row, k, tau, exact", OVERFLOW_ROWS)
+@pytest.mark.parametrize("row, k, tau, exact, method, variant",
+                         matrix.product(OVERFLOW_ROWS, METHODS, sorted(VARIANTS)))
 def test_fused_loss_on_extreme_rows(row, k, tau, exact, method, variant):
     # the gradient is (p − y)/τ with the forward's exact p; with y = p the loss is 0
     ref = overflow_reference(row, k, tau, method, exact)
