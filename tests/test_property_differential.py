@@ -140,9 +140,7 @@ def reference(name, row, k, tau, alpha):
     with mp.workprec(oracle_mp.PREC):
         vals = [mp.mpf(float(v)) for v in row[fin]]
         r = sorted(vals, reverse=True)[k - 1]
-        z = [(v - r) / mp.mpf(tau) for v in vals]
-        lam = oracle_mp._root(f, df, z, k)
-        out[fin] = [float(f(v - lam)) for v in z]
+        out[fin] = oracle_mp.probabilities(f, df, [(v - r) / mp.mpf(tau) for v in vals], k)
     return out
 
 

@@ -4,7 +4,7 @@ The float input row x (float32 or float64 values, read exactly as binary
 numbers) and τ (a Python float, exact) define z = x/τ exactly; λ with
 Σ f(z_i − λ) = k is found by safeguarded Newton at ``PREC`` bits, so the
 answer is the exact map of the float input, rounded once to float64 at the
-end.  Independent of softk: it shares no code with the package.
+end (the search for the maps' p stops as soon as that rounding is decided).  Independent of softk: it shares no code with the package.
 
 Row conventions as the package: −inf entries are dropped (p = 0), a row with
 m ≤ k finite entries gets p = 1 on them.
@@ -93,17 +93,22 @@ def threshold_row(name, row, k, tau=1.0, alpha=None):
         return out
     f, df = _fam(name, alpha)
     with mp.workprec(PREC):
-        z = [mp.mpf(float(v)) / mp.mpf(tau) for v in row[fin]]
-
-        def settled(lo, hi):
-            # f is nondecreasing, so f(z − λ) at the root λ ∈ [lo, hi] lies
-            # between its values at hi and lo: where those round to the same
-            # float64, so does the exact answer, and bisecting on changes nothing
-            return all(float(f(v - lo)) == float(f(v - hi)) for v in z)
-
-        lam = _root(f, df, z, k, settled)
-        out[fin] = [float(f(v - lam)) for v in z]
+        out[fin] = probabilities(f, df, [mp.mpf(float(v)) / mp.mpf(tau) for v in row[fin]], k)
     return out
+
+
+def probabilities(f, df, z, k):
+    """The float64 roundings of f(z_i − λ) at the root λ of Σ f(z_i − λ) = k
+    (z in mpmath numbers, at the caller's working precision)."""
+
+    def settled(lo, hi):
+        # f is nondecreasing, so f(z − λ) at the root λ ∈ [lo, hi] lies
+        # between its values at hi and lo: where those round to the same
+        # float64, so does the exact answer, and bisecting on changes nothing
+        return all(float(f(v - lo)) == float(f(v - hi)) for v in z)
+
+    lam = _root(f, df, z, k, settled)
+    return [float(f(v - lam)) for v in z]
 
 
 def topk_sum_row(name, row, k, tau=1.0):
