@@ -1,10 +1,15 @@
 """What each rank runs in tests/distributed/test_distributed_compile.py (imported by the spawned processes).
 
-vocab_parallel_loss and vocab_parallel_map under torch.compile against the
-same calls eager, in float64: values and gradients to 1e-12, through graphs
-that a recording backend received and that hold the functional collectives
-(so the compiled function traced the collectives and did not fall back to
-eager around them).
+vocab_parallel_loss under each reduction and vocab_parallel_map under
+torch.compile against the same calls eager, in float64: values and gradients
+to 1e-12, through graphs that a recording backend received, that hold the
+functional collectives and that ran in the compiled call (so the compiled
+function traced the collectives and did not fall back to eager around them).
+
+Dynamo starts afresh for each loss and each map.  A loss's three reductions
+share its compiled frames, since the reduction only changes the last steps of
+vocab_parallel_loss: the second and third compile only what differs.  A frame
+past Dynamo's recompile limit raises instead of quietly running eagerly.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import torch
 from softk.distributed import vocab_parallel_loss, vocab_parallel_map
 
 from . import dist_cases as C
+from .recording import Recording
 
 TOL = dict(rtol=1e-12, atol=1e-12, equal_nan=True)
 
@@ -29,23 +35,8 @@ LOSSES = [
     ("soft_topk", {"k": 3, "method": "sparse"}, "dense"),
 ]
 
-
-def _collectives(graphs):
-    """The functional collectives in ``graphs``, with those of an autograd rule's forward and backward subgraphs."""
-    mods = [m for gm in graphs for m in gm.modules() if isinstance(m, torch.fx.GraphModule)]
-    return {str(n.target).split(".")[1] for m in mods for n in m.graph.nodes if "_c10d_functional" in str(n.target)}
-
-
-def _compiled(fn, backend):
-    """``fn`` under torch.compile, after a fresh Dynamo, and the list of graphs its backend receives."""
-    torch._dynamo.reset()
-    graphs = []
-
-    def recording(gm, inputs):
-        graphs.append(gm)
-        return torch._dynamo.lookup_backend(backend)(gm, inputs)
-
-    return torch.compile(fn, backend=recording), graphs
+# -inf masked classes once, on the rows' own losses (a masked row's +inf would fill a mean or a sum)
+REDUCTIONS = (("none", True), ("mean", False), ("sum", False))
 
 
 def _value_and_grad(fn, x, weight):
@@ -55,12 +46,12 @@ def _value_and_grad(fn, x, weight):
     return out.detach(), x.grad
 
 
-def _check(fn, x, weight, backend, what, expect):
+def _check(fn, x, weight, rec, what, expect):
     want, gw = _value_and_grad(fn, x, weight)
-    cfn, graphs = _compiled(fn, backend)
-    got, g = _value_and_grad(cfn, x, weight)
-    assert graphs, f"{what}: nothing was compiled"
-    assert expect <= _collectives(graphs), (what, _collectives(graphs))
+    runs = list(rec.runs)
+    got, g = _value_and_grad(torch.compile(fn, backend=rec), x, weight)
+    ran = rec.ran_since(runs)
+    assert expect <= ran, f"{what}: the compiled graphs that ran hold {ran or 'no'} collectives, not {expect}"
     torch.testing.assert_close(got, want, **TOL, msg=lambda m: f"{what} value: {m}")
     torch.testing.assert_close(g, gw, **TOL, msg=lambda m: f"{what} grad: {m}")
     # the same again eagerly, after compiling: c10d's collectives, the same result
@@ -69,27 +60,30 @@ def _check(fn, x, weight, backend, what, expect):
     torch.testing.assert_close(ga, gw, **TOL)
 
 
-def check_compiled_losses(rank, world, sizes, order, backend, reduction):
+def check_compiled_losses(rank, world, sizes, order, backend, losses=LOSSES):
     v = sum(sizes)
     lo, hi = C.bounds(sizes, order)[rank]
-    masks = reduction == "none"  # -inf masked classes once, on the rows' own losses
-    z, t = C.data(9, v, masks=masks)
-    t[[0, 7]] = -100  # ignored rows
-    y = C.dense(9, v, 3)
     weight = torch.linspace(0.5, 1.5, 9, dtype=C.D)
-    for loss, kw, kind in LOSSES:
-        if kind == "dense":
-            if masks:  # a dense target on masked classes is another test's business
-                continue
-            target = y[:, lo:hi] if kw.get("k", 1) == 3 else y[:, lo:hi] / 3
-        else:
-            target = t
+    data = {}
+    for masks in (True, False):
+        z, t = C.data(9, v, masks=masks)
+        t[[0, 7]] = -100  # ignored rows
+        data[masks] = z[:, lo:hi], t
+    y = C.dense(9, v, 3)[:, lo:hi]
+    for loss, kw, kind in losses:
+        torch._dynamo.reset()
+        rec = Recording(backend)  # one per loss: its reductions reuse its frames
         expect = {"all_gather_into_tensor"} if loss == "topk_softmax_ce" else {"all_reduce"}
+        for reduction, masks in REDUCTIONS:
+            if kind == "dense" and masks:  # a dense target on masked classes is another test's business
+                continue
+            x, t = data[masks]
+            target = t if kind == "index" else (y if kw.get("k", 1) == 3 else y / 3)
 
-        def fn(x, loss=loss, kw=kw, target=target):
-            return vocab_parallel_loss(x, target, loss, reduction=reduction, **kw)
+            def fn(x, loss=loss, kw=kw, target=target, reduction=reduction):
+                return vocab_parallel_loss(x, target, loss, reduction=reduction, **kw)
 
-        _check(fn, z[:, lo:hi], weight, backend, f"{loss} {kw} {kind} {reduction} masks={masks}", expect)
+            _check(fn, x, weight, rec, f"{loss} {kw} {kind} {reduction} masks={masks}", expect)
 
 
 def check_compiled_maps(rank, world, sizes, order, backend):
@@ -98,16 +92,13 @@ def check_compiled_maps(rank, world, sizes, order, backend):
     z, _ = C.data(9, v, masks=False)
     weight = torch.randn(9, hi - lo, dtype=C.D, generator=torch.Generator().manual_seed(rank + 5))
     for name in ("softmax", "sparsemax", "entmax15"):
-        _check(lambda x, name=name: vocab_parallel_map(x, name), z[:, lo:hi], weight, backend, f"map {name}",
-               {"all_reduce"})
+        torch._dynamo.reset()
+        _check(lambda x, name=name: vocab_parallel_map(x, name), z[:, lo:hi], weight, Recording(backend),
+               f"map {name}", {"all_reduce"})
 
 
-PARTS = ("none", "mean", "sum", "maps")  # the losses under each reduction, then the maps
-
-
-def compile_checks(rank, world, sizes, order, backend, part):
-    if part == "maps":
-        check_compiled_maps(rank, world, sizes, order, backend)
-        C.check_counts(rank, world, sizes, order)  # eager, after compiling: the collectives counted as before
-    else:
-        check_compiled_losses(rank, world, sizes, order, backend, part)
+def compile_checks(rank, world, sizes, order, backend):
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
+    check_compiled_losses(rank, world, sizes, order, backend)
+    check_compiled_maps(rank, world, sizes, order, backend)
+    C.check_counts(rank, world, sizes, order)  # eager, after compiling: the collectives counted as before

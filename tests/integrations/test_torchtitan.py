@@ -263,17 +263,25 @@ def test_built_with_torchtitans_compile_config():
 COMPILED_LOSSES = {"cross_entropy": {}, "sparsemax": {}, "entmax15": {}, "topk_softmax_ce": {"k": 3}}
 
 
-def _compiled_ranks(rank, world, loss):
+def _compiled_ranks(rank, world):
     """compile_config on two ranks: class-sharded DTensor logits (a 1-D mesh, a (1, 2) mesh whose first
     dimension shards the rows, and a (2, 1) mesh whose rows are on the two ranks, so that the compiled
     loss's sum over them is a real reduction) and plain (B, L, V/tp) slices with group=, compiled
-    against eager in float64."""
+    against eager in float64, for each loss.  Dynamo starts afresh for each loss, and its input kinds
+    share what they can of its compiled frames; each compiled call must run compiled graphs that hold
+    the loss's collective."""
     from types import SimpleNamespace
 
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
+    from ..distributed.recording import Recording
+
+    torch._dynamo.config.fail_on_recompile_limit_hit = True  # no quiet fall-back to eager
+    # each input kind compiles for its own shapes, as after a reset: a second shape would otherwise
+    # recompile the shared frames with dynamic shapes, a slower path that the test does not aim at
+    torch._dynamo.config.automatic_dynamic_shapes = False
     mesh = init_device_mesh("cpu", (world,))
     mesh2 = init_device_mesh("cpu", (1, world), mesh_dim_names=("dp", "tp"))
     mesh3 = init_device_mesh("cpu", (world, 1), mesh_dim_names=("dp", "tp"))  # the rows really on 2 ranks
@@ -287,36 +295,30 @@ def _compiled_ranks(rank, world, loss):
                                         None),
         "slice": (lambda: z[..., lo:hi].clone().requires_grad_(), dist.group.WORLD),
     }
-    kw = COMPILED_LOSSES[loss]
-    for kind, (make, group) in inputs.items():
+    for loss, kw in COMPILED_LOSSES.items():
         torch._dynamo.reset()
-        graphs = []
-
-        def recording(gm, example_inputs):
-            graphs.append(gm)
-            return torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
-
+        rec = Recording("aot_eager")
         cfg = SoftkLoss.Config(loss=loss, global_vocab_size=11, **kw)
-        cc = SimpleNamespace(enable=True, components=["loss"], backend=recording)
-        results = []
-        for fn in (SoftkLoss(cfg, group=group), SoftkLoss(cfg, group=group, compile_config=cc)):
-            x = make()
-            out, _ = fn(x, t, n)
-            assert type(out) is torch.Tensor, (kind, type(out))
-            (g,) = torch.autograd.grad(out, x)
-            results.append((out.detach(), g.full_tensor() if hasattr(g, "full_tensor") else g))
-        mods = [m for gm in graphs for m in gm.modules() if isinstance(m, torch.fx.GraphModule)]
-        ops = {str(nd.target) for m in mods for nd in m.graph.nodes}
+        cc = SimpleNamespace(enable=True, components=["loss"], backend=rec)
         want_op = "all_gather_into_tensor" if loss == "topk_softmax_ce" else "all_reduce"
-        assert any(op.startswith(f"_c10d_functional.{want_op}") for op in ops), (loss, kind, "not compiled")
-        (want, gw), (got, g) = results
-        what = f"{loss} {kind} rank {rank}"
-        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, msg=lambda m: f"{what}: {m}")
-        torch.testing.assert_close(g, gw, rtol=1e-12, atol=1e-12, msg=lambda m: f"{what} grad: {m}")
+        for kind, (make, group) in inputs.items():
+            def value_and_grad(fn):
+                x = make()
+                out, _ = fn(x, t, n)
+                assert type(out) is torch.Tensor, (kind, type(out))
+                (g,) = torch.autograd.grad(out, x)
+                return out.detach(), g.full_tensor() if hasattr(g, "full_tensor") else g
+
+            want, gw = value_and_grad(SoftkLoss(cfg, group=group))
+            runs = list(rec.runs)
+            got, g = value_and_grad(SoftkLoss(cfg, group=group, compile_config=cc))
+            ran = rec.ran_since(runs)
+            assert want_op in ran, (loss, kind, "the compiled graphs that ran hold", ran)
+            what = f"{loss} {kind} rank {rank}"
+            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, msg=lambda m: f"{what}: {m}")
+            torch.testing.assert_close(g, gw, rtol=1e-12, atol=1e-12, msg=lambda m: f"{what} grad: {m}")
 
 
-# one loss per test, so that the compilations spread over the test run's workers
 @pytest.mark.slow
-@pytest.mark.parametrize("loss", list(COMPILED_LOSSES))
-def test_compiled_dtensor_and_slices_equal_eager_on_two_ranks(tmp_path, loss):
-    run(2, _compiled_ranks, tmp_path, loss)
+def test_compiled_dtensor_and_slices_equal_eager_on_two_ranks(tmp_path):
+    run(2, _compiled_ranks, tmp_path)
