@@ -35,8 +35,10 @@ device, versions, date, and every stage's exit status, time and JSON),
 ``summary.md`` (the tables) and ``log.txt`` (every stage's output); the JSON
 and the summary are rewritten after each stage, so a run cut short keeps
 what it measured.  ``--dry-run`` runs every stage on the CPU at tiny sizes
-(the Triton stages in Triton's interpreter), which is what
-``tests/benchmarks/test_run_all.py`` does.  Exit status: 1 when a
+(the Triton stages in Triton's interpreter, sped up by
+``tests/interpreter_speed.py``): each kernel, variant and branch of a stage
+at least once rather than in every combination, each timed once, which is
+what ``tests/benchmarks/test_run_all.py`` does.  Exit status: 1 when a
 correctness stage found a failure, else 0.
 """
 
@@ -111,10 +113,19 @@ def meta_info(dry_run: bool) -> dict:
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), **versions}
 
 
-def run_stage(name, script, argv, timeout_s, env, log) -> dict:
+# A dry run starts each stage through this: Triton's interpreter sweeps its
+# language again on every call of a jitted helper inside a kernel, and
+# tests/interpreter_speed.py makes that once per launch (the same results),
+# then the script runs as if started alone (its folder first on sys.path).
+DRY_BOOT = ("import os, runpy, sys; from tests import interpreter_speed; interpreter_speed.install(); "
+            "sys.argv = sys.argv[1:]; sys.path.insert(0, os.path.dirname(sys.argv[0])); "
+            "runpy.run_path(sys.argv[0], run_name='__main__')")
+
+
+def run_stage(name, script, argv, timeout_s, env, log, dry_run=False) -> dict:
     t0 = time.monotonic()
-    cmd = [sys.executable, os.path.join(HERE, script), *argv]
-    log(f"\n===== {name}: {' '.join(cmd[1:])} (up to {timeout_s:.0f} s)")
+    cmd = [sys.executable, *(["-c", DRY_BOOT] if dry_run else []), os.path.join(HERE, script), *argv]
+    log(f"\n===== {name}: {' '.join([os.path.join(HERE, script), *argv])} (up to {timeout_s:.0f} s)")
     try:
         res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
         rc, out = res.returncode, res.stdout + res.stderr
@@ -227,7 +238,7 @@ def main(argv=None) -> int:
         argv_ = [a.format(**paths_) for a in (dry_argv if args.dry_run else gpu_argv)]
         if name in BUDGET_FLAG:  # the stage stops starting work at 85 % of its share; the kill comes after it all
             argv_ += [BUDGET_FLAG[name], f"{0.85 * budget:.0f}"]
-        st = run_stage(name, script, argv_, budget + 30.0, env, log)
+        st = run_stage(name, script, argv_, budget + 30.0, env, log, args.dry_run)
         st["result"] = _load(paths_["json"])
         if os.path.exists(paths_["md"]):
             with open(paths_["md"]) as f:
