@@ -71,11 +71,15 @@ STAGES = [
     ("speed", "gpu.py", 0.30, ["--only", SPEED_CASES, "--warm-timeout-s", "40", "--json", "{json}", "--markdown", "{md}"],
      ["--device", "cpu", "--only", "^wide/sparsemax/65536x128", "--max-rows", "4", "--min-reps", "1", "--warm-jobs", "0", "--impls", "torch,softk",
       "--json", "{json}", "--markdown", "{md}"]),
-    ("fused_linear", "fused_linear.py", 0.10, ["--json", "{json}"], ["--device", "cpu", "--quick", "--losses", "cross_entropy", "sparsemax", "--json", "{json}"]),
+    ("fused_linear", "fused_linear.py", 0.10, ["--json", "{json}"], ["--device", "cpu", "--quick", "--json", "{json}"]),
+    # the dry run: a few tokens in the GPU run's precision (the interpreted loss kernels cost per row)
     ("e2e", "e2e_step.py", 0.08, ["--device", "cuda", "--size", "gpt2", "--steps", "3", "--warmup", "1", "--json", "{json}", "--md", "{md}"],
-     ["--device", "cpu", "--size", "tiny", "--steps", "1", "--warmup", "0", "--memory", "none", "--json", "{json}", "--md", "{md}"]),
+     ["--device", "cpu", "--size", "tiny", "--batch", "1", "--seq", "4", "--precision", "amp-bf16",
+      "--steps", "1", "--warmup", "0", "--memory", "none", "--json", "{json}", "--md", "{md}"]),
+    # the dry run: one 64 × 64 tile (the block sparsity's), both modes and masks, the softmax and the threshold kernel
     ("attention", "attention.py", 0.12, ["--lengths", "4096", "--dims", "64", "128", "--causal", "no", "yes", "--json", "{json}"],
-     ["--smoke", "--lengths", "32", "--maps", "softmax", "sparsemax", "--modes", "fwd", "--causal", "yes", "--json", "{json}"]),
+     ["--smoke", "--lengths", "64", "--maps", "softmax", "sparsemax", "--modes", "fwd", "fwdbwd",
+      "--causal", "no", "yes", "--json", "{json}"]),
 ]
 # Stages whose own option bounds their time; the others are bounded only by the kill.
 BUDGET_FLAG = {"correctness": "--budget-s", "attention_check": "--budget-s", "tune": "--budget-s", "speed": "--budget-s",
