@@ -12,7 +12,8 @@ and compares the output and dq, dk, dv (and dα for α-entmax with one α per
 head) with ``tests/oracle/attention.py``, NumPy in float64 from the same
 rounded inputs.  The grid covers every map, causal and not, GQA, lengths 1,
 63/65 and 257/300 (partial tiles), a fully masked query row, and a 1e4
-offset shared by every key.
+offset shared by every key.  ``--quick`` (the dry run) takes each of those
+once at 1/1 and 17/19 rather than every combination.
 
 Tolerances are those of the interpreter tests (``tests/backends/triton``):
 max |got − ref| ≤ tol · max(1, max |ref|) with tol = 2e-4 in float32,
@@ -47,6 +48,15 @@ def cases(quick: bool, dtypes=None):
     """(map, dtype, (L, S), causal, gqa, kind) for every case of the grid."""
     lengths = QUICK_LENGTHS if quick else LENGTHS
     dtypes = dtypes or (["float32", "bfloat16"] if quick else ["float32", "float16", "bfloat16"])
+    if quick:  # each map, (causal, GQA) pair, length and kind once: every path, not every combination
+        pairs = list(itertools.product((False, True), (False, True)))
+        for dtype in dtypes:
+            for name, (causal, gqa) in zip(MAPS, pairs):
+                yield name, dtype, lengths[-1], causal, gqa, "normal"
+            yield MAPS[0], dtype, lengths[0], False, False, "normal"
+            yield MAPS[1], dtype, lengths[-1], False, False, "masked_row"
+            yield MAPS[2], dtype, lengths[-1], True, False, "offset"
+        return
     # the map varies fastest, so that a run cut short has checked every map
     for dtype, ls, causal, gqa, name in itertools.product(dtypes, lengths, (False, True), (False, True), MAPS):
         yield name, dtype, ls, causal, gqa, "normal"
@@ -117,7 +127,9 @@ def _run_safe(c, device):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    ap.add_argument("--quick", action="store_true", help="two short lengths, float32 and bfloat16")
+    ap.add_argument("--quick", action="store_true",
+                    help="seven cases per dtype at two short lengths (each map, causal and GQA pair, kind), "
+                         "float32 and bfloat16")
     ap.add_argument("--dtypes", nargs="+", choices=sorted(TOL), help="input dtypes (default: all three; --quick float32 and bfloat16)")
     ap.add_argument("--budget-s", type=float, default=120.0, help="cases not started by then are 'skipped'")
     ap.add_argument("--jobs", type=int, default=min(12, os.cpu_count() or 1),

@@ -52,8 +52,8 @@ def map_cases(device, quick):
                 err = np.abs(p.double().numpy() - ref)
                 yield {"case": f"entmax a={alpha} {str(dtype)[6:]} {tuple(x.shape)} tau={tau}", "err": float(err.max()),
                        "ok": bool((err <= tolerance(dtype, ref)).all() and torch.isfinite(p).all())}
-    for row, k, tau, exact in OVERFLOW_ROWS:
-        for method in METHODS:
+    for i, (row, k, tau, exact) in enumerate(OVERFLOW_ROWS):
+        for method in ([METHODS[i % len(METHODS)]] if quick else METHODS):  # quick: each row once, each method in turn
             x = torch.tensor([row], device=device, requires_grad=True)
             with softk.use_backend(backend_for(device)):
                 p = softk.soft_topk(x, k, tau=tau, method=method)

@@ -35,8 +35,10 @@ device, versions, date, and every stage's exit status, time and JSON),
 ``summary.md`` (the tables) and ``log.txt`` (every stage's output); the JSON
 and the summary are rewritten after each stage, so a run cut short keeps
 what it measured.  ``--dry-run`` runs every stage on the CPU at tiny sizes
-(the Triton stages in Triton's interpreter), which is what
-``tests/benchmarks/test_run_all.py`` does.  Exit status: 1 when a
+(the Triton stages in Triton's interpreter, sped up by
+``tests/interpreter_speed.py``): each kernel, variant and branch of a stage
+at least once rather than in every combination, each timed once, which is
+what ``tests/benchmarks/test_run_all.py`` does.  Exit status: 1 when a
 correctness stage found a failure, else 0.
 """
 
@@ -69,11 +71,15 @@ STAGES = [
     ("speed", "gpu.py", 0.30, ["--only", SPEED_CASES, "--warm-timeout-s", "40", "--json", "{json}", "--markdown", "{md}"],
      ["--device", "cpu", "--only", "^wide/sparsemax/65536x128", "--max-rows", "4", "--min-reps", "1", "--warm-jobs", "0", "--impls", "torch,softk",
       "--json", "{json}", "--markdown", "{md}"]),
-    ("fused_linear", "fused_linear.py", 0.10, ["--json", "{json}"], ["--device", "cpu", "--quick", "--losses", "cross_entropy", "sparsemax", "--json", "{json}"]),
+    ("fused_linear", "fused_linear.py", 0.10, ["--json", "{json}"], ["--device", "cpu", "--quick", "--json", "{json}"]),
+    # the dry run: a few tokens in the GPU run's precision (the interpreted loss kernels cost per row)
     ("e2e", "e2e_step.py", 0.08, ["--device", "cuda", "--size", "gpt2", "--steps", "3", "--warmup", "1", "--json", "{json}", "--md", "{md}"],
-     ["--device", "cpu", "--size", "tiny", "--steps", "1", "--warmup", "0", "--memory", "none", "--json", "{json}", "--md", "{md}"]),
+     ["--device", "cpu", "--size", "tiny", "--batch", "1", "--seq", "4", "--precision", "amp-bf16",
+      "--steps", "1", "--warmup", "0", "--memory", "none", "--json", "{json}", "--md", "{md}"]),
+    # the dry run: one 64 × 64 tile (the block sparsity's), both modes and masks, the softmax and the threshold kernel
     ("attention", "attention.py", 0.12, ["--lengths", "4096", "--dims", "64", "128", "--causal", "no", "yes", "--json", "{json}"],
-     ["--smoke", "--lengths", "32", "--maps", "softmax", "sparsemax", "--modes", "fwd", "--causal", "yes", "--json", "{json}"]),
+     ["--smoke", "--lengths", "64", "--maps", "softmax", "sparsemax", "--modes", "fwd", "fwdbwd",
+      "--causal", "no", "yes", "--json", "{json}"]),
 ]
 # Stages whose own option bounds their time; the others are bounded only by the kill.
 BUDGET_FLAG = {"correctness": "--budget-s", "attention_check": "--budget-s", "tune": "--budget-s", "speed": "--budget-s",
@@ -111,10 +117,19 @@ def meta_info(dry_run: bool) -> dict:
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), **versions}
 
 
-def run_stage(name, script, argv, timeout_s, env, log) -> dict:
+# A dry run starts each stage through this: Triton's interpreter sweeps its
+# language again on every call of a jitted helper inside a kernel, and
+# tests/interpreter_speed.py makes that once per launch (the same results),
+# then the script runs as if started alone (its folder first on sys.path).
+DRY_BOOT = ("import os, runpy, sys; from tests import interpreter_speed; interpreter_speed.install(); "
+            "sys.argv = sys.argv[1:]; sys.path.insert(0, os.path.dirname(sys.argv[0])); "
+            "runpy.run_path(sys.argv[0], run_name='__main__')")
+
+
+def run_stage(name, script, argv, timeout_s, env, log, dry_run=False) -> dict:
     t0 = time.monotonic()
-    cmd = [sys.executable, os.path.join(HERE, script), *argv]
-    log(f"\n===== {name}: {' '.join(cmd[1:])} (up to {timeout_s:.0f} s)")
+    cmd = [sys.executable, *(["-c", DRY_BOOT] if dry_run else []), os.path.join(HERE, script), *argv]
+    log(f"\n===== {name}: {' '.join([os.path.join(HERE, script), *argv])} (up to {timeout_s:.0f} s)")
     try:
         res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
         rc, out = res.returncode, res.stdout + res.stderr
@@ -227,7 +242,7 @@ def main(argv=None) -> int:
         argv_ = [a.format(**paths_) for a in (dry_argv if args.dry_run else gpu_argv)]
         if name in BUDGET_FLAG:  # the stage stops starting work at 85 % of its share; the kill comes after it all
             argv_ += [BUDGET_FLAG[name], f"{0.85 * budget:.0f}"]
-        st = run_stage(name, script, argv_, budget + 30.0, env, log)
+        st = run_stage(name, script, argv_, budget + 30.0, env, log, args.dry_run)
         st["result"] = _load(paths_["json"])
         if os.path.exists(paths_["md"]):
             with open(paths_["md"]) as f:

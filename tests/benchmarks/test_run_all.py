@@ -2,13 +2,16 @@
 
 The device run is one short, prepared call; a typo in any stage would waste
 it.  ``--dry-run`` runs every stage's script on the CPU at tiny sizes (the
-Triton kernels in Triton's interpreter), and this checks that each stage
-ran, wrote the JSON its section of the report reads, and that what the
-stages compare agrees (the correctness stages pass, the fused losses equal
-torch's).  Nothing here measures or asserts on time.
+Triton kernels in Triton's interpreter), each kernel, variant and branch
+that the stage runs on the GPU at least once, and this checks that each
+stage ran, wrote the JSON its section of the report reads, that those cases
+made rows without errors, and that what the stages compare agrees (the
+correctness stages pass, the fused losses equal torch's).  Nothing here
+measures or asserts on time.
 """
 
 import json
+import math
 import os
 import sys
 
@@ -21,6 +24,9 @@ BENCH = os.path.join(str(REPO), "benchmarks", "gpu")
 sys.path.insert(0, BENCH)
 
 import run_all  # noqa: E402
+import tune  # noqa: E402
+
+MODES = ("fwd", "fwdbwd")
 
 
 def test_without_cuda_it_refuses_with_exit_2(tmp_path):
@@ -62,14 +68,38 @@ def test_summary_renders_each_section_from_its_json():
     assert "## e2e (exit killed: time budget, 9 s)" in text and "the last words" in text
 
 
+def _fused_linear(r):
+    rows = {row["impl"]: row for row in r["rows"]}
+    losses = {name.split("-")[1] for name in rows if name.startswith("softk-")}
+    return (all("ms" in row for row in rows.values()) and losses == {"cross_entropy", "sparsemax", "entmax15"}
+            and any(name.endswith("-c8") for name in rows)  # a fixed chunk size as well as the automatic one
+            and rows["softk-cross_entropy"]["loss"] == pytest.approx(rows["torch"]["loss"], rel=1e-6))
+
+
+def _e2e(r):
+    v, check = r["variants"], r["initial_loss_check"]
+    return (set(v) == {"own", "softk_ce", "sparsemax", "entmax15"} and r["precision"] == "amp-bf16"
+            and all(math.isfinite(x["median_s"]) and math.isfinite(x["last_loss"]) for x in v.values())
+            and check["softk_ce"] == pytest.approx(check["own"], rel=1e-2))  # the same loss, to bf16 rounding
+
+
+def _attention(r):  # every row timed, in both modes, with and without the causal mask
+    rows = r["rows"]
+    softk = [row for row in rows if row["impl"].startswith("softk-")]
+    return (all("p50" in row for row in rows) and all("block_sparsity" in row for row in softk)
+            and {(row["causal"], row["mode"]) for row in softk} == {(c, m) for c in (False, True) for m in MODES}
+            and {row["impl"].split()[0] for row in softk} == {"softk-softmax", "softk-sparsemax"})
+
+
 # what each stage's JSON must say beyond existing, by stage
 STAGE_CHECKS = {
-    "attention_check": lambda r: all(c["backend"] == "triton" for c in r["cases"]),  # the device's kernels, interpreted
-    "tune": lambda r: bool(r["best"]),
-    "fused_linear": lambda r: (lambda f: f["softk-cross_entropy"]["loss"] == pytest.approx(f["torch"]["loss"], rel=1e-6))(
-        {row["impl"]: row for row in r["rows"]}),
-    "e2e": lambda r: bool(r["variants"]),
-    "attention": lambda r: bool(r["rows"]),
+    "attention_check": lambda r: all(c["backend"] == "triton" for c in r["cases"])  # the device's kernels, interpreted
+    and {c["map"] for c in r["cases"]} == {"softmax", "sparsemax", "entmax15", "entmax"}
+    and {c["kind"] for c in r["cases"]} == {"normal", "masked_row", "offset"},
+    "tune": lambda r: all("ms" in row for row in r["rows"]) and len(r["best"]) == len(tune.QUICK) * len(tune.KERNELS),
+    "fused_linear": _fused_linear,
+    "e2e": _e2e,
+    "attention": _attention,
 }
 
 
