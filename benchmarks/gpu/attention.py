@@ -111,31 +111,32 @@ def wall_measure(fn, q, k, v, mode, reps=1):
 
 
 def block_sparsity(q, k, v, name, causal, tile=64):
-    """Fraction of visible tile×tile (query, key) tiles whose softk weights are all 0."""
+    """Fraction of the visible tile×tile (query, key) tiles in which every weight of map ``name`` is 0.
+
+    The weights come from the dense scores and the map itself (softk's reference
+    backend), a query tile at a time, not from a kernel's saved row statistics,
+    whose conventions differ by kernel."""
     import torch
 
-    from softk._backends import dispatch
-    from softk._backends.blockwise import blocks, forward as blockwise
-    from softk._ops import attention as op
-    from softk.threshold import attention_maps as maps
+    import softk
+    from softk.attention import reference
 
-    fam = maps.family_id(name, None, False)
+    rows = {"softmax": lambda s: torch.softmax(s, -1), "sparsemax": softk.sparsemax, "entmax15": softk.entmax15}[name]
+    g = q.shape[1] // k.shape[1]
+    k = k.float().repeat_interleave(g, 1)
+    L, S = q.shape[2], k.shape[2]
+    zero = visible = 0
     with torch.no_grad():
-        _, m, lam = op._forward(q, k, v, None, None, q.shape[-1] ** -0.5, causal, fam, dispatch.pick("attention", q, fam).backend)
-        ct = torch.float32
-        blk = blocks.Blocks(q, k.to(ct), v.to(ct), None, q.shape[-1] ** -0.5, causal)
-        m, lam = blk.rows(m.to(ct)).unsqueeze(-1), blk.rows(lam.to(ct)).unsqueeze(-1)
-        L, S = q.shape[2], k.shape[2]
-        nonzero = visible = 0
-        for j0 in range(0, S, tile):
-            j1 = min(j0 + tile, S)
-            p = blockwise.probs(fam, None, blk.scores(j0, j1), m, lam)
-            hit = (p > 0).unflatten(2, (-1, tile)).any(-1).any(-1)  # (B, H, L / tile) tiles of this key block
-            seen = torch.arange(tile - 1, L, tile, device=q.device) >= j0 if causal else torch.ones(
-                L // tile, dtype=torch.bool, device=q.device)
-            nonzero += int((hit & seen).sum())
+        for i0 in range(0, L, tile):
+            s = reference.scores(q[:, :, i0:i0 + tile].float(), k, None, q.shape[-1] ** -0.5, False)
+            if causal:  # query i sees keys j <= i
+                i = torch.arange(i0, i0 + s.shape[2], device=q.device)[:, None]
+                s = s.masked_fill(torch.arange(S, device=q.device) > i, float("-inf"))
+            hit = torch.nn.functional.pad(rows(s) > 0, (0, -S % tile)).unflatten(-1, (-1, tile)).any(-1).any(-2)
+            seen = torch.arange(0, S, tile, device=q.device) <= (i0 + s.shape[2] - 1 if causal else S)
+            zero += int((~hit & seen).sum())
             visible += int(seen.sum()) * hit.shape[0] * hit.shape[1]
-    return 1.0 - nonzero / max(visible, 1)
+    return zero / max(visible, 1)
 
 
 def _kernel_name(q, name):
