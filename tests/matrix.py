@@ -18,7 +18,9 @@ def product(*axes):
     marked slow.  Each axis is a list of values; a tuple value fills as many
     argnames as it has items (``[("entmax", 1.3), ...]`` for ``"name,alpha"``).
     The cover is the diagonal: combination i takes value i mod len(axis) of
-    every axis, for i up to the longest axis.
+    every axis, for i up to the longest axis.  Each id joins the values'
+    own words (numbers, strings, dtypes) or, for others, their place on
+    their axis.
 
     >>> [(p.values, [m.name for m in p.marks]) for p in product([1, 2], ["a"])]
     [((1, 'a'), []), ((2, 'a'), [])]
@@ -29,9 +31,17 @@ def product(*axes):
     cover = {tuple(i % len(axis) for axis in axes) for i in range(longest)}
     params = []
     for index in itertools.product(*(range(len(axis)) for axis in axes)):
-        values = []
+        values, words = [], []
         for axis, i in zip(axes, index):
-            value = axis[i]
-            values.extend(value if isinstance(value, tuple) else (value,))
-        params.append(pytest.param(*values, marks=() if index in cover else pytest.mark.slow))
+            items = axis[i] if isinstance(axis[i], tuple) else (axis[i],)
+            values.extend(items)
+            words.extend(_word(v, i) for v in items)
+        params.append(pytest.param(*values, marks=() if index in cover else pytest.mark.slow, id="-".join(words)))
     return params
+
+
+def _word(value, place):
+    """A value as a test id says it: itself where short and plain, else its place on its axis."""
+    if value is None or isinstance(value, (bool, int, float, str)) or type(value).__module__ == "torch":
+        return str(value)
+    return f"#{place}"
