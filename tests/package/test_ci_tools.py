@@ -51,11 +51,13 @@ def _readme_test_command() -> str:
     return found[0]
 
 
-def test_ci_runs_the_readmes_test_command_then_the_gpu_builds():
+def test_ci_runs_the_readmes_test_command_then_the_slow_tier_and_the_gpu_builds():
     run = (REPO / ".ci" / "run").read_text(encoding="utf-8")
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
     steps = [line.strip() for line in run.splitlines() if line.strip() and not line.lstrip().startswith("#")]
     command = _readme_test_command()
     assert command in steps, f".ci/run does not run the README's {command!r}"
-    assert "gpu_build" in command and "not gpu_build" in command
-    builds = steps.index('python -m pytest -n auto -m gpu_build')
-    assert steps.index(command) < builds
+    assert "not slow and not gpu_build" in command
+    rest = 'python -m pytest -n auto -m "slow or gpu_build"'
+    assert rest in readme, "README.md does not show the slow tier's command"
+    assert steps.index(command) < steps.index(rest)

@@ -7,8 +7,8 @@ A build takes seconds with a warm Triton cache and minutes on a loaded machine
 with a cold one, so it has no time limit of its own, only the suite's safety
 net (tests/safety_net.py), past which the test skips.  The tests that call it
 are marked gpu_build: they are out of the README's test command, which stays
-within its stated time on a busy machine, and run as a step of their own after
-it (``python -m pytest -n auto -m gpu_build``, as .ci/run does).
+within its stated time on a busy machine, and run with the slow tier after it
+(``python -m pytest -n auto -m "slow or gpu_build"``, as .ci/run does).
 """
 
 import os
