@@ -5,22 +5,15 @@ only at its own, so sparsemax and 1.5-entmax zero the two off-diagonal
 tiles (half of four; one of the three a causal mask leaves) and softmax
 none; GQA, lengths that are not multiples of the tile."""
 
-import importlib.util
-import os
 
 import pytest
 import torch
 
-from ..paths import REPO
-
-SCRIPT = os.path.join(str(REPO), "benchmarks", "gpu", "attention.py")
+from . import gpu_scripts
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("_attention_bench_under_test", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return gpu_scripts.load("attention")
 
 
 def _clusters(heads, n=128):

@@ -4,20 +4,13 @@ section, and every softk row matches the float32 reference.  The device run
 is one prepared call; this keeps the script runnable between them.  Nothing
 here measures or asserts on time."""
 
-import importlib.util
 import json
-import os
 
-from ..paths import REPO
-
-SCRIPT = os.path.join(str(REPO), "benchmarks", "gpu", "attention_decode.py")
+from . import gpu_scripts
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("_attention_decode_under_test", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return gpu_scripts.load("attention_decode")
 
 
 def test_smoke_run_has_every_section_and_no_fail(tmp_path, capsys):
