@@ -51,8 +51,9 @@ def cases(quick: bool, dtypes=None):
     if quick:  # each map, (causal, GQA) pair, length and kind once: every path, not every combination
         pairs = list(itertools.product((False, True), (False, True)))
         for dtype in dtypes:
-            for name, (causal, gqa) in zip(MAPS, pairs):
-                yield name, dtype, lengths[-1], causal, gqa, "normal"
+            for i in range(max(len(MAPS), len(pairs))):  # every map and every pair, however many of each
+                causal, gqa = pairs[i % len(pairs)]
+                yield MAPS[i % len(MAPS)], dtype, lengths[-1], causal, gqa, "normal"
             yield MAPS[0], dtype, lengths[0], False, False, "normal"
             yield MAPS[1], dtype, lengths[-1], False, False, "masked_row"
             yield MAPS[2], dtype, lengths[-1], True, False, "offset"

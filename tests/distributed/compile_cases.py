@@ -60,7 +60,7 @@ def _check(fn, x, weight, rec, what, expect):
     torch.testing.assert_close(ga, gw, **TOL)
 
 
-def check_compiled_losses(rank, world, sizes, order, backend, losses=LOSSES):
+def check_compiled_losses(rank, world, sizes, order, backend):
     v = sum(sizes)
     lo, hi = C.bounds(sizes, order)[rank]
     weight = torch.linspace(0.5, 1.5, 9, dtype=C.D)
@@ -70,7 +70,7 @@ def check_compiled_losses(rank, world, sizes, order, backend, losses=LOSSES):
         t[[0, 7]] = -100  # ignored rows
         data[masks] = z[:, lo:hi], t
     y = C.dense(9, v, 3)[:, lo:hi]
-    for loss, kw, kind in losses:
+    for loss, kw, kind in LOSSES:
         torch._dynamo.reset()
         rec = Recording(backend)  # one per loss: its reductions reuse its frames
         expect = {"all_gather_into_tensor"} if loss == "topk_softmax_ce" else {"all_reduce"}
