@@ -1,0 +1,547 @@
+r"""Sparse routers in Hugging Face mixture-of-experts models.
+
+``apply_softk_router(model, router)`` replaces the router of every MoE layer
+of a transformers model by a softk map.  Each token's router logits s (the
+layer's own ``F.linear(h, W, b)``) become
+
+.. math:: p = \mathrm{map}(s/\tau), \qquad I = \operatorname{top}_{k_{\max}}(p), \qquad
+          w_j = p_{I_j},
+
+and the layer runs its experts on (I, w) as before: the returned weights are
+the map's own, zero-padded to ``k_max`` columns.  With a sparse map
+("sparsemax", "entmax15", "entmax", "budget", soft top-k "sparse") a token
+uses as many experts as its scores justify, at most ``k_max``, and the
+gradient reaches the router through the map's exact Jacobian.
+
+**The contract.**  transformers v5 gives its MoE families one router:
+``router(hidden) -> (router_logits[T, E], router_scores[T, k], router_indices[T, k])``
+with the router weight ``weight`` (E, H), ``top_k`` and ``num_experts``
+(Mixtral, Qwen2/Qwen3-MoE, OLMoE, GPT-OSS with its ``bias``, and the families
+that copy them).  DeepSeek-V3's group-limited sigmoid router (and its copies)
+is the second form, recognised by its ``e_score_correction_bias``: the map
+then runs over the experts of the token's ``topk_group`` groups (chosen from
+the map's weights plus the bias, as DeepSeek chooses them from its sigmoid
+scores plus the bias), the bias steers which live experts are kept, and the
+weights are scaled by ``routed_scaling_factor``.  Before patching, every
+router is checked by running it and softk's rendering of it
+(``router="topk_softmax"``) on random weights and inputs: a router whose
+routing differs is refused by its class name, never patched silently.
+
+**How the patch is applied.**  Instance-level ``forward`` attributes on the
+router and on its sibling ``experts`` module: the classes, the parameter
+names and the hooks transformers records ``router_logits`` with are kept.
+A learned α adds one parameter, ``softk_alpha_raw``, to each router.
+:func:`remove_softk_router` restores the model's own routers and experts.
+
+**Zeros skip their expert.**  The experts' forward receives only the live
+(token, slot) pairs, one slot per row, so whatever experts implementation the
+model uses (eager, ``grouped_mm``, ``batched_mm``) runs no expert for a
+zero weight.  This is exact, gradients included: a weight is 0 only where
+the map's Jacobian row is 0.  The number of live pairs is data-dependent, so
+``skip_zeros=False`` keeps the rectangular ``[T, k_max]`` layout (zero
+weights computed and multiplied by 0) for a compiler that needs static shapes.
+
+**The target.**  ``target=m`` keeps the mean number of live experts per
+token near m with an integral controller on the temperature, applied after
+each training forward: ``log τ += rate · (m − active) / m`` (a larger τ
+flattens the scores and widens every sparse map's support).  τ is a buffer,
+``softk_tau``, so it is saved with the model.
+
+**Balance.**  The ``router_logits`` a softk router returns are log p (−inf
+where p = 0), normalised to sum 1, so the model's own load-balancing loss,
+which applies softmax to them, reads the router's own map (the control
+returns the model's logits unchanged).  :func:`balance_loss` is a
+Fenchel–Young-style term: the Tsallis-α divergence of the mean load from
+uniform, with the map's own α.  :func:`router_stats` gives each layer's
+active experts per token (mean, p95), load per expert, its coefficient of
+variation and the share of tokens whose top expert is over capacity.
+
+References: Mixtral's and DeepSeek-V3's routers (transformers v5); ReMoE
+(Wang et al., ICLR 2025) and DTop-p for adaptive-k routing; sparsemax and
+entmax routers as in :func:`softk.route`.
+
+>>> import torch
+>>> from transformers import MixtralConfig, MixtralForCausalLM
+>>> torch.manual_seed(0) and None
+>>> cfg = MixtralConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+...                     num_attention_heads=2, num_key_value_heads=1, num_local_experts=4,
+...                     num_experts_per_tok=2)
+>>> model = apply_softk_router(MixtralForCausalLM(cfg), "sparsemax")
+>>> loss = model(torch.randint(0, 32, (2, 5)), labels=torch.randint(0, 32, (2, 5))).loss
+>>> loss.backward()
+>>> [name for name, s in router_stats(model).items()]
+['model.layers.0.mlp.gate']
+>>> remove_softk_router(model) is model
+True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+import types
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .._maps.budget import budget_sparsemax
+from .._maps.simplex import entmax, entmax15, softmax, sparsemax
+from .._maps.soft_topk import soft_topk
+from .._validate import check_choice, check_tau
+from ..nn.maps import _inverse_softplus
+from ..threshold.families import THRESHOLD_METHODS
+
+__all__ = ["apply_softk_router", "remove_softk_router", "router_stats", "balance_loss", "ROUTERS"]
+
+
+@dataclasses.dataclass(frozen=True)
+class RouterMap:
+    """One router of :data:`ROUTERS`: what it computes and what it takes."""
+
+    name: str
+    options: tuple[str, ...]  # the keyword arguments it takes beyond the common ones
+    doc: str
+
+    def sparse(self, opts) -> bool:
+        """Whether the map has exact zeros (a target count of experts is then meaningful)."""
+        if self.name == "soft_topk":
+            return THRESHOLD_METHODS[opts["method"]].zero_below
+        return self.name != "topk_softmax"
+
+    def alpha(self, router) -> float | Tensor:
+        """The α of the map's Tsallis regulariser (1: Shannon), for :func:`balance_loss`."""
+        return {"topk_softmax": 1.0, "sparsemax": 2.0, "entmax15": 1.5}.get(
+            self.name, router._softk.alpha() if self.name == "entmax" else 2.0)
+
+
+ROUTERS = {r.name: r for r in (
+    RouterMap("topk_softmax", (), "the model's own router computed by softk: the control"),
+    RouterMap("sparsemax", (), "sparsemax over the experts"),
+    RouterMap("entmax15", (), "1.5-entmax over the experts"),
+    RouterMap("entmax", ("alpha", "learn_alpha"), "α-entmax, α fixed or learned per layer"),
+    RouterMap("soft_topk", ("k", "method"), "soft top-k with Σp = k (method exp, sigmoid, laplace or sparse)"),
+    RouterMap("budget", ("k",), "budget sparsemax: 0 ≤ p ≤ 1, Σp = k"),
+)}
+
+
+@dataclasses.dataclass
+class _State:
+    """What a patched router keeps: its map, options, the model's own forwards."""
+
+    router: RouterMap
+    opts: dict
+    k_max: int
+    target: float | None
+    rate: float
+    own_router_forward: object  # the instance-level forward found at apply time, or None
+    experts: nn.Module | None
+    own_experts_forward: object
+    module: nn.Module
+    deepseek: bool
+    normalize: bool
+    scores_dtype: torch.dtype | None = None  # the model's scores dtype when it is not the logits'
+    control_dtype: torch.dtype | None = None  # the control's working precision (None: the logits')
+    last: dict | None = None  # the last forward's p, weights, indices (for stats and balance)
+
+    def alpha(self):
+        if self.opts.get("learn_alpha"):
+            return 1 + F.softplus(self.module.softk_alpha_raw)
+        return self.opts["alpha"]
+
+    def tau(self):
+        buffer = getattr(self.module, "softk_tau", None)
+        return self.opts["tau"] if buffer is None else buffer
+
+
+def apply_softk_router(model: nn.Module, router: str = "sparsemax", *, k_max: int | None = None,
+                       tau: float = 1.0, target: float | None = None, rate: float = 0.05,
+                       skip_zeros: bool = True, alpha: float | None = None, learn_alpha: bool = False,
+                       k: float | None = None, method: str = "exp") -> nn.Module:
+    """Replace the router of every MoE layer of ``model`` by the softk map ``router``; returns ``model``.
+
+    Args:
+        model: a transformers model (or any module) holding MoE layers whose
+            router follows the v5 contract or DeepSeek-V3's form.
+        router: a name of :data:`ROUTERS`: "sparsemax", "entmax15", "entmax",
+            "soft_topk", "budget", or "topk_softmax" (the model's own routing
+            rendered by softk, the control).
+        k_max: experts per token at most, the width of the returned weights
+            and indices; default the layer's own ``top_k``.  An int in [1, E].
+        tau: initial temperature > 0 (the map runs on s/τ).
+        target: a mean number of live experts per token in (0, k_max] kept
+            by the controller; sparse maps only.  Default None (τ fixed).
+        rate: the controller's step on log τ, > 0.
+        skip_zeros: run no expert for a zero weight (default True).
+        alpha: entmax's α, a float > 1 (router="entmax"; default 1.5).
+        learn_alpha: learn α per layer, α = 1 + softplus(ρ) (router="entmax").
+        k: Σp for "soft_topk" and "budget", in (0, E]; default the layer's ``top_k``.
+        method: the soft top-k method (router="soft_topk").
+
+    Applying it to a patched model replaces the previous router.  Raises
+    ValueError naming the parameter for an unknown router or option, a bad
+    value, or a model with no MoE layer, and naming the class for a router
+    that does not follow a known contract.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module (a transformers MoE model), got {type(model).__name__}")
+    spec = ROUTERS[check_choice(router, tuple(ROUTERS), "router")]
+    given = {"alpha": alpha, "learn_alpha": learn_alpha or None, "k": k, "method": None if method == "exp" else method}
+    for name, value in given.items():
+        if value is not None and name not in spec.options:
+            raise ValueError(f"{name} applies to router={sorted(r for r, s in ROUTERS.items() if name in s.options)}, "
+                             f"not router={router!r}")
+    opts = {"tau": check_tau(tau), "method": check_choice(method, tuple(THRESHOLD_METHODS), "method"),
+            "alpha": _check_alpha(alpha, learn_alpha), "learn_alpha": bool(learn_alpha), "k": k}
+    if not (isinstance(rate, numbers.Real) and not isinstance(rate, bool) and 0 < rate < math.inf):
+        raise ValueError(f"rate must be a finite number > 0, got {rate!r}")
+    if not isinstance(skip_zeros, bool):
+        raise TypeError(f"skip_zeros must be a bool, got {type(skip_zeros).__name__}")
+    if target is not None and not spec.sparse(opts):
+        raise ValueError(f"target needs a router with exact zeros; router={router!r}"
+                         + (f" with method={method!r}" if router == "soft_topk" else "") + " has none")
+    layers = _moe_layers(model)
+    if not layers:
+        raise ValueError(f"model ({type(model).__name__}) has no MoE layer: no module holds a router "
+                         "(weight, top_k, num_experts) beside an experts module")
+    plans = []
+    for name, parent, attr in layers:
+        module = getattr(parent, attr)
+        own = _own_forward(module)
+        width = module.top_k if k_max is None else k_max
+        if isinstance(width, bool) or not isinstance(width, numbers.Integral) or not 1 <= width <= module.num_experts:
+            raise ValueError(f"k_max must be an int in [1, num_experts] = [1, {module.num_experts}], got {width!r}")
+        if target is not None and not (isinstance(target, numbers.Real) and 0 < target <= width):
+            raise ValueError(f"target must be a number in (0, k_max] = (0, {width}], got {target!r}")
+        mass = module.top_k if k is None else k
+        if spec.name in ("soft_topk", "budget") and not (isinstance(mass, numbers.Real) and 0 < mass <= module.num_experts):
+            raise ValueError(f"k must be a number in (0, num_experts] = (0, {module.num_experts}], got {mass!r}")
+        state = _State(spec, {**opts, "k": mass}, int(width), None if target is None else float(target),
+                       float(rate), own, parent.experts, _own_forward(parent.experts), module,
+                       deepseek=hasattr(module, "e_score_correction_bias"),
+                       normalize=bool(getattr(module, "norm_topk_prob", True)))
+        _check_contract(name, module, state)
+        plans.append((module, state))
+    remove_softk_router(model)
+    for module, state in plans:
+        _install(module, state, skip_zeros)
+    return model
+
+
+def remove_softk_router(model: nn.Module) -> nn.Module:
+    """Undo :func:`apply_softk_router`: every router and its experts run the model's own code again
+    (the parameters and buffers softk added are removed; a no-op on an unpatched model)."""
+    for module in list(model.modules()):
+        state = module.__dict__.pop("_softk", None)
+        if state is None:
+            continue
+        _restore(module, state.own_router_forward)
+        _restore(state.experts, state.own_experts_forward)
+        for name in ("softk_alpha_raw", "softk_tau"):
+            module._parameters.pop(name, None)
+            module._buffers.pop(name, None)
+    return model
+
+
+def router_stats(model: nn.Module, capacity_factor: float = 1.0) -> dict[str, dict]:
+    """Each patched layer's routing at its last forward, by module name.
+
+    Per layer: ``active_mean`` and ``active_p95`` (live experts per token),
+    ``load`` (tokens per expert, a float tensor [E]), ``load_cv`` (its
+    coefficient of variation), ``over_capacity`` (the share of tokens whose
+    top expert received more than ``capacity_factor · T · k_max / E`` tokens),
+    and ``tau`` (the temperature used).
+    """
+    if not (isinstance(capacity_factor, numbers.Real) and capacity_factor > 0):
+        raise ValueError(f"capacity_factor must be a number > 0, got {capacity_factor!r}")
+    stats = {}
+    for name, module in model.named_modules():
+        state = module.__dict__.get("_softk")
+        if state is None or state.last is None:
+            continue
+        w, idx = state.last["weights"].detach(), state.last["indices"]
+        live = w != 0
+        active = live.sum(-1).to(torch.float64)
+        experts = module.num_experts
+        load = torch.zeros(experts, dtype=torch.float64, device=w.device).index_add_(
+            0, idx[live], torch.ones(int(live.sum()), dtype=torch.float64, device=w.device))
+        capacity = capacity_factor * w.shape[0] * state.k_max / experts
+        top = idx[:, 0]
+        stats[name] = {
+            "active_mean": float(active.mean()),
+            "active_p95": float(torch.quantile(active, 0.95)),
+            "load": load,
+            "load_cv": float(load.std(correction=0) / load.mean()) if load.sum() > 0 else 0.0,
+            "over_capacity": float((load[top] > capacity).to(torch.float64).mean()),
+            "tau": float(state.last["tau"]),
+        }
+    return stats
+
+
+def balance_loss(model: nn.Module) -> Tensor:
+    r"""Mean over the patched layers of the Tsallis-α divergence of the load from uniform.
+
+    .. math:: D_\alpha(\bar p \,\|\, u) = \frac{\sum_e \bar p_e^{\alpha} - E^{1-\alpha}}{\alpha(\alpha-1)}
+              \quad (\alpha \to 1: \mathrm{KL}(\bar p\|u)),
+              \qquad \bar p = \frac{1}{T}\sum_t \frac{p_t}{\sum_e p_{t,e}},
+
+    with α the map's own (1 for the control, 2 for sparsemax, budget and
+    soft top-k, 1.5 for entmax15, the layer's α for entmax): the Bregman
+    divergence of the map's regulariser, so it is 0 exactly at a balanced
+    load and differentiable in the router weights (and in a learned α).
+    Computed from the last training forward's p; 0 when there is none.
+    """
+    terms = []
+    for module in model.modules():
+        state = module.__dict__.get("_softk")
+        if state is None or state.last is None:
+            continue
+        p = state.last["p"]
+        load = (p / p.sum(-1, keepdim=True)).mean(0)
+        alpha = state.router.alpha(module)
+        experts = load.shape[-1]
+        if isinstance(alpha, float) and alpha == 1.0:
+            terms.append(torch.xlogy(load, load).sum() + math.log(experts))
+        else:
+            terms.append(((load ** alpha).sum() - experts ** (1 - alpha)) / (alpha * (alpha - 1)))
+    if not terms:
+        return torch.zeros(())
+    return torch.stack(terms).mean()
+
+
+# --- finding the layers -------------------------------------------------------
+
+
+def _moe_layers(model):
+    """(name, parent, attribute) of every router: a module with ``weight``,
+    ``top_k`` and ``num_experts`` whose parent also holds an ``experts`` module."""
+    found = []
+    for parent_name, parent in model.named_modules():
+        experts = getattr(parent, "experts", None)
+        if not isinstance(experts, nn.Module):
+            continue
+        for attr, child in parent.named_children():
+            if child is experts:
+                continue
+            if all(hasattr(child, a) for a in ("weight", "top_k", "num_experts")):
+                found.append((f"{parent_name}.{attr}".lstrip("."), parent, attr))
+    return found
+
+
+def _check_alpha(alpha, learn):
+    if alpha is None:
+        return 1.5
+    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not 1 < alpha < math.inf:
+        raise ValueError(f"alpha must be a finite number > 1, got {alpha!r}")
+    return float(alpha)
+
+
+def _own_forward(module):
+    own = module.__dict__.get("forward")
+    if getattr(getattr(own, "__func__", None), "_softk", False):
+        return module.__dict__["_softk"].own_router_forward if "_softk" in module.__dict__ else None
+    return own
+
+
+def _restore(module, own):
+    if own is None:
+        module.__dict__.pop("forward", None)
+    else:
+        module.forward = own
+
+
+# --- the router ---------------------------------------------------------------
+
+
+def _probabilities(state, logits):
+    """p = map(s/τ) over the last dim, in float32 at least."""
+    name, opts, tau = state.router.name, state.opts, state.tau()
+    if name == "topk_softmax":  # in the precision the model's own router computes in
+        z = logits.to(state.control_dtype or logits.dtype)
+        return torch.sigmoid(z) if state.deepseek else torch.softmax(z, -1)
+    z = logits if logits.dtype == torch.float64 else logits.float()
+    if name == "sparsemax":
+        return sparsemax(z, -1, tau)
+    if name == "entmax15":
+        return entmax15(z, -1, tau)
+    if name == "entmax":
+        alpha = state.alpha()
+        return entmax(z, alpha.to(z.dtype) if isinstance(alpha, Tensor) else alpha, -1, tau)
+    if name == "soft_topk":
+        return soft_topk(z, opts["k"], -1, tau, opts["method"])
+    return budget_sparsemax(z, opts["k"], -1, tau)
+
+
+def _logits(module, hidden):
+    if hasattr(module, "e_score_correction_bias"):  # DeepSeek routes in float32
+        return F.linear(hidden.float(), module.weight.float())
+    return F.linear(hidden, module.weight, getattr(module, "bias", None))
+
+
+def _route(module, state, logits):
+    """(p, weights, indices): the map, and its top-k_max entries among the live experts."""
+    p = _probabilities(state, logits)
+    if state.deepseek:
+        bias = module.e_score_correction_bias
+        groups = module.num_group if hasattr(module, "num_group") else module.n_group
+        experts = module.num_experts
+        choice = (p + bias).view(-1, groups, experts // groups)
+        group_scores = choice.topk(2, dim=-1)[0].sum(-1)
+        chosen = torch.topk(group_scores, k=module.topk_group, dim=-1, sorted=False)[1]
+        allowed = torch.zeros_like(group_scores).scatter_(1, chosen, 1).bool()
+        allowed = allowed.unsqueeze(-1).expand(-1, groups, experts // groups).reshape(-1, experts)
+        if state.router.name != "topk_softmax":  # the map over the chosen groups' experts
+            p = _probabilities(state, logits.masked_fill(~allowed, -math.inf))
+        live = allowed & (p > 0) if state.router.sparse(state.opts) else allowed
+        indices = torch.topk((p + bias).masked_fill(~live, -math.inf), k=state.k_max, dim=-1, sorted=False)[1]
+        weights = p.gather(1, indices) * live.gather(1, indices)
+        if state.router.name == "topk_softmax" and state.normalize:
+            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+        return p, weights * module.routed_scaling_factor, indices
+    indices = torch.topk(p, state.k_max, dim=-1)[1]
+    weights = p.gather(1, indices)
+    if state.router.name == "topk_softmax" and state.normalize:
+        weights = weights / weights.sum(-1, keepdim=True)
+    return p, weights, indices
+
+
+class _LogOfMap(torch.autograd.Function):
+    """log p with the gradient g/p on the support and 0 off it: softmax(log p) = p
+    then carries p's exact gradient (a plain log would give 0 · ∞ = NaN there)."""
+
+    @staticmethod
+    def forward(p):
+        return torch.log(p)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0])
+
+    @staticmethod
+    def backward(ctx, g):
+        (p,) = ctx.saved_tensors
+        return torch.where(p > 0, g / torch.where(p > 0, p, 1), 0)
+
+
+def _router_forward(self, hidden_states):
+    state = self.__dict__["_softk"]
+    hidden = hidden_states.reshape(-1, self.weight.shape[-1])
+    logits = _logits(self, hidden)
+    p, weights, indices = _route(self, state, logits)
+    if state.router.name == "topk_softmax":
+        logits_out = logits
+    else:
+        logits_out = _LogOfMap.apply(p / p.sum(-1, keepdim=True)).to(logits.dtype)
+    tau = state.tau()
+    state.last = {"p": p, "weights": weights.detach(), "indices": indices,
+                  "tau": tau.detach().clone() if isinstance(tau, Tensor) else tau}
+    if state.target is not None and self.training:
+        with torch.no_grad():
+            active = (weights.detach() != 0).sum(-1).to(torch.float64).mean()
+            self.softk_tau.mul_(torch.exp(state.rate * (state.target - active) / state.target).to(self.softk_tau.dtype))
+    return logits_out, weights.to(state.scores_dtype or logits.dtype), indices
+
+
+_router_forward._softk = True  # type: ignore[attr-defined]
+
+
+# --- the experts --------------------------------------------------------------
+
+
+def _experts_forward(self, hidden_states, top_k_index, top_k_weights):
+    """The model's experts on the live (token, slot) pairs only, one slot per row."""
+    own = self.__dict__["_softk_own"]
+    live = top_k_weights != 0
+    if bool(live.all()):
+        return own(hidden_states, top_k_index, top_k_weights)
+    token, slot = live.nonzero(as_tuple=True)
+    out = own(hidden_states[token], top_k_index[token, slot].unsqueeze(-1),
+              top_k_weights[token, slot].unsqueeze(-1))
+    return torch.zeros_like(hidden_states).index_add(0, token, out.to(hidden_states.dtype))
+
+
+_experts_forward._softk = True  # type: ignore[attr-defined]
+
+
+def _install(module, state, skip_zeros):
+    module.__dict__["_softk"] = state
+    if state.opts["learn_alpha"]:
+        module.register_parameter("softk_alpha_raw", nn.Parameter(torch.tensor(
+            _inverse_softplus(state.opts["alpha"] - 1), device=module.weight.device)))
+    if state.target is not None:
+        module.register_buffer("softk_tau", torch.tensor(state.opts["tau"], device=module.weight.device))
+    module.forward = types.MethodType(_router_forward, module)
+    if skip_zeros:
+        experts = state.experts
+        experts.__dict__["_softk_own"] = experts.forward if state.own_experts_forward is None else state.own_experts_forward
+        experts.forward = types.MethodType(_experts_forward, experts)
+
+
+# --- the contract check -------------------------------------------------------
+
+
+def _check_contract(name, module, state):
+    """Run the module's own forward and softk's rendering of it (``topk_softmax``)
+    on random weights and inputs in float64, in the precision the router computes
+    in (the logits' or float32): refuse a router whose routing differs from both."""
+    refusal = (f"{name} ({type(module).__name__}) does not route as the transformers v5 router contract "
+               "or DeepSeek-V3's group-limited router does, so softk will not replace it")
+    weight = module.weight
+
+    def own(hidden):
+        if state.own_router_forward is not None:
+            return state.own_router_forward(hidden)
+        return type(module).forward(module, hidden)
+
+    generator = torch.Generator().manual_seed(0)
+    params = {"weight": torch.randn(weight.shape, generator=generator, dtype=torch.float64)}
+    if isinstance(getattr(module, "bias", None), Tensor):
+        params["bias"] = torch.randn(module.bias.shape, generator=generator, dtype=torch.float64)
+    if state.deepseek:
+        params["e_score_correction_bias"] = torch.randn(module.e_score_correction_bias.shape,
+                                                        generator=generator, dtype=torch.float64) / 10
+    params = {k: v.to(weight.device) for k, v in params.items()}
+    hidden = torch.randn(16, weight.shape[-1], generator=generator, dtype=torch.float64).to(weight.device)
+    saved = {k: getattr(module, k) for k in params}
+    try:
+        with torch.no_grad():
+            first = own(hidden[:2].to(weight.dtype))  # the scores' dtype, in the router's own dtype
+            if not isinstance(first, tuple) or len(first) != 3:
+                raise ValueError(f"its forward returns {type(first).__name__}, not (logits, scores, indices)")
+            state.scores_dtype = None if first[1].dtype == first[0].dtype else first[1].dtype
+            for k, v in params.items():
+                _assign(module, k, v)
+            expected = own(hidden)
+            logits = _logits(module, hidden)
+            for work in (None, torch.float32):
+                control = dataclasses.replace(state, router=ROUTERS["topk_softmax"], target=None, control_dtype=work)
+                _, weights, indices = _route(module, control, logits)
+                if _same_routing(expected, logits, weights, indices):
+                    state.control_dtype = work
+                    return
+    except Exception as error:  # a forward that breaks on the contract's inputs is not the contract
+        raise ValueError(f"{refusal}: {type(error).__name__}: {error}") from None
+    finally:
+        for k, v in saved.items():
+            _assign(module, k, v)
+    raise ValueError(f"{refusal}: on random inputs its (scores, indices) differ from softmax-then-top-k"
+                     f"{' with renormalisation' if state.normalize else ''}")
+
+
+def _same_routing(expected, logits, weights, indices):
+    own_logits, own_scores, own_indices = expected
+    if own_logits.shape != logits.shape or own_indices.shape != indices.shape:
+        return False
+    order, own_order = indices.sort(-1), own_indices.sort(-1)
+    return (torch.allclose(own_logits.double(), logits.double())
+            and torch.equal(order.values, own_order.values)
+            and torch.allclose(weights.gather(1, order.indices).double(),
+                               own_scores.gather(1, own_order.indices).double(), rtol=1e-12, atol=1e-15))
+
+
+def _assign(module, name, value):
+    if name in module._parameters:
+        module._parameters[name] = value if isinstance(value, nn.Parameter) else nn.Parameter(value, requires_grad=False)
+    else:
+        module._buffers[name] = value
