@@ -24,8 +24,11 @@ the map's weights plus the bias, as DeepSeek chooses them from its sigmoid
 scores plus the bias), the bias steers which live experts are kept, and the
 weights are scaled by ``routed_scaling_factor``.  Before patching, every
 router is checked by running it and softk's rendering of it
-(``router="topk_softmax"``) on random weights and inputs: a router whose
-routing differs is refused by its class name, never patched silently.
+(``router="topk_softmax"``) on random weights and inputs in float64: the
+same experts, and the same weights to the precision the router computes in
+(float64, or float32 for the routers that cast to it).  A router whose
+routing differs is refused by its class name, never patched silently; so is
+a module that holds ``experts`` but no router of that shape.
 
 **How the patch is applied.**  Instance-level ``forward`` attributes on the
 router and on its sibling ``experts`` module: the classes, the parameter
@@ -50,7 +53,9 @@ flattens the scores and widens every sparse map's support).  τ is a buffer,
 **Balance.**  The ``router_logits`` a softk router returns are log p (−inf
 where p = 0), normalised to sum 1, so the model's own load-balancing loss,
 which applies softmax to them, reads the router's own map (the control
-returns the model's logits unchanged).  :func:`balance_loss` is a
+returns the model's logits unchanged).  Its expert-probability term is then
+exact; its dispatch count takes each token's config ``top_k`` largest p, so
+a token with fewer live experts than that also counts experts of weight 0.  :func:`balance_loss` is a
 Fenchel–Young-style term: the Tsallis-α divergence of the mean load from
 uniform, with the map's own α.  :func:`router_stats` gives each layer's
 active experts per token (mean, p95), load per expert, its coefficient of
@@ -87,7 +92,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._maps.budget import budget_sparsemax
-from .._maps.simplex import entmax, entmax15, softmax, sparsemax
+from .._maps.simplex import entmax, entmax15, sparsemax
 from .._maps.soft_topk import soft_topk
 from .._validate import check_choice, check_tau
 from ..nn.maps import _inverse_softplus
@@ -314,18 +319,23 @@ def balance_loss(model: nn.Module) -> Tensor:
 
 
 def _moe_layers(model):
-    """(name, parent, attribute) of every router: a module with ``weight``,
-    ``top_k`` and ``num_experts`` whose parent also holds an ``experts`` module."""
+    """(name, parent, attribute) of every router: the child of a module holding
+    ``experts`` that has ``weight``, ``top_k`` and ``num_experts``.  A module
+    holding experts but no such router is refused by name."""
     found = []
     for parent_name, parent in model.named_modules():
         experts = getattr(parent, "experts", None)
         if not isinstance(experts, nn.Module):
             continue
-        for attr, child in parent.named_children():
-            if child is experts:
-                continue
-            if all(hasattr(child, a) for a in ("weight", "top_k", "num_experts")):
-                found.append((f"{parent_name}.{attr}".lstrip("."), parent, attr))
+        routers = [attr for attr, child in parent.named_children()
+                   if child is not experts and all(hasattr(child, a) for a in ("weight", "top_k", "num_experts"))]
+        if len(routers) != 1:
+            raise ValueError(
+                f"{parent_name or type(model).__name__} ({type(parent).__name__}) holds experts but "
+                f"{'no router' if not routers else 'several routers'} with weight, top_k and num_experts "
+                f"({', '.join(routers) or 'children: ' + ', '.join(n for n, _ in parent.named_children())}); "
+                "softk replaces the transformers v5 router contract and DeepSeek-V3's router only")
+        found.append((f"{parent_name}.{routers[0]}".lstrip("."), parent, routers[0]))
     return found
 
 
@@ -515,9 +525,10 @@ def _check_contract(name, module, state):
             expected = own(hidden)
             logits = _logits(module, hidden)
             for work in (None, torch.float32):
-                control = dataclasses.replace(state, router=ROUTERS["topk_softmax"], target=None, control_dtype=work)
+                control = dataclasses.replace(state, router=ROUTERS["topk_softmax"], target=None, k_max=module.top_k,
+                                              control_dtype=work)
                 _, weights, indices = _route(module, control, logits)
-                if _same_routing(expected, logits, weights, indices):
+                if _same_routing(expected, logits, weights, indices, work):
                     state.control_dtype = work
                     return
     except Exception as error:  # a forward that breaks on the contract's inputs is not the contract
@@ -529,15 +540,17 @@ def _check_contract(name, module, state):
                      f"{' with renormalisation' if state.normalize else ''}")
 
 
-def _same_routing(expected, logits, weights, indices):
+def _same_routing(expected, logits, weights, indices, work):
+    """The same experts, and the same weights to the precision the router works in."""
     own_logits, own_scores, own_indices = expected
+    rtol, atol = (1e-12, 1e-15) if work is None else (4 * torch.finfo(work).eps, torch.finfo(work).eps)
     if own_logits.shape != logits.shape or own_indices.shape != indices.shape:
         return False
     order, own_order = indices.sort(-1), own_indices.sort(-1)
     return (torch.allclose(own_logits.double(), logits.double())
             and torch.equal(order.values, own_order.values)
             and torch.allclose(weights.gather(1, order.indices).double(),
-                               own_scores.gather(1, own_order.indices).double(), rtol=1e-12, atol=1e-15))
+                               own_scores.gather(1, own_order.indices).double(), rtol=rtol, atol=atol))
 
 
 def _assign(module, name, value):
