@@ -26,7 +26,8 @@ from ..paths import REPO
 ROOT = REPO
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 FENCE = re.compile(r"^( *)```(python|pycon)[^\n]*\n(.*?)^\1```", re.MULTILINE | re.DOTALL)
-PUBLIC = ("softk", "softk.losses", "softk.nn", "softk.distributed", "softk.integrations.transformers", "softk.attention",
+PUBLIC = ("softk", "softk.losses", "softk.nn", "softk.distributed", "softk.integrations.transformers",
+          "softk.integrations.hf_moe", "softk.attention",
           "softk.compat.entmax")
 
 

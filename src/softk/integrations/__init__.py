@@ -8,6 +8,11 @@
 * ``softk.integrations.hf_attention`` (its own module, with a ``register()``
   function): sparse attention registered with transformers' attention
   interface.
+* :mod:`softk.integrations.hf_moe`: :func:`~softk.integrations.hf_moe.apply_softk_router`
+  replaces the router of every mixture-of-experts layer of a transformers
+  model with a softk map (sparsemax, entmax, soft top-k, budget), zero
+  weights skipping their expert; :func:`~softk.integrations.hf_moe.remove_softk_router`
+  undoes it.
 * :mod:`softk.integrations.megatron`: :func:`~softk.integrations.megatron.megatron_loss`
   gives every softk loss Megatron-LM's cross-entropy signature
   ``target(logits[s, b, V/tp], labels, tp_group) -> [s, b]`` on the
