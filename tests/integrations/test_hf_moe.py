@@ -7,6 +7,7 @@ statistics and the balance term, and the same model run without skipping.
 
 from __future__ import annotations
 
+import math
 import os
 
 import numpy as np
@@ -14,6 +15,8 @@ import pytest
 import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
+
+import softk
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
@@ -69,6 +72,17 @@ def test_control_keeps_the_models_dtypes_in_bfloat16(family):
         assert a.dtype == b.dtype
         assert torch.equal(a, b)
     assert torch.isfinite(model(ids).logits).all()
+    # a sparse router: the map in float32, its weights in the model's own scores dtype
+    apply_softk_router(model, "entmax", learn_alpha=True, tau=3.0)
+    logits, weights, indices = gate(hidden)
+    assert weights.dtype == own[1].dtype and logits.dtype == own[0].dtype
+    alpha = 1 + torch.nn.functional.softplus(gate.softk_alpha_raw.detach())  # 1.5, to float32's rounding
+    reference = softk.entmax(own[0].float(), alpha, dim=-1, tau=3.0)
+    torch.testing.assert_close(weights.float(), reference.gather(1, indices).to(weights.dtype).float(), rtol=0, atol=0)
+    model.train()
+    loss = model(ids, labels=ids).loss
+    loss.backward()
+    assert torch.isfinite(loss) and gate.softk_alpha_raw.grad is not None and torch.isfinite(gate.weight.grad).all()
 
 
 @pytest.mark.parametrize("family, router", product(FAMILIES, list(SPARSE)))
@@ -410,3 +424,27 @@ def test_families_with_another_router_are_refused_by_name(family):
     with pytest.raises(ValueError, match=rf"\({refused}\) (does not route|holds experts but no router)"):
         apply_softk_router(model, "sparsemax")
     assert not any("forward" in m.__dict__ for m in model.modules())
+
+
+@pytest.mark.slow
+def test_compiles_in_one_graph_with_static_shapes():
+    """skip_zeros=False under torch.compile(fullgraph=True): the eager loss, gradients and controller step."""
+    model = build("mixtral", dtype=torch.float32, experts="grouped_mm", num_hidden_layers=1).train()
+    apply_softk_router(model, "sparsemax", skip_zeros=False, target=1.5, tau=0.7)
+    ids = batch()
+    runs = []
+    for run in (model, torch.compile(model, fullgraph=True)):
+        for r in routers(model):  # the same state before each run: τ, and a previous count to step from
+            r.softk_tau.fill_(0.7)
+            r.softk_active.fill_(1.0)
+        model.zero_grad()
+        loss = run(ids, labels=ids).loss
+        loss.backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        runs.append((loss.detach(), grads, [float(r.softk_tau) for r in routers(model)]))
+    (eager_loss, eager_grads, eager_tau), (loss, grads, tau) = runs
+    torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=1e-6)
+    for name, g in eager_grads.items():
+        torch.testing.assert_close(grads[name], g, rtol=1e-4, atol=1e-5, msg=name)
+    assert tau == pytest.approx(eager_tau, rel=1e-6)
+    assert tau == pytest.approx([0.7 * math.exp(0.05 * (1.5 - 1.0) / 1.5)], rel=1e-6)

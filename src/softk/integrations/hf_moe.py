@@ -45,10 +45,11 @@ the map's Jacobian row is 0.  The number of live pairs is data-dependent, so
 weights computed and multiplied by 0) for a compiler that needs static shapes.
 
 **The target.**  ``target=m`` keeps the mean number of live experts per
-token near m with an integral controller on the temperature, applied after
-each training forward: ``log τ += rate · (m − active) / m`` (a larger τ
-flattens the scores and widens every sparse map's support).  τ is a buffer,
-``softk_tau``, so it is saved with the model.
+token near m with an integral controller on the temperature: each training
+forward first takes the step ``log τ += rate · (m − active) / m``, with
+``active`` the previous training forward's mean (a larger τ flattens the
+scores and widens every sparse map's support).  τ and that mean are
+buffers, ``softk_tau`` and ``softk_active``, so they are saved with the model.
 
 **Balance.**  The ``router_logits`` a softk router returns are log p (−inf
 where p = 0), normalised to sum 1, so the model's own load-balancing loss,
@@ -243,7 +244,7 @@ def remove_softk_router(model: nn.Module) -> nn.Module:
             continue
         _restore(module, state.own_router_forward)
         _restore(state.experts, state.own_experts_forward)
-        for name in ("softk_alpha_raw", "softk_tau"):
+        for name in ("softk_alpha_raw", "softk_tau", "softk_active"):
             module._parameters.pop(name, None)
             module._buffers.pop(name, None)
     return model
@@ -371,6 +372,8 @@ def _probabilities(state, logits):
         z = logits.to(state.control_dtype or logits.dtype)
         return torch.sigmoid(z) if state.deepseek else torch.softmax(z, -1)
     z = logits if logits.dtype == torch.float64 else logits.float()
+    if isinstance(tau, Tensor):  # the controller's buffer: divided here, so no host read checks it
+        z, tau = z * (1 / tau.to(z.dtype)), 1.0  # a new tensor, not the buffer the controller updates
     if name == "sparsemax":
         return sparsemax(z, -1, tau)
     if name == "entmax15":
@@ -436,6 +439,8 @@ class _LogOfMap(torch.autograd.Function):
 
 def _router_forward(self, hidden_states):
     state = self.__dict__["_softk"]
+    if state.target is not None and self.training:
+        _controller_step(self, state)
     hidden = hidden_states.reshape(-1, self.weight.shape[-1])
     logits = _logits(self, hidden)
     p, weights, indices = _route(self, state, logits)
@@ -448,12 +453,23 @@ def _router_forward(self, hidden_states):
                   "tau": tau.detach().clone() if isinstance(tau, Tensor) else tau}
     if state.target is not None and self.training:
         with torch.no_grad():
-            active = (weights.detach() != 0).sum(-1).to(torch.float64).mean()
-            self.softk_tau.mul_(torch.exp(state.rate * (state.target - active) / state.target).to(self.softk_tau.dtype))
+            self.softk_active.copy_((weights.detach() != 0).sum(-1).to(self.softk_active.dtype).mean())
     return logits_out, weights.to(state.scores_dtype or logits.dtype), indices
 
 
 _router_forward._softk = True  # type: ignore[attr-defined]
+
+
+def _controller_step(module, state):
+    """log τ += rate · (m − active) / m, from the previous training forward's count.
+
+    Applied before τ is read, never after: a compiled graph that mutates a
+    buffer after reading it may recompute the read in its backward from the
+    mutated value."""
+    with torch.no_grad():
+        active = module.softk_active
+        step = torch.exp(state.rate * (state.target - active) / state.target)
+        module.softk_tau.mul_(torch.where(torch.isnan(active), torch.ones_like(step), step))
 
 
 # --- the experts --------------------------------------------------------------
@@ -481,6 +497,7 @@ def _install(module, state, skip_zeros):
             _inverse_softplus(state.opts["alpha"] - 1), device=module.weight.device)))
     if state.target is not None:
         module.register_buffer("softk_tau", torch.tensor(state.opts["tau"], device=module.weight.device))
+        module.register_buffer("softk_active", torch.tensor(math.nan, device=module.weight.device))
     module.forward = types.MethodType(_router_forward, module)
     if skip_zeros:
         experts = state.experts
