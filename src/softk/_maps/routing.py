@@ -87,14 +87,9 @@ def route(scores: Tensor, k: int, method: str = "softmax", *, dim: int = -1, tau
     tau = check_tau(tau, allow_grad=True)
     if not isinstance(normalize, bool):
         raise TypeError(f"normalize must be a bool, got {type(normalize).__name__}")
-    if method == "entmax":
-        p = entmax(scores, 1.5 if alpha is None else alpha, dim=dim, tau=tau)
-    elif alpha is not None:
+    if alpha is not None and method != "entmax":
         raise ValueError(f"alpha applies to method='entmax' only, got method={method!r}")
-    elif method in SIMPLEX_MAPS:
-        p = SIMPLEX_MAPS[method](scores, dim=dim, tau=tau)
-    else:
-        p = soft_topk(scores, k, dim=dim, tau=tau, method=method)
+    p = probabilities(scores, method, k, dim=dim, tau=tau, alpha=alpha)
     # A stable descending sort: ties to the lower index, as hard_topk.
     indices = torch.sort(scores.detach(), dim=dim, descending=True, stable=True).indices.narrow(dim, 0, k)
     weights = p.gather(dim, indices)
@@ -102,3 +97,15 @@ def route(scores: Tensor, k: int, method: str = "softmax", *, dim: int = -1, tau
         total = weights.sum(dim, keepdim=True)
         weights = weights / torch.where(total > 0, total, torch.ones_like(total))
     return Route(weights, indices)
+
+
+def probabilities(scores: Tensor, method: str, k=None, *, dim: int = -1, tau=1.0, alpha=None) -> Tensor:
+    """The router's map of ``scores`` over the experts (``dim``): p of every
+    expert under ``method`` (one of :data:`METHODS`), before any top-k.  ``k``
+    is Σp for the soft top-k methods (any real in (0, n]), ``alpha`` entmax's α
+    (default 1.5).  Arguments are checked by the map called."""
+    if method == "entmax":
+        return entmax(scores, 1.5 if alpha is None else alpha, dim=dim, tau=tau)
+    if method in SIMPLEX_MAPS:
+        return SIMPLEX_MAPS[method](scores, dim=dim, tau=tau)
+    return soft_topk(scores, k, dim=dim, tau=tau, method=method)

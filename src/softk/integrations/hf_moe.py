@@ -92,9 +92,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._maps.budget import budget_sparsemax
-from .._maps.simplex import entmax, entmax15, sparsemax
-from .._maps.soft_topk import soft_topk
+from .._maps.routing import probabilities
 from .._validate import check_choice, check_tau
 from ..nn.maps import _inverse_softplus
 from ..threshold.families import THRESHOLD_METHODS
@@ -104,31 +102,33 @@ __all__ = ["apply_softk_router", "remove_softk_router", "router_stats", "balance
 
 @dataclasses.dataclass(frozen=True)
 class RouterMap:
-    """One router of :data:`ROUTERS`: what it computes and what it takes."""
+    """One router of :data:`ROUTERS`: the method of :func:`softk.route` it runs, what it takes."""
 
     name: str
+    method: str | None  # a method of softk.route; None: the one given as ``method=``
     options: tuple[str, ...]  # the keyword arguments it takes beyond the common ones
+    balance_alpha: float | None  # the α of its Tsallis regulariser (1: Shannon); None: the layer's α
     doc: str
+    control: bool = False  # the model's own routing, in the model's own precision
+
+    def routing_method(self, opts) -> str:
+        return opts["method"] if self.method is None else self.method
 
     def sparse(self, opts) -> bool:
         """Whether the map has exact zeros (a target count of experts is then meaningful)."""
-        if self.name == "soft_topk":
-            return THRESHOLD_METHODS[opts["method"]].zero_below
-        return self.name != "topk_softmax"
-
-    def alpha(self, router) -> float | Tensor:
-        """The α of the map's Tsallis regulariser (1: Shannon), for :func:`balance_loss`."""
-        return {"topk_softmax": 1.0, "sparsemax": 2.0, "entmax15": 1.5}.get(
-            self.name, router._softk.alpha() if self.name == "entmax" else 2.0)
+        method = self.routing_method(opts)
+        return not self.control and (method not in THRESHOLD_METHODS or THRESHOLD_METHODS[method].zero_below)
 
 
 ROUTERS = {r.name: r for r in (
-    RouterMap("topk_softmax", (), "the model's own router computed by softk: the control"),
-    RouterMap("sparsemax", (), "sparsemax over the experts"),
-    RouterMap("entmax15", (), "1.5-entmax over the experts"),
-    RouterMap("entmax", ("alpha", "learn_alpha"), "α-entmax, α fixed or learned per layer"),
-    RouterMap("soft_topk", ("k", "method"), "soft top-k with Σp = k (method exp, sigmoid, laplace or sparse)"),
-    RouterMap("budget", ("k",), "budget sparsemax: 0 ≤ p ≤ 1, Σp = k"),
+    RouterMap("topk_softmax", "softmax", (), 1.0, "the model's own router computed by softk: the control",
+              control=True),
+    RouterMap("sparsemax", "sparsemax", (), 2.0, "sparsemax over the experts"),
+    RouterMap("entmax15", "entmax15", (), 1.5, "1.5-entmax over the experts"),
+    RouterMap("entmax", "entmax", ("alpha", "learn_alpha"), None, "α-entmax, α fixed or learned per layer"),
+    RouterMap("soft_topk", None, ("k", "method"), 2.0,
+              "soft top-k with Σp = k (method exp, sigmoid, laplace or sparse)"),
+    RouterMap("budget", "sparse", ("k",), 2.0, "budget sparsemax: 0 ≤ p ≤ 1, Σp = k"),
 )}
 
 
@@ -221,7 +221,7 @@ def apply_softk_router(model: nn.Module, router: str = "sparsemax", *, k_max: in
         if target is not None and not (isinstance(target, numbers.Real) and 0 < target <= width):
             raise ValueError(f"target must be a number in (0, k_max] = (0, {width}], got {target!r}")
         mass = module.top_k if k is None else k
-        if spec.name in ("soft_topk", "budget") and not (isinstance(mass, numbers.Real) and 0 < mass <= module.num_experts):
+        if "k" in spec.options and not (isinstance(mass, numbers.Real) and 0 < mass <= module.num_experts):
             raise ValueError(f"k must be a number in (0, num_experts] = (0, {module.num_experts}], got {mass!r}")
         state = _State(spec, {**opts, "k": mass}, int(width), None if target is None else float(target),
                        float(rate), own, parent.experts, _own_forward(parent.experts), module,
@@ -305,7 +305,7 @@ def balance_loss(model: nn.Module) -> Tensor:
             continue
         p = state.last["p"]
         load = (p / p.sum(-1, keepdim=True)).mean(0)
-        alpha = state.router.alpha(module)
+        alpha = state.router.balance_alpha or state.alpha()
         experts = load.shape[-1]
         if isinstance(alpha, float) and alpha == 1.0:
             terms.append(torch.xlogy(load, load).sum() + math.log(experts))
@@ -367,23 +367,16 @@ def _restore(module, own):
 
 def _probabilities(state, logits):
     """p = map(s/τ) over the last dim, in float32 at least."""
-    name, opts, tau = state.router.name, state.opts, state.tau()
-    if name == "topk_softmax":  # in the precision the model's own router computes in
+    if state.router.control:  # in the precision the model's own router computes in
         z = logits.to(state.control_dtype or logits.dtype)
         return torch.sigmoid(z) if state.deepseek else torch.softmax(z, -1)
     z = logits if logits.dtype == torch.float64 else logits.float()
+    tau = state.tau()
     if isinstance(tau, Tensor):  # the controller's buffer: divided here, so no host read checks it
         z, tau = z * (1 / tau.to(z.dtype)), 1.0  # a new tensor, not the buffer the controller updates
-    if name == "sparsemax":
-        return sparsemax(z, -1, tau)
-    if name == "entmax15":
-        return entmax15(z, -1, tau)
-    if name == "entmax":
-        alpha = state.alpha()
-        return entmax(z, alpha.to(z.dtype) if isinstance(alpha, Tensor) else alpha, -1, tau)
-    if name == "soft_topk":
-        return soft_topk(z, opts["k"], -1, tau, opts["method"])
-    return budget_sparsemax(z, opts["k"], -1, tau)
+    alpha = state.alpha()
+    alpha = alpha.to(z.dtype) if isinstance(alpha, Tensor) else alpha
+    return probabilities(z, state.router.routing_method(state.opts), state.opts["k"], dim=-1, tau=tau, alpha=alpha)
 
 
 def _logits(module, hidden):
@@ -404,17 +397,17 @@ def _route(module, state, logits):
         chosen = torch.topk(group_scores, k=module.topk_group, dim=-1, sorted=False)[1]
         allowed = torch.zeros_like(group_scores).scatter_(1, chosen, 1).bool()
         allowed = allowed.unsqueeze(-1).expand(-1, groups, experts // groups).reshape(-1, experts)
-        if state.router.name != "topk_softmax":  # the map over the chosen groups' experts
+        if not state.router.control:  # the map over the chosen groups' experts
             p = _probabilities(state, logits.masked_fill(~allowed, -math.inf))
         live = allowed & (p > 0) if state.router.sparse(state.opts) else allowed
         indices = torch.topk((p + bias).masked_fill(~live, -math.inf), k=state.k_max, dim=-1, sorted=False)[1]
         weights = p.gather(1, indices) * live.gather(1, indices)
-        if state.router.name == "topk_softmax" and state.normalize:
+        if state.router.control and state.normalize:
             weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
         return p, weights * module.routed_scaling_factor, indices
     indices = torch.topk(p, state.k_max, dim=-1)[1]
     weights = p.gather(1, indices)
-    if state.router.name == "topk_softmax" and state.normalize:
+    if state.router.control and state.normalize:
         weights = weights / weights.sum(-1, keepdim=True)
     return p, weights, indices
 
@@ -444,7 +437,7 @@ def _router_forward(self, hidden_states):
     hidden = hidden_states.reshape(-1, self.weight.shape[-1])
     logits = _logits(self, hidden)
     p, weights, indices = _route(self, state, logits)
-    if state.router.name == "topk_softmax":
+    if state.router.control:
         logits_out = logits
     else:
         logits_out = _LogOfMap.apply(p / p.sum(-1, keepdim=True)).to(logits.dtype)
