@@ -336,6 +336,33 @@ def test_remove_restores_the_model():
     assert torch.equal(model(ids).logits, before)
 
 
+def test_remove_restores_forwards_set_on_the_instance():
+    """A forward the user had put on the router or the experts instance comes back, after any number of applies."""
+    model = build("mixtral")
+    gate, experts = model.model.layers[0].mlp.gate, model.model.layers[0].mlp.experts
+    calls = []
+    own_gate, own_experts = gate.forward, experts.forward
+
+    def gate_forward(hidden):
+        calls.append("gate")
+        return own_gate(hidden)
+
+    def experts_forward(*args):
+        calls.append("experts")
+        return own_experts(*args)
+
+    gate.forward, experts.forward = gate_forward, experts_forward
+    before = model(batch()).logits
+    apply_softk_router(model, "topk_softmax")
+    apply_softk_router(model, "sparsemax")
+    calls.clear()
+    model(batch())
+    assert calls == ["experts"]  # softk's router; the experts it wraps are the user's
+    remove_softk_router(model)
+    assert gate.__dict__["forward"] is gate_forward and experts.__dict__["forward"] is experts_forward
+    assert torch.equal(model(batch()).logits, before)
+
+
 def test_the_map_registry_names_every_router():
     assert set(ROUTERS) == {"topk_softmax", "sparsemax", "entmax15", "entmax", "soft_topk", "budget"}
 

@@ -214,7 +214,7 @@ def apply_softk_router(model: nn.Module, router: str = "sparsemax", *, k_max: in
     plans = []
     for name, parent, attr in layers:
         module = getattr(parent, attr)
-        own = _own_forward(module)
+        own, own_experts = _own_forwards(module, parent.experts)
         width = module.top_k if k_max is None else k_max
         if isinstance(width, bool) or not isinstance(width, numbers.Integral) or not 1 <= width <= module.num_experts:
             raise ValueError(f"k_max must be an int in [1, num_experts] = [1, {module.num_experts}], got {width!r}")
@@ -224,7 +224,7 @@ def apply_softk_router(model: nn.Module, router: str = "sparsemax", *, k_max: in
         if "k" in spec.options and not (isinstance(mass, numbers.Real) and 0 < mass <= module.num_experts):
             raise ValueError(f"k must be a number in (0, num_experts] = (0, {module.num_experts}], got {mass!r}")
         state = _State(spec, {**opts, "k": mass}, int(width), None if target is None else float(target),
-                       float(rate), own, parent.experts, _own_forward(parent.experts), module,
+                       float(rate), own, parent.experts, own_experts, module,
                        deepseek=hasattr(module, "e_score_correction_bias"),
                        normalize=bool(getattr(module, "norm_topk_prob", True)))
         _check_contract(name, module, state)
@@ -244,6 +244,7 @@ def remove_softk_router(model: nn.Module) -> nn.Module:
             continue
         _restore(module, state.own_router_forward)
         _restore(state.experts, state.own_experts_forward)
+        state.experts.__dict__.pop("_softk_own", None)
         for name in ("softk_alpha_raw", "softk_tau", "softk_active"):
             module._parameters.pop(name, None)
             module._buffers.pop(name, None)
@@ -348,11 +349,12 @@ def _check_alpha(alpha, learn):
     return float(alpha)
 
 
-def _own_forward(module):
-    own = module.__dict__.get("forward")
-    if getattr(getattr(own, "__func__", None), "_softk", False):
-        return module.__dict__["_softk"].own_router_forward if "_softk" in module.__dict__ else None
-    return own
+def _own_forwards(module, experts):
+    """The instance-level forwards (None: the class's) the router and its experts had before softk."""
+    state = module.__dict__.get("_softk")
+    if state is not None:
+        return state.own_router_forward, state.own_experts_forward
+    return module.__dict__.get("forward"), experts.__dict__.get("forward")
 
 
 def _restore(module, own):
@@ -450,7 +452,6 @@ def _router_forward(self, hidden_states):
     return logits_out, weights.to(state.scores_dtype or logits.dtype), indices
 
 
-_router_forward._softk = True  # type: ignore[attr-defined]
 
 
 def _controller_step(module, state):
@@ -480,7 +481,6 @@ def _experts_forward(self, hidden_states, top_k_index, top_k_weights):
     return torch.zeros_like(hidden_states).index_add(0, token, out.to(hidden_states.dtype))
 
 
-_experts_forward._softk = True  # type: ignore[attr-defined]
 
 
 def _install(module, state, skip_zeros):
@@ -494,7 +494,7 @@ def _install(module, state, skip_zeros):
     module.forward = types.MethodType(_router_forward, module)
     if skip_zeros:
         experts = state.experts
-        experts.__dict__["_softk_own"] = experts.forward if state.own_experts_forward is None else state.own_experts_forward
+        experts.__dict__["_softk_own"] = state.own_experts_forward or types.MethodType(type(experts).forward, experts)
         experts.forward = types.MethodType(_experts_forward, experts)
 
 
