@@ -7,11 +7,14 @@ statistics and the balance term, and the same model run without skipping.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
@@ -475,3 +478,44 @@ def test_compiles_in_one_graph_with_static_shapes():
         torch.testing.assert_close(grads[name], g, rtol=1e-4, atol=1e-5, msg=name)
     assert tau == pytest.approx(eager_tau, rel=1e-6)
     assert tau == pytest.approx([0.7 * math.exp(0.05 * (1.5 - 1.0) / 1.5)], rel=1e-6)
+
+
+@functools.lru_cache(maxsize=None)
+def _block(family, scale):
+    """One MoE block of ``family`` (float64), its router weights scaled by ``scale``."""
+    model = build(family)
+    block = model.model.layers[0].mlp
+    with torch.no_grad():
+        for r in routers(block):
+            r.weight.mul_(scale)
+    return block
+
+
+@settings(max_examples=25, deadline=None)
+@given(family=st.sampled_from(["olmoe", "deepseek_v3"]), router=st.sampled_from(list(SPARSE)),
+       k_max=st.integers(1, EXPERTS), scale=st.sampled_from([0.01, 0.3, 1.0, 10.0]), seed=st.integers(0, 2**16))
+def test_routing_invariants(family, router, k_max, scale, seed):
+    """Whatever the scores: weights are the map's p at distinct experts (scaled on DeepSeek), at most k_max live,
+    and off DeepSeek's bias the live experts are the largest p."""
+    block = _block(family, scale)
+    apply_softk_router(block, router, k_max=k_max, **SPARSE[router])
+    gate = routers(block)[0]
+    hidden = torch.randn(6, 16, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    logits, weights, indices = gate(hidden)
+    p = gate._softk.last["p"]
+    assert weights.shape == indices.shape == (6, k_max)
+    assert all(len(set(row.tolist())) == k_max for row in indices)
+    assert (weights >= 0).all() and torch.isfinite(weights).all()
+    live = weights != 0
+    scale_out = getattr(gate, "routed_scaling_factor", 1.0)
+    torch.testing.assert_close(weights[live], scale_out * p.gather(1, indices)[live], rtol=0, atol=0)
+    total = 2 if router in ("soft_topk", "budget") else 1
+    eps = torch.finfo(p.dtype).eps  # DeepSeek routes in float32
+    assert (weights.sum(-1) <= scale_out * total * (1 + 8 * eps)).all()
+    if family != "deepseek_v3":
+        outside = p.scatter(1, indices, -1.0).amax(-1)
+        smallest = torch.where(live, p.gather(1, indices), torch.inf).amin(-1)
+        assert (live.sum(-1) == torch.minimum((p > 0).sum(-1), torch.tensor(k_max))).all()
+        assert (smallest >= outside).all()
+    # softmax of the returned logits is the map normalised to 1
+    torch.testing.assert_close(torch.softmax(logits, -1), p / p.sum(-1, keepdim=True), rtol=0, atol=8 * eps)
