@@ -19,8 +19,8 @@ tests use, not a result.
 
 from __future__ import annotations
 
-from . import UsageError
-from .experiment_common import COST_NOTE, check as _check, emit, out_dir as _out_dir, positive as _positive
+from .experiment_common import COST_NOTE, check as _check, corpus_experiment, emit, out_dir as _out_dir
+from .experiment_common import positive as _positive
 
 
 def register(kinds) -> None:
@@ -53,8 +53,7 @@ def register(kinds) -> None:
 def run(args) -> int:
     import torch
 
-    from .._experiments import corpus, moe
-    from .._experiments.common import MissingExtra, require
+    from .._experiments import moe
 
     _positive(args.steps, "--steps")
     arms = args.arm or list(moe.ARMS)
@@ -64,18 +63,9 @@ def run(args) -> int:
     if args.steps is not None:
         cfg = cfg._replace(steps=args.steps)
     seeds = [args.seed] if args.seed is not None else (args.seeds or ([0] if args.quick else [0, 1, 2]))
-    threads = torch.get_num_threads()
-    try:
-        require("transformers", "tokenizers", *(["matplotlib"] if args.figure else []))
-        corpus.find_texts(args.corpus)  # fail before any training when the texts are missing
+    with corpus_experiment(args.corpus, args.figure):
         torch.set_num_threads(1)
         report = moe.run_moe(seeds, arms, cfg, args.corpus, progress=not args.quiet)
-    except MissingExtra as exc:
-        raise UsageError(f"{exc} (or the hf extra: pip install transformers tokenizers)") from None
-    except corpus.CorpusMissing as exc:
-        raise UsageError(str(exc)) from None
-    finally:
-        torch.set_num_threads(threads)
     report["torch"] = torch.__version__
     text = moe.markdown(report)
     written = [moe.figure(report, args.figure)] if args.figure else []

@@ -223,11 +223,9 @@ def run_moe(seeds=(0, 1, 2), arms=None, cfg: Config = Config(), corpus_path: str
     """Train and score every arm for every seed; returns the report (see :func:`markdown`)."""
     arms = list(ARMS if arms is None else arms)
     t_start = time.perf_counter()
-    data = corpus.split(corpus.find_texts(corpus_path), cfg.quick_chars)
-    tok = corpus.train_tokenizer(data.train, cfg.vocab)
+    data, tok, train_stream, test_stream = corpus.prepare(corpus_path, cfg.vocab, cfg.quick_chars)
     cfg = cfg._replace(vocab=tok.get_vocab_size())
-    train_stream = corpus.token_stream(tok, data.train)
-    test_windows = corpus.windows(corpus.token_stream(tok, data.test), cfg.context)[::cfg.test_stride]
+    test_windows = corpus.windows(test_stream, cfg.context)[::cfg.test_stride]
     bar = Progress(cfg.steps * len(arms) * len(seeds), "moe", progress)
     runs = []
     for seed in seeds:

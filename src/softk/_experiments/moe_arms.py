@@ -14,10 +14,12 @@ per token, the control's expert compute.
 {'router': 'budget', 'k': 2, 'k_max': 4}
 """
 
+from typing import Any
+
 K_MAX = 4  # experts per token at most, for the sparse maps
 TARGET = 2.0  # the controlled arms' mean live experts per token
 
-ARMS = {
+ARMS: dict[str, dict[str, Any]] = {
     "softmax_top2": {"router": "topk_softmax"},
     "sparsemax": {"router": "sparsemax", "k_max": K_MAX},
     "sparsemax_target2": {"router": "sparsemax", "k_max": K_MAX, "target": TARGET},
