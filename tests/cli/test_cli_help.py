@@ -13,6 +13,7 @@ import softk
 from softk._cli import harness as bench
 from softk._cli import build_parser, main
 from softk._cli.experiment import CHOICES, NETWORKS
+from softk._experiments.moe_arms import ARMS as MOE_ARMS
 from softk._experiments.multilabel import CV_SCORES, FOLD_SCHEMES, FOLD_SIZES
 from softk._experiments.objectives import LOSSES
 
@@ -48,6 +49,7 @@ CHOICE_LISTS = {
     ("softk experiment multilabel", "--folds"): list(FOLD_SCHEMES),
     ("softk experiment multilabel", "--cv-score"): list(CV_SCORES),
     ("softk experiment multilabel", "--fold-sizes"): list(FOLD_SIZES),
+    ("softk experiment moe", "--arm"): list(MOE_ARMS),
 }
 for _name, (_module, _, _) in NETWORKS.items():
     for _option, (_constant, _) in CHOICES.items():

@@ -10,7 +10,7 @@ import pytest
 
 from softk._cli import main
 
-EXPERIMENTS = ("multilabel", "topk-softmax", "attention", "router", "lm")
+EXPERIMENTS = ("multilabel", "topk-softmax", "attention", "router", "lm", "moe")
 
 # experiment -> (argv after the name, a word of the message); each is refused before any data is read
 BAD = {
@@ -19,6 +19,7 @@ BAD = {
     "attention": (["--epochs", "0"], "--epochs must be >= 1"),
     "router": (["--router", "switch"], "--router must be among"),
     "lm": (["--steps", "0"], "--steps must be >= 1"),
+    "moe": (["--arm", "switch"], "--arm must be among"),
 }
 
 
@@ -47,7 +48,7 @@ def test_an_unknown_option_names_the_full_subcommand(name, capsys):
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_a_malformed_number_names_the_full_subcommand(name, capsys):
-    option = "--seed" if name in ("multilabel", "lm") else "--epochs"
+    option = "--seed" if name in ("multilabel", "lm", "moe") else "--epochs"
     with pytest.raises(SystemExit) as exit_:
         main(["experiment", name, option, "two"])
     assert exit_.value.code == 2

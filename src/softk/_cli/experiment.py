@@ -8,7 +8,9 @@
   ``--quiet`` (no progress bar); they need the ``experiments`` extra (mlxtend,
   matplotlib) and exit 2 naming it when it is missing;
 * ``lm`` — a small GPT-2 trained on Shakespeare with every loss and attention
-  (:mod:`softk._cli.experiment_lm`).
+  (:mod:`softk._cli.experiment_lm`);
+* ``moe`` — a small Mixtral-shaped model trained on Shakespeare with each softk
+  router (:mod:`softk._cli.experiment_moe`).
 
     softk experiment multilabel --data ../shared/data/mulan/emotions [--quick] [--loss sparsemax ...]
                                 [--folds contiguous shuffled] [--cv-score per-fold pooled]
@@ -32,7 +34,7 @@ import json
 import os
 import sys
 
-from . import UsageError, experiment_lm
+from . import UsageError, experiment_lm, experiment_moe
 from .experiment_common import COST_NOTE, check as _check, emit, out_dir as _out_dir, positive as _positive, wrote
 
 from .._experiments import multilabel as _multilabel
@@ -50,7 +52,7 @@ MULAN_HELP = (
 
 
 def register(sub):
-    p = sub.add_parser("experiment", help="run an experiment on real data (multilabel, topk-softmax, attention, router, lm)")
+    p = sub.add_parser("experiment", help="run an experiment on real data (multilabel, topk-softmax, attention, router, lm, moe)")
     kinds = p.add_subparsers(dest="experiment", metavar="EXPERIMENT")
     m = kinds.add_parser(
         "multilabel",
@@ -86,6 +88,7 @@ def register(sub):
 
     _register_networks(kinds)
     experiment_lm.register(kinds)
+    experiment_moe.register(kinds)
 
     def no_experiment(args) -> int:  # `softk experiment` alone: usage, exit 2
         p.print_usage(sys.stderr)

@@ -1,9 +1,12 @@
 """What every ``softk experiment`` subcommand shares: the checks of its
 options (each a :class:`~softk._cli.UsageError` naming the option), the
-writing of its results and the ``wrote PATH`` lines that list them on stderr."""
+writing of its results and the ``wrote PATH`` lines that list them on stderr;
+and the frame of the experiments on the Shakespeare corpus
+(:func:`corpus_experiment`)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -62,3 +65,27 @@ def emit(result: dict, text: str, out: str | None, name: str, as_json: bool, wri
     for path in [*paths, *written]:
         wrote(path)
     return 0
+
+
+@contextlib.contextmanager
+def corpus_experiment(corpus_path: str | None, figure: str | None):
+    """The frame of an experiment on the Shakespeare corpus (lm, moe): before any training,
+    check that transformers and tokenizers (and matplotlib for a figure) and the texts are
+    there; their absence, there or inside the block, is a UsageError saying what to install;
+    torch's thread count is restored after the block."""
+    import torch
+
+    from .._experiments import corpus
+    from .._experiments.common import MissingExtra, require
+
+    threads = torch.get_num_threads()
+    try:
+        require("transformers", "tokenizers", *(["matplotlib"] if figure else []))
+        corpus.find_texts(corpus_path)  # fail before any training when the texts are missing
+        yield
+    except MissingExtra as exc:
+        raise UsageError(f"{exc} (or the hf extra: pip install transformers tokenizers)") from None
+    except corpus.CorpusMissing as exc:
+        raise UsageError(str(exc)) from None
+    finally:
+        torch.set_num_threads(threads)

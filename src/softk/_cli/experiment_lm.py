@@ -25,8 +25,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from . import UsageError
-from .experiment_common import COST_NOTE, check as _check, emit, out_dir as _out_dir, positive as _positive
+from .experiment_common import COST_NOTE, check as _check, corpus_experiment, emit, out_dir as _out_dir
+from .experiment_common import positive as _positive
 
 
 def register(kinds) -> None:
@@ -62,9 +62,7 @@ def register(kinds) -> None:
 def run(args) -> int:
     import torch
 
-    from .._experiments import corpus, lm
-    from .._experiments.common import MissingExtra, require
-
+    from .._experiments import lm
 
     _positive(args.steps, "--steps")
     _positive(args.ft_steps, "--ft-steps")
@@ -80,20 +78,11 @@ def run(args) -> int:
     # --quick: the tiny model runs on one thread (two threads on tiny tensors wait on each other, most
     # of all on a shared machine), and measures no throughput or memory unless --throughput asks
     throughput = args.throughput if args.throughput is not None else not args.quick
-    threads = torch.get_num_threads()
-    try:
-        require("transformers", "tokenizers", *(["matplotlib"] if args.figure else []))
-        corpus.find_texts(args.corpus)  # fail before any training when the texts are missing
+    with corpus_experiment(args.corpus, args.figure):
         if args.quick:
             torch.set_num_threads(1)
         report = lm.run_lm(seeds, arms, cfg, args.corpus, progress=not args.quiet, out_dir=args.out,
                            throughput=throughput, memory=throughput or not args.quick)
-    except MissingExtra as exc:
-        raise UsageError(f"{exc} (or the hf extra: pip install transformers tokenizers)") from None
-    except corpus.CorpusMissing as exc:
-        raise UsageError(str(exc)) from None
-    finally:
-        torch.set_num_threads(threads)
     report["torch"] = torch.__version__
     text = lm.markdown(report)
     written = []

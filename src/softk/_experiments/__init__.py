@@ -10,7 +10,12 @@ bundled MNIST-5k testing the sparse top-k softmax CE, sparse attention and
 smooth top-k MoE routing (:mod:`.topk_softmax`, :mod:`.attention`,
 :mod:`.router`).  Command line: ``softk experiment NAME``.
 
-These modules need the ``experiments`` extra (``pip install -e ".[experiments]"``):
+``lm`` and ``moe``: a small GPT-2 and a small Mixtral-shaped model trained on
+Shakespeare's works (:mod:`.corpus`) with each softk loss and attention
+(:mod:`.lm`) and each softk router (:mod:`.moe`); they need the ``hf`` extra
+(transformers, tokenizers) and the corpus.
+
+The others need the ``experiments`` extra (``pip install -e ".[experiments]"``):
 scipy (L-BFGS-B and the ARFF reader), mlxtend (the data) and matplotlib (figures).
 Only :mod:`softk._cli` imports this package; it may import every public one.
 """

@@ -31,7 +31,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import tarfile
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -131,6 +131,22 @@ def token_stream(tok, works: dict) -> torch.Tensor:
         ids.extend(tok.encode(works[w]).ids)
         ids.append(eot)
     return torch.tensor(ids, dtype=torch.int64)
+
+
+class Prepared(NamedTuple):
+    data: Split
+    tokenizer: Any  # a tokenizers.Tokenizer (tokenizers is optional)
+    train: torch.Tensor  # the training works' token stream
+    test: torch.Tensor  # the held-out works' token stream
+
+
+def prepare(path: str | None, vocab_size: int, quick_chars: int | None = None) -> Prepared:
+    """What an experiment on the corpus trains and scores on: the texts (:func:`find_texts`),
+    their split (:func:`split`), the tokenizer trained on the training works
+    (:func:`train_tokenizer`; its vocabulary may be smaller than asked) and both token streams."""
+    data = split(find_texts(path), quick_chars)
+    tok = train_tokenizer(data.train, vocab_size)
+    return Prepared(data, tok, token_stream(tok, data.train), token_stream(tok, data.test))
 
 
 def windows(stream: torch.Tensor, length: int) -> torch.Tensor:

@@ -281,12 +281,9 @@ def run_lm(seeds=(0, 1, 2), arms=None, cfg: Config = Config(), corpus_path: str 
     figures are None; ``throughput`` implies it)."""
     arms = list(ARMS if arms is None else arms)
     t_start = time.perf_counter()
-    texts = corpus.find_texts(corpus_path)
-    data = corpus.split(texts, cfg.quick_chars)
-    tok = corpus.train_tokenizer(data.train, cfg.vocab)
+    data, tok, train_stream, test_stream = corpus.prepare(corpus_path, cfg.vocab, cfg.quick_chars)
     cfg = cfg._replace(vocab=tok.get_vocab_size())
-    train_stream = corpus.token_stream(tok, data.train)
-    all_windows = corpus.windows(corpus.token_stream(tok, data.test), cfg.context)
+    all_windows = corpus.windows(test_stream, cfg.context)
     test_windows = all_windows[::cfg.test_stride]
     curve_windows = all_windows[:: max(1, len(all_windows) // cfg.curve_windows)][: cfg.curve_windows]
     every = max(1, len(all_windows) // N_PROMPTS)
