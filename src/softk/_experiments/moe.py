@@ -109,20 +109,9 @@ def build_model(cfg: Config, seed: int):
 
 
 def apply_arm(model, arm: str):
-    """``apply_softk_router(model, **ARMS[arm])``.  While it checks each router against
-    the model's own, the router's ``top_k`` is set to the arm's ``k_max``: the check
-    compares the model's routing at top_k with softk's at k_max, so a k_max other than
-    the model's top_k would be refused.  The layers' own top_k is restored after."""
+    """``apply_softk_router(model, **ARMS[arm])``."""
     options = dict(ARMS[arm])
-    routers = [m for m in model.modules() if hasattr(m, "top_k") and hasattr(m, "num_experts") and hasattr(m, "weight")]
-    own = [m.top_k for m in routers]
-    try:
-        for m in routers:
-            m.top_k = options.get("k_max", m.top_k)
-        return apply_softk_router(model, options.pop("router"), **options)
-    finally:
-        for m, k in zip(routers, own):
-            m.top_k = k
+    return apply_softk_router(model, options.pop("router"), **options)
 
 
 class RoutingCounter:
