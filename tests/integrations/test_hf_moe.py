@@ -519,3 +519,13 @@ def test_routing_invariants(family, router, k_max, scale, seed):
         assert (smallest >= outside).all()
     # softmax of the returned logits is the map normalised to 1
     torch.testing.assert_close(torch.softmax(logits, -1), p / p.sum(-1, keepdim=True), rtol=0, atol=8 * eps)
+
+
+@pytest.mark.parametrize("experts", ["eager", "grouped_mm"])
+def test_experts_with_no_live_pair_return_zeros(experts):
+    model = build("mixtral", dtype=torch.float32, experts=experts)
+    apply_softk_router(model, "sparsemax")
+    block = model.model.layers[0].mlp
+    hidden = torch.randn(5, 16)
+    out = block.experts(hidden, torch.zeros(5, 2, dtype=torch.long), torch.zeros(5, 2))
+    assert torch.equal(out, torch.zeros_like(hidden))
