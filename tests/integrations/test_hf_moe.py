@@ -529,3 +529,21 @@ def test_experts_with_no_live_pair_return_zeros(experts):
     hidden = torch.randn(5, 16)
     out = block.experts(hidden, torch.zeros(5, 2, dtype=torch.long), torch.zeros(5, 2))
     assert torch.equal(out, torch.zeros_like(hidden))
+
+
+def test_a_deep_copy_is_patched_on_its_own():
+    """copy.deepcopy (a reference policy, an EMA model): the copy routes with its own weights, α and τ."""
+    import copy
+
+    model = build("mixtral").train()
+    apply_softk_router(model, "entmax", learn_alpha=True, target=1.5)
+    clone = copy.deepcopy(model)
+    ids = batch()
+    loss = clone(ids, labels=ids).loss
+    torch.testing.assert_close(loss, model(ids, labels=ids).loss, rtol=0, atol=0)
+    loss.backward()
+    assert routers(clone)[0].softk_alpha_raw.grad is not None and routers(model)[0].softk_alpha_raw.grad is None
+    assert routers(clone)[0]._softk.module is routers(clone)[0]
+    assert routers(clone)[0]._softk.experts is clone.model.layers[0].mlp.experts
+    remove_softk_router(clone)
+    assert "forward" in routers(model)[0].__dict__ and "forward" not in routers(clone)[0].__dict__
