@@ -26,6 +26,9 @@ fused_linear        ``fused_linear.py``: the fused linear losses against torch,
 e2e                 ``e2e_step.py``: one GPT-2-small training step with each loss
 attention           ``attention.py``: attention against SDPA (flash, efficient) and
                     AdaSplash at L = 4096, with block sparsity and peak memory
+moe                 ``moe_router.py``: an OLMoE-shaped mixture-of-experts layer with
+                    its router swapped (sparsemax, 1.5-entmax, a target count):
+                    time and the experts run
 ==================  ====================================================================
 
 ``--wheels DIR`` installs the peers' wheels found there (``pip download
@@ -80,6 +83,8 @@ STAGES = [
     ("attention", "attention.py", 0.12, ["--lengths", "4096", "--dims", "64", "128", "--causal", "no", "yes", "--json", "{json}"],
      ["--smoke", "--lengths", "64", "--maps", "softmax", "sparsemax", "--modes", "fwd", "fwdbwd",
       "--causal", "no", "yes", "--json", "{json}"]),
+    ("moe", "moe_router.py", 0.04, ["--device", "cuda", "--size", "olmoe", "--json", "{json}", "--md", "{md}"],
+     ["--device", "cpu", "--size", "tiny", "--steps", "1", "--warmup", "0", "--json", "{json}", "--md", "{md}"]),
 ]
 # Stages whose own option bounds their time; the others are bounded only by the kill.
 BUDGET_FLAG = {"correctness": "--budget-s", "attention_check": "--budget-s", "tune": "--budget-s", "speed": "--budget-s",

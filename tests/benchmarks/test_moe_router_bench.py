@@ -1,4 +1,4 @@
-"""benchmarks/cpu/moe_router.py at its tiny size: every variant runs, and the
+"""benchmarks/gpu/moe_router.py at its tiny size: every variant runs, and the
 experts it reports match the routing (the control's k per token, fewer with a
 target, the same with and without skipping).  Nothing here asserts on time."""
 
@@ -11,7 +11,7 @@ import pytest
 from .. import safety_net
 from ..paths import REPO
 
-SCRIPT = os.path.join(str(REPO), "benchmarks", "cpu", "moe_router.py")
+SCRIPT = os.path.join(str(REPO), "benchmarks", "gpu", "moe_router.py")
 
 
 def test_tiny_run(tmp_path):

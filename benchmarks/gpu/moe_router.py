@@ -1,8 +1,8 @@
 """One mixture-of-experts layer, forward + backward, with its router swapped: time and the experts run.
 
-Run:  python benchmarks/cpu/moe_router.py --threads 1                  # CPU, the "small" layer
-      python benchmarks/cpu/moe_router.py --device cuda --size olmoe    # OLMoE-1B-7B's layer, bf16
-      python benchmarks/cpu/moe_router.py --json out.json --md out.md
+Run:  python benchmarks/gpu/moe_router.py --threads 1                  # CPU, the "small" layer
+      python benchmarks/gpu/moe_router.py --device cuda --size olmoe    # OLMoE-1B-7B's layer, bf16
+      python benchmarks/gpu/moe_router.py --json out.json --md out.md
 
 The layer is transformers' ``OlmoeSparseMoeBlock`` built from a config
 (nothing is downloaded), its experts run by ``--experts`` (transformers'
