@@ -33,7 +33,8 @@ a module that holds ``experts`` but no router of that shape.
 **How the patch is applied.**  Instance-level ``forward`` attributes on the
 router and on its sibling ``experts`` module: the classes, the parameter
 names and the hooks transformers records ``router_logits`` with are kept.
-A learned α adds one parameter, ``softk_alpha_raw``, to each router.
+A learned α adds one parameter, ``softk_alpha_raw``, to each router.  A
+deep copy of the model is patched on its own.
 :func:`remove_softk_router` restores the model's own routers and experts.
 
 **Zeros skip their expert.**  The experts' forward receives only the live
@@ -42,7 +43,8 @@ model uses (eager, ``grouped_mm``, ``batched_mm``) runs no expert for a
 zero weight.  This is exact, gradients included: a weight is 0 only where
 the map's Jacobian row is 0.  The number of live pairs is data-dependent, so
 ``skip_zeros=False`` keeps the rectangular ``[T, k_max]`` layout (zero
-weights computed and multiplied by 0) for a compiler that needs static shapes.
+weights computed and multiplied by 0): the model then compiles in one graph,
+the controller included.
 
 **The target.**  ``target=m`` keeps the mean number of live experts per
 token near m with an integral controller on the temperature: each training
@@ -56,9 +58,9 @@ where p = 0), normalised to sum 1, so the model's own load-balancing loss,
 which applies softmax to them, reads the router's own map (the control
 returns the model's logits unchanged).  Its expert-probability term is then
 exact; its dispatch count takes each token's config ``top_k`` largest p, so
-a token with fewer live experts than that also counts experts of weight 0.  :func:`balance_loss` is a
-Fenchel–Young-style term: the Tsallis-α divergence of the mean load from
-uniform, with the map's own α.  :func:`router_stats` gives each layer's
+a token with fewer live experts than that also counts experts of weight 0.
+:func:`balance_loss` is a Fenchel–Young-style term: the Tsallis-α divergence
+of the mean load from uniform, with the map's own α.  :func:`router_stats` gives each layer's
 active experts per token (mean, p95), load per expert, its coefficient of
 variation and the share of tokens whose top expert is over capacity.
 
