@@ -25,7 +25,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
 
 from softk.integrations.hf_moe import (  # noqa: E402
-    ROUTERS, apply_softk_router, balance_loss, remove_softk_router, router_stats)
+    ROUTERS, apply_softk_router, balance_loss, remove_softk_router, router_stats, switch_loss)
 
 from ..matrix import product  # noqa: E402
 from .moe_models import EXPERTS, FAMILIES, OTHER, SHARING, TOP_K, VOCAB, build, build_other, routers  # noqa: E402
@@ -322,6 +322,29 @@ def test_aux_loss_reads_the_routers_map():
     assert all((r._softk.last["p"] > 0).sum(-1).min() >= TOP_K for r in routers(model))
     expected = EXPERTS * np.sum((f_sum / rows) * (p_sum / rows))
     assert float(out.aux_loss) == pytest.approx(expected, rel=1e-6)
+    # every token has top_k live experts here, so the exact count agrees with transformers'
+    assert float(switch_loss(model)) == pytest.approx(float(out.aux_loss), rel=1e-6)  # transformers sums in float32
+
+
+def test_switch_loss_counts_the_experts_that_run():
+    """Tokens with fewer live experts than top_k: f counts them alone (NumPy), unlike transformers' count."""
+    model = build("mixtral").train()
+    apply_softk_router(model, "sparsemax", k_max=4, tau=0.3)
+    out = model(batch(shape=(3, 9)), output_router_logits=True)
+    f_sum, p_sum, rows, short = np.zeros(EXPERTS), np.zeros(EXPERTS), 0, 0
+    for r in routers(model):
+        p = r._softk.last["p"].detach().double().numpy()
+        w, idx = r._softk.last["weights"].numpy(), r._softk.last["indices"].numpy()
+        f_sum += np.bincount(idx[w != 0], minlength=EXPERTS)
+        p_sum += (p / p.sum(1, keepdims=True)).sum(0)
+        rows += p.shape[0]
+        short += int(((w != 0).sum(1) < TOP_K).sum())
+    assert short > 0  # some tokens run fewer than top_k experts
+    loss = switch_loss(model)
+    assert float(loss) == pytest.approx(EXPERTS * np.sum(f_sum / rows * p_sum / rows), rel=1e-12)
+    assert float(loss) != pytest.approx(float(out.aux_loss), rel=1e-3)
+    loss.backward()
+    assert all(r.weight.grad is not None and r.weight.grad.abs().sum() > 0 for r in routers(model))
 
 
 def test_remove_restores_the_model():

@@ -59,6 +59,7 @@ which applies softmax to them, reads the router's own map (the control
 returns the model's logits unchanged).  Its expert-probability term is then
 exact; its dispatch count takes each token's config ``top_k`` largest p, so
 a token with fewer live experts than that also counts experts of weight 0.
+:func:`switch_loss` is that loss with the dispatch counted exactly.
 :func:`balance_loss` is a Fenchel–Young-style term: the Tsallis-α divergence
 of the mean load from uniform, with the map's own α.  :func:`router_stats` gives each layer's
 active experts per token (mean, p95), load per expert, its coefficient of
@@ -99,7 +100,7 @@ from .._validate import check_choice, check_tau
 from ..nn.maps import _inverse_softplus
 from ..threshold.families import THRESHOLD_METHODS
 
-__all__ = ["apply_softk_router", "remove_softk_router", "router_stats", "balance_loss", "ROUTERS"]
+__all__ = ["apply_softk_router", "remove_softk_router", "router_stats", "balance_loss", "switch_loss", "ROUTERS"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -265,10 +266,7 @@ def router_stats(model: nn.Module, capacity_factor: float = 1.0) -> dict[str, di
     if not (isinstance(capacity_factor, numbers.Real) and capacity_factor > 0):
         raise ValueError(f"capacity_factor must be a number > 0, got {capacity_factor!r}")
     stats = {}
-    for name, module in model.named_modules():
-        state = module.__dict__.get("_softk")
-        if state is None or state.last is None:
-            continue
+    for name, module, state in _ran(model):
         w, idx = state.last["weights"].detach(), state.last["indices"]
         live = w != 0
         active = live.sum(-1).to(torch.float64)
@@ -299,13 +297,10 @@ def balance_loss(model: nn.Module) -> Tensor:
     soft top-k, 1.5 for entmax15, the layer's α for entmax): the Bregman
     divergence of the map's regulariser, so it is 0 exactly at a balanced
     load and differentiable in the router weights (and in a learned α).
-    Computed from the last training forward's p; 0 when there is none.
+    Computed from each layer's last forward; 0 when there is none.
     """
     terms = []
-    for module in model.modules():
-        state = module.__dict__.get("_softk")
-        if state is None or state.last is None:
-            continue
+    for _, _, state in _ran(model):
         p = state.last["p"]
         load = (p / p.sum(-1, keepdim=True)).mean(0)
         alpha = state.router.balance_alpha or state.alpha()
@@ -317,6 +312,44 @@ def balance_loss(model: nn.Module) -> Tensor:
     if not terms:
         return torch.zeros(())
     return torch.stack(terms).mean()
+
+
+def switch_loss(model: nn.Module) -> Tensor:
+    r"""Switch Transformer's load-balancing loss from the routers' own maps, the dispatch counted exactly.
+
+    .. math:: E \sum_e f_e P_e, \qquad f_e = \frac{1}{T}\,\#\{(t, l) : w^{(l)}_{t,e} \ne 0\}, \qquad
+              P_e = \frac{1}{T}\sum_{t, l} \frac{p^{(l)}_{t,e}}{\sum_{e'} p^{(l)}_{t,e'}},
+
+    over the tokens t of every patched layer l (T rows in all), as
+    transformers' ``load_balancing_loss_func`` pools its layers.  That
+    function counts each token's config ``top_k`` largest p as dispatched;
+    this one counts the experts the token runs, so a token with fewer live
+    experts adds only those.  The two are equal when every token has at
+    least ``top_k`` live experts and ``k_max`` is ``top_k``.  Differentiable
+    in P (f is a count); computed from each layer's last forward; 0 when there
+    is none.
+    """
+    counts, probabilities, rows = None, None, 0
+    for _, module, state in _ran(model):
+        p, weights, indices = state.last["p"], state.last["weights"], state.last["indices"]
+        live = weights != 0
+        count = torch.zeros(module.num_experts, dtype=p.dtype, device=p.device).index_add_(
+            0, indices[live], torch.ones(int(live.sum()), dtype=p.dtype, device=p.device))
+        share = (p / p.sum(-1, keepdim=True)).sum(0)
+        counts = count if counts is None else counts + count
+        probabilities = share if probabilities is None else probabilities + share
+        rows += p.shape[0]
+    if counts is None or probabilities is None:
+        return torch.zeros(())
+    return counts.numel() * (counts / rows * probabilities / rows).sum()
+
+
+def _ran(model):
+    """(name, module, state) of each patched router that has run a forward."""
+    for name, module in model.named_modules():
+        state = module.__dict__.get("_softk")
+        if state is not None and state.last is not None:
+            yield name, module, state
 
 
 # --- finding the layers -------------------------------------------------------
