@@ -95,7 +95,7 @@ def test_sparse_routers_train(family, router):
     # τ = 3: supports of several experts (a token routed to one expert alone gives its router no gradient)
     apply_softk_router(model, router, tau=3.0, **SPARSE[router])
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    alphas = [float(r.softk_alpha_raw) for r in routers(model) if hasattr(r, "softk_alpha_raw")]
+    alphas = [float(r.softk_alpha_raw.detach()) for r in routers(model) if hasattr(r, "softk_alpha_raw")]
     for step in range(5):
         optimizer.zero_grad()
         loss = model(batch(step), labels=batch(step)).loss
@@ -107,7 +107,7 @@ def test_sparse_routers_train(family, router):
         optimizer.step()
     if router == "entmax":
         assert len(alphas) == 2
-        assert all(float(r.softk_alpha_raw) != a for r, a in zip(routers(model), alphas))
+        assert all(float(r.softk_alpha_raw.detach()) != a for r, a in zip(routers(model), alphas))
     model.eval()
     out = model.generate(batch()[:, :3], max_new_tokens=3, do_sample=False)
     assert out.shape == (2, 6)
@@ -289,7 +289,7 @@ def test_balance_loss_is_the_tsallis_divergence(router, alpha):
         else:
             expected.append((np.sum(load ** alpha) - EXPERTS ** (1 - alpha)) / (alpha * (alpha - 1)))
     precision = 1e-9 if loss.dtype == torch.float64 else 1e-6  # the control's p is float32, as the model's
-    assert float(loss) == pytest.approx(np.mean(expected), rel=precision, abs=1e-12)
+    assert float(loss.detach()) == pytest.approx(np.mean(expected), rel=precision, abs=1e-12)
     loss.backward()
     assert all(r.weight.grad is not None and r.weight.grad.abs().sum() > 0 for r in routers(model))
 
@@ -300,7 +300,7 @@ def test_balance_loss_is_zero_at_a_uniform_load():
     for r in routers(model):
         r.weight.data.zero_()  # every token's scores tie: p is uniform
     model(batch())
-    assert float(balance_loss(model)) == pytest.approx(0.0, abs=1e-15)
+    assert float(balance_loss(model).detach()) == pytest.approx(0.0, abs=1e-15)
 
 
 def test_aux_loss_reads_the_routers_map():
@@ -321,9 +321,9 @@ def test_aux_loss_reads_the_routers_map():
     # with tau=4 and this seed every token keeps at least top_k experts, which the assertion checks
     assert all((r._softk.last["p"] > 0).sum(-1).min() >= TOP_K for r in routers(model))
     expected = EXPERTS * np.sum((f_sum / rows) * (p_sum / rows))
-    assert float(out.aux_loss) == pytest.approx(expected, rel=1e-6)
+    assert float(out.aux_loss.detach()) == pytest.approx(expected, rel=1e-6)
     # every token has top_k live experts here, so the exact count agrees with transformers'
-    assert float(switch_loss(model)) == pytest.approx(float(out.aux_loss), rel=1e-6)  # transformers sums in float32
+    assert float(switch_loss(model).detach()) == pytest.approx(float(out.aux_loss.detach()), rel=1e-6)  # transformers sums in float32
 
 
 def test_switch_loss_counts_the_experts_that_run():
@@ -341,8 +341,8 @@ def test_switch_loss_counts_the_experts_that_run():
         short += int(((w != 0).sum(1) < TOP_K).sum())
     assert short > 0  # some tokens run fewer than top_k experts
     loss = switch_loss(model)
-    assert float(loss) == pytest.approx(EXPERTS * np.sum(f_sum / rows * p_sum / rows), rel=1e-12)
-    assert float(loss) != pytest.approx(float(out.aux_loss), rel=1e-3)
+    assert float(loss.detach()) == pytest.approx(EXPERTS * np.sum(f_sum / rows * p_sum / rows), rel=1e-12)
+    assert float(loss.detach()) != pytest.approx(float(out.aux_loss.detach()), rel=1e-3)
     loss.backward()
     assert all(r.weight.grad is not None and r.weight.grad.abs().sum() > 0 for r in routers(model))
 
