@@ -570,3 +570,22 @@ def test_a_deep_copy_is_patched_on_its_own():
     assert routers(clone)[0]._softk.experts is clone.model.layers[0].mlp.experts
     remove_softk_router(clone)
     assert "forward" in routers(model)[0].__dict__ and "forward" not in routers(clone)[0].__dict__
+
+
+def test_state_dict_restores_the_router_state():
+    """A learned α, τ and the controller's count travel in state_dict into a freshly patched model."""
+    model = build("mixtral").train()
+    apply_softk_router(model, "entmax", learn_alpha=True, target=1.5)
+    ids = batch()
+    for _ in range(3):
+        model(ids, labels=ids).loss.backward()
+    with torch.no_grad():
+        routers(model)[0].softk_alpha_raw.add_(0.3)
+    state = model.state_dict()
+    assert {k for k in state if "softk" in k} == {f"model.layers.{i}.mlp.gate.softk_{n}"
+                                                  for i in range(2) for n in ("alpha_raw", "tau", "active")}
+    fresh = build("mixtral", seed=5)
+    apply_softk_router(fresh, "entmax", learn_alpha=True, target=1.5)
+    fresh.load_state_dict(state)
+    model.eval(), fresh.eval()
+    assert torch.equal(fresh(ids).logits, model(ids).logits)
