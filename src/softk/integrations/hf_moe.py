@@ -96,7 +96,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._maps.routing import probabilities
-from .._validate import check_choice, check_tau
+from .._validate import check_alpha, check_choice, check_tau
 from ..nn.maps import _inverse_softplus
 from ..threshold.families import THRESHOLD_METHODS
 
@@ -145,7 +145,7 @@ class _State:
     target: float | None
     rate: float
     own_router_forward: object  # the instance-level forward found at apply time, or None
-    experts: nn.Module | None
+    experts: nn.Module
     own_experts_forward: object
     module: nn.Module
     deepseek: bool
@@ -202,7 +202,7 @@ def apply_softk_router(model: nn.Module, router: str = "sparsemax", *, k_max: in
             raise ValueError(f"{name} applies to router={sorted(r for r, s in ROUTERS.items() if name in s.options)}, "
                              f"not router={router!r}")
     opts = {"tau": check_tau(tau), "method": check_choice(method, tuple(THRESHOLD_METHODS), "method"),
-            "alpha": _check_alpha(alpha, learn_alpha), "learn_alpha": bool(learn_alpha), "k": k}
+            "alpha": _entmax_alpha(alpha), "learn_alpha": bool(learn_alpha), "k": k}
     if not (isinstance(rate, numbers.Real) and not isinstance(rate, bool) and 0 < rate < math.inf):
         raise ValueError(f"rate must be a finite number > 0, got {rate!r}")
     if not isinstance(skip_zeros, bool):
@@ -267,12 +267,10 @@ def router_stats(model: nn.Module, capacity_factor: float = 1.0) -> dict[str, di
         raise ValueError(f"capacity_factor must be a number > 0, got {capacity_factor!r}")
     stats = {}
     for name, module, state in _ran(model):
-        w, idx = state.last["weights"].detach(), state.last["indices"]
-        live = w != 0
-        active = live.sum(-1).to(torch.float64)
+        w, idx = state.last["weights"], state.last["indices"]
+        active = (w != 0).sum(-1).to(torch.float64)
         experts = module.num_experts
-        load = torch.zeros(experts, dtype=torch.float64, device=w.device).index_add_(
-            0, idx[live], torch.ones(int(live.sum()), dtype=torch.float64, device=w.device))
+        load = _dispatched(module, state, torch.float64)
         capacity = capacity_factor * w.shape[0] * state.k_max / experts
         top = idx[:, 0]
         stats[name] = {
@@ -331,10 +329,8 @@ def switch_loss(model: nn.Module) -> Tensor:
     """
     counts, probabilities, rows = None, None, 0
     for _, module, state in _ran(model):
-        p, weights, indices = state.last["p"], state.last["weights"], state.last["indices"]
-        live = weights != 0
-        count = torch.zeros(module.num_experts, dtype=p.dtype, device=p.device).index_add_(
-            0, indices[live], torch.ones(int(live.sum()), dtype=p.dtype, device=p.device))
+        p = state.last["p"]
+        count = _dispatched(module, state, p.dtype)
         share = (p / p.sum(-1, keepdim=True)).sum(0)
         counts = count if counts is None else counts + count
         probabilities = share if probabilities is None else probabilities + share
@@ -342,6 +338,14 @@ def switch_loss(model: nn.Module) -> Tensor:
     if counts is None or probabilities is None:
         return torch.zeros(())
     return counts.numel() * (counts / rows * probabilities / rows).sum()
+
+
+def _dispatched(module, state, dtype) -> Tensor:
+    """The live (token, expert) pairs of the layer's last forward, per expert."""
+    weights, indices = state.last["weights"], state.last["indices"]
+    live = weights != 0
+    return torch.zeros(module.num_experts, dtype=dtype, device=weights.device).index_add_(
+        0, indices[live], torch.ones(int(live.sum()), dtype=dtype, device=weights.device))
 
 
 def _ran(model):
@@ -376,12 +380,15 @@ def _moe_layers(model):
     return found
 
 
-def _check_alpha(alpha, learn):
+def _entmax_alpha(alpha):
+    """entmax's α, checked as every softk entry point checks it, and > 1: α = 1 is
+    softmax, which has no zeros (the control is ``router="topk_softmax"``)."""
     if alpha is None:
         return 1.5
-    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not 1 < alpha < math.inf:
-        raise ValueError(f"alpha must be a finite number > 1, got {alpha!r}")
-    return float(alpha)
+    alpha = check_alpha(alpha, None, -1)
+    if alpha == 1:
+        raise ValueError("alpha must be > 1 for router='entmax' (alpha = 1 is softmax: router='topk_softmax')")
+    return alpha
 
 
 def _own_forwards(module, experts):
@@ -487,8 +494,6 @@ def _router_forward(self, hidden_states):
     return logits_out, weights.to(state.scores_dtype or logits.dtype), indices
 
 
-
-
 def _controller_step(module, state):
     """log τ += rate · (m − active) / m, from the previous training forward's count.
 
@@ -514,8 +519,6 @@ def _experts_forward(self, hidden_states, top_k_index, top_k_weights):
     out = own(hidden_states[token], top_k_index[token, slot].unsqueeze(-1),
               top_k_weights[token, slot].unsqueeze(-1))
     return torch.zeros_like(hidden_states).index_add(0, token, out.to(hidden_states.dtype))
-
-
 
 
 def _install(module, state, skip_zeros):
