@@ -78,13 +78,19 @@ def parse(argv=None):
         if getattr(args, name) is not None:
             shape[key] = getattr(args, name)
     args.shape = shape
+    check_variants_and_device(ap, args, VARIANTS)
+    return args
+
+
+def check_variants_and_device(ap, args, known) -> None:
+    """``args.variant_list`` from the comma-separated ``--variants``, each one of ``known``;
+    an argparse error for an unknown or empty list, or for ``--device cuda`` without a GPU."""
     args.variant_list = [v.strip() for v in args.variants.split(",") if v.strip()]
-    unknown = [v for v in args.variant_list if v not in VARIANTS]
+    unknown = [v for v in args.variant_list if v not in known]
     if unknown or not args.variant_list:
-        ap.error(f"--variants: unknown {unknown}, expected some of {list(VARIANTS)}")
+        ap.error(f"--variants: unknown {unknown}, expected some of {list(known)}")
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: torch sees no CUDA device")
-    return args
 
 
 def build(args):

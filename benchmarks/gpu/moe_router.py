@@ -38,6 +38,8 @@ import time
 
 import torch
 
+from e2e_step import check_variants_and_device, sync  # the same CLI and clock as the training-step benchmark
+
 SIZES = {
     "tiny": dict(hidden=32, intermediate=64, experts=8, top_k=2, tokens=64),
     "small": dict(hidden=512, intermediate=512, experts=16, top_k=4, tokens=2048),
@@ -74,12 +76,7 @@ def parse(argv=None):
     args.dtype = getattr(torch, args.dtype or ("bfloat16" if args.device == "cuda" else "float32"))
     args.experts = args.experts or ("grouped_mm" if args.device == "cuda" else "eager")
     args.shape = dict(SIZES[args.size], **({"tokens": args.tokens} if args.tokens else {}))
-    args.variant_list = [v.strip() for v in args.variants.split(",") if v.strip()]
-    unknown = [v for v in args.variant_list if v not in VARIANTS]
-    if unknown or not args.variant_list:
-        ap.error(f"--variants: unknown {unknown}, expected some of {list(VARIANTS)}")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        ap.error("--device cuda: torch sees no CUDA device")
+    check_variants_and_device(ap, args, VARIANTS)
     return args
 
 
@@ -121,11 +118,6 @@ def step(layer, x):
     layer.zero_grad(set_to_none=True)
     out = layer(x)
     (out.float() ** 2).sum().backward()
-
-
-def sync(args):
-    if args.device == "cuda":
-        torch.cuda.synchronize()
 
 
 def live_pairs_per_token(layer, x, args):
