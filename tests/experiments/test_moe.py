@@ -103,7 +103,7 @@ def test_controller_reading_by_hand():
     assert bad["worst_miss"] == pytest.approx(0.25)
 
 
-def test_apply_arm_restores_the_layers_top_k():
+def test_apply_arm_keeps_the_layers_top_k_and_k_max():
     cfg, model, ids = _model("entmax15_target2")
     assert [m.top_k for m in model.modules() if hasattr(m, "num_experts") and hasattr(m, "weight")] == [2, 2]
     stats = router_stats(model)
