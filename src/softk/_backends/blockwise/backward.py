@@ -77,57 +77,86 @@ def _chunk(blk: Blocks, out, dout, m, lam, dk, dv, fam, alpha, need_dalpha, bloc
     a = blk.per_row(alpha) if alpha is not None and fam == 3 else None
     m, lam = blk.rows(m.to(ct)).unsqueeze(-1), blk.rows(lam.to(ct)).unsqueeze(-1)
     do = blk.rows(dout.to(ct))
-    need_dalpha = need_dalpha and a is not None
+    rule = RowRule(fam, a, m, lam, do, need_dalpha and a is not None)
     spans = blk.spans(block)
-
-    if fam == SOFTMAX_ID and out.dtype == ct:
-        c = (do * blk.rows(out)).sum(-1, keepdim=True)  # Σ_j p_j dP_j = dO·out
-    else:  # pass A (and softmax with a half-precision out: its rounding in c = dO·out
-        # is multiplied by |k| in dq, a large error when the keys share an offset)
-        sd = torch.zeros_like(m)
-        sdv = torch.zeros_like(do)
-        if need_dalpha:
-            h_ent, plv = torch.zeros_like(m), torch.zeros_like(do)
-            gam, pgv = torch.zeros_like(m), torch.zeros_like(do)
-        for j0, j1 in spans:
-            s = blk.scores(j0, j1)
-            p = probs(fam, a, s, m, lam)
-            d = _slope(fam, a, s, m, lam, p)
-            sd = sd + d.sum(-1, keepdim=True)
-            sdv = sdv + d @ blk.v[:, :, j0:j1]
-            if need_dalpha:
-                pl = _xlogx(p)
-                h_ent = h_ent + pl.sum(-1, keepdim=True)
-                plv = plv + pl @ blk.v[:, :, j0:j1]
-                pg = p_gamma(p, torch.log(torch.where(p > 0, p, 1.0)), d, a - 1)  # type: ignore[operator]  # need_dalpha: a is set
-                gam = gam + pg.sum(-1, keepdim=True)
-                pgv = pgv + pg @ blk.v[:, :, j0:j1]
-        some = sd > 0
-        c = torch.where(some, (do * sdv).sum(-1, keepdim=True) / torch.where(some, sd, 1.0), 0.0)
-
+    if rule.needs_sums(out):
+        for j0, j1 in spans:  # pass A
+            rule.add_sums(blk.scores(j0, j1), blk.v[:, :, j0:j1])
+    rule.finish_sums(None if rule.needs_sums(out) else blk.rows(out))
     dq = torch.zeros_like(blk.q)
-    pdp = torch.zeros_like(m) if need_dalpha else None
     for j0, j1 in spans:  # pass B
-        s = blk.scores(j0, j1)
-        p = probs(fam, a, s, m, lam)
-        dp = do @ blk.v[:, :, j0:j1].transpose(-1, -2)
-        ds = _slope(fam, a, s, m, lam, p) * (dp - c)
-        if blk.softcap:  # through the cap: dS of the scaled products
-            ds = ds * blk.cap_slope(j0, j1)
-        dq = dq + ds @ blk.k[:, :, j0:j1]
-        dk[:, :, j0:j1] += ds.transpose(-1, -2) @ blk.q  # blk.q is scale·q
-        dv[:, :, j0:j1] += p.transpose(-1, -2) @ do
-        if need_dalpha:
-            pdp = pdp + (p * dp).sum(-1, keepdim=True)  # type: ignore[operator]  # need_dalpha: pdp is set
-
-    dalpha = None
-    if need_dalpha:
-        assert a is not None and pdp is not None  # need_dalpha: both are set
-        am1 = a - 1
-        pldp = (do * plv).sum(-1, keepdim=True)
-        pgdp = (do * pgv).sum(-1, keepdim=True)
-        some = sd > 0
-        row = torch.where(some, (gam * (pdp - am1 * pldp) - (1 - am1 * h_ent) * pgdp)
-                          / (am1**2 * torch.where(some, sd, 1.0)), 0.0)
-        dalpha = row.reshape(row.shape[0], blk.hkv, blk.G, blk.L).sum((0, 3)).reshape(-1)
+        cap = blk.cap_slope(j0, j1) if blk.softcap else None
+        dq_b, dk_b, dv_b = rule.grads(blk.scores(j0, j1), blk.k[:, :, j0:j1], blk.v[:, :, j0:j1], blk.q, cap)
+        dq = dq + dq_b
+        dk[:, :, j0:j1] += dk_b
+        dv[:, :, j0:j1] += dv_b
+    dalpha = rule.dalpha(blk.hkv, blk.G, blk.L) if rule.need_dalpha else None
     return blk.heads(dq * blk.scale), dalpha
+
+
+class RowRule:
+    """The backward of a chunk of query rows, fed blocks of keys in any order:
+    pass A (:meth:`add_sums`) sums Σd, Σd·v and, for dα, S, Γ, Σpℓv, Σpγv
+    over every key; :meth:`finish_sums` turns them into c; pass B
+    (:meth:`grads`) gives each block's share of dq and its dk, dv.  The rows
+    are (B, H_kv, R, ·): ``m``, ``lam`` the forward's statistics, ``do`` dO."""
+
+    def __init__(self, fam: int, a, m: Tensor, lam: Tensor, do: Tensor, need_dalpha: bool):
+        self.fam, self.a, self.m, self.lam, self.do, self.need_dalpha = fam, a, m, lam, do, need_dalpha
+        self.sd, self.sdv = torch.zeros_like(m), torch.zeros_like(do)
+        if need_dalpha:
+            self.h_ent, self.plv = torch.zeros_like(m), torch.zeros_like(do)
+            self.gam, self.pgv = torch.zeros_like(m), torch.zeros_like(do)
+            self.pdp = torch.zeros_like(m)
+        self.c: Tensor | None = None
+
+    def needs_sums(self, out) -> bool:
+        """Whether pass A runs: always but for softmax with an ``out`` in the
+        compute dtype (Σ_j p_j dP_j = dO·out; a half-precision out's rounding
+        in c is multiplied by |k| in dq, a large error when the keys share an
+        offset).  ``out`` None: the output is not at hand."""
+        return not (self.fam == SOFTMAX_ID and out is not None and out.dtype == self.m.dtype)
+
+    def add_sums(self, s: Tensor, v: Tensor) -> None:
+        p = probs(self.fam, self.a, s, self.m, self.lam)
+        d = _slope(self.fam, self.a, s, self.m, self.lam, p)
+        self.sd = self.sd + d.sum(-1, keepdim=True)
+        self.sdv = self.sdv + d @ v
+        if self.need_dalpha:
+            pl = _xlogx(p)
+            self.h_ent = self.h_ent + pl.sum(-1, keepdim=True)
+            self.plv = self.plv + pl @ v
+            pg = p_gamma(p, torch.log(torch.where(p > 0, p, 1.0)), d, self.a - 1)
+            self.gam = self.gam + pg.sum(-1, keepdim=True)
+            self.pgv = self.pgv + pg @ v
+
+    def finish_sums(self, out) -> None:
+        """c from pass A's sums, or (``out`` given, softmax) c = dO·out."""
+        if out is not None:
+            self.c = (self.do * out).sum(-1, keepdim=True)
+            return
+        some = self.sd > 0
+        self.c = torch.where(some, (self.do * self.sdv).sum(-1, keepdim=True) / torch.where(some, self.sd, 1.0), 0.0)
+
+    def grads(self, s: Tensor, k: Tensor, v: Tensor, qs: Tensor, cap_slope):
+        """(dq share before the scale, dk, dv) of a block: scores s, keys k,
+        values v, the scaled queries qs; ``cap_slope`` the soft cap's
+        derivative on the block (None without a cap)."""
+        p = probs(self.fam, self.a, s, self.m, self.lam)
+        dp = self.do @ v.transpose(-1, -2)
+        ds = _slope(self.fam, self.a, s, self.m, self.lam, p) * (dp - self.c)
+        if cap_slope is not None:  # through the cap: dS of the scaled products
+            ds = ds * cap_slope
+        if self.need_dalpha:
+            self.pdp = self.pdp + (p * dp).sum(-1, keepdim=True)
+        return ds @ k, ds.transpose(-1, -2) @ qs, p.transpose(-1, -2) @ self.do
+
+    def dalpha(self, hkv: int, groups: int, length: int) -> Tensor:
+        """dα per head (H,) from the rows' sums, after pass B."""
+        am1 = self.a - 1
+        pldp = (self.do * self.plv).sum(-1, keepdim=True)
+        pgdp = (self.do * self.pgv).sum(-1, keepdim=True)
+        some = self.sd > 0
+        row = torch.where(some, (self.gam * (self.pdp - am1 * pldp) - (1 - am1 * self.h_ent) * pgdp)
+                          / (am1**2 * torch.where(some, self.sd, 1.0)), 0.0)
+        return row.reshape(row.shape[0], hkv, groups, length).sum((0, 3)).reshape(-1)

@@ -92,22 +92,36 @@ def _chunk(blk: Blocks, fam: int, alpha, block: int, cap: int):
 
 
 def _softmax(blk: Blocks, block: int):
-    shape = (blk.q.shape[0], blk.hkv, blk.R, 1)
-    m = torch.full(shape, NEG_INF, dtype=blk.ct, device=blk.q.device)
-    total = torch.zeros(shape, dtype=blk.ct, device=blk.q.device)
-    acc = torch.zeros(*shape[:3], blk.v.shape[-1], dtype=blk.ct, device=blk.q.device)
+    online = OnlineSoftmax((blk.q.shape[0], blk.hkv, blk.R, 1), blk.v.shape[-1], blk.ct, blk.q.device)
     for j0, j1 in blk.spans(block):
-        s = blk.scores(j0, j1)
-        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+        online.add(blk.scores(j0, j1), blk.v[:, :, j0:j1])
+    return online.result()
+
+
+class OnlineSoftmax:
+    """Softmax's one pass over blocks of keys, in any order: the running
+    maximum m, Σ e^{s−m} and Σ e^{s−m} v, rescaled whenever m grows."""
+
+    def __init__(self, shape: tuple, ev: int, ct, device):
+        self.m = torch.full(shape, NEG_INF, dtype=ct, device=device)
+        self.total = torch.zeros(shape, dtype=ct, device=device)
+        self.acc = torch.zeros(*shape[:3], ev, dtype=ct, device=device)
+
+    def add(self, s: Tensor, v: Tensor) -> None:
+        """A block of scores s (…, R, n) and its values v (…, n, Ev)."""
+        m_new = torch.maximum(self.m, s.amax(-1, keepdim=True))
         base = torch.where(m_new > NEG_INF, m_new, 0.0)  # fully masked so far: every term is 0
         p = torch.exp(s - base)
-        rescale = torch.exp(m - base)
-        total = total * rescale + p.sum(-1, keepdim=True)
-        acc = acc * rescale + p @ blk.v[:, :, j0:j1]
-        m = m_new
-    some = total > 0
-    lam = torch.where(some, torch.log(torch.where(some, total, 1.0)), 0.0)
-    return acc / torch.where(some, total, 1.0), m, lam
+        rescale = torch.exp(self.m - base)
+        self.total = self.total * rescale + p.sum(-1, keepdim=True)
+        self.acc = self.acc * rescale + p @ v
+        self.m = m_new
+
+    def result(self):
+        """(out, m, lam) with lam = log Σ e^{s−m} (0 for a row with no key)."""
+        some = self.total > 0
+        lam = torch.where(some, torch.log(torch.where(some, self.total, 1.0)), 0.0)
+        return self.acc / torch.where(some, self.total, 1.0), self.m, lam
 
 
 def _compact(vals: Tensor, keep: Tensor) -> Tensor:
@@ -119,7 +133,7 @@ def _compact(vals: Tensor, keep: Tensor) -> Tensor:
     return torch.topk(kept, width, dim=-1, sorted=False).values  # the kept entries are each row's largest
 
 
-def _solve(fam: int, a, z: Tensor, lower) -> Tensor:
+def solve(fam: int, a, z: Tensor, lower) -> Tensor:
     """λ (relative to the shift of z) of rows z (max 0 where finite): the
     family's solver on rows with ≥ 2 finite entries, 0 − c on rows with one
     (f(c) = 1), ``lower`` (−inf where none) on rows with none."""
@@ -136,33 +150,50 @@ def _solve(fam: int, a, z: Tensor, lower) -> Tensor:
 
 def _threshold(blk: Blocks, fam: int, a, block: int, cap: int):
     """Pass 1: (m, lam) per row, (B, H_kv, R, 1)."""
-    shape = (blk.q.shape[0], blk.hkv, blk.R, 1)
-    dev = blk.q.device
-    m = torch.full(shape, NEG_INF, dtype=blk.ct, device=dev)
-    lam = torch.full(shape, NEG_INF, dtype=blk.ct, device=dev)  # relative to m; −inf: no key yet
-    cand = torch.empty(*shape[:3], 0, dtype=blk.ct, device=dev)  # raw scores above m + lam
-    dense = torch.zeros(shape, dtype=torch.bool, device=dev)
-    broken = torch.zeros(shape, dtype=torch.bool, device=dev)  # a NaN or +inf score: the row is NaN
+    search = Search((blk.q.shape[0], blk.hkv, blk.R, 1), blk.ct, blk.q.device, fam, a, cap)
     for j0, j1 in blk.spans(block):
-        s = blk.scores(j0, j1)
-        broken = broken | (torch.isnan(s) | (s == float("inf"))).any(-1, keepdim=True)
+        search.add(blk.scores(j0, j1))
+    if bool(search.dense.any()):
+        search.lam = _solve_dense(blk, fam, a, search.dense, search.m, search.lam)
+    return search.result()
+
+
+class Search:
+    """Pass 1's state per row, fed blocks of scores in any order: the running
+    maximum m, the exact λ (relative to m) of the keys seen so far, and the
+    candidates above it; a row whose candidates exceed ``cap`` is flagged
+    ``dense`` and stops buffering (its λ is then found on whole score rows)."""
+
+    def __init__(self, shape: tuple, ct, device, fam: int, a, cap: int):
+        self.fam, self.a, self.cap = fam, a, cap
+        self.m = torch.full(shape, NEG_INF, dtype=ct, device=device)
+        self.lam = torch.full(shape, NEG_INF, dtype=ct, device=device)  # relative to m; −inf: no key yet
+        self.cand = torch.empty(*shape[:3], 0, dtype=ct, device=device)  # raw scores above m + lam
+        self.dense = torch.zeros(shape, dtype=torch.bool, device=device)
+        self.broken = torch.zeros(shape, dtype=torch.bool, device=device)  # a NaN or +inf score: the row is NaN
+
+    def add(self, s: Tensor) -> None:
+        """A block of scores (…, R, n) of every row."""
+        m, lam = self.m, self.lam
+        self.broken = self.broken | (torch.isnan(s) | (s == float("inf"))).any(-1, keepdim=True)
         m_new = torch.maximum(m, s.amax(-1, keepdim=True))
         base = torch.where(m_new > NEG_INF, m_new, 0.0)
         lower = torch.where(lam > NEG_INF, lam + (torch.where(m > NEG_INF, m, 0.0) - base), NEG_INF)
-        z = torch.cat([cand, torch.where(dense, NEG_INF, s)], -1) - base
+        z = torch.cat([self.cand, torch.where(self.dense, NEG_INF, s)], -1) - base
         z = _compact(z, z > lower)  # keys at or below the old λ stay at p = 0
-        lam = _solve(fam, a, z, lower)
-        keep = z > lam
-        over = keep.sum(-1, keepdim=True) > cap
+        self.lam = solve(self.fam, self.a, z, lower)
+        keep = z > self.lam
+        over = keep.sum(-1, keepdim=True) > self.cap
         if bool(over.any()):
-            dense = dense | over
+            self.dense = self.dense | over
             keep = keep & ~over
-        cand = _compact(z + base, keep)
-        m = m_new
-    if bool(dense.any()):
-        lam = _solve_dense(blk, fam, a, dense, m, lam)
-    lam = torch.where(m > NEG_INF, lam, 0.0)
-    return m, torch.where(broken, float("nan"), lam)
+        self.cand = _compact(z + base, keep)
+        self.m = m_new
+
+    def result(self):
+        """(m, lam): lam 0 on a row with no key, NaN on a broken row."""
+        lam = torch.where(self.m > NEG_INF, self.lam, 0.0)
+        return self.m, torch.where(self.broken, float("nan"), lam)
 
 
 def _solve_dense(blk: Blocks, fam: int, a, dense: Tensor, m: Tensor, lam: Tensor) -> Tensor:
@@ -178,7 +209,7 @@ def _solve_dense(blk: Blocks, fam: int, a, dense: Tensor, m: Tensor, lam: Tensor
             r = rows[c0:c0 + chunk]
             z = blk.row_scores(b, h, r) - m[b, h, r]
             ar = None if a is None else a[0, h, r]
-            lam[b, h, r] = _solve(fam, ar, z, torch.full_like(z[:, :1], NEG_INF))
+            lam[b, h, r] = solve(fam, ar, z, torch.full_like(z[:, :1], NEG_INF))
     return lam
 
 
@@ -208,24 +239,40 @@ def refine_t(blk: Blocks, a, m: Tensor, t: Tensor, block: int, steps: int = 6) -
     the solver's t, whose λ was rounded to ulp(1/(α−1)); one pass over the
     key blocks per step, stopping where the steps fall below t's resolution."""
     am1 = a - 1
-    near = (am1 < NEAR_ONE) & (m > NEG_INF) & torch.isfinite(t)
+    near = refining(am1, m, t)
     if not bool(near.any()):
         return t
-    eps = torch.finfo(t.dtype).eps
     for _ in range(steps):
         g = torch.zeros_like(t)
         e = torch.zeros_like(t)
         for j0, j1 in blk.spans(block):
-            p = entmax_p(blk.scores(j0, j1) - torch.where(m > NEG_INF, m, 0.0), t, am1)
-            g = g + p.sum(-1, keepdim=True)
-            e = e + torch.where(p > 0, torch.exp((1 - am1) * torch.log(torch.where(p > 0, p, 1.0))), 0.0).sum(
-                -1, keepdim=True)
-        step = torch.where(near & (e > 0), (g - 1) / torch.where(e > 0, e, 1.0), 0.0)
-        t = t + step
-        near = near & (step.abs() > 2 * eps * torch.clamp(t.abs(), min=1.0))
+            dg, de = newton_terms(blk.scores(j0, j1) - torch.where(m > NEG_INF, m, 0.0), t, am1)
+            g, e = g + dg, e + de
+        t, near = newton_step(t, near, g, e)
         if not bool(near.any()):
             break
     return t
+
+
+def refining(am1, m: Tensor, t: Tensor) -> Tensor:
+    """The rows whose t :func:`refine_t` refines: α − 1 < NEAR_ONE, a key, t finite."""
+    return (am1 < NEAR_ONE) & (m > NEG_INF) & torch.isfinite(t)
+
+
+def newton_terms(z: Tensor, t: Tensor, am1):
+    """A block's share (G, −G′) of Newton's step on G(t) = Σ_j p_j, z = s − m."""
+    p = entmax_p(z, t, am1)
+    e = torch.where(p > 0, torch.exp((1 - am1) * torch.log(torch.where(p > 0, p, 1.0))), 0.0)
+    return p.sum(-1, keepdim=True), e.sum(-1, keepdim=True)
+
+
+def newton_step(t: Tensor, near: Tensor, g: Tensor, e: Tensor):
+    """(t, near) after one step on the rows ``near``; a row leaves ``near``
+    when its step falls below t's resolution."""
+    eps = torch.finfo(t.dtype).eps
+    step = torch.where(near & (e > 0), (g - 1) / torch.where(e > 0, e, 1.0), 0.0)
+    t = t + step
+    return t, near & (step.abs() > 2 * eps * torch.clamp(t.abs(), min=1.0))
 
 
 def _output(blk: Blocks, fam: int, a, m: Tensor, lam: Tensor, block: int) -> Tensor:
