@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from . import _context
 from .checks import check_call
 from .op import attention as _attention
 
@@ -84,5 +85,18 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     >>> sa.scaled_dot_product_attention(q, k, v, map="softmax", scale=1.0)
     tensor([[[1.0186]]])
     """
+    route = _context.current()
+    if route is not None:  # inside softk.distributed.context_parallel: this rank's shard of the sequence
+        return route(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, map=map, alpha=alpha,
+                     softcap=softcap)
+    _context.refuse_foreign("softk.attention.scaled_dot_product_attention")
+    return local_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, map=map,
+                           alpha=alpha, softcap=softcap)
+
+
+def local_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask=None, dropout_p: float = 0.0,
+                    is_causal: bool = False, scale=None, enable_gqa: bool = False, *, map: str = "entmax15",
+                    alpha=None, softcap=None) -> Tensor:
+    """:func:`scaled_dot_product_attention` on the tensors at hand, outside any context parallelism."""
     call = check_call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, map, alpha, softcap)
     return _attention(call)

@@ -20,6 +20,7 @@ import numbers
 import torch
 from torch import Tensor
 
+from . import _context
 from ._sdpa import scaled_dot_product_attention
 from .checks import check_softcap
 
@@ -112,6 +113,11 @@ def varlen_attn(query: Tensor, key: Tensor, value: Tensor, cu_seq_q: Tensor, cu_
             [0.2500, 0.7500, 0.0000],
             [0.0000, 0.0000, 1.0000]])
     """
+    if _context.current() is not None:
+        raise ValueError("varlen_attn does not run under softk.distributed.context_parallel: packed sequences and "
+                         "paged caches are not sharded over ranks; call softk.attention.scaled_dot_product_attention "
+                         "on each rank's shard of one sequence, or varlen_attn outside the context")
+    _context.refuse_foreign("softk.attention.varlen_attn")
     for t, name in ((query, "query"), (key, "key"), (value, "value")):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")

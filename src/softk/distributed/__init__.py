@@ -11,21 +11,26 @@ Here live the public functions, their cross-rank checks (``checks``), the
 loss and map names (``families``), the collectives that find λ
 (``threshold``) and the whole-row sums of the fused loss's knobs and of TS²'s
 penalty (``_knobs``); their autograd rules are :mod:`softk._ops.distributed`.
+:func:`context_parallel_attention` and :func:`context_parallel` shard
+attention on the sequence instead (:mod:`.context`; the call's agreement
+:mod:`.cp_plan`, the strategies :mod:`.cp_gather` and :mod:`.cp_ring`).
 :mod:`.rl` gives per-token log-probabilities and entropies for RL, and
 :mod:`.dtensor` the DTensor entry of the public maps and losses.
 No softk package imports it (``softk/__init__`` does, to register that entry);
-it imports the losses and everything below.
+it imports the attention, the losses and everything below.
 """
 
 from .losses import vocab_parallel_loss
 from .fused import vocab_parallel_fused_linear_loss
 from .maps import vocab_parallel_map
 from .rl import vocab_parallel_entropy, vocab_parallel_log_softmax, vocab_parallel_logprobs
+from .context import context_parallel, context_parallel_attention
 from .. import _dtensor
 
 __all__ = [
     "vocab_parallel_loss", "vocab_parallel_map", "vocab_parallel_fused_linear_loss",
     "vocab_parallel_log_softmax", "vocab_parallel_logprobs", "vocab_parallel_entropy",
+    "context_parallel_attention", "context_parallel",
 ]
 
 
