@@ -36,6 +36,10 @@ from ..attention.checks import Call, check_call
 from .checks import comm_device, resolve_group
 
 LAYOUTS = ("contiguous", "head_tail")
+# The arguments a local error can name (its message starts with the name), published as an index
+# so that the other ranks' error names it too.
+_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa", "map", "alpha",
+         "softcap", "layout", "strategy")
 STRATEGIES = ("allgather", "ring")
 _DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 # Columns of the table.
@@ -99,7 +103,9 @@ def agree(query, key, value, *, group, attn_mask, dropout_p, is_causal, scale, e
                              f"shape {tuple(query.shape)}")
     except (TypeError, ValueError) as exc:
         error = exc
-    row[_ERR] = error is not None
+    if error is not None:
+        named = [i for i, a in enumerate(_ARGS) if str(error).startswith(a + " ")]
+        row[_ERR] = 1 + (named[0] if named else len(_ARGS))
     if call is not None:
         (b, h, lq, e), (_, hkv, lk, ev) = call.q.shape, call.v.shape
         row[[_B, _H, _HKV, _E, _EV, _LQ, _LK]] = torch.tensor([b, h, hkv, e, ev, lq, lk], dtype=torch.float64)
@@ -120,7 +126,9 @@ def agree(query, key, value, *, group, attn_mask, dropout_p, is_causal, scale, e
         raise error
     bad = [r for r in range(world) if table[r, _ERR] != 0]
     if bad:
-        raise ValueError(f"rank {bad[0]} of the group rejected its arguments (its own error says why); no rank went on")
+        code = int(table[bad[0], _ERR]) - 1
+        what = f"its argument {_ARGS[code]}" if code < len(_ARGS) else "its arguments"
+        raise ValueError(f"rank {bad[0]} of the group rejected {what} (its own error says why); no rank went on")
     assert call is not None  # no rank erred
 
     def same(col, what):
@@ -144,12 +152,13 @@ def agree(query, key, value, *, group, attn_mask, dropout_p, is_causal, scale, e
     same(_CAUSAL, "is_causal")
     same(_LAYOUT, "layout")
     same(_STRATEGY, "strategy")
-    lq, lk = table[:, _LQ].long().tolist(), table[:, _LK].long().tolist()
-    if lq != lk:
+    lengths: list = table[:, _LQ].long().tolist()
+    keys: list = table[:, _LK].long().tolist()
+    if lengths != keys:
         raise ValueError(f"the query shard and the key/value shard of a rank must hold the same tokens: query "
-                         f"lengths {lq} and key lengths {lk} by rank")
-    if layout == "head_tail" and (len(set(lq)) != 1 or lq[0] % 2):
+                         f"lengths {lengths} and key lengths {keys} by rank")
+    if layout == "head_tail" and (len(set(lengths)) != 1 or lengths[0] % 2):
         raise ValueError(f"layout='head_tail' needs the same even number of tokens on every rank (the sequence cut "
-                         f"into 2·world = {2 * world} equal chunks), got lengths {lq} by rank; use "
+                         f"into 2·world = {2 * world} equal chunks), got lengths {lengths} by rank; use "
                          f"layout='contiguous' for uneven shards")
-    return Plan(call, rank, world, lq, layout, strategy, map)
+    return Plan(call, rank, world, lengths, layout, strategy, map)

@@ -57,7 +57,7 @@ import torch
 
 # absolute imports: the module is also imported on its own (pytest's doctest
 # collection) where softk.integrations has no __init__.py yet
-from softk.attention import scaled_dot_product_attention
+from softk.attention import _context, scaled_dot_product_attention
 from softk.nn.attention import ScaledDotProductAttention
 
 IMPLEMENTATIONS = {
@@ -165,8 +165,11 @@ def _attention_function(map_name: str):
                 "config's attention dropout (attention_dropout, attn_pdrop) to 0.0, or call model.eval()"
             )
         causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
-        # as transformers' sdpa: a mask, when given, already holds the causal pattern
-        causal = bool(query.shape[2] > 1 and attention_mask is None and causal)
+        if _context.current() is not None:  # context parallel: this rank's shard of one sequence
+            _refuse_under_context_parallel(kwargs)
+            kwargs = {}  # the shard's position_ids are not consecutive, but they are not packed documents
+        else:  # as transformers' sdpa: a mask, when given, already holds the causal pattern
+            causal = bool(query.shape[2] > 1 and attention_mask is None and causal)
         mask = attention_mask
         if mask is not None and mask.dtype != torch.bool:
             mask = mask.to(query.dtype)
@@ -199,6 +202,35 @@ def _attention_function(map_name: str):
     return attention
 
 
+def _refuse_under_context_parallel(kwargs) -> None:
+    # a model's structure, the same on every rank (a padding mask, which may differ, reaches the
+    # context-parallel call instead, which refuses it on every rank at once)
+    if kwargs.get("position_bias") is not None or kwargs.get("cu_seq_lens_q") is not None:
+        raise ValueError("softk's attention under softk.distributed.context_parallel takes one sequence per row: "
+                         "no position bias or packed documents (cu_seq_lens_q/k)")
+
+
+def _mask_under_context_parallel(sdpa_mask):
+    """transformers' sdpa mask, except under context parallelism with no padding: none (the
+    attention's own causal mask runs over the whole sequence; the shard's position_ids are not
+    consecutive, which transformers would read as packed documents).  A padded batch keeps its
+    mask, which the context-parallel call refuses on every rank; a sliding window is refused."""
+
+    def mask(*args, **kwargs):
+        if _context.current() is None:
+            return sdpa_mask(*args, **kwargs)
+        config = kwargs.get("config")
+        if getattr(config, "sliding_window", None) is not None:
+            raise ValueError(f"softk's attention under context parallelism does not run sliding-window attention "
+                             f"(config.sliding_window = {config.sliding_window})")
+        padding = kwargs.get("attention_mask")
+        if padding is not None and not bool(padding.all()):
+            return sdpa_mask(*args, **kwargs)
+        return None
+
+    return mask
+
+
 def register() -> tuple:
     """Register softk's attention implementations with transformers (idempotent);
     returns their names.  Raises ImportError naming the ``hf`` extra when
@@ -215,7 +247,7 @@ def register() -> tuple:
     for name, map_name in IMPLEMENTATIONS.items():
         AttentionInterface.register(name, _attention_function(map_name))
         if AttentionMaskInterface is not None:
-            AttentionMaskInterface.register(name, sdpa_mask)
+            AttentionMaskInterface.register(name, _mask_under_context_parallel(sdpa_mask))
     return tuple(IMPLEMENTATIONS)
 
 

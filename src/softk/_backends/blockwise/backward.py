@@ -142,6 +142,7 @@ class RowRule:
         """(dq share before the scale, dk, dv) of a block: scores s, keys k,
         values v, the scaled queries qs; ``cap_slope`` the soft cap's
         derivative on the block (None without a cap)."""
+        assert self.c is not None, "finish_sums comes before grads"
         p = probs(self.fam, self.a, s, self.m, self.lam)
         dp = self.do @ v.transpose(-1, -2)
         ds = _slope(self.fam, self.a, s, self.m, self.lam, p) * (dp - self.c)
