@@ -171,8 +171,17 @@ def inside_torch_context(rank, world):
     q, k, v, _ = _inputs(8)
     buf = torch.arange(8).unsqueeze(0)
     with torch_context_parallel(mesh, buffers=[buf], buffer_seq_dims=[1]):
-        _raises(lambda: sa.scaled_dot_product_attention(q, k, v, enable_gqa=True), "torch's context_parallel",
+        _raises(lambda: sa.scaled_dot_product_attention(q, k, v, enable_gqa=True), "torch's context parallelism",
                 "softk.distributed.context_parallel")
+    from torch.distributed.tensor.experimental._attention import (_disable_context_parallel_dispatcher,
+                                                                  _enable_context_parallel_dispatcher)
+
+    _enable_context_parallel_dispatcher()  # torchtitan's CP: torch's DTensor attention handlers, no patch
+    try:
+        _raises(lambda: sa.scaled_dot_product_attention(q, k, v, enable_gqa=True), "torch's context parallelism")
+    finally:
+        _disable_context_parallel_dispatcher()
+    sa.scaled_dot_product_attention(q, k, v, enable_gqa=True)  # and outside, it runs
     for total in (8, 10):  # head–tail (8 % 4 == 0), then contiguous: torch's choice, read back
         ids = torch.arange(total).unsqueeze(0)
         q, k, v, _ = _inputs(total)

@@ -60,8 +60,9 @@ def context_parallel_attention(query, key, value, attn_mask=None, dropout_p: flo
             2W equal chunks; every rank the same even length).
         strategy: ``"allgather"`` (K and V gathered, the local kernels; one
             all-gather each in the forward, one all-reduce each in the
-            backward) or ``"ring"`` (K and V passed round the ring; 2 trips
-            forward, 2 backward, W − 1 sends per trip; memory O(L_r)).
+            backward) or ``"ring"`` (K and V passed round the ring: 2 trips
+            forward, 1 for softmax, and 2 backward, W − 1 sends per trip;
+            memory O(L_r)).
 
     Returns:
         (…, H, L_r, Ev), this rank's rows.  α's gradient is this rank's

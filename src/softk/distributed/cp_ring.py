@@ -25,8 +25,10 @@ one trip round the ring:
   travels with its dK and dV accumulators, every rank adding its queries'
   share; a last send brings each block's gradients home.
 
-So a forward costs 2 trips (softmax 1), each of W − 1 sends of K and V, and
-the backward 2 trips plus one send of dK, dV per step.  The forward's trips
+So a forward costs a trip of K (the λ search) and one of K and V (the
+output; softmax: that one only), each of W − 1 sends in the inputs' dtype,
+and the backward a trip of K and V and one of K, V, dK and dV (the
+accumulators in the compute dtype) plus the send home.  The forward's trips
 post the next block's transfer before working on the current one.  Memory per
 rank: its own shard, one incoming block, the candidates (≤ CAP per row) and
 a block of scores (``SCORES`` at most, the keys of a block taken in pieces).
@@ -134,7 +136,7 @@ class _Rows:
         kpos = self.plan.positions(src, k.device)
         for j0 in range(0, k.shape[2], self.piece):
             j1 = min(j0 + self.piece, k.shape[2])
-            s = self.q @ k[:, :, j0:j1].transpose(-1, -2)
+            s = self.q @ k[:, :, j0:j1].to(self.ct).transpose(-1, -2)
             if self.softcap:
                 s = self.softcap * torch.tanh(s / self.softcap)
             if self.causal:
@@ -142,7 +144,7 @@ class _Rows:
             yield j0, j1, s
 
     def cap_slope(self, k: Tensor) -> Tensor:
-        t = torch.tanh((self.q @ k.transpose(-1, -2)) / self.softcap)
+        t = torch.tanh((self.q @ k.to(self.ct).transpose(-1, -2)) / self.softcap)
         return 1 - t * t
 
 
@@ -156,37 +158,36 @@ def forward(plan: Plan, group, q, k, v, alpha):
     fam, ring = plan.call.fam, Ring(plan, group)
     rows = _Rows(plan, q, k.shape[1])
     ct, dev = rows.ct, q.device
-    kc, vc = k.to(ct), v.to(ct)
     shape = (q.shape[0], rows.hkv, rows.R, 1)
     if fam == SOFTMAX_ID:
         online = OnlineSoftmax(shape, v.shape[-1], ct, dev)
-        for src, (kb, vb) in ring.blocks(kc, vc):
+        for src, (kb, vb) in ring.blocks(k, v):
             for j0, j1, s in rows.pieces(src, kb):
-                online.add(s, vb[:, :, j0:j1])
+                online.add(s, vb[:, :, j0:j1].to(ct))
         out, m, lam = online.result()
         return rows.heads(out).to(q.dtype), m, lam
     a = rows.per_row(alpha) if fam == ENTMAX_ID else None
     search = Search(shape, ct, dev, fam, a, CAP)
-    for src, (kb, _vb) in ring.blocks(kc, vc):
+    for src, (kb,) in ring.blocks(k):
         for _j0, _j1, s in rows.pieces(src, kb):
             search.add(s)
     if _any(bool(search.dense.any()), dev, group):
-        search.lam = _solve_dense(plan, ring, rows, kc, fam, a, search)
+        search.lam = _solve_dense(ring, rows, k, fam, a, search)
     m, lam = search.result()
     if fam == ENTMAX_ID:  # the shifted threshold t = λ + 1/(α−1), refined near α = 1
-        lam = _refine(ring, rows, kc, vc, a, m, lam + 1 / (a - 1), group)  # type: ignore[operator]  # entmax: a is set
+        lam = _refine(ring, rows, k, a, m, lam + 1 / (a - 1), group)  # type: ignore[operator]  # entmax: a is set
     acc = torch.zeros(*shape[:3], v.shape[-1], dtype=ct, device=dev)
-    for src, (kb, vb) in ring.blocks(kc, vc):
+    for src, (kb, vb) in ring.blocks(k, v):
         for j0, j1, s in rows.pieces(src, kb):
-            acc = acc + probs(fam, a, s, m, lam) @ vb[:, :, j0:j1]
+            acc = acc + probs(fam, a, s, m, lam) @ vb[:, :, j0:j1].to(ct)
     return rows.heads(acc).to(q.dtype), m, lam
 
 
-def _solve_dense(plan, ring, rows, kc, fam, a, search):
+def _solve_dense(ring, rows, k, fam, a, search):
     """λ of the rows that overflowed ``CAP``, from their whole score rows (one more trip)."""
     flat = search.dense.reshape(-1).nonzero().squeeze(-1)
     parts = []
-    for src, (kb,) in ring.blocks(kc):
+    for src, (kb,) in ring.blocks(k):
         for _j0, _j1, s in rows.pieces(src, kb):
             parts.append(s.reshape(-1, s.shape[-1])[flat])
     lam = search.lam.clone()
@@ -198,7 +199,7 @@ def _solve_dense(plan, ring, rows, kc, fam, a, search):
     return lam
 
 
-def _refine(ring, rows, kc, vc, a, m, t, group):
+def _refine(ring, rows, k, a, m, t, group):
     """α-entmax's t to its own precision on the rows with α − 1 < 1/8 (Newton, one trip per step,
     while the rows of some rank still move)."""
     am1 = a - 1
@@ -207,7 +208,7 @@ def _refine(ring, rows, kc, vc, a, m, t, group):
         if not _any(bool(near.any()), t.device, group):
             break
         g, e = torch.zeros_like(t), torch.zeros_like(t)
-        for src, (kb,) in ring.blocks(kc):
+        for src, (kb,) in ring.blocks(k):
             for _j0, _j1, s in rows.pieces(src, kb):
                 dg, de = newton_terms(s - torch.where(m > NEG_INF, m, 0.0), t, am1)
                 g, e = g + dg, e + de
@@ -220,14 +221,13 @@ def backward(plan: Plan, group, q, k, v, out, dout, m, lam, alpha, need_dalpha: 
     fam, ring = plan.call.fam, Ring(plan, group)
     rows = _Rows(plan, q, k.shape[1])
     ct = rows.ct
-    kc, vc = k.to(ct), v.to(ct)
     a = rows.per_row(alpha) if fam == ENTMAX_ID else None
     rule = RowRule(fam, a, m, lam, rows.rows(dout.to(ct)), need_dalpha and a is not None)
     sums = rule.needs_sums(rows.rows(out))
     if sums:
-        for src, (kb, vb) in ring.blocks(kc, vc):
+        for src, (kb, vb) in ring.blocks(k, v):
             for j0, j1, s in rows.pieces(src, kb):
-                rule.add_sums(s, vb[:, :, j0:j1])
+                rule.add_sums(s, vb[:, :, j0:j1].to(ct))
     rule.finish_sums(None if sums else rows.rows(out))
     dq = torch.zeros_like(rows.q)
 
@@ -235,13 +235,15 @@ def backward(plan: Plan, group, q, k, v, out, dout, m, lam, alpha, need_dalpha: 
         nonlocal dq
         kb, vb = fixed
         for j0, j1, s in rows.pieces(src, kb):
-            cap = rows.cap_slope(kb[:, :, j0:j1]) if rows.softcap else None
-            dq_b, dk_b, dv_b = rule.grads(s, kb[:, :, j0:j1], vb[:, :, j0:j1], rows.q, cap)
+            kj = kb[:, :, j0:j1].to(ct)
+            cap = rows.cap_slope(kj) if rows.softcap else None
+            dq_b, dk_b, dv_b = rule.grads(s, kj, vb[:, :, j0:j1].to(ct), rows.q, cap)
             dq = dq + dq_b
             acc[0][:, :, j0:j1] += dk_b
             acc[1][:, :, j0:j1] += dv_b
 
-    dk, dv = ring.carry((kc, vc), (torch.zeros_like(kc), torch.zeros_like(vc)), step)
+    zeros = [torch.zeros(t.shape, dtype=ct, device=t.device) for t in (k, v)]  # dK, dV accumulate in ct
+    dk, dv = ring.carry((k, v), tuple(zeros), step)
     da = rule.dalpha(rows.hkv, rows.G, rows.L) if rule.need_dalpha else None
     return rows.heads(dq * rows.scale).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), da
 
