@@ -6,7 +6,6 @@ import json
 import os
 import sys
 
-import pytest
 
 from .. import safety_net
 from ..paths import REPO

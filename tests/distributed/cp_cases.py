@@ -239,3 +239,52 @@ def llama(rank, world, strategy, total):
             mine = p.grad.clone()
             dist.all_reduce(mine)
             assert float((mine - g).abs().max()) <= 1e-12, (impl, name, float((mine - g).abs().max()), float(g.abs().max()))
+
+
+def torchtitan_llama(rank, world, strategy, learnable):
+    """torchtitan's Llama 3 (its debug configuration, 2 layers), softk's attention in its inner-attention
+    slot (apply_softk_attention with cp_mesh), the batch sharded by torchtitan's own
+    prepare_context_parallel_input (head–tail): the summed loss and gradients equal one device's."""
+    from dataclasses import replace
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torchtitan.distributed.context_parallel import prepare_context_parallel_input
+    from torchtitan.models.llama3 import llama3_configs
+
+    from softk.integrations.torchtitan_attention import apply_softk_attention
+
+    cfg = llama3_configs["debugmodel"]("flex")  # its slot is replaced; the model is called with no masks
+    cfg = replace(cfg, layers=cfg.layers[:2])
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)
+    one = cfg.build()
+    one.init_states()
+    one = one.double()
+    sharded = cfg.build()
+    sharded.load_state_dict(one.state_dict())
+    map_name, alpha = ("entmax", 1.3) if learnable else ("entmax15", None)
+    apply_softk_attention(one, map_name, alpha, learnable=learnable)
+    apply_softk_attention(sharded, map_name, alpha, learnable=learnable, cp_mesh=mesh, strategy=strategy)
+    one, sharded = one.double(), sharded.double()
+    total = 8 * world
+    tokens = torch.randint(0, 2048, (2, total + 1))
+    inputs, labels = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    positions = torch.arange(total).expand(2, total).contiguous()
+
+    def loss_of(model, x, y, pos):
+        logits = model(x, positions=pos)
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="sum") / labels.numel()
+
+    ref = loss_of(one, inputs, labels, positions)
+    ref.backward()
+    x, y, extra = prepare_context_parallel_input(inputs, labels, {"positions": positions}, mesh, torch.device("cpu"))
+    assert x.shape[1] == total // world
+    loss = loss_of(sharded, x, y, extra["positions"])
+    loss.backward()
+    summed = loss.detach().clone()
+    dist.all_reduce(summed)
+    assert abs(float(summed - ref.detach())) <= 1e-12, (float(summed), float(ref))
+    for (name, p), q in zip(sharded.named_parameters(), one.parameters()):
+        g = p.grad.clone()
+        dist.all_reduce(g)
+        assert float((g - q.grad).abs().max()) <= 1e-12, (name, float((g - q.grad).abs().max()))

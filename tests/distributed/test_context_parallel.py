@@ -96,3 +96,9 @@ def test_transformers_llama_under_context_parallel(tmp_path):
 def test_transformers_llama_ring_uneven_contiguous(tmp_path):
     pytest.importorskip("transformers")
     run(2, cp_cases.llama, tmp_path, "ring", 15)  # 15 % 4 ≠ 0: torch shards contiguously (8, 7)
+
+
+@pytest.mark.parametrize("learnable", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_torchtitan_llama_under_context_parallel(learnable, tmp_path):
+    pytest.importorskip("torchtitan.models.llama3", reason="torchtitan is not installed (the torchtitan extra)")
+    run(2, cp_cases.torchtitan_llama, tmp_path, "ring" if learnable else "allgather", learnable)

@@ -19,6 +19,9 @@
   vocab-parallel logits (no Megatron import).
 * :mod:`softk.integrations.torchtitan`: :class:`~softk.integrations.torchtitan.SoftkLoss`,
   every softk loss with torchtitan's loss-object interface (no torchtitan import).
+* :mod:`softk.integrations.torchtitan_attention`: :func:`~softk.integrations.torchtitan_attention.apply_softk_attention`
+  puts softk's attention in a torchtitan decoder's inner-attention slot,
+  context-parallel on torchtitan's sequence shards when asked.
 
 Nothing here imports transformers at ``import softk`` time; each submodule is
 imported on its own (``pip install "softk[hf]"``).  No softk package imports
