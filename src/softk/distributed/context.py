@@ -59,8 +59,7 @@ def context_parallel_attention(query, key, value, attn_mask=None, dropout_p: flo
             (torch's load-balanced causal layout: chunks r and 2W − 1 − r of
             2W equal chunks; every rank the same even length).
         strategy: ``"allgather"`` (K and V gathered, the local kernels; one
-            all-gather each in the forward, one all-reduce each in the
-            backward) or ``"ring"`` (K and V passed round the ring: 2 trips
+            all-gather in the forward, one all-reduce in the backward) or ``"ring"`` (K and V passed round the ring: 2 trips
             forward, 1 for softmax, and 2 backward, W − 1 sends per trip;
             memory O(L_r)).
 
@@ -73,8 +72,9 @@ def context_parallel_attention(query, key, value, attn_mask=None, dropout_p: flo
     collective: a bad argument on one rank, or a batch, head count, dtype,
     map, α, scale, soft cap, flag, layout or strategy that differs between
     ranks, or query and key/value shards of different lengths, raises the
-    same ValueError on every rank.  The collectives run eagerly (under
-    ``torch.compile`` this function is a graph break).
+    same ValueError on every rank.  Every rank must run the backward too
+    (its collectives serve the other ranks' keys).  The collectives run
+    eagerly (under ``torch.compile`` this function is a graph break).
     """
     plan = agree(query, key, value, group=group, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                  scale=scale, enable_gqa=enable_gqa, map=map, alpha=alpha, softcap=softcap, layout=layout,

@@ -1,7 +1,7 @@
 r"""Context-parallel attention by an all-gather of K and V: the local kernels on the whole sequence.
 
-Each rank gathers every rank's key/value shard (one all-gather each, the
-shards padded to the longest), puts the keys in sequence order, and runs
+Each rank gathers every rank's key/value shard (one all-gather of K and V
+together, the shards padded to the longest), puts the keys in sequence order, and runs
 softk's attention (the fused Triton
 kernels on CUDA, the blockwise kernel elsewhere) for its own queries against
 all of them: each query row sees its whole row of keys, so λ and the output
@@ -11,7 +11,8 @@ consecutive positions (one run for ``"contiguous"``, two for
 the keys up to its last position, with the mask of its run.
 
 The backward sums every rank's dK and dV (one all-reduce of the gathered
-gradients; each rank keeps its own shard's).  Memory per rank: K and V of
+gradients; each rank keeps its own shard's), so every rank must run the
+backward, as with any context parallelism.  Memory per rank: K and V of
 the whole sequence, O(T·E), as in torch's all-gather context parallelism.
 """
 
@@ -57,14 +58,17 @@ def _runs(pos: Tensor, width: int):
 def attention(plan: Plan, group, q: Tensor, k: Tensor, v: Tensor, alpha) -> Tensor:
     """The output (B, H, L_r, Ev) of this rank's queries."""
     call = plan.call
-    kall, vall = GatherSequence.apply(k, plan, group), GatherSequence.apply(v, plan, group)
+    e = k.shape[-1]
+    # one collective for both (and one in the backward): the same order on every rank whatever autograd's
+    kvall = GatherSequence.apply(torch.cat([k, v], -1), plan, group)
+    kall, vall = kvall[..., :e], kvall[..., e:]
     kpos = torch.cat([plan.positions(r, q.device) for r in range(plan.world)])
     if plan.layout != "contiguous":  # sequence order (contiguous shards gather in it)
         order = torch.argsort(kpos)
         kall, vall = kall[:, :, order], vall[:, :, order]
     opts = dict(scale=call.scale, enable_gqa=k.shape[1] != q.shape[1], map=plan.map_name, alpha=alpha,
                 softcap=call.softcap)
-    if not call.causal:
+    if not call.causal or q.shape[2] == 0:  # (an empty shard still joins the backward's all-reduce)
         return local_attention(q, kall, vall, **opts)
     qpos = plan.positions(plan.rank, q.device)
     outs = []
