@@ -46,11 +46,15 @@ def context_parallel_attention(query, key, value, attn_mask=None, dropout_p: flo
     gradients (q, k, v and α) as :func:`softk.attention.scaled_dot_product_attention`
     on one device, to rounding.
 
+    ``dropout_p``, ``scale``, ``enable_gqa``, ``map``, ``alpha`` and
+    ``softcap`` are those of :func:`softk.attention.scaled_dot_product_attention`.
+
     Args:
-        query, key, value, dropout_p, is_causal, scale, enable_gqa, map,
-            alpha, softcap: as in :func:`softk.attention.scaled_dot_product_attention`,
-            on this rank's shard; ``is_causal`` is the mask of the whole
-            sequence (key j seen by query i iff pos(j) ≤ pos(i)).
+        query: (…, H, L_r, E), this rank's queries.
+        key: (…, H_kv, L_r, E), the keys of the same tokens.
+        value: (…, H_kv, L_r, Ev), their values.
+        is_causal: the causal mask of the whole sequence (key j seen by
+            query i iff pos(j) ≤ pos(i), the positions read off ``layout``).
         attn_mask: must be None (an explicit mask is not sharded by this
             function; a ValueError says so).
         group: the process group (None: the default group).
