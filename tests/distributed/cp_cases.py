@@ -288,3 +288,58 @@ def torchtitan_llama(rank, world, strategy, learnable):
         g = p.grad.clone()
         dist.all_reduce(g)
         assert float((g - q.grad).abs().max()) <= 1e-12, (name, float((g - q.grad).abs().max()))
+
+
+def random_calls(rank, world, count, seed):
+    """``count`` random calls, drawn alike on every rank: lengths (some 0) and layout, map, α per head,
+    causal, heads and groups, head dims, scale, soft cap, both strategies, and scores with ties
+    (integer q, k) or spread far; each against one device's reference backend in float64."""
+    g = torch.Generator().manual_seed(seed)
+
+    def pick(options):
+        return options[int(torch.randint(len(options), (1,), generator=g))]
+
+    for _ in range(count):
+        layout = pick(["contiguous", "head_tail"])
+        if layout == "head_tail":
+            lengths = [2 * int(torch.randint(1, 5, (1,), generator=g))] * world
+        else:
+            lengths = torch.randint(0, 7, (world,), generator=g).tolist()
+            lengths[int(torch.randint(world, (1,), generator=g))] += 1  # at least one token
+        hkv, groups, e, ev = pick([1, 2]), pick([1, 3]), pick([1, 4, 8]), pick([1, 5])
+        h = hkv * groups
+        map_name = pick(["softmax", "sparsemax", "entmax15", "entmax"])
+        alpha = None
+        if map_name == "entmax":
+            alpha = (1 + torch.rand(h, generator=g, dtype=D) * pick([1.0, 1e-3])).requires_grad_()
+        ties = pick([True, False])
+        total = sum(lengths)
+
+        def draw(*shape):
+            x = torch.randn(*shape, generator=g, dtype=D)
+            return x.round() if ties else x * pick([0.5, 5.0])
+
+        q, k, v, do = draw(2, h, total, e), draw(2, hkv, total, e), draw(2, hkv, total, ev), draw(2, h, total, ev)
+        opts = dict(is_causal=pick([False, True]), scale=pick([None, 0.7]), softcap=pick([None, 2.0]),
+                    enable_gqa=True, map=map_name, alpha=alpha)
+        strategy = pick(["allgather", "ring"])
+        qr, kr, vr = (t.clone().requires_grad_() for t in (q, k, v))
+        with softk.use_backend("torch"):
+            ref = sa.scaled_dot_product_attention(qr, kr, vr, **opts)
+        ref.backward(do)
+        ref_da = alpha.grad.clone() if alpha is not None else None
+        if alpha is not None:
+            alpha.grad = None
+        pos = positions(layout, lengths, rank, "cpu")
+        ql, kl, vl = (t[:, :, pos].clone().requires_grad_() for t in (q, k, v))
+        out = context_parallel_attention(ql, kl, vl, layout=layout, strategy=strategy, **opts)
+        out.backward(do[:, :, pos])
+        what = (layout, lengths, h, hkv, e, ev, opts, strategy, ties)
+        for got, want in ((out, ref[:, :, pos]), (ql.grad, qr.grad[:, :, pos]), (kl.grad, kr.grad[:, :, pos]),
+                          (vl.grad, vr.grad[:, :, pos])):
+            err = float((got - want).detach().abs().max()) if got.numel() else 0.0
+            assert err <= 1e-12 * (1 + float(want.detach().abs().max()) if want.numel() else 1), (err, what)
+        if alpha is not None:
+            da = alpha.grad.clone() if alpha.grad is not None else torch.zeros_like(alpha)
+            dist.all_reduce(da)
+            assert float((da - ref_da).abs().max()) <= 1e-12 * (1 + float(ref_da.abs().max())), what

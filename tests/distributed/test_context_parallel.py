@@ -102,3 +102,7 @@ def test_transformers_llama_ring_uneven_contiguous(tmp_path):
 def test_torchtitan_llama_under_context_parallel(learnable, tmp_path):
     pytest.importorskip("torchtitan.models.llama3", reason="torchtitan is not installed (the torchtitan extra)")
     run(2, cp_cases.torchtitan_llama, tmp_path, "ring" if learnable else "allgather", learnable)
+
+
+def test_random_calls_equal_one_device(tmp_path):
+    run(3, cp_cases.random_calls, tmp_path, 30, 1)
