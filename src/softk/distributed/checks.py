@@ -70,6 +70,28 @@ def comm_device(x, group) -> torch.device:
     return torch.device("cpu")
 
 
+def publish(row: torch.Tensor, *, rank: int, world: int, group, device, local_error, names: tuple = ()):
+    """Every rank's ``row`` in one all-reduce, as a (world, F) table on the CPU.
+
+    Column 0 of a row is its verdict: 0 (its arguments passed its own
+    checks), or 1 + i (its error names the argument ``names[i]``), or more
+    (an error naming none of them).  This rank raises its own error; every
+    other rank then raises one that names the first failing rank (and the
+    argument, where known); or, none failing, the table is returned."""
+    table = torch.zeros(world, row.numel(), dtype=row.dtype, device=device)
+    table[rank] = row.to(device)
+    dist.all_reduce(table, op=dist.ReduceOp.SUM, group=group)
+    table = table.cpu()
+    if local_error is not None:
+        raise local_error
+    bad = [r for r in range(world) if table[r, 0] != 0]
+    if bad:
+        code = int(table[bad[0], 0]) - 1
+        what = f"its argument {names[code]}" if 0 <= code < len(names) else "its arguments"
+        raise ValueError(f"rank {bad[0]} of the group rejected {what} (its own error says why); no rank went on")
+    return table
+
+
 @dataclass
 class Agreed:
     """What every rank knows after the exchange."""
@@ -120,15 +142,7 @@ def exchange(x, target, *, group, rank, world, vocab_start, k, tau, what: int, l
     if local_error is None:
         kind, s1, s2, tmax = _target_fingerprint(target, ignore_index)
         row[_TKIND], row[_TSUM], row[_THASH], row[_TMAX] = kind, s1, s2, tmax
-    table = torch.zeros(world, _F, dtype=torch.int64, device=comm_device(x, group))
-    table[rank] = row.to(table.device)
-    dist.all_reduce(table, op=dist.ReduceOp.SUM, group=group)
-    table = table.cpu()
-    if local_error is not None:
-        raise local_error
-    bad = [r for r in range(world) if table[r, _ERR] != 0]
-    if bad:
-        raise ValueError(f"rank {bad[0]} of the group rejected its arguments (its own error says why); no rank went on")
+    table = publish(row, rank=rank, world=world, group=group, device=comm_device(x, group), local_error=local_error)
 
     def same(col, what_, show=lambda v: v):
         vals = table[:, col]

@@ -30,10 +30,9 @@ import struct
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 from ..attention.checks import Call, check_call
-from .checks import comm_device, resolve_group
+from .checks import comm_device, publish, resolve_group
 
 LAYOUTS = ("contiguous", "head_tail")
 # The arguments a local error can name (its message starts with the name), published as an index
@@ -118,17 +117,8 @@ def agree(query, key, value, *, group, attn_mask, dropout_p, is_causal, scale, e
             row[_A1] = _bits(float((a * torch.arange(1, a.numel() + 1)).sum()))
             row[_A2] = _bits(float((a * a).sum()))
             row[_AGRAD] = call.learnable
-    table = torch.zeros(world, _F, dtype=torch.float64, device=comm_device(query, group))
-    table[rank] = row.to(table.device)
-    dist.all_reduce(table, op=dist.ReduceOp.SUM, group=group)
-    table = table.cpu()
-    if error is not None:
-        raise error
-    bad = [r for r in range(world) if table[r, _ERR] != 0]
-    if bad:
-        code = int(table[bad[0], _ERR]) - 1
-        what = f"its argument {_ARGS[code]}" if code < len(_ARGS) else "its arguments"
-        raise ValueError(f"rank {bad[0]} of the group rejected {what} (its own error says why); no rank went on")
+    table = publish(row, rank=rank, world=world, group=group, device=comm_device(query, group), local_error=error,
+                    names=_ARGS)
     assert call is not None  # no rank erred
 
     def same(col, what):
