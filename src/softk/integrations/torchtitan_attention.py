@@ -84,7 +84,7 @@ def apply_softk_attention(model: torch.nn.Module, map: str = "entmax15", alpha=N
         raise ValueError(f"{type(model).__name__} has no torchtitan decoder blocks (model.layers[i].attention."
                          f"inner_attention) to put softk's attention in")
     for attn in slots:
-        attn.inner_attention = SoftkInnerAttention(  # type: ignore[union-attr]  # a module with that slot (checked)map, alpha, num_heads=getattr(attn, "n_heads", None),
-                                                   learnable=learnable, cp_mesh=cp_mesh,
-                                                   layout=_LAYOUTS[load_balancer_type], strategy=strategy)
+        slot = SoftkInnerAttention(map, alpha, num_heads=getattr(attn, "n_heads", None), learnable=learnable,
+                                   cp_mesh=cp_mesh, layout=_LAYOUTS[load_balancer_type], strategy=strategy)
+        setattr(attn, "inner_attention", slot)
     return len(slots)
