@@ -68,9 +68,11 @@ class Ring:
         """Send ``tensors`` to the next rank and post the receive of rank ``src``'s block from the previous one."""
         n = self.plan.lengths[src]
         bufs = [t.new_empty(*t.shape[:2], n, *t.shape[3:]) for t in tensors]
-        reqs = [dist.isend(t.contiguous(), self.next, group=self.group) for t in tensors]
-        reqs += [dist.irecv(b, self.prev, group=self.group) for b in bufs]
-        return reqs, bufs
+        # one batch: NCCL groups the sends and receives, so two ranks sending to each other do not wait
+        # on each other's send
+        ops = [dist.P2POp(dist.isend, t.contiguous(), self.next, self.group) for t in tensors]
+        ops += [dist.P2POp(dist.irecv, b, self.prev, self.group) for b in bufs]
+        return dist.batch_isend_irecv(ops), bufs
 
     def blocks(self, *tensors):
         """(source rank, its tensors) for each of the W steps, starting with this rank's own; the next
