@@ -147,6 +147,10 @@ def bad_inputs(rank, world):
     _raises(call(key=kl[:, :, :3] if other else kl, value=vl[:, :, :3] if other else vl), "same tokens")
     _raises(call(map="entmax15" if other else "sparsemax"), "map")
     _raises(call(map="entmax", alpha=torch.tensor([1.5, 1.5, 1.5, 1.6 if other else 1.5], dtype=D)), "alpha")
+    one_ulp = torch.nextafter(torch.tensor(1.5, dtype=D), torch.tensor(2.0, dtype=D))
+    _raises(call(map="entmax", alpha=torch.tensor([1.5, 1.5, 1.5, 1.5], dtype=D) + (one_ulp - 1.5) * other),
+            "alpha")  # one ulp apart
+    _raises(call(scale=0.3 if other else 0.3 + 2**-54), "scale")
     _raises(call(query=ql[:, :2] if other else ql), "heads")
     _raises(call(attn_mask=torch.ones(4, 8, dtype=torch.bool) if other else None), "attn_mask")
     _raises(call(strategy="rings" if other else "ring"), "strategy")

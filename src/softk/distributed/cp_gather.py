@@ -75,7 +75,6 @@ def attention(plan: Plan, group, q: Tensor, k: Tensor, v: Tensor, alpha) -> Tens
     for i0, i1 in _runs(qpos, max(1, MASK // max(kall.shape[2], 1))):
         last = int(qpos[i1 - 1]) + 1
         mask = torch.arange(last, device=q.device) <= qpos[i0:i1].unsqueeze(-1)
-        outs.append(local_attention(q[:, :, i0:i1], kall[:, :, :last], vall[:, :, :last],
-                                                 attn_mask=mask, **opts))
+        outs.append(local_attention(q[:, :, i0:i1], kall[:, :, :last], vall[:, :, :last], attn_mask=mask, **opts))
     return torch.cat(outs, 2)
 

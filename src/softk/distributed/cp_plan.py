@@ -26,11 +26,11 @@ key/value lengths differ.
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
 
 import torch
 
+from .._validate import check_choice
 from ..attention.checks import Call, check_call
 from .checks import comm_device, publish, resolve_group
 
@@ -74,16 +74,6 @@ def positions(layout: str, lengths: list, rank: int, device) -> torch.Tensor:
     return torch.cat([head, head + (2 * world - 1 - 2 * rank) * chunk])
 
 
-def _bits(x) -> int:
-    return struct.unpack("<q", struct.pack("<d", float(x)))[0]
-
-
-def _choice(value, name: str, options: tuple) -> str:
-    if not isinstance(value, str) or value not in options:
-        raise ValueError(f"{name} must be one of {list(options)}, got {value!r}")
-    return value
-
-
 def agree(query, key, value, *, group, attn_mask, dropout_p, is_causal, scale, enable_gqa, map, alpha, softcap,
           layout, strategy) -> Plan:
     """Check the call on every rank of ``group`` and return its :class:`Plan`, or raise the same error everywhere."""
@@ -91,8 +81,8 @@ def agree(query, key, value, *, group, attn_mask, dropout_p, is_causal, scale, e
     row = torch.zeros(_F, dtype=torch.float64)
     error, call = None, None
     try:
-        layout = _choice(layout, "layout", LAYOUTS)
-        strategy = _choice(strategy, "strategy", STRATEGIES)
+        layout = check_choice(layout, LAYOUTS, "layout")
+        strategy = check_choice(strategy, STRATEGIES, "strategy")
         if attn_mask is not None:
             raise ValueError("attn_mask must be None under context parallelism: an explicit mask is not sharded "
                              "over the ranks (is_causal gives the causal mask of the whole sequence)")
@@ -111,11 +101,12 @@ def agree(query, key, value, *, group, attn_mask, dropout_p, is_causal, scale, e
         row[_DTYPE] = _DTYPES.index(call.q.dtype)
         row[_FAM], row[_CAUSAL] = call.fam, call.causal
         row[_LAYOUT], row[_STRATEGY] = LAYOUTS.index(layout), STRATEGIES.index(strategy)
-        row[_SCALE], row[_SOFTCAP] = _bits(call.scale), _bits(call.softcap or 0.0)
+        # floats as they are: the table is float64 and only this rank writes its row, so the SUM carries them exactly
+        row[_SCALE], row[_SOFTCAP] = call.scale, call.softcap or 0.0
         if call.alpha is not None:
             a = call.alpha.detach().double().cpu()
-            row[_A1] = _bits(float((a * torch.arange(1, a.numel() + 1)).sum()))
-            row[_A2] = _bits(float((a * a).sum()))
+            row[_A1] = float((a * torch.arange(1, a.numel() + 1)).sum())
+            row[_A2] = float((a * a).sum())
             row[_AGRAD] = call.learnable
     table = publish(row, rank=rank, world=world, group=group, device=comm_device(query, group), local_error=error,
                     names=_ARGS)

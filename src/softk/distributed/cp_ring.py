@@ -43,12 +43,11 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .._backends.blockwise.backward import RowRule
-from .._backends.blockwise.blocks import NEG_INF
+from .._backends.blockwise.blocks import NEG_INF, Blocks
 from .._backends.blockwise.forward import (CAP, OnlineSoftmax, Search, newton_step, newton_terms, probs, refining,
                                            solve)
 from .._ops.distributed import all_reduce
 from ..threshold.attention_maps import ENTMAX_ID, SOFTMAX_ID
-from ..threshold.rows import compute_dtype
 from .cp_plan import Plan
 
 SCORES = 1 << 22  # scores of one piece of a block, over every local row
@@ -108,44 +107,29 @@ class Ring:
         return bufs
 
 
-class _Rows:
-    """The local queries as rows (B, H_kv, R = G·L, ·), as the blockwise kernel stacks them, and the scores
+class _Rows(Blocks):
+    """The local queries as the blockwise kernel stacks them (rows (B, H_kv, R = G·L, ·)), and the scores
     of a piece of a block of keys, with the causal mask read off the global positions."""
 
-    def __init__(self, plan: Plan, q: Tensor, hkv: int):
+    def __init__(self, plan: Plan, q: Tensor, k: Tensor, v: Tensor):
         call = plan.call
-        B, H, L, E = q.shape
-        self.plan, self.hkv, self.G, self.L, self.R = plan, hkv, H // hkv, L, (H // hkv) * L
-        self.ct = compute_dtype(q.dtype)
-        self.scale, self.softcap, self.causal = call.scale, call.softcap or 0.0, call.causal
-        self.q = (q.to(self.ct) * call.scale).reshape(B, hkv, self.R, E)
-        qpos = plan.positions(plan.rank, q.device)
-        self.qpos = qpos[torch.arange(self.R, device=q.device) % L].unsqueeze(-1)
-        self.piece = max(64, SCORES // max(B * hkv * self.R, 1))
-
-    def per_row(self, a: Tensor) -> Tensor:
-        return a.to(self.ct).reshape(1, self.hkv, self.G, 1).expand(1, self.hkv, self.G, self.L).reshape(
-            1, self.hkv, self.R, 1)
-
-    def heads(self, t: Tensor) -> Tensor:
-        return t.reshape(t.shape[0], self.hkv * self.G, self.L, *t.shape[3:])
-
-    def rows(self, t: Tensor) -> Tensor:
-        return t.reshape(t.shape[0], self.hkv, self.R, *t.shape[3:])
+        super().__init__(q, k, v, None, call.scale, call.causal, 0, call.softcap or 0.0)
+        self.plan = plan
+        self.qpos = plan.positions(plan.rank, q.device)[torch.arange(self.R, device=q.device) % self.L].unsqueeze(-1)
+        self.piece = max(64, SCORES // max(q.shape[0] * self.hkv * self.R, 1))
 
     def pieces(self, src: int, k: Tensor):
         """(j0, j1, scores) of each piece of rank ``src``'s block of keys ``k``."""
         kpos = self.plan.positions(src, k.device)
         for j0 in range(0, k.shape[2], self.piece):
             j1 = min(j0 + self.piece, k.shape[2])
-            s = self.q @ k[:, :, j0:j1].to(self.ct).transpose(-1, -2)
-            if self.softcap:
-                s = self.softcap * torch.tanh(s / self.softcap)
+            s = self._cap(self.q @ k[:, :, j0:j1].to(self.ct).transpose(-1, -2))
             if self.causal:
                 s = s.masked_fill(kpos[j0:j1] > self.qpos, NEG_INF)
             yield j0, j1, s
 
-    def cap_slope(self, k: Tensor) -> Tensor:
+    def cap_slope_of(self, k: Tensor) -> Tensor:
+        """d cap(s)/ds on the scaled products with the keys ``k`` (:meth:`Blocks.cap_slope` for another rank's)."""
         t = torch.tanh((self.q @ k.to(self.ct).transpose(-1, -2)) / self.softcap)
         return 1 - t * t
 
@@ -158,7 +142,7 @@ def _any(flag: bool, device, group) -> bool:
 def forward(plan: Plan, group, q, k, v, alpha):
     """(out (B, H, L, Ev) in q's dtype, m, lam (B, H_kv, R, 1) in the compute dtype)."""
     fam, ring = plan.call.fam, Ring(plan, group)
-    rows = _Rows(plan, q, k.shape[1])
+    rows = _Rows(plan, q, k, v)
     ct, dev = rows.ct, q.device
     shape = (q.shape[0], rows.hkv, rows.R, 1)
     if fam == SOFTMAX_ID:
@@ -221,7 +205,7 @@ def _refine(ring, rows, k, a, m, t, group):
 def backward(plan: Plan, group, q, k, v, out, dout, m, lam, alpha, need_dalpha: bool):
     """(dq, dk, dv, dα (H,) or None): this rank's shards' gradients, and its queries' share of dα."""
     fam, ring = plan.call.fam, Ring(plan, group)
-    rows = _Rows(plan, q, k.shape[1])
+    rows = _Rows(plan, q, k, v)
     ct = rows.ct
     a = rows.per_row(alpha) if fam == ENTMAX_ID else None
     rule = RowRule(fam, a, m, lam, rows.rows(dout.to(ct)), need_dalpha and a is not None)
@@ -238,7 +222,7 @@ def backward(plan: Plan, group, q, k, v, out, dout, m, lam, alpha, need_dalpha: 
         kb, vb = fixed
         for j0, j1, s in rows.pieces(src, kb):
             kj = kb[:, :, j0:j1].to(ct)
-            cap = rows.cap_slope(kj) if rows.softcap else None
+            cap = rows.cap_slope_of(kj) if rows.softcap else None
             dq_b, dk_b, dv_b = rule.grads(s, kj, vb[:, :, j0:j1].to(ct), rows.q, cap)
             dq = dq + dq_b
             acc[0][:, :, j0:j1] += dk_b
