@@ -243,6 +243,14 @@ def llama(rank, world, strategy, total):
             mine = p.grad.clone()
             dist.all_reduce(mine)
             assert float((mine - g).abs().max()) <= 1e-12, (impl, name, float((mine - g).abs().max()), float(g.abs().max()))
+    # a padded batch on one rank only: its mask reaches the context-parallel call, refused on every rank
+    half = total // world
+    shard = torch.randint(0, 64, (2, half))
+    padding = torch.ones(2, half, dtype=torch.long)
+    padding[0, 0] = 0 if rank == world - 1 else 1
+    with softk.distributed.context_parallel(layout="contiguous"):
+        _raises(lambda: model(shard, attention_mask=padding,
+                              position_ids=torch.arange(rank * half, (rank + 1) * half).expand(2, half)), "attn_mask")
 
 
 def torchtitan_llama(rank, world, strategy, learnable):
