@@ -22,7 +22,9 @@ speed               ``gpu.py``: the maps and losses against ``torch.softmax``,
                     ``F.cross_entropy``, the entmax package, AdaSplash and Liger, with
                     peak memory
 fused_linear        ``fused_linear.py``: the fused linear losses against torch,
-                    ``F.linear_cross_entropy`` and Liger, by chunk size
+                    ``F.linear_cross_entropy``, Liger and Cut Cross-Entropy at
+                    GPT-2's, Llama 3's and Gemma 2's output layers, then by chunk
+                    size; time, peak memory and its multiple of the bf16 dW
 e2e                 ``e2e_step.py``: one GPT-2-small training step with each loss
 attention           ``attention.py``: attention against SDPA (flash, efficient) and
                     AdaSplash at L = 4096, with block sparsity and peak memory
@@ -32,7 +34,7 @@ moe                 ``moe_router.py``: an OLMoE-shaped mixture-of-experts layer 
 ==================  ====================================================================
 
 ``--wheels DIR`` installs the peers' wheels found there (``pip download
---no-deps entmax adasplash liger-kernel``) into a private folder first, with
+--no-deps entmax adasplash liger-kernel cut-cross-entropy``) into a private folder first, with
 no network.  The output folder gets three files: ``run_all.json`` (the
 device, versions, date, and every stage's exit status, time and JSON),
 ``summary.md`` (the tables) and ``log.txt`` (every stage's output); the JSON
@@ -74,7 +76,8 @@ STAGES = [
     ("speed", "gpu.py", 0.30, ["--only", SPEED_CASES, "--warm-timeout-s", "40", "--json", "{json}", "--markdown", "{md}"],
      ["--device", "cpu", "--only", "^wide/sparsemax/65536x128", "--max-rows", "4", "--min-reps", "1", "--warm-jobs", "0", "--impls", "torch,softk",
       "--json", "{json}", "--markdown", "{md}"]),
-    ("fused_linear", "fused_linear.py", 0.10, ["--json", "{json}"], ["--device", "cpu", "--quick", "--json", "{json}"]),
+    # three output layers × seven providers, then the chunk sweep: about 90 s on an H200 at the default budget
+    ("fused_linear", "fused_linear.py", 0.25, ["--json", "{json}"], ["--device", "cpu", "--quick", "--json", "{json}"]),
     # the dry run: a few tokens in the GPU run's precision (the interpreted loss kernels cost per row)
     ("e2e", "e2e_step.py", 0.08, ["--device", "cuda", "--size", "gpt2", "--steps", "3", "--warmup", "1", "--json", "{json}", "--md", "{md}"],
      ["--device", "cpu", "--size", "tiny", "--batch", "1", "--seq", "4", "--precision", "amp-bf16",
@@ -111,7 +114,7 @@ def meta_info(dry_run: bool) -> dict:
     from gpu import meta_info as device_info
 
     versions = {}
-    for name in ("transformers", "entmax", "adasplash", "liger_kernel"):
+    for name in ("transformers", "entmax", "adasplash", "liger_kernel", "cut_cross_entropy"):
         try:
             mod = __import__(name)
             versions[name] = getattr(mod, "__version__", "installed")
@@ -159,7 +162,8 @@ def summary(meta, stages) -> str:
     """The Markdown report: one section per stage."""
     lines = [f"# GPU run: {meta['device']}", "",
              f"torch {meta['torch']}, triton {meta['triton']}, Python {meta['python']}, softk {meta['softk_commit']}, "
-             f"{meta['date']}; peers: entmax {meta['entmax']}, adasplash {meta['adasplash']}, liger_kernel {meta['liger_kernel']}", ""]
+             f"{meta['date']}; peers: entmax {meta['entmax']}, adasplash {meta['adasplash']}, liger_kernel {meta['liger_kernel']}, "
+             f"cut_cross_entropy {meta.get('cut_cross_entropy')}", ""]
     for name, st in stages.items():
         lines += [f"## {name} (exit {st['exit']}, {st['seconds']:.0f} s)", ""]
         res = st.get("result")
@@ -174,14 +178,18 @@ def summary(meta, stages) -> str:
             lines += [f"| {b['shape']} | {b['kernel']} | {b['default_config']} | {b['default_ms']:.4f} | {b['default_x_torch']:.2f} | "
                       f"{b['best_config']} | {b['best_ms']:.4f} | {b['best_x_torch']:.2f} |" for b in res.get("best", [])]
         elif name == "fused_linear" and res:
-            lines += ["| shape | impl | ms fwd+bwd | × torch | peak extra MiB | loss |", "|---|---|---:|---:|---:|---:|"]
+            lines += ["| shape | impl | ms fwd+bwd | × torch | peak extra MiB | × bf16 dW | loss |", "|---|---|---:|---:|---:|---:|---:|"]
             for r in res["rows"]:
                 if "ms" not in r:
-                    lines.append(f"| {r['shape']} | {r['impl']} | {r.get('status')} | | | |")
+                    lines.append(f"| {r['shape']} | {r['impl']} | {r.get('status')} | | | | |")
                     continue
-                ratio = r.get("x_torch")
+                ratio, x_dw = r.get("x_torch"), r.get("x_dw")
                 lines.append(f"| {r['shape']} | {r['impl']} | {r['ms']:.2f} | {'' if ratio is None else f'{ratio:.2f}'} | "
-                             f"{r.get('peak_extra_mib', float('nan')):.0f} | {r.get('loss', float('nan')):.4f} |")
+                             f"{r.get('peak_extra_mib', float('nan')):.0f} | {'' if x_dw is None else f'{x_dw:.2f}'} | "
+                             f"{r.get('loss', float('nan')):.4f} |")
+            dws = {r["shape"]: r["dw_bf16_mib"] for r in res["rows"] if "dw_bf16_mib" in r}
+            if dws:
+                lines += ["", "bf16 dW (V × H × 2 bytes): " + ", ".join(f"{k} {v:.0f} MiB" for k, v in dws.items())]
         elif name == "attention" and res:
             lines += ["| L | E | causal | mode | impl | ms p50 | × sdpa-flash | peak MiB | block sparsity |", "|---:|---:|---|---|---|---:|---:|---:|---:|"]
             flash = {(r["L"], r["E"], r["causal"], r["mode"]): r.get("p50") for r in res["rows"] if r["impl"] == "sdpa-flash"}
