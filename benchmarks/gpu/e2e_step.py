@@ -26,6 +26,19 @@ warm-up step: the peak RSS of one step (VmHWM, reset via
 ``/proc/self/clear_refs``) minus the RSS before it.  Linux only; elsewhere
 the CPU memory column is empty.
 
+The loss's own share of a timed step: a forward pre-hook on the LM head
+marks where the loss begins (the hidden states reach the head, or the
+placeholder head the fused losses put there), the model's return marks its
+end, and a gradient hook on the head's input marks where the loss's backward
+has produced dX (its dW is computed in the same autograd node, before that
+hook runs); the backward starts at ``loss.backward()``.  On CUDA the marks are
+CUDA events (GPU time between the points on the stream), on the CPU
+``perf_counter``.  The loss columns are the medians of those spans, beside
+the step's; "host issue" is the time until the step's work is queued (before
+the final synchronisation): close to the step time, the step is bounded by
+the host issuing kernels rather than by the GPU (an implicit synchronisation
+inside the step counts the GPU's time there too).
+
 Before training, the own and softk_ce losses at the initial weights are
 printed side by side: they must agree to rounding.
 """
@@ -120,13 +133,58 @@ def use(model, variant):
         apply_softk(model, loss=VARIANTS[variant])
 
 
-def loss_of(model, ids, args):
+class LossProbe:
+    """Marks around the loss in a step: forward from the LM head's call to the model's return,
+    backward from ``loss.backward()`` to the gradient of the head's input (see the module's doc)."""
+
+    def __init__(self, model, device):
+        self.cuda = device == "cuda"
+        self.marks = None  # a dict while armed, None otherwise
+        self.handle = model.get_output_embeddings().register_forward_pre_hook(self._head_called)
+
+    def _mark(self, name):
+        if self.marks is None:
+            return
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self.marks[name] = ev
+        else:
+            self.marks[name] = time.perf_counter()
+
+    def _head_called(self, module, inputs):
+        if self.marks is None:
+            return
+        self._mark("fwd0")
+        hidden = inputs[0]
+        if hidden.requires_grad:
+            hidden.register_hook(lambda grad: self._mark("bwd1"))
+
+    def arm(self):
+        self.marks = {}
+
+    def spans(self):
+        """(forward seconds, backward seconds) of the last armed step; disarms.  Call after synchronising."""
+        m, self.marks = self.marks, None
+        if not m or len(m) < 4:
+            return None, None
+        if self.cuda:
+            return m["fwd0"].elapsed_time(m["fwd1"]) / 1e3, m["bwd0"].elapsed_time(m["bwd1"]) / 1e3
+        return m["fwd1"] - m["fwd0"], m["bwd1"] - m["bwd0"]
+
+
+def loss_of(model, ids, args, probe=None):
     with torch.autocast(args.device, dtype=torch.bfloat16, enabled=args.precision == "amp-bf16"):
-        return model(input_ids=ids, labels=ids).loss
+        loss = model(input_ids=ids, labels=ids).loss
+    if probe is not None:
+        probe._mark("fwd1")
+    return loss
 
 
-def step(model, opt, ids, args):
-    loss = loss_of(model, ids, args)
+def step(model, opt, ids, args, probe=None):
+    loss = loss_of(model, ids, args, probe)
+    if probe is not None:
+        probe._mark("bwd0")
     loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
@@ -138,19 +196,23 @@ def sync(args):
         torch.cuda.synchronize()
 
 
-def measured_step(model, opt, ids, args):
-    """(seconds, loss, peak extra bytes or None) of one step."""
+def measured_step(model, opt, ids, args, probe=None):
+    """{seconds, issue_s, loss, peak (extra bytes or None), loss_fwd_s, loss_bwd_s} of one step."""
     cuda = args.device == "cuda"
     sync(args)
     if cuda:
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
+    if probe is not None:
+        probe.arm()
     t0 = time.perf_counter()
-    loss = step(model, opt, ids, args)
+    loss = step(model, opt, ids, args, probe)
+    issued = time.perf_counter() - t0
     sync(args)
     seconds = time.perf_counter() - t0
     peak = torch.cuda.max_memory_allocated() - base if cuda else None
-    return seconds, float(loss), peak
+    fwd, bwd = probe.spans() if probe is not None else (None, None)
+    return {"seconds": seconds, "issue_s": issued, "loss": float(loss), "peak": peak, "loss_fwd_s": fwd, "loss_bwd_s": bwd}
 
 
 def child_memory(args):
@@ -190,21 +252,32 @@ def run(args):
         use(model, v)
         for _ in range(args.warmup):
             step(model, opt, ids, args)
+    probe = LossProbe(model, args.device)
     times = {v: [] for v in names}
+    spans = {v: {"issue_s": [], "loss_fwd_s": [], "loss_bwd_s": []} for v in names}
     losses, peaks = {}, {v: None for v in names}
     for r in range(args.steps):
         for v in names[r % len(names):] + names[: r % len(names)]:
             use(model, v)
-            seconds, losses[v], peak = measured_step(model, opt, ids, args)
-            times[v].append(seconds)
-            if peak is not None:
-                peaks[v] = max(peak, peaks[v] or 0)
+            m = measured_step(model, opt, ids, args, probe)
+            times[v].append(m["seconds"])
+            losses[v] = m["loss"]
+            for key in spans[v]:
+                spans[v][key].append(m[key])
+            if m["peak"] is not None:
+                peaks[v] = max(m["peak"], peaks[v] or 0)
+    probe.handle.remove()
     if args.device == "cpu" and args.memory == "auto":
         peaks = {v: cpu_memory(args, v) for v in names}
-    return report(args, check, times, losses, peaks)
+    return report(args, check, times, losses, peaks, spans)
 
 
-def report(args, check, times, losses, peaks):
+def _median(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def report(args, check, times, losses, peaks, spans=None):
     import transformers
 
     device = torch.cuda.get_device_name() if args.device == "cuda" else f"{platform.processor() or platform.machine()} CPU"
@@ -212,6 +285,13 @@ def report(args, check, times, losses, peaks):
         v: {"median_s": statistics.median(t), "step_s": t, "peak_extra_bytes": peaks[v], "last_loss": losses.get(v)}
         for v, t in times.items()
     }
+    for v, sp in (spans or {}).items():
+        r = results[v]
+        r.update({k: _median(xs) for k, xs in sp.items()})
+        r.update({f"{k}_steps": xs for k, xs in sp.items()})
+        per_step = [f + b for f, b in zip(sp["loss_fwd_s"], sp["loss_bwd_s"]) if f is not None and b is not None]
+        r["loss_s"] = _median(per_step)  # the median of each step's forward + backward
+        r["loss_share"] = r["loss_s"] / r["median_s"] if r["loss_s"] is not None else None
     return {
         "benchmark": "e2e_step",
         "device": device,
@@ -236,15 +316,22 @@ def markdown(res):
         f"batch {s['batch']} × {s['seq']} tokens, {res['precision']}) on {res['device']}, "
         f"torch {res['torch']}, transformers {res['transformers']}; median of {res['steps']} steps",
         "",
-        "| loss | step time (ms) | × own | peak extra memory (MiB) | × own |",
-        "|---|---|---|---|---|",
+        "| loss | step time (ms) | × own | loss fwd (ms) | loss bwd (ms) | loss share of step | host issue (ms) "
+        "| peak extra memory (MiB) | × own |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
+
+    def ms(x, digits=1):
+        return "–" if x is None else f"{1e3 * x:.{digits}f}"
+
     for v, r in res["variants"].items():
         t_ratio = f"{r['median_s'] / own['median_s']:.2f}" if own else "–"
         mem = r["peak_extra_bytes"]
         m_ratio = f"{mem / own['peak_extra_bytes']:.2f}" if own and mem and own["peak_extra_bytes"] else "–"
         mem_s = f"{mem / MIB:.1f}" if mem is not None else "–"
-        lines.append(f"| {v} | {1e3 * r['median_s']:.1f} | {t_ratio} | {mem_s} | {m_ratio} |")
+        share = r.get("loss_share")
+        lines.append(f"| {v} | {ms(r['median_s'])} | {t_ratio} | {ms(r.get('loss_fwd_s'), 2)} | {ms(r.get('loss_bwd_s'), 2)} | "
+                     f"{'–' if share is None else f'{share:.1%}'} | {ms(r.get('issue_s'))} | {mem_s} | {m_ratio} |")
     return "\n".join(lines) + "\n"
 
 

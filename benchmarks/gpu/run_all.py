@@ -25,7 +25,8 @@ fused_linear        ``fused_linear.py``: the fused linear losses against torch,
                     ``F.linear_cross_entropy``, Liger and Cut Cross-Entropy at
                     GPT-2's, Llama 3's and Gemma 2's output layers, then by chunk
                     size; time, peak memory and its multiple of the bf16 dW
-e2e                 ``e2e_step.py``: one GPT-2-small training step with each loss
+e2e                 ``e2e_step.py``: one GPT-2-small training step with each loss,
+                    and the loss's own forward and backward time within it
 attention           ``attention.py``: attention against SDPA (flash, efficient) and
                     AdaSplash at L = 4096, with block sparsity and peak memory
 moe                 ``moe_router.py``: an OLMoE-shaped mixture-of-experts layer with
