@@ -79,8 +79,11 @@ MIB = 2**20
 class Provider(NamedTuple):
     fn: object  # (x, w, t, softcap) -> scalar loss, or None when it cannot run here
     why: str | None  # why fn is None
-    softcap: bool  # whether it takes the soft cap
+    nocap: str | None  # None if it takes the soft cap, else why not
     note: str | None = None
+
+
+NO_CAP = "takes no soft cap"
 
 
 def _torch_unfused(x, w, t, cap):
@@ -97,26 +100,29 @@ def peers(device: str) -> dict[str, Provider]:
     """The providers other than softk, in row order; one that cannot run here carries the reason."""
     import torch.nn.functional as F
 
-    out = {"torch": Provider(_torch_unfused, None, True)}
+    out = {"torch": Provider(_torch_unfused, None, None)}
     if hasattr(F, "linear_cross_entropy"):
-        out["torch-linear-ce"] = Provider(lambda x, w, t, cap: F.linear_cross_entropy(x, w, t, ignore_index=-100), None, False)
+        out["torch-linear-ce"] = Provider(lambda x, w, t, cap: F.linear_cross_entropy(x, w, t, ignore_index=-100), None, NO_CAP)
     else:
-        out["torch-linear-ce"] = Provider(None, "not in this torch", False)
+        out["torch-linear-ce"] = Provider(None, "not in this torch", NO_CAP)
     try:
         from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy as liger
 
-        out["liger"] = Provider(lambda x, w, t, cap: liger(x, w, t, ignore_index=-100, softcap=cap), None, True)
+        # Liger's capped kernel calls .to() on the cap, a Triton scalar once
+        # compiled but a Python float in the interpreter a CPU dry run uses
+        nocap = None if device == "cuda" else "Liger's soft cap needs compiled Triton (the interpreter passes it as a float)"
+        out["liger"] = Provider(lambda x, w, t, cap: liger(x, w, t, ignore_index=-100, softcap=cap), None, nocap)
     except Exception as exc:  # noqa: BLE001 - a peer that does not import is a row saying why
-        out["liger"] = Provider(None, f"not installed: {type(exc).__name__}: {exc}"[:200], True)
+        out["liger"] = Provider(None, f"not installed: {type(exc).__name__}: {exc}"[:200], None)
     try:
         from cut_cross_entropy import linear_cross_entropy as cce
 
         # CCE's own kernels are Triton for CUDA (libdevice calls that Triton's
         # interpreter lacks); its torch.compile route is the one a CPU runs
         impl = "cce" if device == "cuda" else "torch_compile"
-        out["cce"] = Provider(lambda x, w, t, cap: cce(x, w, t, ignore_index=-100, softcap=cap, impl=impl), None, True, f"impl={impl}")
+        out["cce"] = Provider(lambda x, w, t, cap: cce(x, w, t, ignore_index=-100, softcap=cap, impl=impl), None, None, f"impl={impl}")
     except Exception as exc:  # noqa: BLE001
-        out["cce"] = Provider(None, f"not installed: {type(exc).__name__}: {exc}"[:200], True)
+        out["cce"] = Provider(None, f"not installed: {type(exc).__name__}: {exc}"[:200], None)
     return out
 
 
@@ -126,7 +132,7 @@ def softk_provider(loss: str, chunk):
     def fn(x, w, t, cap):
         return softk.losses.fused_linear_loss(x, w, t, loss, chunk_size=chunk, softcap=cap)
 
-    return Provider(fn, None, True)
+    return Provider(fn, None, None)
 
 
 def plan(shapes: dict, losses, chunks, device: str):
@@ -243,8 +249,8 @@ def main(argv=None) -> int:
             row["note"] = p.note
         if p.fn is None:
             row["status"] = f"skipped: {p.why}"
-        elif head.softcap is not None and not p.softcap:
-            row["status"] = "skipped: takes no soft cap"
+        elif head.softcap is not None and p.nocap:
+            row["status"] = f"skipped: {p.nocap}"
         elif time.monotonic() - t0 > args.budget_s:
             row["status"] = "skipped: time budget"
         else:
