@@ -246,6 +246,26 @@ def test_masked_rows_inside_the_pass():
     assert (got[0][~keep] == 0).all()
 
 
+@pytest.mark.parametrize("live", [True, False], ids=["live-columns", "dense"])
+@pytest.mark.parametrize("name,alpha,a", MAPS[1:4], ids=MAP_IDS[1:4])
+def test_sparse_backward_products(name, alpha, a, live, monkeypatch):
+    """The sparse maps' backward on the CPU runs on the live columns (the
+    union of the chunk's supports); elsewhere the dense products: both forms
+    against the reference, with a support that leaves most classes out."""
+    import softk._ops.fused_policy as FP
+
+    monkeypatch.setattr(FP, "LIVE_COLUMNS_DEVICES", frozenset({"cpu"}) if live else frozenset())
+    x, w, b, t = _data((12,), 6, 40, bias=True, ignored=(5,), scale=4.0, seed=7)
+    logp, ent = fused_linear_logprobs(x, w, t, name, b, alpha=alpha, tau=0.8, softcap=5.0, chunk_size=5)
+    ref_logp, ref_ent = reference(x, w, b, t, a, 0.8, 5.0)
+    got = torch.autograd.grad(_objective(logp, ent), (x, w, b))
+    want = torch.autograd.grad(_objective(ref_logp, ref_ent), (x, w, b))
+    _close_grads(got, want, 1e-12)
+    # the case has columns outside every support (the live form skips them)
+    p = ref_probs((5.0 * torch.tanh((x @ w.T + b) / 5.0) / 0.8).detach(), a)
+    assert not (p > 0).any(0).all()
+
+
 def test_no_kept_row_and_no_row():
     x, w, b, _ = _data((5,), 4, 7, bias=True)
     t = torch.full((5,), -100)
@@ -346,9 +366,9 @@ def test_half_weight_grad_accumulates_in_float32(monkeypatch):
     seen = []
     real = FP.accumulate_weight_grad
 
-    def spy(gw, g, xc):
+    def spy(gw, g, xc, cols=None):
         seen.append((gw.dtype, g.dtype))
-        real(gw, g, xc)
+        real(gw, g, xc, cols)
 
     monkeypatch.setattr(FP, "accumulate_weight_grad", spy)
     x, w, b, t = _data((6,), 8, 10, bias=True, dtype=torch.bfloat16)

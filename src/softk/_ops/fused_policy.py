@@ -10,10 +10,9 @@ again, recomputes each chunk's logits and p, forms
 .. math:: G = g_\ell \odot \partial \log p_y / \partial z + g_H \odot \partial H / \partial z
 
 per row (g_ℓ, g_H the incoming gradients) and adds G W, Gᵀ X and Σ G into
-the gradients: no N×V tensor exists in either direction.  The derivatives,
-with s_j = d_j/Σd the map's slope on the support (Jv = (d ⊙ v − d dᵀv/Σd)/τ
-for every simplex map, d = p for softmax, d = p^{2−α} on the support of
-α-entmax, 0 off it):
+the gradients: no N×V tensor exists in either direction.  Every map here
+has the Jacobian J v = (d ⊙ v − d (dᵀv)/Σd)/τ, with d = p for softmax and
+d = p^{2−α} on the support of α-entmax (0 off it), and the derivatives are:
 
 * softmax: ∂log p_y/∂z = (e_y − p)/τ, ∂H/∂z = −p ⊙ (log p + H)/τ, H the
   Shannon entropy;
@@ -121,17 +120,27 @@ def chunk_forward(z: Tensor, idx: Tensor, spec: PolicyMap, want_entropy: bool):
     return py.log(), (_tsallis(p, spec.alpha) if want_entropy else None)
 
 
+# Where the backward of a sparse map runs on the live columns of G (the
+# union of the chunk's supports) instead of all V: on the CPU, as the fused
+# linear loss does (its products there were never slower on the columns);
+# elsewhere the dense products, whose tiles a GPU's matrix units take whole.
+LIVE_COLUMNS_DEVICES = frozenset({"cpu"})
+
+
 def chunk_grad(z: Tensor, idx: Tensor, spec: PolicyMap, go_logp: Optional[Tensor], go_ent: Optional[Tensor],
-               ent: Optional[Tensor]) -> Tensor:
-    """G = ∂(Σ_i g_ℓ,i log p_{y_i} + g_H,i H_i)/∂z for a chunk's logits ``z``
-    (C, V) (overwritten, and possibly returned as G), the incoming gradients
-    ``go_logp`` and ``go_ent`` (C,) (None: zero; 0 at ignored rows) and the
-    forward's entropies ``ent`` (C,) (needed by softmax's ∂H/∂z)."""
+               ent: Optional[Tensor]):
+    """``(G, cols)``: G = ∂(Σ_i g_ℓ,i log p_{y_i} + g_H,i H_i)/∂z for a chunk's
+    logits ``z`` (C, V) (overwritten, and possibly returned as G), the
+    incoming gradients ``go_logp`` and ``go_ent`` (C,) (None: zero; 0 at
+    ignored rows) and the forward's entropies ``ent`` (C,) (needed by
+    softmax's ∂H/∂z).  ``cols`` None: G is (C, V); else G is (C, K), the
+    columns ``cols`` (K,) of the full G, which is 0 in every other column."""
     zc = _capped(z, spec.softcap)
     # the softcap's slope, 1 − tanh², before u overwrites the capped logits
     slope = None if spec.softcap is None else 1 - (zc / spec.softcap).square()
     u = zc.div_(spec.tau) if spec.tau != 1.0 else zc
     rows = torch.arange(u.shape[0], device=u.device)
+    cols = None
     if spec.probs is None:
         _, _, e, s, log_s = _softmax_rows(u, idx)
         p = e.div_(s)
@@ -148,6 +157,16 @@ def chunk_grad(z: Tensor, idx: Tensor, spec: PolicyMap, go_logp: Optional[Tensor
     else:
         alpha = spec.alpha
         p = spec.probs(u)
+        del u, z
+        py = p[rows, idx]
+        at = idx
+        if p.device.type in LIVE_COLUMNS_DEVICES:
+            # G = J v is 0 off the supports: work on their union only
+            cols = (p > 0).any(0).nonzero().squeeze(1)
+            p = p.index_select(1, cols)
+            slope = None if slope is None else slope.index_select(1, cols)
+            # a target with p_y > 0 is one of the columns; the others add nothing
+            at = torch.searchsorted(cols, idx).clamp(max=max(cols.numel() - 1, 0))
         d = _power(p, 2 - alpha)  # a new tensor: 2 − α ≠ 1 for α > 1
         dsum = d.sum(-1, keepdim=True)  # > 0: the support is never empty
         # v = ∇_p of g_ℓ log p_y + g_H H on the support; G = J v
@@ -156,9 +175,8 @@ def chunk_grad(z: Tensor, idx: Tensor, spec: PolicyMap, go_logp: Optional[Tensor
         else:
             v = torch.zeros_like(p)
         if go_logp is not None:
-            py = p[rows, idx]
             live = py > 0
-            v[rows, idx] += torch.where(live, go_logp / torch.where(live, py, 1.0), 0.0)
+            v[rows, at] += torch.where(live, go_logp / torch.where(live, py, 1.0), 0.0)
         del p
         # J v = d ⊙ v − d (dᵀv)/Σd
         dv = v.mul_(d)
@@ -167,14 +185,18 @@ def chunk_grad(z: Tensor, idx: Tensor, spec: PolicyMap, go_logp: Optional[Tensor
         g.div_(spec.tau)
     if slope is not None:
         g.mul_(slope)
-    return g
+    return g, cols
 
 
-def accumulate_weight_grad(gw: Tensor, g: Tensor, xc: Tensor) -> None:
-    """gw += Gᵀ X_c, the weight gradient's accumulation in ``gw``'s dtype (float32
-    for half inputs).  One function, so that the form of the accumulation (its
+def accumulate_weight_grad(gw: Tensor, g: Tensor, xc: Tensor, cols: Optional[Tensor] = None) -> None:
+    """gw += Gᵀ X_c (into the rows ``cols`` of gw when G holds those columns
+    only), the weight gradient's accumulation in ``gw``'s dtype (float32 for
+    half inputs).  One function, so that the form of the accumulation (its
     buffer's dtype, the product's precision) can change in one place."""
-    gw.addmm_(g.t(), xc.to(gw.dtype))
+    if cols is None:
+        gw.addmm_(g.t(), xc.to(gw.dtype))
+    else:
+        gw.index_add_(0, cols, g.t() @ xc.to(gw.dtype))
 
 
 def policy_pass(x: Tensor, weight: Tensor, bias: Optional[Tensor], target: Tensor, keep: Tensor,
@@ -217,15 +239,18 @@ def policy_backward(x, weight, bias, target, keep, spec: PolicyMap, chunk: int, 
     for s in range(0, m, chunk):
         e = min(s + chunk, m)
         z = _chunk_logits(x[s:e], w, bias)
-        g = chunk_grad(z, idx[s:e], spec, None if go_logp is None else go_logp[s:e],
-                       None if go_ent is None else go_ent[s:e], None if ent is None else ent[s:e])
+        g, cols = chunk_grad(z, idx[s:e], spec, None if go_logp is None else go_logp[s:e],
+                             None if go_ent is None else go_ent[s:e], None if ent is None else ent[s:e])
         del z
         if gx is not None:
-            torch.mm(g, w, out=gx[s:e])
+            torch.mm(g, w if cols is None else w.index_select(0, cols), out=gx[s:e])
         if gw is not None:
-            accumulate_weight_grad(gw, g, x[s:e])
+            accumulate_weight_grad(gw, g, x[s:e], cols)
         if gb is not None:
-            gb += g.sum(0)
+            if cols is None:
+                gb += g.sum(0)
+            else:
+                gb.index_add_(0, cols, g.sum(0))
         del g
     return gx, gw, gb
 
