@@ -24,6 +24,7 @@ from ._topk_softmax_ce import topk_softmax_cross_entropy
 from ._ts2 import ts2_loss
 
 from .fused_linear import FusedLossStats, fused_linear_loss
+from .fused_policy import fused_linear_logprobs
 
 __all__ = [
     "cross_entropy",
@@ -43,4 +44,4 @@ __all__ = [
     "cross_entropy_margin",
     "cross_entropy_floor",
 ]
-__all__ += ["fused_linear_loss", "FusedLossStats"]
+__all__ += ["fused_linear_loss", "FusedLossStats", "fused_linear_logprobs"]
