@@ -33,6 +33,17 @@ lets the head compute them as usual (the N×V tensor is then held, but the
 loss is still softk's); with ``return_dict=False`` the tuple is
 ``(loss, *rest)``, as ``ModelOutput.to_tuple()`` drops a None.
 
+**FSDP2.** When ``fully_shard`` was applied to the head itself (alone, or
+grouped with the final norm as torchtitan does), its weight is whole only
+inside its unit's forward.  The model's call of the head then goes to a
+stand-in that records the hidden states without running the unit's hooks,
+and the loss is computed as the head's forward, inside those hooks
+(:mod:`softk.integrations.fsdp`): the unit gathers the weight once as it
+would for the head (grouped with the norm, the norm's gather serves), gathers
+it again in the backward and reduce-scatters its gradient.  A head in the
+root's unit needs none of this: the root keeps its parameters gathered
+through its forward, where the wrapper computes the loss.
+
 Reference: Liger-Kernel's ``apply_liger_kernel_to_*`` (Hsu et al. 2024,
 arXiv:2410.10989) patches each architecture's class forward; this wrapper is
 architecture-agnostic instead.
@@ -71,6 +82,8 @@ from .._validate import check_choice
 from ..losses._options import FIELDS, loss_options
 from ..losses._registry import DEFAULT_LOSS, LOSSES
 from ..losses.fused_linear import fused_linear_loss
+from .._dtensor import is_dtensor
+from .fsdp import call_in_unit, is_fsdp_unit
 
 __all__ = ["apply_softk", "remove_softk", "softk_loss", "SUPPORTED_LOSSES"]
 
@@ -265,11 +278,43 @@ def _patched_forward(model, args, kwargs):
     where["labels"] = None
     num_items, shift_labels = (_take(bound, name) for name in _LOSS_ONLY)
     head = _lm_head(model)
+    if is_fsdp_unit(head):
+        return _unit_forward(model, head, inner, bound, labels, shift_labels, num_items, patch)
     with _capture_head(head, patch.return_logits) as seen:
         out = inner(*bound.args, **bound.kwargs)
     hidden, logits = _check_head_calls(model, head, seen, out)
     loss = _causal_lm_loss(hidden, head, labels, shift_labels, num_items, patch)
     return _with_loss(out, loss, logits if patch.return_logits else None)
+
+
+def _unit_forward(model, head, inner, bound, labels, shift_labels, num_items, patch):
+    """The forward with labels when the head is an FSDP unit (``fully_shard(head)`` or ``fully_shard([norm, head])``).
+
+    Outside its unit's forward the head's weight is a shard, so the loss is
+    computed inside it (:func:`softk.integrations.fsdp.call_in_unit`).  The
+    model's own call of the head is answered by a stand-in that does not run
+    the unit's hooks: had it run them, the unit would all-gather for the
+    placeholder and again for the loss.  With the head grouped with the final
+    norm, the group is still gathered from the norm's forward (FSDP reshards a
+    group once all of its modules have run), so the loss costs no all-gather
+    at all; with the head alone, its unit gathers once, for the loss.  This
+    runs inside the root's forward, before the root's post-forward would
+    complete (and reshard) a group left incomplete.
+    """
+    with _stand_in_head(model, head) as seen:
+        out = inner(*bound.args, **bound.kwargs)
+    hidden, _ = _check_head_calls(model, head, seen, out)
+
+    def forward(x):
+        loss = _causal_lm_loss(x, head, labels, shift_labels, num_items, patch)
+        # The logits, when kept, come from the same gathered weight (nn.Linear's own forward).
+        return (loss, nn.Linear.forward(head, x)) if patch.return_logits else loss
+
+    result = call_in_unit(head, forward, hidden)
+    loss, logits = result if patch.return_logits else (result, None)
+    if loss.dtype in (torch.float16, torch.bfloat16):
+        loss = loss.float()  # a mixed precision policy's output_dtype may have cast it back
+    return _with_loss(out, loss, logits)
 
 
 def _slot(signature, arguments, name):
@@ -314,6 +359,47 @@ def _capture_head(head: nn.Linear, keep_logits: bool):
             head.forward = own  # type: ignore[method-assign]
 
 
+class _StandIn(nn.Module):
+    """Takes the head's place in the model for one forward: records its input, returns the placeholder."""
+
+    def __init__(self, head, seen):
+        super().__init__()
+        # Plain attributes, not a submodule: the stand-in must not add the head to the module tree twice.
+        self.__dict__["_head"] = head
+        self.__dict__["_seen"] = seen
+
+    def forward(self, hidden):
+        out = hidden.new_zeros(()).expand(*hidden.shape[:-1], self._head.out_features)
+        self._seen.append((hidden, out))
+        return out
+
+    def __getattr__(self, name):  # weight, bias, in_features...: the head's, for a model that reads them
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.__dict__["_head"], name)
+
+
+@contextlib.contextmanager
+def _stand_in_head(model, head):
+    """For one forward: every slot of the module tree that holds ``head`` holds a :class:`_StandIn`."""
+    seen = []
+    slots = [(parent, name) for parent in model.modules() for name, child in parent._modules.items() if child is head]
+    if not slots:
+        raise ValueError(
+            f"{type(model).__name__}'s LM head (get_output_embeddings()) is not one of its submodules: "
+            "apply_softk cannot take its place for the forward"
+        )
+    stand_in = _StandIn(head, seen)
+    for parent, name in slots:
+        parent._modules[name] = stand_in
+    try:
+        yield seen
+    finally:
+        for parent, name in slots:
+            parent._modules[name] = head
+
+
 def _check_head_calls(model, head, seen, out):
     name = type(model).__name__
     if len(seen) != 1:
@@ -338,6 +424,14 @@ def _check_head_calls(model, head, seen, out):
 def _causal_lm_loss(hidden, head, labels, shift_labels, num_items, patch):
     """transformers' ForCausalLMLoss, fused: shift, ignore_index, mean or sum / num_items_in_batch."""
     weight, bias = head.weight, head.bias
+    if is_dtensor(weight) and not is_dtensor(hidden):
+        raise ValueError(
+            f"the LM head's weight is a DTensor (placements {tuple(weight.placements)}) where the loss reads it: "
+            "it is sharded by an FSDP unit around the head (not the root, not the head itself) or by tensor "
+            "parallelism. apply_softk computes the loss inside the head's unit when fully_shard was applied to "
+            "the head (fully_shard(model.lm_head), or fully_shard([final_norm, model.lm_head])), and reads the "
+            "whole weight when the head is in the root's unit"
+        )
     if weight.is_meta:
         raise ValueError("the LM head's weight is on the meta device (offloaded?): apply_softk needs it materialised")
     x = hidden.to(weight.device)
