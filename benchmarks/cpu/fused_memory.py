@@ -59,7 +59,7 @@ def child(args) -> None:
     w = (torch.randn(args.v, args.h, generator=g) / args.h**0.5).to(dtype).requires_grad_()
     b = torch.zeros(args.v, dtype=dtype).requires_grad_()
     t = torch.randint(0, args.v, (args.n,), generator=g)
-    fns = {"sparsemax": L.sparsemax_loss, "entmax15": L.entmax15_loss, "softmax": L.softmax_loss,
+    fns = {"sparsemax": L.sparsemax_loss, "entmax15": L.entmax15_loss, "softmax": L.softmax_loss, "ts2": L.ts2_loss,
            "cross_entropy": lambda z, t: L.cross_entropy(z, t)}
     if args.variant == "cce":
         from cut_cross_entropy import linear_cross_entropy
@@ -97,7 +97,7 @@ def main(argv=None) -> dict | None:
     ap.add_argument("--n", type=int, default=4096)
     ap.add_argument("--h", type=int, default=256)
     ap.add_argument("--v", type=int, default=65536)
-    ap.add_argument("--loss", default="sparsemax", choices=["sparsemax", "entmax15", "softmax", "cross_entropy"])
+    ap.add_argument("--loss", default="sparsemax", choices=["sparsemax", "entmax15", "softmax", "cross_entropy", "ts2"])
     ap.add_argument("--chunk", type=int, default=None, help="rows per chunk (default: auto)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the inputs' dtype")

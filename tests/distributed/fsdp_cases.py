@@ -230,7 +230,8 @@ def head_sharded_elsewhere(rank, world):
 
 
 def default_checks(rank, world):
-    """The default tier: the four layouts with cross-entropy, two with sparsemax, the functional path."""
+    """The default tier: the four layouts with cross-entropy, two with sparsemax, the functional path,
+    and the plain fused loss refusing a shard."""
     one_layout(rank, world, "root", "cross_entropy", tied=True)
     one_layout(rank, world, "blocks", "cross_entropy", tied=True, apply_first=False)
     one_layout(rank, world, "head", "cross_entropy", tied=False)
@@ -239,6 +240,7 @@ def default_checks(rank, world):
     one_layout(rank, world, "norm_head", "sparsemax", tied=False)
     functional(rank, world, "cross_entropy")
     head_sharded_elsewhere(rank, world)
+    plain_call_with_a_shard(rank, world)
 
 
 def all_checks(rank, world):

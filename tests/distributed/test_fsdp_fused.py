@@ -30,11 +30,3 @@ def test_four_layouts_two_ranks(tmp_path):
 @pytest.mark.slow
 def test_every_layout_loss_and_tying_two_ranks(tmp_path):
     run(2, _cases().all_checks, tmp_path)
-
-
-@pytest.mark.slow
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="softk.losses.fused_linear_loss does not check for a DTensor weight yet "
-                          "(softk.integrations.fsdp.check_weight is the check); the shard reaches torch's mm")
-def test_plain_fused_loss_refuses_a_shard(tmp_path):
-    run(2, _cases().plain_call_with_a_shard, tmp_path)

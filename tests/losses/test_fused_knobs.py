@@ -12,7 +12,9 @@ import torch
 import torch.nn.functional as F
 
 from softk import losses as L
+from softk._ops import fused_walk
 from softk.losses import _ts2 as ts2_module, fused_linear_loss, ts2_loss
+from softk.losses import fused_linear as fused_module
 from softk.nn import FusedLinearLoss
 
 D = torch.float64
@@ -65,6 +67,21 @@ def _reference(loss, x, w, b, t, *, reduction, softcap=None, eps=0.0, cw=None, b
     return out + _reduce(zl, keep, reduction)
 
 
+@pytest.fixture(params=["rows", "walk"])
+def route(request, monkeypatch):
+    """The fused loss's two routes in float64: the pass over chunks of rows
+    (float32 and float64 inputs) and the walk over vocabulary blocks (half
+    inputs, here run in float64 so that it is held to float64's rounding);
+    the walk is checked to have run."""
+    walks = []
+    if request.param == "walk":
+        monkeypatch.setattr(fused_module, "WALK_DTYPES", (D,))
+        real = fused_walk.walk
+        monkeypatch.setattr(fused_walk, "walk", lambda *a: walks.append(1) or real(*a))
+    yield request.param
+    assert bool(walks) == (request.param == "walk")
+
+
 KNOB_SETS = [
     dict(softcap=2.0),
     dict(eps=0.1),
@@ -78,7 +95,7 @@ LOSSES = [("cross_entropy", {}), ("softmax", {}), ("sparsemax", {}), ("entmax15"
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("knobs", KNOB_SETS, ids=lambda k: "+".join(k))
 @pytest.mark.parametrize("loss,opts", LOSSES, ids=[c[0] + str(c[1].get("alpha", "")) for c in LOSSES])
-def test_knobs_match_the_unfused_reference(loss, opts, knobs, reduction):
+def test_knobs_match_the_unfused_reference(loss, opts, knobs, reduction, route):
     x, w, b, t, cw = _data()
     tau = 0.7 if loss != "cross_entropy" else 1.0
     kw = dict(softcap=knobs.get("softcap"), eps=knobs.get("eps", 0.0), cw=cw if knobs.get("cw") else None,
@@ -233,7 +250,10 @@ def ts2_form(request, monkeypatch):
 
 @pytest.mark.parametrize("adaptive", [False, True])
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-def test_fused_ts2_matches_the_authors_formula(adaptive, reduction, ts2_form):
+@pytest.mark.parametrize("route_ts2", ["rows", "walk"])
+def test_fused_ts2_matches_the_authors_formula(adaptive, reduction, ts2_form, route_ts2, monkeypatch):
+    if route_ts2 == "walk":
+        monkeypatch.setattr(fused_module, "WALK_DTYPES", (D,))
     z, t = _ts2_logits(v=600, n=7)
     g = torch.Generator().manual_seed(5)
     h = 6

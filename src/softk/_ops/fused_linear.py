@@ -17,6 +17,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from .._backends import dispatch
+from . import fused_walk
 from .._backends.kernels import Kernel
 from .._validate import mean_of, mean_scale
 
@@ -214,22 +215,30 @@ def _chunk_rows(xc, weight, bias, target, fn):
 
 class FusedLinearLoss(torch.autograd.Function):
     """loss(x Wᵀ + b, target) over chunks of rows, the gradients written during the forward (reductions "mean" and "sum")
-    or recomputed in the backward ("none"); see :func:`softk.losses.fused_linear_loss`."""
+    or recomputed in the backward ("none"); with ``tiles`` (half-precision weights,
+    :mod:`softk._ops.fused_walk`) the forward keeps the rows' numbers and the backward
+    walks the vocabulary in blocks; see :func:`softk.losses.fused_linear_loss`."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, target, fn, chunk, reduction, n_kept, want, stats=False):
+    def forward(ctx, x, weight, bias, target, fn, chunk, reduction, n_kept, want, stats=False, tiles=None):
         """Returns the reduced loss, and with ``stats`` also ``fn``'s per-row extra (M, k), not differentiable."""
-        ctx.fn, ctx.chunk, ctx.reduction, ctx.n_kept = fn, chunk, reduction, n_kept
-        if reduction == "none":
+        ctx.fn, ctx.chunk, ctx.reduction, ctx.n_kept, ctx.tiles = fn, chunk, reduction, n_kept, tiles
+        ctx.want = want
+        if tiles is not None:
+            ctx.plan = fused_walk.plan(x.shape[0], x.shape[1], weight.shape[0], chunk)
+            block, _, rows_at_once = ctx.plan
+            losses, row_numbers, live, extra = fused_walk.row_stats(x, weight, bias, target, fn, tiles,
+                                                                    rows_at_once, block)
+            ctx.save_for_backward(x, weight, bias, target, row_numbers, live)
+            out = losses.to(x.dtype) if reduction == "none" else _reduced(losses, reduction, n_kept, x.dtype)
+        elif reduction == "none":
             losses, _, _, _, extra = chunked_pass(x, weight, bias, target, fn, chunk, None, (False, False, False))
             ctx.save_for_backward(x, weight, bias, target)
-            ctx.want = want
             out = losses.to(x.dtype)
         else:
             losses, gx, gw, gb, extra = chunked_pass(x, weight, bias, target, fn, chunk, None, want)
             ctx.save_for_backward(gx, gw, gb)
-            total = losses.sum()
-            out = (mean_of(total, n_kept) if reduction == "mean" else total).to(x.dtype)
+            out = _reduced(losses, reduction, n_kept, x.dtype)
         if not stats:
             return out
         ctx.mark_non_differentiable(extra)
@@ -237,7 +246,17 @@ class FusedLinearLoss(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, go, *_):
-        if ctx.reduction == "none":
+        if ctx.tiles is not None:
+            x, weight, bias, target, row_numbers, live = ctx.saved_tensors
+            m = x.shape[0]
+            if ctx.reduction == "none":
+                row_weight = go.reshape(m).to(row_numbers.dtype)
+            else:
+                scale = go if ctx.reduction == "sum" else mean_scale(go, ctx.n_kept)
+                row_weight = scale.to(row_numbers.dtype).expand(m)
+            gx, gw, gb = fused_walk.walk(x, weight, bias, target, ctx.tiles, row_numbers, live, row_weight,
+                                         ctx.want, ctx.plan)
+        elif ctx.reduction == "none":
             x, weight, bias, target = ctx.saved_tensors
             _, gx, gw, gb, _ = chunked_pass(x, weight, bias, target, ctx.fn, ctx.chunk, go, ctx.want)
         else:
@@ -246,7 +265,13 @@ class FusedLinearLoss(torch.autograd.Function):
             scale = go if ctx.reduction == "sum" else mean_scale(go, ctx.n_kept)
             gx, gw, gb = (None if g is None else _scaled(g, scale, go.dtype) for g in (gx, gw, gb))
         cast = lambda g, ref: None if g is None else g.to(ref.dtype)  # noqa: E731
-        return cast(gx, go), cast(gw, go), cast(gb, go), None, None, None, None, None, None, None
+        return cast(gx, go), cast(gw, go), cast(gb, go), None, None, None, None, None, None, None, None
+
+
+def _reduced(losses: Tensor, reduction: str, n_kept, dtype: torch.dtype) -> Tensor:
+    """The rows' losses summed, or averaged over ``n_kept``, in ``dtype``."""
+    total = losses.sum()
+    return (mean_of(total, n_kept) if reduction == "mean" else total).to(dtype)
 
 
 def _scaled(g: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:

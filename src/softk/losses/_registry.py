@@ -25,10 +25,12 @@ from torch import Tensor
 
 from .._maps.simplex import entmax, entmax15, softmax, sparsemax
 from .._maps.soft_topk import soft_topk
+from ..threshold.entmax_anchor import needs_anchor
 from ..threshold.families import ENTMAX15, SOFTMAX, SPARSEMAX, THRESHOLD_METHODS, Family, entmax_by_alpha
 from ._cross_entropy import ce_in_place, cross_entropy
 from ._fy_live import live_in_place
 from ._topk_softmax_ce import topk_softmax_cross_entropy
+from ._tiles import TileMap
 from ._ts2 import ts2_in_place, ts2_loss
 from .simplex_losses import entmax15_loss, entmax_loss, softmax_loss, sparsemax_loss
 from .topk_loss import soft_topk_loss
@@ -74,6 +76,11 @@ class LossKind(NamedTuple):
     # with G; ``live_in_place(o)`` returns G on its live columns only.
     in_place: Optional[Callable[["LossOptions"], Callable]] = None
     live_in_place: Optional[Callable[["LossOptions"], Callable]] = None
+    # The loss's map as the fused loss's walk over vocabulary blocks takes it
+    # (:class:`softk.losses._tiles.TileMap`): the gradient of a block of
+    # classes from a few numbers per row.  None (or a None result): the walk
+    # does not serve this loss, or these options.
+    tiles: Optional[Callable[["LossOptions"], Optional[TileMap]]] = None
 
     @property
     def parameters(self) -> tuple:
@@ -122,21 +129,46 @@ def _live(fmap, family):
     return lambda o: live_in_place(fmap, family, o.ignore_index, o.tau)
 
 
+def _tiles(fmap, family, f_):
+    return lambda o: TileMap(lambda z: fmap(z, tau=o.tau), family, f_=f_)
+
+
+# the families' f in place, for the walk's tiles
+_EXP_ = torch.Tensor.exp_
+
+
+def _relu_(u):
+    return u.clamp_(min=0.0)
+
+
+def _half_square_(u):
+    return u.clamp_(min=0.0).square_().mul_(0.25)
+
+
+def _entmax_tiles(o):
+    # near α = 1 (and above 2) p = f(z/τ − λ) from a float λ loses digits (the
+    # solver's anchored form is needed): the row-chunk pass serves those α
+    if needs_anchor(o.alpha):
+        return None
+    return TileMap(lambda z: entmax(z, o.alpha, tau=o.tau), entmax_by_alpha(o.alpha))
+
+
 _KINDS = (
     LossKind("cross_entropy", cross_entropy, {}, "both", lambda o: SOFTMAX,
              lambda o, z: _count(softmax(z, tau=o.tau)), _never, smoothed=True, torch_cross_entropy=True,
-             in_place=_ce_in_place),
+             in_place=_ce_in_place, tiles=_tiles(softmax, SOFTMAX, _EXP_)),
     LossKind("softmax", softmax_loss, {}, "both", lambda o: SOFTMAX,
-             lambda o, z: _count(softmax(z, tau=o.tau)), _never, smoothed=True, in_place=_ce_in_place),
+             lambda o, z: _count(softmax(z, tau=o.tau)), _never, smoothed=True, in_place=_ce_in_place,
+             tiles=_tiles(softmax, SOFTMAX, _EXP_)),
     LossKind("sparsemax", sparsemax_loss, {}, "both", lambda o: SPARSEMAX,
              lambda o, z: _count(sparsemax(z, tau=o.tau)), _always, smoothed=True,
-             live_in_place=_live(sparsemax, SPARSEMAX)),
+             live_in_place=_live(sparsemax, SPARSEMAX), tiles=_tiles(sparsemax, SPARSEMAX, _relu_)),
     LossKind("entmax15", entmax15_loss, {}, "both", lambda o: ENTMAX15,
              lambda o, z: _count(entmax15(z, tau=o.tau)), _always, smoothed=True,
-             live_in_place=_live(entmax15, ENTMAX15)),
+             live_in_place=_live(entmax15, ENTMAX15), tiles=_tiles(entmax15, ENTMAX15, _half_square_)),
     # (loss_options leaves no required option None: α is a number here)
     LossKind("entmax", entmax_loss, {"alpha": REQUIRED}, "both", lambda o: entmax_by_alpha(o.alpha),  # type: ignore[arg-type]
-             lambda o, z: _count(entmax(z, o.alpha, tau=o.tau)), _always, smoothed=True),
+             lambda o, z: _count(entmax(z, o.alpha, tau=o.tau)), _always, smoothed=True, tiles=_entmax_tiles),
     # soft top-k: the family is the method's; its gradient is sparse with "sparse" (clip) only
     LossKind("soft_topk", soft_topk_loss, {"k": 1, "method": "exp"}, "dense", lambda o: THRESHOLD_METHODS[o.method],
              lambda o, z: _count(soft_topk(z, o.k, tau=o.tau, method=o.method)), lambda o: o.method == "sparse"),
@@ -147,7 +179,8 @@ _KINDS = (
     # (loss_options fills in the suppression's default: it is a number here)
     LossKind("ts2", ts2_loss, {"suppression": 1.0, "adaptive": False}, "index", lambda o: SPARSEMAX,
              lambda o, z: _count(sparsemax(z, tau=o.tau)), _never,
-             in_place=lambda o: ts2_in_place(o.ignore_index, o.tau, o.suppression, o.adaptive)),  # type: ignore[arg-type]
+             in_place=lambda o: ts2_in_place(o.ignore_index, o.tau, o.suppression, o.adaptive),  # type: ignore[arg-type]
+             tiles=lambda o: TileMap(lambda z: sparsemax(z, tau=o.tau), SPARSEMAX, ts2=True, f_=_relu_)),
 )
 
 #: The one table of loss names.

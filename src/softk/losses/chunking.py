@@ -1,7 +1,9 @@
 r"""The per-chunk pieces of :func:`softk.losses.fused_linear_loss`.
 
 * :func:`auto_chunk_size`: how many rows of logits to hold at once;
-* :func:`chunk_loss_fn`: the public loss named by ``loss``, per row.
+* :func:`chunk_loss_fn`: the public loss named by ``loss``, per row;
+* :func:`tile_loss`: the same loss's gradient one block of classes at a
+  time, where the loss has that form (:mod:`softk.losses._tiles`).
 
 The pass over the chunks and its autograd rule are
 :mod:`softk._ops.fused_linear`'s.  The gradient of each chunk comes from the
@@ -17,6 +19,7 @@ import torch
 
 from ._knobs import NO_KNOBS
 from ._options import LossOptions
+from ._tiles import TileLoss
 
 # Below this many logits per chunk (4 Mi elements, 16 MiB in float32) the
 # per-chunk matmuls get so small that their overhead dominates; above it the
@@ -137,3 +140,13 @@ def chunk_loss_fn(o: LossOptions, *, z_scale=1.0, stats: bool = False):
 
     fn.sparse_grad = sparse  # type: ignore[attr-defined]
     return fn
+
+
+def tile_loss(o: LossOptions, vocab: int, *, z_scale=1.0):
+    """The gradient of ``o``'s loss (knobs included) over a vocabulary of
+    ``vocab`` classes one block of classes at a time
+    (:class:`~softk.losses._tiles.TileLoss`), or None where the loss's record
+    has no such form for these options (:attr:`LossKind.tiles`)."""
+    make = o.kind.tiles
+    tmap = make(o) if make is not None else None
+    return None if tmap is None else TileLoss(o, tmap, vocab, z_scale)

@@ -25,6 +25,14 @@ Reductions:
   per-row incoming gradient, so it recomputes every chunk's logits once more
   (two forward matmuls in all instead of one).
 
+Half-precision weights (:data:`WALK_DTYPES`): the sum of Gᵀ X_c over chunks
+would need a float32 accumulator of W's size.  For the losses whose record
+has a tile form (:mod:`softk.losses._tiles`: cross-entropy, softmax,
+sparsemax, entmax15, α-entmax away from α = 1, TS², every knob), the forward
+keeps a few numbers per row and the backward walks the vocabulary in blocks,
+writing each block of ∇W once in W's dtype (:mod:`softk._ops.fused_walk`),
+for every reduction; the logits are formed in float32 on both passes.
+
 The chunk loss is the public loss function itself, so each chunk runs on the
 backend that loss takes for the chunk's logits: the fused loss kernels
 (:mod:`softk._ops.fused_loss`: one pass per row writes the loss and its
@@ -42,16 +50,32 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from .._dtensor import is_dtensor
 from .._validate import check_input, mean_of
 from .._ops.fused_linear import FusedLinearLoss, checkpointed_pass
 from ._options import loss_options
 from ._registry import DEFAULT_LOSS
-from .chunking import auto_chunk_size, chunk_loss_fn
+from .chunking import auto_chunk_size, chunk_loss_fn, tile_loss
 from .targets import check_target_tensor
+
+
+# The input dtypes whose weight gradient the vocabulary walk writes
+# (softk._ops.fused_walk): the half dtypes, whose row-chunk pass would need a
+# float32 accumulator of W's size.  For float32 and float64 the accumulator
+# is the gradient itself.  (A module constant, so that tests can run the walk
+# in float64 against the row-chunk pass.)
+WALK_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def _check_linear(input, weight, bias):
     check_input(input, "input")
+    if is_dtensor(weight) and not is_dtensor(input):
+        raise ValueError(
+            f"weight is a DTensor (placements {tuple(weight.placements)}) but input is a plain torch.Tensor: the "
+            "output layer's weight is sharded (FSDP's fully_shard outside its unit's forward, or tensor "
+            "parallelism); under FSDP compute the loss inside the head's unit with "
+            "softk.integrations.fsdp.fsdp_fused_linear_loss(head, input, target, ...) (or apply_softk for a "
+            "transformers model)")
     if not isinstance(weight, Tensor) or weight.dim() != 2:
         shape = tuple(weight.shape) if isinstance(weight, Tensor) else type(weight).__name__
         raise ValueError(f"weight must be a 2-D tensor (num_classes, in_features), got {shape}")
@@ -148,7 +172,8 @@ def fused_linear_loss(
     Returns the loss, with gradients for ``input``, ``weight`` and ``bias``
     (not for ``target``); with ``return_stats``, ``(loss, stats)``.  Memory
     beyond the inputs: the gradients (N×H, V×H, V) and one chunk's logits and
-    loss temporaries, never N×V.  Equal to the unfused loss to rounding (the
+    loss temporaries, never N×V; for half-precision weights no float32 buffer
+    of W's size either (the module's docstring says how).  Equal to the unfused loss to rounding (the
     sum over chunks is ordered differently).  Under ``torch.compile`` each
     chunk is an activation checkpoint (the compiled backward recomputes its
     logits).
@@ -223,6 +248,11 @@ def fused_linear_loss(
         if 0 < n < kept.numel():
             rows_kept = kept.nonzero().squeeze(1)
             x, t = x.index_select(0, rows_kept), t.index_select(0, rows_kept)
+    # half-precision weights: per-row numbers in the forward, the gradient one
+    # vocabulary block at a time in the backward (no V×H float32 accumulator)
+    tiles = None
+    if want[1] and x.dtype in WALK_DTYPES and not torch.compiler.is_compiling():
+        tiles = tile_loss(o, vocab, z_scale=z_scale)
     if torch.compiler.is_compiling():
         # torch.compile does not trace torch.autograd.grad inside an autograd
         # rule: each chunk is an activation checkpoint instead.
@@ -230,9 +260,9 @@ def fused_linear_loss(
         out = rows if reduction == "none" else (mean_of(rows.sum(), n_kept) if reduction == "mean" else rows.sum())
         out = out.to(x.dtype)
     elif return_stats:
-        out, extra = FusedLinearLoss.apply(x, weight, bias, t, fn, chunk, reduction, n_kept, want, True)
+        out, extra = FusedLinearLoss.apply(x, weight, bias, t, fn, chunk, reduction, n_kept, want, True, tiles)
     else:
-        out = FusedLinearLoss.apply(x, weight, bias, t, fn, chunk, reduction, n_kept, want)
+        out = FusedLinearLoss.apply(x, weight, bias, t, fn, chunk, reduction, n_kept, want, False, tiles)
     if rows_kept is not None and reduction == "none":
         out = out.new_zeros(math.prod(lead)).index_copy(0, rows_kept, out)
     if rows_kept is not None and return_stats and extra is not None and reduction == "none":

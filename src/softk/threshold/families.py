@@ -62,6 +62,12 @@ class Family:
     # has λ = z − unit (attention rows with a single key).  A number, or for a
     # tensor α one per row; None where no such offset is used.
     unit: object = None
+    # The inverse of f on its support, u = f⁻¹(p) for p > 0, for the simplex
+    # maps (k = 1): with the row's largest entry p_max at u_max,
+    # λ = z_max − f⁻¹(p_max) is the row's threshold, so a block of the row can
+    # be mapped later from (z_max, f⁻¹(p_max)) alone (the fused loss's walk
+    # over vocabulary blocks).  None where no such inverse is used.
+    f_inv: Optional[Callable[[Tensor], Tensor]] = None
     if TYPE_CHECKING:  # set by __post_init__ (object.__setattr__: the class is frozen), not a field
         _kernels: tuple[Optional[int], bool, Optional[float]] = field(init=False)
 
@@ -153,6 +159,7 @@ SOFTMAX = Family(
     # No knots: e^{-λ} Σ e^z = k has one closed form on the whole line.
     closed_form=lambda z, k, t: _lse(z, z > NEG_INF) - torch.log(torch.tensor(float(k), dtype=z.dtype)),
     unit=0.0,  # f(0) = 1
+    f_inv=torch.log,
 )
 
 
@@ -261,6 +268,7 @@ SPARSEMAX = Family(
     zero_below=True,
     support_size=_relu_support_size,
     unit=1.0,  # f(1) = 1
+    f_inv=lambda p: p,
 )
 
 
@@ -301,6 +309,7 @@ ENTMAX15 = Family(
     zero_below=True,
     support_size=_entmax15_support_size,
     unit=2.0,  # f(2) = 1
+    f_inv=lambda p: 2 * torch.sqrt(p),
 )
 
 
@@ -372,6 +381,7 @@ def entmax_family(alpha) -> Family:
         newton_power=torch.clamp(beta, min=1.0) if isinstance(beta, Tensor) else max(beta, 1.0),
         alpha=alpha,
         unit=beta,  # f(1/(α−1)) = 1
+        f_inv=lambda p: torch.exp(am1 * torch.log(p)) / am1,  # p^(α−1)/(α−1)
     )
 
 
