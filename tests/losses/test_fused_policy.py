@@ -164,9 +164,27 @@ def _close_grads(got, want, rtol):
         assert err <= rtol * scale, f"grad {name}: max error {err:.3g} > {rtol:.1g} × {scale:.3g}"
 
 
+@pytest.fixture(params=["chunks", "walk"])
+def route(request, monkeypatch):
+    """The backward's two routes in float64: the chunks of rows (float32 and
+    float64 inputs) and the walk over vocabulary blocks (half inputs, here
+    run in float64 so that it is held to float64's rounding)."""
+    import softk._ops.fused_policy as FP
+    from softk._ops import fused_walk
+
+    walks = []
+    if request.param == "walk":
+        monkeypatch.setattr(FP, "WALK_DTYPES", (D,))
+        real = fused_walk.walk
+        monkeypatch.setattr(fused_walk, "walk", lambda *a: walks.append(1) or real(*a))
+    yield request.param
+    if request.param == "chunks":
+        assert not walks
+
+
 @pytest.mark.parametrize("setting", list(SETTINGS))
 @pytest.mark.parametrize("name,alpha,a", MAPS, ids=MAP_IDS)
-def test_values_and_gradients(name, alpha, a, setting):
+def test_values_and_gradients(name, alpha, a, setting, route):
     tau, cap, chunk, bias, ignored = SETTINGS[setting]
     lead = (11,) if setting != "hot-tau" else (2, 5)
     x, w, b, t = _data(lead, 6, 17, bias=bias, ignored=ignored)
@@ -359,22 +377,26 @@ def test_bfloat16_bound_needs_float32_logits(name, alpha, a):
     assert (err > gain_logp * dz + 4 * 2.0**-24 * ref_logp.where(finite, 0.0).abs()).any()
 
 
-def test_half_weight_grad_accumulates_in_float32(monkeypatch):
-    """The weight gradient's accumulator is float32 for half inputs (one function to swap)."""
+@pytest.mark.parametrize("alpha,walks", [(None, True), (1.3, True), (1.05, False), (2.5, False)])
+def test_half_weights_walk_the_vocabulary(alpha, walks, monkeypatch):
+    """Half inputs: the backward walks the vocabulary in blocks (no float32
+    buffer of W's size), except for α-entmax near 1 or above 2, whose p from
+    a float threshold loses digits; those keep the chunks' float32 accumulator."""
     import softk._ops.fused_policy as FP
+    from softk._ops import fused_walk
 
-    seen = []
-    real = FP.accumulate_weight_grad
-
-    def spy(gw, g, xc, cols=None):
-        seen.append((gw.dtype, g.dtype))
-        real(gw, g, xc, cols)
-
-    monkeypatch.setattr(FP, "accumulate_weight_grad", spy)
+    seen, accumulated = [], []
+    real_walk, real_acc = fused_walk.walk, FP.accumulate_weight_grad
+    monkeypatch.setattr(fused_walk, "walk", lambda *a: seen.append(a[1].dtype) or real_walk(*a))
+    monkeypatch.setattr(FP, "accumulate_weight_grad", lambda gw, *a: accumulated.append(gw.dtype) or real_acc(gw, *a))
     x, w, b, t = _data((6,), 8, 10, bias=True, dtype=torch.bfloat16)
-    logp, ent = fused_linear_logprobs(x, w, t, "sparsemax", b, chunk_size=2)
+    name = "sparsemax" if alpha is None else "entmax"
+    logp, ent = fused_linear_logprobs(x, w, t, name, b, alpha=alpha, chunk_size=2)
     (logp.nan_to_num(neginf=0).sum() + ent.sum()).backward()
-    assert seen == [(torch.float32, torch.float32)] * 3
+    if walks:
+        assert seen == [torch.bfloat16] and accumulated == []
+    else:
+        assert seen == [] and set(accumulated) == {torch.float32}
     assert w.grad.dtype == torch.bfloat16
 
 

@@ -22,6 +22,18 @@ d = p^{2−α} on the support of α-entmax (0 off it), and the derivatives are:
   (1 − Σ p^α)/(α(α−1));
 
 then times the softcap's slope 1 − (z_c/c)².
+
+For half-precision weights (:data:`WALK_DTYPES`) the backward walks the
+vocabulary in blocks instead (:mod:`softk._ops.fused_walk`), so that no
+float32 buffer of W's size exists: G is a function of z_j and a few numbers
+per row that the forward keeps (:class:`PolicyTiles`).  With
+dᵀv = −g_H/(α−1) + g_ℓ p_y^{1−α} (Σ p = 1), α-entmax's is
+
+.. math:: G_j = \bigl(-\tfrac{g_H}{\alpha-1} p_j - \tfrac{d^\top v}{\sum d}\, p_j^{2-\alpha}
+          + [j = y]\, g_\ell\, p_y^{1-\alpha}\bigr)/\tau,
+
+and softmax's G_j = (g_ℓ [j = y] − p_j (g_H (log p_j + H) + g_ℓ))/τ, with
+log p_j = u_j − m − log S.
 """
 
 from __future__ import annotations
@@ -31,6 +43,22 @@ from typing import Callable, NamedTuple, Optional
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
+
+from ..threshold.entmax_anchor import needs_anchor
+from ..threshold.families import entmax_by_alpha
+from . import fused_walk
+
+# The input dtypes whose backward walks the vocabulary (no float32 buffer of
+# W's size): the half dtypes.  A module constant, so that tests can run the
+# walk in float64.
+WALK_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def takes_walk(x: Tensor, spec: "PolicyMap", want_w: bool) -> bool:
+    """Whether the pass for inputs ``x`` walks the vocabulary: half inputs
+    whose weight needs a gradient, for softmax and α-entmax with α − 1 in
+    [1/8, 1] (elsewhere p = f(u − λ) from a float λ loses digits)."""
+    return want_w and x.dtype in WALK_DTYPES and (spec.probs is None or not needs_anchor(spec.alpha))
 
 
 class PolicyMap(NamedTuple):
@@ -255,15 +283,117 @@ def policy_backward(x, weight, bias, target, keep, spec: PolicyMap, chunk: int, 
     return gx, gw, gb
 
 
+class PolicyTiles:
+    """G of Σ_i g_ℓ,i log p_{y_i} + g_H,i H_i on any block of classes from the
+    rows' numbers: (m, log S, H) for softmax, (m, d, Σ p^{2−α}, p_y) for
+    α-entmax, m the row's max of u = z/τ and λ = m − d its threshold (see
+    the module's formula).  ``grad`` is :func:`softk._ops.fused_walk.walk`'s
+    tile form, its row weights (R, 2) the incoming (g_ℓ, g_H)."""
+
+    def __init__(self, spec: "PolicyMap"):
+        self.spec = spec
+        self.family = None if spec.probs is None else entmax_by_alpha(spec.alpha)
+
+    def stats(self, u: Tensor, idx: Tensor, want_entropy: bool):
+        """(log p_y, H or None, the rows' numbers (C, k), p > 0 or None) of the
+        chunk's u = cap(z)/τ (C, V), overwritten."""
+        spec = self.spec
+        m = u.amax(-1)
+        if spec.probs is None:
+            logp, ent, _, _, log_s = _softmax_rows(u, idx)
+            return logp, ent if want_entropy else None, torch.stack([m, log_s.squeeze(-1), ent], 1), None
+        p = spec.probs(u)
+        py = p.gather(-1, idx.unsqueeze(-1)).squeeze(-1)
+        d = self.family.f_inv(p.amax(-1))  # type: ignore[union-attr, misc]  # the α-entmax families have f⁻¹
+        dsum = _power(p, 2 - spec.alpha).sum(-1)
+        ent = _tsallis(p, spec.alpha) if want_entropy else None
+        return py.log(), ent, torch.stack([m, d, dsum, py], 1), p > 0
+
+    def grad(self, z: Tensor, lo: int, stats: Tensor, t: Tensor, weights: Tensor) -> Tensor:
+        """G on the tile z (R, B) of classes lo ... (overwritten), rows' numbers
+        ``stats``, class indices ``t`` (R,) and incoming (g_ℓ, g_H) (R, 2)."""
+        spec = self.spec
+        zc = _capped(z, spec.softcap)
+        slope = None if spec.softcap is None else 1 - (zc / spec.softcap).square()
+        u = zc.div_(spec.tau) if spec.tau != 1.0 else zc
+        gl, gh = weights[:, 0], weights[:, 1]
+        at = t - lo
+        inside = (at >= 0) & (at < u.shape[1])
+        if self.family is None:
+            q = u.sub_(stats[:, 0:1]).sub_(stats[:, 1:2])  # log p
+            p = torch.exp(q)
+            g = q.mul_(gh.unsqueeze(1)).add_((gh * stats[:, 2] + gl).unsqueeze(1)).mul_(p).neg_()
+            fused_walk.add_at(g, at, inside, gl)
+        else:
+            am1 = self.spec.alpha - 1
+            p = self.family.f(u.sub_(stats[:, 0:1]).add_(stats[:, 1:2]))
+            py, dsum = stats[:, 3], stats[:, 2]
+            live = py > 0
+            py_term = torch.where(live, gl * torch.exp(-am1 * torch.log(torch.where(live, py, 1.0))), 0.0)
+            c = (-gh / am1 + py_term) / dsum
+            g = _power(p, 2 - self.spec.alpha).mul_(-c.unsqueeze(1)).add_(p.mul_((-gh / am1).unsqueeze(1)))
+            fused_walk.add_at(g, at, inside, py_term)
+        if spec.tau != 1.0:
+            g.div_(spec.tau)
+        if slope is not None:
+            g.mul_(slope)
+        return g
+
+
+def walk_pass(x, weight, bias, target, keep, spec: "PolicyMap", chunk: int, plan, want_entropy: bool):
+    """The forward of the walk: ``(log p_y, H or None, the rows' numbers,
+    live blocks or None)``, the chunks' logits formed in float32 from W's
+    blocks (no float32 copy of W)."""
+    m, v = x.shape[0], weight.shape[0]
+    acc = _acc_dtype(x)
+    block = plan[0]
+    tiles = PolicyTiles(spec)
+    blocks = fused_walk.WeightBlocks(weight, bias, x, block)
+    xr = fused_walk.rows_of(x)
+    idx = torch.where(keep, target, 0)
+    logp = torch.zeros(m, dtype=acc, device=x.device)
+    ent = torch.zeros(m, dtype=acc, device=x.device) if want_entropy else None
+    stats = live = None
+    nb = -(-v // block)
+    for s in range(0, m, plan[2]):
+        e = min(s + plan[2], m)
+        z = torch.empty(e - s, v, dtype=acc, device=x.device)
+        for lo in range(0, v, block):
+            hi = min(lo + block, v)
+            z[:, lo:hi] = blocks.logits(xr[s:e], blocks(lo, hi), lo, hi)
+        u = _capped(z, spec.softcap)
+        if spec.tau != 1.0:
+            u.div_(spec.tau)
+        lp, h, st, sup = tiles.stats(u, idx[s:e], want_entropy)
+        del z, u
+        logp[s:e] = torch.where(keep[s:e], lp, 0.0)
+        if ent is not None:
+            ent[s:e] = torch.where(keep[s:e], h, 0.0)  # type: ignore[arg-type]  # h is given with want_entropy
+        if stats is None:
+            stats = torch.empty(m, st.shape[1], dtype=acc, device=x.device)
+        stats[s:e] = st
+        if sup is not None and x.is_cpu:
+            if live is None:
+                live = torch.empty(m, nb, dtype=torch.bool, device=x.device)
+            live[s:e] = fused_walk.live_blocks(sup, idx[s:e], block, nb)
+    return logp, ent, tiles, stats, live
+
+
 class FusedLinearLogprobs(torch.autograd.Function):
     """(log p_y, H) of map((X Wᵀ + b)/τ) over chunks of rows, the backward
     recomputing each chunk; see :func:`softk.losses.fused_linear_logprobs`."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, target, keep, spec, chunk, want_entropy):
-        logp, ent = policy_pass(x, weight, bias, target, keep, spec, chunk, want_entropy)
+        ctx.spec, ctx.chunk, ctx.tiles = spec, chunk, None
+        if takes_walk(x, spec, weight.requires_grad):
+            ctx.plan = fused_walk.plan(x.shape[0], x.shape[1], weight.shape[0], chunk)
+            logp, ent, ctx.tiles, stats, live = walk_pass(x, weight, bias, target, keep, spec, chunk, ctx.plan,
+                                                          want_entropy)
+            ctx.walked = (stats, live)
+        else:
+            logp, ent = policy_pass(x, weight, bias, target, keep, spec, chunk, want_entropy)
         out_dtype = logp.dtype
-        ctx.spec, ctx.chunk = spec, chunk
         ctx.save_for_backward(x, weight, bias, target, keep, ent)
         ctx.set_materialize_grads(False)
         if ent is None:
@@ -280,7 +410,16 @@ class FusedLinearLogprobs(torch.autograd.Function):
             go_ent = None
         if (go_logp is None and go_ent is None) or not any(want):
             return None, None, None, None, None, None, None, None
-        gx, gw, gb = policy_backward(x, weight, bias, target, keep, ctx.spec, ctx.chunk, go_logp, go_ent, ent, want)
+        if ctx.tiles is not None:
+            stats, live = ctx.walked
+            acc = stats.dtype
+            weights = torch.stack([torch.zeros(x.shape[0], dtype=acc, device=x.device) if g is None
+                                   else torch.where(keep, g.to(acc), 0.0) for g in (go_logp, go_ent)], 1)
+            idx = torch.where(keep, target, 0)
+            gx, gw, gb = fused_walk.walk(x, weight, bias, idx, ctx.tiles, stats, live, weights, want, ctx.plan)
+        else:
+            gx, gw, gb = policy_backward(x, weight, bias, target, keep, ctx.spec, ctx.chunk, go_logp, go_ent, ent,
+                                         want)
         cast = lambda g, ref: None if g is None else g.to(ref.dtype)  # noqa: E731
         return cast(gx, x), cast(gw, weight), cast(gb, bias), None, None, None, None, None
 

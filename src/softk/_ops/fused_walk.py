@@ -76,19 +76,20 @@ def _mm32(a: Tensor, b: Tensor) -> Tensor:
     return torch.mm(a, b)
 
 
-class _WeightBlocks:
-    """W's blocks of classes as the products take them: on the CPU upcast
+class WeightBlocks:
+    """W's blocks of classes as the products take them: a half W on the CPU upcast
     into one reused buffer (the CPU's half products round their output to
     half; a fresh float32 block per use would leave the allocator's heap
     that much higher), on CUDA the half block itself."""
 
     def __init__(self, weight: Tensor, bias, x: Tensor, block: int):
         self.weight, self.bias = weight, bias
-        self.upcast = not _tensor_cores(x)
+        self.upcast = not _tensor_cores(x) and weight.dtype != _acc(x)
         self.buf = torch.empty(min(block, weight.shape[0]), weight.shape[1], dtype=_acc(x),
                                device=x.device) if self.upcast else None
 
     def __call__(self, lo: int, hi: int) -> Tensor:
+        """W[lo:hi] in the products' dtype (valid until the next call)."""
         wb = self.weight[lo:hi]
         if not self.upcast:
             return wb
@@ -104,7 +105,17 @@ class _WeightBlocks:
         return z
 
 
-def _rows(x: Tensor) -> Tensor:
+def add_at(g: Tensor, at: Tensor, inside: Tensor, c: Tensor) -> None:
+    """g[r, at[r]] += c[r] for the rows r where ``inside`` (a target's column
+    in this tile): indexed on the CPU, a scatter elsewhere (no host read)."""
+    if g.is_cpu:
+        rows = inside.nonzero().squeeze(1)
+        g[rows, at[rows]] += c[rows]
+    else:
+        g.scatter_add_(1, at.clamp(0, g.shape[1] - 1).unsqueeze(1), torch.where(inside, c, 0.0).unsqueeze(1))
+
+
+def rows_of(x: Tensor) -> Tensor:
     """X as the products take it: float32 on the CPU (upcast once), as is on CUDA."""
     return x if _tensor_cores(x) else x.to(_acc(x))
 
@@ -116,12 +127,12 @@ def row_stats(x, weight, bias, target, fn, tiles, chunk: int, block: int):
     ``tiles`` its :class:`~softk.losses._tiles.TileLoss`.  ``live[i, b]``:
     row i's support or target has a class in block b (sparse losses)."""
     m, v = x.shape[0], weight.shape[0]
-    xr = _rows(x)
+    xr = rows_of(x)
     nb = -(-v // block)
     acc = _acc(x)
     losses = torch.empty(m, dtype=acc, device=x.device)
     stats = live = extra = None
-    blocks = _WeightBlocks(weight, bias, x, block)
+    blocks = WeightBlocks(weight, bias, x, block)
     for s in range(0, m, chunk):
         e = min(s + chunk, m)
         t = target[s:e]
@@ -144,12 +155,12 @@ def row_stats(x, weight, bias, target, fn, tiles, chunk: int, block: int):
         if sup is not None:
             if live is None:
                 live = torch.empty(m, nb, dtype=torch.bool, device=x.device)
-            live[s:e] = _live_blocks(sup, t, block, nb)
+            live[s:e] = live_blocks(sup, t, block, nb)
         del z, sup
     return losses, stats, live, extra
 
 
-def _live_blocks(sup: Tensor, t: Tensor, block: int, nb: int) -> Tensor:
+def live_blocks(sup: Tensor, t: Tensor, block: int, nb: int) -> Tensor:
     """(C, nb): the blocks of ``block`` classes that hold a class of the row's
     support ``sup`` (C, V) or its target (class indices, or a dense target's
     positive entries)."""
@@ -177,14 +188,14 @@ def walk(x, weight, bias, target, tiles, stats, live, row_weight, grads, plan_: 
     v = weight.shape[0]
     block, tile_rows, _ = plan_
     want_x, want_w, want_b = grads
-    xr = _rows(x)
+    xr = rows_of(x)
     acc = _acc(x)
     gx = torch.zeros(m, h, dtype=acc, device=x.device) if want_x else None
     gw = torch.empty_like(weight) if want_w else None
     gb = torch.zeros(v, dtype=acc, device=x.device) if want_b else None
     # the live rows of each block are read on the CPU only (elsewhere a host sync per block)
     use_live = live is not None and x.is_cpu
-    blocks = _WeightBlocks(weight, bias, x, block)
+    blocks = WeightBlocks(weight, bias, x, block)
     for bi, lo in enumerate(range(0, v, block)):
         hi = min(lo + block, v)
         wb_r = blocks(lo, hi)

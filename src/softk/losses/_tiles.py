@@ -39,6 +39,7 @@ from typing import Callable, NamedTuple, Optional
 import torch
 from torch import Tensor
 
+from .._ops.fused_walk import add_at
 from ..threshold.families import Family
 from ._ts2 import CLAMP
 from .targets import index_target
@@ -162,7 +163,7 @@ class TileLoss:
                 g.mul_((wy * rs).unsqueeze(1))
                 if eps:
                     g.sub_((ve * wy * rs).unsqueeze(1))
-            _sub_at(g, at, inside, (1 - eps) * wy * rs)
+            add_at(g, at, inside, -(1 - eps) * wy * rs)
             if on is not None:
                 assert sm is not None  # TS² keeps the lse column
                 # s·a_off on every class, then s·(a_on − a_off) added on supp p ∪ {y}
@@ -182,12 +183,3 @@ class TileLoss:
             g.mul_(dcap)
         return g
 
-
-def _sub_at(g: Tensor, at: Tensor, inside: Tensor, c: Tensor) -> None:
-    """g[r, at[r]] −= c[r] for the rows r where ``inside`` (the target's column
-    in this tile): indexed on the CPU, a scatter elsewhere (no host read)."""
-    if g.is_cpu:
-        rows = inside.nonzero().squeeze(1)
-        g[rows, at[rows]] -= c[rows]
-    else:
-        g.scatter_add_(1, at.clamp(0, g.shape[1] - 1).unsqueeze(1), torch.where(inside, -c, 0.0).unsqueeze(1))
