@@ -173,8 +173,10 @@ def test_no_bias_and_frozen_weight():
 
 
 def test_auto_chunk_size_rule():
-    assert auto_chunk_size(4096, 256, 65536) == 64
-    assert auto_chunk_size(8192, 4096, 131072) == 256
+    assert auto_chunk_size(4096, 256, 65536) == 512  # the CPU's floor of 512 rows (64 by the logits' budget)
+    assert auto_chunk_size(4096, 256, 65536, "cuda") == 2048  # 2^27 / 2^16: no floor in rows
+    assert auto_chunk_size(2000, 64, 65536) == 128  # 64 by the budget; an eighth of 2000 rows, as a power of two
+    assert auto_chunk_size(8192, 4096, 131072) == 512  # Liger's rule gives 256; the CPU's floor of rows
     assert auto_chunk_size(10, 4, 12) == 10  # never more rows than there are
     assert auto_chunk_size(1, 1, 1 << 30) == 1
 

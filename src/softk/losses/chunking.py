@@ -25,6 +25,12 @@ from ._tiles import TileLoss
 # per-chunk matmuls get so small that their overhead dominates; above it the
 # chunk is still a small fraction of the N×V logits of any large vocabulary.
 MIN_CHUNK_ELEMENTS = 1 << 22
+# On the CPU a chunk also has at least this many rows, up to an eighth of
+# them: each chunk's Gᵀ X is added into the V×H float32 accumulator, a pass
+# over V×H per chunk with a reduction over the chunk's rows, and with a few
+# dozen rows that pass, not the flops, sets the time at small hidden sizes
+# (BENCHMARKS.md, the fused cross-entropy against CCE's CPU path).
+MIN_CHUNK_ROWS = 512
 # On a GPU the floor is 128 Mi logits (256 MiB in bfloat16).  Every chunk
 # adds its V×H weight-gradient product into the float32 accumulator, a pass
 # over V×H that costs as much as the chunk's matmuls when the chunk has a few
@@ -42,18 +48,26 @@ def auto_chunk_size(rows: int, hidden: int, vocab: int, device_type: str = "cpu"
     memory as the input X itself.  Here the power of two is rounded down, so
     the chunk stays within the budget, and the budget has a floor so that
     small hidden sizes do not give tiny matmuls: 4 Mi logits on the CPU,
-    128 Mi on any other device (``device_type`` other than "cpu").
+    128 Mi on any other device (``device_type`` other than "cpu").  On the
+    CPU a chunk has at least :data:`MIN_CHUNK_ROWS` rows, or an eighth of
+    them where that is fewer (a power of two).
 
-    >>> auto_chunk_size(4096, 256, 65536)   # max(2^20, 2^22) / 2^16
-    64
-    >>> auto_chunk_size(8192, 4096, 131072)  # Liger's rule gives the same 256
-    256
+    >>> auto_chunk_size(4096, 256, 65536)   # 2^22 / 2^16 = 64 logit rows; 512 rows
+    512
+    >>> auto_chunk_size(1024, 64, 32000)    # 2^22 / 32000 → 128, and N/8 = 128
+    128
+    >>> auto_chunk_size(8192, 4096, 131072)  # Liger's rule gives 256; the CPU's 512 rows
+    512
     >>> auto_chunk_size(8192, 768, 50257, "cuda")  # GPT-2 on a GPU: 2^27 / 50257 → 2048
     2048
     """
     budget = max(rows * hidden, MIN_CHUNK_ELEMENTS if device_type == "cpu" else MIN_CHUNK_ELEMENTS_GPU)
     c = max(1, budget // max(vocab, 1))
     c = 1 << (c.bit_length() - 1)  # largest power of two <= c
+    if device_type == "cpu":
+        floor = min(MIN_CHUNK_ROWS, rows // 8)
+        if floor > c:
+            c = 1 << (floor.bit_length() - 1)
     return max(1, min(c, rows))
 
 

@@ -143,7 +143,8 @@ def fused_linear_loss(
         chunk_size: rows of logits held at once; None picks the largest power
             of two C with C·V ≤ max(N·H, 2²²) on the CPU, max(N·H, 2²⁷) on a GPU
             (:func:`~softk.losses.chunking.auto_chunk_size`): a chunk of logits then
-            costs about what the input does.
+            costs about what the input does; on the CPU at least 512 rows,
+            or N/8 where that is fewer.
         softcap: None, or c > 0: the logits become c·tanh(z/c) before
             everything else (Gemma 2's final-logit soft-capping), its
             derivative in the gradients.
