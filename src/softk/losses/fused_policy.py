@@ -90,11 +90,11 @@ def fused_linear_logprobs(
 
     H is the entropy the map maximises, p = argmax ⟨p, z/τ⟩ + H(p) over the
     simplex (the regulariser Ω = −H of :mod:`softk.threshold.families`):
-    (1 − Σp²)/2 for sparsemax (α = 2), (4/3)(1 − Σp^{3/2}) for entmax15.
+    :math:`(1 - \sum p^2)/2` for sparsemax (α = 2), :math:`\tfrac43(1 - \sum p^{3/2})` for entmax15.
 
     The gradients are formed per chunk from the map's Jacobian,
-    J = (diag(d) − d dᵀ/Σd)/τ with d = p for softmax and d = p^{2−α} on the
-    support of α-entmax (0 off it):
+    J = (diag(d) − d dᵀ/Σd)/τ with d = p for softmax and :math:`d = p^{2-\alpha}`
+    on the support of α-entmax (0 off it):
 
     .. math:: \partial \ell/\partial z = J e_y / p_y, \qquad
               \partial H/\partial z = J\,\nabla_p H,
