@@ -18,7 +18,6 @@ once in W's dtype (softk._ops.fused_walk).  Held here:
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
 import entmax
@@ -30,6 +29,8 @@ from softk import losses as L
 from softk._ops import fused_walk
 from softk.losses import fused_linear as fused_module
 from softk.losses import fused_linear_loss
+
+from .. import safety_net
 
 D = torch.float64
 BF16_HALF_ULP = 2.0**-9  # bfloat16's unit roundoff: 8 significant bits
@@ -235,8 +236,7 @@ def test_no_float32_buffer_of_the_weights_size(loss):
     # logits with the loss's temporaries: under 0.3 W.  glibc gives blocks of
     # 64 KiB or more back when freed, so the RSS follows the live tensors.
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS="1")
-    out = subprocess.run([sys.executable, "-c", FRESH.format(loss=loss)], capture_output=True, text=True,
-                         timeout=300, env=env)
+    out = safety_net.run([sys.executable, "-c", FRESH.format(loss=loss)], capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr
     peak_in_dw = float(out.stdout.split()[-1])
     assert 1.0 <= peak_in_dw < 1.3, peak_in_dw

@@ -72,7 +72,11 @@ def _mm32(a: Tensor, b: Tensor) -> Tensor:
     half: a half product with float32 output (tensor cores, float32
     accumulation, no rounding of the result)."""
     if _tensor_cores(a):
-        return torch.mm(a, b.to(a.dtype), out_dtype=torch.float32)
+        try:
+            return torch.mm(a, b.to(a.dtype), out_dtype=torch.float32)
+        except (TypeError, RuntimeError, NotImplementedError):
+            # a torch without the float32-output product for these dtypes: float32 operands
+            return torch.mm(a.float(), b.float())
     return torch.mm(a, b)
 
 
