@@ -18,7 +18,10 @@ The logits are formed and reduced in float32 from the half inputs (upcast
 block by block on the CPU; a float32-output product on CUDA), so the loss and
 its gradients are rounded to the half dtype once, at the end.  The price is
 one more product than the row-chunk pass (Z is formed twice); a sparse loss
-skips the three products of every dead tile.
+skips the three products of every dead tile.  :func:`walk` takes any tile
+form with ``grad(z, lo, stats, target, row_weights)``: the fused
+log-probabilities and entropy (:class:`softk._ops.fused_policy.PolicyTiles`)
+walk the same way.
 """
 
 from __future__ import annotations
@@ -156,7 +159,7 @@ def row_stats(x, weight, bias, target, fn, tiles, chunk: int, block: int):
         if stats is None:
             stats = torch.empty(m, st.shape[1], dtype=acc, device=x.device)
         stats[s:e] = st
-        if sup is not None:
+        if sup is not None and x.is_cpu:  # only the CPU's walk reads it (elsewhere: a host sync per chunk)
             if live is None:
                 live = torch.empty(m, nb, dtype=torch.bool, device=x.device)
             live[s:e] = live_blocks(sup, t, block, nb)

@@ -52,6 +52,7 @@ from torch import Tensor
 
 from .._dtensor import is_dtensor
 from .._validate import check_input, mean_of
+from .._ops import fused_linear as fused_linear_ops
 from .._ops.fused_linear import FusedLinearLoss, checkpointed_pass
 from ._options import loss_options
 from ._registry import DEFAULT_LOSS
@@ -251,8 +252,11 @@ def fused_linear_loss(
             x, t = x.index_select(0, rows_kept), t.index_select(0, rows_kept)
     # half-precision weights: per-row numbers in the forward, the gradient one
     # vocabulary block at a time in the backward (no V×H float32 accumulator)
+    # (a sparse loss under the explicit "triton" backend on CUDA keeps the
+    # row-chunk pass, whose live-tile kernels skip its dead tiles there)
     tiles = None
-    if want[1] and x.dtype in WALK_DTYPES and not torch.compiler.is_compiling():
+    if want[1] and x.dtype in WALK_DTYPES and not torch.compiler.is_compiling() and not (
+            o.sparse_grad and fused_linear_ops.live_tiles_kernel(x) is not None):
         tiles = tile_loss(o, vocab, z_scale=z_scale)
     if torch.compiler.is_compiling():
         # torch.compile does not trace torch.autograd.grad inside an autograd
