@@ -163,6 +163,12 @@ def main(argv=None) -> int:
                 interpreted=os.environ.get("TRITON_INTERPRET", "0") == "1")
     t0, rows, bad = time.monotonic(), [], 0
     real_route = FL.live_tiles_kernel
+    # Both routes are the pass over chunks of rows (its dense products against
+    # its live-tile kernels): half weights would otherwise walk the vocabulary
+    # on the dense route (softk.losses.fused_linear.WALK_DTYPES).
+    import softk.losses.fused_linear as fused_module
+
+    fused_module.WALK_DTYPES = ()
     tiles_kernel = kernels.get("live_tiles", "triton")
     # "dense" means the dense products on every device: the CPU's live
     # columns (a dry run's "dense" route otherwise) are switched off
