@@ -34,6 +34,7 @@ import triton
 from torch import Tensor
 
 from .kernels import threshold_bwd_kernel, threshold_fwd_kernel
+from .lean import lean_fwd_kernel
 
 from ...threshold.entmax_anchor import NEAR_ONE, needs_anchor
 from ...threshold.families import KERNEL_IDS as FAMILY_IDS  # one table for every backend
@@ -168,7 +169,14 @@ def forward_rows(rows: Tensor, fam: int, k: float, tau: float, alpha: float = 1.
     register copy): the λ search's, a second search in a moved frame
     (:mod:`.frame`), and for entmax α outside [1.125, 2] the anchor's
     (:mod:`.anchor`); the looped variant's sweeps over its lane maxima read
-    no memory and are not counted."""
+    no memory and are not counted.  Sparsemax, entmax15 and α-entmax with
+    1.125 ≤ α ≤ 2 on rows of up to :data:`LEAN_MAX` entries take the lean
+    forward (:func:`lean_forward_rows`) unless ``onchip`` or ``block`` is
+    given; its count is of sweeps of the search (over the row's candidates
+    where it has a buffer of them), and it reads the row once."""
+    if onchip is None and block is None and takes_lean(fam, rows.shape[-1], alpha):
+        return lean_forward_rows(rows, fam, k, tau, alpha, return_passes=return_passes,
+                                 rows_per_program=rows_per_program, out=out)
     out = _out(out, rows)
     r, n = rows.shape
     # the pass counts, or (WRITE_ITS off: never written) one placeholder per
@@ -198,3 +206,49 @@ def backward_rows(p: Tensor, g: Tensor, fam: int, tau: float, alpha: float = 1.5
         threshold_bwd_kernel[(triton.cdiv(r, rpp),)](p, g, dx, r, n, 1.0 / tau, am1, FAM=fam, ROWS=rpp,
                                                      BLOCK=blk, ONCHIP=oc, LOGD=big, num_warps=warps)
     return dx
+
+
+# The lean forward (:mod:`.lean`): sparsemax, entmax15 and α-entmax for
+# 1.125 ≤ α ≤ 2 on rows of up to LEAN_MAX entries, held in registers; rows
+# of at least 4 × LEAN_SLOTS entries search a buffer of LEAN_SLOTS candidates
+# found above the root over the maxima of groups of LEAN_GROUP entries, but
+# for α-entmax below LEAN_COMPACT_ALPHA, whose support is wide (a hundred
+# entries of a normal row of 1024 at α = 1.3): there the buffer would
+# overflow, and the whole row is searched from the groups' bound.
+LEAN_MAX = 8192
+LEAN_SLOTS = 64
+LEAN_GROUP = 16
+LEAN_COMPACT_ALPHA = 1.5
+
+
+def takes_lean(fam: int, n: int, alpha: float) -> bool:
+    """Whether rows of ``n`` entries of this family take the lean forward."""
+    if fam not in (FAMILY_IDS["sparsemax"], FAMILY_IDS["entmax15"], FAMILY_IDS["entmax"]) or n > LEAN_MAX:
+        return False
+    return fam != FAMILY_IDS["entmax"] or (serves(fam, alpha) and not needs_anchor(alpha) and alpha <= 2)
+
+
+def lean_forward_rows(rows: Tensor, fam: int, k: float, tau: float, alpha: float = 1.5, *,
+                      return_passes: bool = False, rows_per_program: int | None = None, out: Tensor | None = None):
+    """p for contiguous ``rows`` (r, n) through the lean forward (and with
+    ``return_passes`` the search's sweeps per row, int32)."""
+    out = _out(out, rows)
+    r, n = rows.shape
+    its = torch.zeros(r, dtype=torch.int32, device=rows.device) if return_passes else _placeholder(rows.device)
+    if r:
+        blk = _pow2(n)
+        rpp = rows_per_program or max(1, min(ROWS_MAX, TILE // blk))
+        if rpp & (rpp - 1):
+            raise ValueError(f"rows_per_program must be a power of two, got {rpp}")
+        grouped = blk >= 4 * LEAN_SLOTS
+        compact = grouped and (fam != FAMILY_IDS["entmax"] or alpha >= LEAN_COMPACT_ALPHA)
+        slots = LEAN_SLOTS if compact else 1
+        sz = torch.empty((r, slots), dtype=torch.float32, device=rows.device)
+        si = torch.empty((r, slots), dtype=torch.int32, device=rows.device)
+        warps = max(1, min(16, rpp * blk // 256))
+        lean_fwd_kernel[(triton.cdiv(r, rpp),)](
+            rows, out, its, sz, si, r, n, float(k), 1.0 / tau, float(alpha) - 1.0,
+            FAM=fam, ROWS=rpp, BLOCK=blk, COUNT=k > 1, COMPACT=compact, GROUP=LEAN_GROUP if grouped else 0, C=slots, MAXIT=MAXIT,
+            WRITE_ITS=return_passes, num_warps=warps,
+        )
+    return (out, its) if return_passes else out

@@ -1,0 +1,150 @@
+"""The lean forward (sparsemax, entmax15, α-entmax for 1.125 ≤ α ≤ 2, rows
+held in registers) through the CPU interpreter, against the NumPy float64
+oracle: every width from 1 to 8192 (with and without the candidate buffer),
+k above 1, ties, −inf masks, fully masked and broken rows, offsets to 1e6,
+τ from 1e-8 to 10, entries near the float range, half dtypes, rows whose
+candidates overflow the buffer next to rows whose do not, and which calls
+take it."""
+
+import numpy as np
+import pytest
+import torch
+
+from softk._backends.triton import function as tf
+from softk._backends.triton.function import FAMILY_IDS, forward_rows, lean_forward_rows, takes_lean
+
+from ...oracle import maps as oracle
+
+EPS32 = float(np.finfo(np.float32).eps)
+# (family, α, k): the maps the lean forward serves
+MAPS = [("sparsemax", 2.0, 1), ("sparsemax", 2.0, 2.5), ("entmax15", 1.5, 1), ("entmax", 1.125, 1),
+        ("entmax", 1.3, 1), ("entmax", 1.7, 1), ("entmax", 2.0, 1)]
+IDS = [f"{f}-a{a}-k{k}" for f, a, k in MAPS]
+
+
+def _oracle(fam, alpha, k, x, tau):
+    # the maps are shift-invariant: the oracle's bisection gets each row less
+    # its finite max (exact in float64 for float32 entries), whose bracket
+    # ends max ± 1 would round away at 1e38
+    f = oracle._f_relu if fam == "sparsemax" else oracle._f_entmax(alpha)
+    fin = np.where(np.isfinite(x), x, -np.inf)
+    top = np.max(fin, axis=-1, keepdims=True)
+    shifted = x - np.where(np.isfinite(top), top, 0.0)
+    return oracle._apply(lambda r: oracle._row_map(f, r / tau, k), shifted, -1)
+
+
+def _f32(a):
+    return np.asarray(a, dtype=np.float64).astype(np.float32).astype(np.float64)
+
+
+def _check(p, ref, k, alpha):
+    # the error of f(z − λ) in float32 on a frame z of the support's spread
+    # (at most k·f⁻¹ of the max): a few ulps of that spread
+    got = p.double().numpy()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+    spread = max(1.0, k) / (alpha - 1.0)
+    np.testing.assert_allclose(got, ref, rtol=4e-6, atol=4 * EPS32 * spread, equal_nan=True)
+
+
+def _rows(rng, n):
+    r = [rng.normal(size=n) * s for s in (0.1, 1.0, 10.0)]
+    masked = rng.normal(size=n) * 2
+    masked[rng.random(n) < 0.6] = -np.inf
+    r.append(masked)
+    r.append(np.repeat(rng.normal(size=-(-n // 8)), 8)[:n])  # ties
+    r.append(np.r_[100.0, np.zeros(n - 1)])  # one dominant entry
+    few = np.full(n, -np.inf)
+    few[[0, n // 2, n - 1]] = [0.5, -1.0, 2.0]
+    r.append(few)
+    r.append(np.full(n, -np.inf))  # fully masked
+    nan = rng.normal(size=n)
+    nan[n // 3] = np.nan
+    r.append(nan)
+    inf = rng.normal(size=n)
+    inf[n - 1] = np.inf
+    r.append(inf)
+    r.append(rng.uniform(size=n))  # every entry within 1 of the max: the buffer overflows
+    return _f32(np.stack(r))
+
+
+def _run(x, fam, alpha, k, tau, **kw):
+    xt = torch.tensor(x, dtype=torch.float32)
+    out = torch.full_like(xt, float("nan"))  # every entry must be written
+    p, its = lean_forward_rows(xt, FAMILY_IDS[fam], k, tau, alpha, return_passes=True, out=out, **kw)
+    return p, its
+
+
+@pytest.mark.parametrize("n", [1, 5, 16, 64, 300, 1024])
+@pytest.mark.parametrize("fam, alpha, k", MAPS, ids=IDS)
+def test_matches_oracle(rng, fam, alpha, k, n):
+    x = _rows(rng, n)
+    for tau in (0.7,):
+        p, its = _run(x, fam, alpha, k, tau)
+        _check(p, _oracle(fam, alpha, k, x, tau), k, alpha)
+        assert its.max() <= 12, its
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fam, alpha, k", MAPS, ids=IDS)
+def test_matches_oracle_at_8192(rng, fam, alpha, k):
+    x = _rows(rng, 8192)[[1, 2, 3, 4, 6, 8, 10]]
+    p, _ = _run(x, fam, alpha, k, 1.0)
+    _check(p, _oracle(fam, alpha, k, x, 1.0), k, alpha)
+
+
+@pytest.mark.parametrize("fam, alpha, k", MAPS, ids=IDS)
+def test_offsets_and_temperatures(rng, fam, alpha, k):
+    # the frame is the row max: an offset of 1e6 and τ from 1e-8 to 10 keep
+    # the differences that carry the mass; entries near the float max too
+    base = rng.normal(size=(3, 256))
+    for offset, tau in ((1e4, 0.3), (1e6, 10.0), (0.0, 1e-8), (0.0, 10.0), (1e6, 1.0)):
+        x = _f32(offset + base * (tau if tau < 1e-3 else 1.0))
+        p, _ = _run(x, fam, alpha, k, tau)
+        _check(p, _oracle(fam, alpha, k, x, tau), k, alpha)
+    big = _f32(np.r_[3.0e38, 3.0e38 - 1e32, -3.0e38, 1.0e38, rng.normal(size=60)][None, :])
+    p, _ = _run(big, fam, alpha, k, 0.5)
+    _check(p, _oracle(fam, alpha, k, big, 0.5), k, alpha)
+
+
+@pytest.mark.parametrize("fam, alpha, k", MAPS, ids=IDS)
+def test_rows_do_not_depend_on_their_neighbours(rng, fam, alpha, k):
+    # a row whose candidates overflow the buffer (uniform: all within 1 of
+    # the max) shares a program with rows whose fit: each row's p and count
+    # are those of a program of its own, bit for bit
+    x = _f32(np.stack([rng.normal(size=512), rng.uniform(size=512), rng.normal(size=512) * 3,
+                       np.full(512, -np.inf)]))
+    runs = [_run(x, fam, alpha, k, 1.0, rows_per_program=rpp) for rpp in (1, 2, 4)]
+    for p, its in runs[1:]:
+        assert torch.equal(p.view(torch.int32), runs[0][0].view(torch.int32))
+        assert torch.equal(its, runs[0][1])
+    _check(runs[0][0], _oracle(fam, alpha, k, x, 1.0), k, alpha)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_dtypes(rng, dtype):
+    x = torch.tensor(rng.normal(size=(6, 300)) * 2, dtype=dtype)
+    for fam, alpha, k in MAPS:
+        p = lean_forward_rows(x, FAMILY_IDS[fam], k, 1.0, alpha)
+        assert p.dtype == dtype
+        ref = _oracle(fam, alpha, k, x.double().numpy(), 1.0)
+        # one rounding to the half dtype
+        np.testing.assert_allclose(p.double().numpy(), ref, rtol=2.0 ** -7, atol=2.0 ** -9 * max(1, k))
+
+
+def test_which_calls_take_it():
+    sm, e15, ent, exp = (FAMILY_IDS[f] for f in ("sparsemax", "entmax15", "entmax", "exp"))
+    assert takes_lean(sm, 8192, 2.0) and takes_lean(e15, 1, 1.5) and takes_lean(ent, 64, 1.125)
+    assert takes_lean(ent, 64, 2.0) and not takes_lean(ent, 64, 1.1) and not takes_lean(ent, 64, 2.5)
+    assert not takes_lean(exp, 64, 1.5) and not takes_lean(sm, tf.LEAN_MAX + 1, 2.0)
+    # forward_rows takes it by default, the general kernel where a variant is asked for
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(0))
+    _, lean_its = forward_rows(x, sm, 1, 1.0, return_passes=True)
+    _, lean_direct = lean_forward_rows(x, sm, 1, 1.0, return_passes=True)
+    assert torch.equal(lean_its, lean_direct)
+    general = forward_rows(x, sm, 1, 1.0, onchip=True)
+    assert torch.allclose(general, lean_forward_rows(x, sm, 1, 1.0), atol=1e-6)
+
+
+def test_rows_per_program_must_be_a_power_of_two():
+    with pytest.raises(ValueError, match="rows_per_program"):
+        lean_forward_rows(torch.zeros(4, 16), FAMILY_IDS["sparsemax"], 1, 1.0, rows_per_program=3)

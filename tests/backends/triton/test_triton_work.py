@@ -1,0 +1,87 @@
+"""The work the row kernels issue, counted in the interpreter
+(:mod:`softk._backends.triton.work`): exact and machine-independent, so the
+cost of a design is pinned here as a test, not timed.
+
+Forward element-wise operations per element, as a multiple of softk's own
+softmax kernel on the same rows, at the widths of routers (16, 64), of
+attention rows and small vocabularies (1024) and of a row read in one go
+(8192), on normal rows:
+
+* sparsemax and entmax15 ≤ 3×, α-entmax at α = 1.3 ≤ 4× (the lean forward);
+* each reads its row once: at most 2 × the row's bytes at 8192, the
+  candidate buffer included.
+"""
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from softk._backends.triton.function import FAMILY_IDS, forward_rows
+from softk._backends.triton.softmax import softmax_rows
+from softk._backends.triton.work import count
+
+ROWS = {16: 512, 64: 512, 1024: 8, 8192: 8}  # rows per width: a few programs each
+LIMITS = [("sparsemax", 2.0, 3.0), ("entmax15", 1.5, 3.0), ("entmax", 1.3, 4.0)]
+
+
+def _per_element(w, x):
+    return w.alu / x.numel()
+
+
+@pytest.fixture(scope="module")
+def rows():
+    g = torch.Generator().manual_seed(0)
+    return {n: torch.randn(r, n, generator=g) for n, r in ROWS.items()}
+
+
+@pytest.fixture(scope="module")
+def softmax_work(rows):
+    out = {}
+    for n, x in rows.items():
+        with count() as w:
+            softmax_rows(x)
+        out[n] = w
+    return out
+
+
+@triton.jit
+def _known(X, Y):
+    x = tl.load(X + tl.arange(0, 256)[None, :])  # 1 KiB
+    y = tl.where(x > 0, x, 0.0)  # 2 × 256 operations
+    tl.store(Y + tl.arange(0, 1)[None, :], tl.sum(y, 1, keep_dims=True))  # 256 reduced, 4 bytes
+
+
+@triton.jit
+def _known_dot(X, Y):
+    a = tl.load(X + tl.arange(0, 16)[:, None] * 16 + tl.arange(0, 16)[None, :])
+    tl.store(Y + tl.arange(0, 16)[:, None] * 16 + tl.arange(0, 16)[None, :], tl.dot(a, a))  # 2 · 16³ FLOPs
+
+
+def test_the_counter_counts(rows):
+    x, y = torch.randn(256), torch.zeros(256)
+    with count() as w:
+        _known[(2,)](x, y)  # two programs
+    assert (w.launches, w.alu, w.reduce, w.load_bytes, w.store_bytes, w.dot_flops) == (1, 2 * 512, 2 * 256, 2048, 8, 0)
+    with count() as w:
+        _known_dot[(1,)](x, y)
+    assert (w.dot_flops, w.load_bytes, w.store_bytes) == (2 * 16 ** 3, 1024, 1024)
+    # softmax: one read and one write of every row
+    x = rows[64]
+    with count() as w:
+        softmax_rows(x)
+    assert (w.launches, w.load_bytes, w.store_bytes) == (1, 4 * x.numel(), 4 * x.numel())
+
+
+@pytest.mark.parametrize("n", sorted(ROWS))
+@pytest.mark.parametrize("fam, alpha, limit", LIMITS, ids=[f[0] for f in LIMITS])
+def test_forward_work_per_element(rows, softmax_work, fam, alpha, limit, n):
+    x = rows[n]
+    with count() as w:
+        p = forward_rows(x, FAMILY_IDS[fam], 1, 1.0, alpha)
+    assert torch.allclose(p.sum(-1), torch.ones(x.shape[0]), atol=1e-5)  # a real answer
+    ratio = _per_element(w, x) / _per_element(softmax_work[n], x)
+    assert ratio <= limit, f"{fam} at n = {n}: {ratio:.2f} × softmax's element-wise work"
+    assert w.launches == 1
+    if n == 8192:
+        assert w.load_bytes <= 2 * 4 * x.numel(), w.load_bytes / (4 * x.numel())
