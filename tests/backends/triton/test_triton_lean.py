@@ -1,10 +1,12 @@
-"""The lean forward (sparsemax, entmax15, α-entmax for 1.125 ≤ α ≤ 2, rows
-held in registers) through the CPU interpreter, against the NumPy float64
-oracle: every width from 1 to 8192 (with and without the candidate buffer),
-k above 1, ties, −inf masks, fully masked and broken rows, offsets to 1e6,
-τ from 1e-8 to 10, entries near the float range, half dtypes, rows whose
-candidates overflow the buffer next to rows whose do not, and which calls
-take it."""
+"""The lean forwards (sparsemax, entmax15, α-entmax for 1.125 ≤ α ≤ 2; the
+smooth top-k maps exp, sigmoid and laplace; rows held in registers) through
+the CPU interpreter, against the NumPy float64 oracle: every width from 1 to
+8192 (with and without the candidate buffer), k above 1 and next to the
+finite count, ties, −inf masks, fully masked and broken rows, offsets to
+1e6, τ from 1e-8 to 10, entries near the float range and far apart (the
+top-k rows the lean search hands to the general one), half dtypes, rows
+whose candidates overflow the buffer next to rows whose do not, and which
+calls take them."""
 
 import numpy as np
 import pytest
@@ -13,6 +15,7 @@ import torch
 from softk._backends.triton import function as tf
 from softk._backends.triton.function import FAMILY_IDS, forward_rows, lean_forward_rows, takes_lean
 
+from . import gpu_build
 from ...oracle import maps as oracle
 
 EPS32 = float(np.finfo(np.float32).eps)
@@ -22,11 +25,19 @@ MAPS = [("sparsemax", 2.0, 1), ("sparsemax", 2.0, 2.5), ("entmax15", 1.5, 1), ("
 IDS = [f"{f}-a{a}-k{k}" for f, a, k in MAPS]
 
 
+TOPK = [("exp", 1.5, 1), ("exp", 1.5, 2), ("sigmoid", 1.5, 2), ("laplace", 1.5, 2), ("sigmoid", 1.5, 1.5),
+        ("laplace", 1.5, 3.5)]
+TOPK_IDS = [f"{f}-k{k}" for f, _, k in TOPK]
+
+
 def _oracle(fam, alpha, k, x, tau):
     # the maps are shift-invariant: the oracle's bisection gets each row less
     # its finite max (exact in float64 for float32 entries), whose bracket
     # ends max ± 1 would round away at 1e38
-    f = oracle._f_relu if fam == "sparsemax" else oracle._f_entmax(alpha)
+    if fam in oracle.F_BY_METHOD:
+        f = oracle.F_BY_METHOD[fam]
+    else:
+        f = oracle._f_relu if fam == "sparsemax" else oracle._f_entmax(alpha)
     fin = np.where(np.isfinite(x), x, -np.inf)
     top = np.max(fin, axis=-1, keepdims=True)
     shifted = x - np.where(np.isfinite(top), top, 0.0)
@@ -37,12 +48,13 @@ def _f32(a):
     return np.asarray(a, dtype=np.float64).astype(np.float32).astype(np.float64)
 
 
-def _check(p, ref, k, alpha):
+def _check(p, ref, k, alpha, fam="sparsemax"):
     # the error of f(z − λ) in float32 on a frame z of the support's spread
-    # (at most k·f⁻¹ of the max): a few ulps of that spread
+    # (at most k·f⁻¹ of the max; for the top-k maps λ within 8 of the frame's
+    # reference): a few ulps of that spread
     got = p.double().numpy()
     np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
-    spread = max(1.0, k) / (alpha - 1.0)
+    spread = 8.0 if fam in oracle.F_BY_METHOD else max(1.0, k) / (alpha - 1.0)
     np.testing.assert_allclose(got, ref, rtol=4e-6, atol=4 * EPS32 * spread, equal_nan=True)
 
 
@@ -84,6 +96,32 @@ def test_matches_oracle(rng, fam, alpha, k, n):
         assert its.max() <= 12, its
 
 
+@pytest.mark.parametrize("n", [3, 16, 64, 300, 1024])
+@pytest.mark.parametrize("fam, alpha, k", TOPK, ids=TOPK_IDS)
+def test_topk_matches_oracle(rng, fam, alpha, k, n):
+    x = _rows(rng, n)
+    near = rng.normal(size=n)
+    near[: max(0, n - int(k) - 1)] = -np.inf  # k next to the finite count
+    far = rng.normal(size=n) * 1e4  # entries far apart: λ beyond the lean frame
+    outlier = rng.normal(size=n)
+    outlier[0] = 1e6  # one entry far above the top k
+    x = _f32(np.vstack([x, near, far, outlier]))
+    for tau in (0.7, 1e-3):
+        p, its = _run(x, fam, alpha, k, tau)
+        _check(p, _oracle(fam, alpha, k, x, tau), k, alpha, fam)
+    # the far rows are the general search's: the same bits as the general kernel's
+    general = forward_rows(torch.tensor(x[-2:], dtype=torch.float32), FAMILY_IDS[fam], k, 1e-3, alpha, onchip=True)
+    assert torch.equal(p[-2:].view(torch.int32), general.view(torch.int32))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fam, alpha, k", TOPK, ids=TOPK_IDS)
+def test_topk_matches_oracle_at_8192(rng, fam, alpha, k):
+    x = _rows(rng, 8192)[[1, 2, 3, 4, 6, 8, 10]]
+    p, _ = _run(x, fam, alpha, k, 1.0)
+    _check(p, _oracle(fam, alpha, k, x, 1.0), k, alpha, fam)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("fam, alpha, k", MAPS, ids=IDS)
 def test_matches_oracle_at_8192(rng, fam, alpha, k):
@@ -106,24 +144,25 @@ def test_offsets_and_temperatures(rng, fam, alpha, k):
     _check(p, _oracle(fam, alpha, k, big, 0.5), k, alpha)
 
 
-@pytest.mark.parametrize("fam, alpha, k", MAPS, ids=IDS)
+@pytest.mark.parametrize("fam, alpha, k", MAPS + TOPK, ids=IDS + TOPK_IDS)
 def test_rows_do_not_depend_on_their_neighbours(rng, fam, alpha, k):
     # a row whose candidates overflow the buffer (uniform: all within 1 of
-    # the max) shares a program with rows whose fit: each row's p and count
-    # are those of a program of its own, bit for bit
-    x = _f32(np.stack([rng.normal(size=512), rng.uniform(size=512), rng.normal(size=512) * 3,
+    # the max), or (top-k) whose λ the general search finds (entries far
+    # apart), shares a program with rows that need neither: each row's p and
+    # count are those of a program of its own, bit for bit
+    x = _f32(np.stack([rng.normal(size=512), rng.uniform(size=512), rng.normal(size=512) * 3e4,
                        np.full(512, -np.inf)]))
     runs = [_run(x, fam, alpha, k, 1.0, rows_per_program=rpp) for rpp in (1, 2, 4)]
     for p, its in runs[1:]:
         assert torch.equal(p.view(torch.int32), runs[0][0].view(torch.int32))
         assert torch.equal(its, runs[0][1])
-    _check(runs[0][0], _oracle(fam, alpha, k, x, 1.0), k, alpha)
+    _check(runs[0][0], _oracle(fam, alpha, k, x, 1.0), k, alpha, fam)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_dtypes(rng, dtype):
     x = torch.tensor(rng.normal(size=(6, 300)) * 2, dtype=dtype)
-    for fam, alpha, k in MAPS:
+    for fam, alpha, k in MAPS + TOPK:
         p = lean_forward_rows(x, FAMILY_IDS[fam], k, 1.0, alpha)
         assert p.dtype == dtype
         ref = _oracle(fam, alpha, k, x.double().numpy(), 1.0)
@@ -135,7 +174,9 @@ def test_which_calls_take_it():
     sm, e15, ent, exp = (FAMILY_IDS[f] for f in ("sparsemax", "entmax15", "entmax", "exp"))
     assert takes_lean(sm, 8192, 2.0) and takes_lean(e15, 1, 1.5) and takes_lean(ent, 64, 1.125)
     assert takes_lean(ent, 64, 2.0) and not takes_lean(ent, 64, 1.1) and not takes_lean(ent, 64, 2.5)
-    assert not takes_lean(exp, 64, 1.5) and not takes_lean(sm, tf.LEAN_MAX + 1, 2.0)
+    assert takes_lean(exp, 64, 1.5) and takes_lean(FAMILY_IDS["laplace"], 8192, 1.5)
+    assert not takes_lean(FAMILY_IDS["sparse"], 64, 1.5) and not takes_lean(FAMILY_IDS["softmax"], 64, 1.5)
+    assert not takes_lean(sm, tf.LEAN_MAX + 1, 2.0) and not takes_lean(exp, tf.LEAN_MAX + 1, 2.0)
     # forward_rows takes it by default, the general kernel where a variant is asked for
     x = torch.randn(4, 64, generator=torch.Generator().manual_seed(0))
     _, lean_its = forward_rows(x, sm, 1, 1.0, return_passes=True)
@@ -148,3 +189,40 @@ def test_which_calls_take_it():
 def test_rows_per_program_must_be_a_power_of_two():
     with pytest.raises(ValueError, match="rows_per_program"):
         lean_forward_rows(torch.zeros(4, 16), FAMILY_IDS["sparsemax"], 1, 1.0, rows_per_program=3)
+
+
+_COMPILE = r"""
+from softk._backends.triton.lean import lean_fwd_kernel
+from softk._backends.triton.function import LEAN_GROUP, LEAN_SLOTS, MAXIT
+dtypes = ("*fp32", "*bf16", "*fp16")
+sig = {"X": "", "Y": "", "ITS": "*i32", "SZ": "*fp32", "SI": "*i32", "R": "i32", "n": "i32", "k": "fp32",
+       "inv_tau": "fp32", "am1": "fp32"}
+# (ROWS, BLOCK, COMPACT, GROUP, warps): router rows, a compacted row, a whole row searched from the groups' bound
+variants = [(8, 64, False, 0, 2), (1, 1024, True, LEAN_GROUP, 4), (1, 8192, False, LEAN_GROUP, 16)]
+built = 0
+for fam in (1, 2, 3):
+    for i, (rows, blk, compact, group, warps) in enumerate(variants):
+        ty = dtypes[(fam + i) % 3]
+        build(lean_fwd_kernel, dict(sig, X=ty, Y=ty), dict(FAM=fam, ROWS=rows, BLOCK=blk, COUNT=i == 0, COMPACT=compact,
+              GROUP=group, C=LEAN_SLOTS if compact else 1, MAXIT=MAXIT, WRITE_ITS=i == 1), warps)
+        built += 1
+assert built == 9, built
+from softk._backends.triton.lean_topk import lean_topk_fwd_kernel
+from softk._backends.triton.function import LEAN_TOPK_IT, NEWTON_CAP
+sig = {"X": "", "Y": "", "ITS": "*i32", "R": "i32", "n": "i32", "k": "fp32", "inv_tau": "fp32"}
+for fam in (4, 5, 6):
+    for i, (rows, blk, warps) in enumerate([(8, 64, 2), (1, 8192, 16)]):
+        ty = dtypes[(fam + i) % 3]
+        build(lean_topk_fwd_kernel, dict(sig, X=ty, Y=ty), dict(FAM=fam, ROWS=rows, BLOCK=blk, LEAN_IT=LEAN_TOPK_IT,
+              NEWTON_CAP=NEWTON_CAP, MAXIT=MAXIT, WRITE_ITS=i == 0), warps)
+        built += 1
+assert built == 15, built
+print("OK")
+"""
+
+
+@pytest.mark.gpu_build
+def test_lean_kernel_compiles_for_a_gpu():
+    # the interpreter accepts code the compiler rejects: build every family
+    # in its shapes for sm_90 (ptxas included), without a GPU
+    gpu_build.compile_for_gpu(_COMPILE)

@@ -7,7 +7,8 @@ softmax kernel on the same rows, at the widths of routers (16, 64), of
 attention rows and small vocabularies (1024) and of a row read in one go
 (8192), on normal rows:
 
-* sparsemax and entmax15 ≤ 3×, α-entmax at α = 1.3 ≤ 4× (the lean forward);
+* sparsemax and entmax15 ≤ 3×, α-entmax at α = 1.3 and top-k exp ≤ 4×,
+  top-k sigmoid and laplace ≤ 6× (k = 2) (the lean forwards);
 * each reads its row once: at most 2 × the row's bytes at 8192, the
   candidate buffer included.
 """
@@ -22,7 +23,9 @@ from softk._backends.triton.softmax import softmax_rows
 from softk._backends.triton.work import count
 
 ROWS = {16: 512, 64: 512, 1024: 8, 8192: 8}  # rows per width: a few programs each
-LIMITS = [("sparsemax", 2.0, 3.0), ("entmax15", 1.5, 3.0), ("entmax", 1.3, 4.0)]
+# (family, k, α, limit)
+LIMITS = [("sparsemax", 1, 2.0, 3.0), ("entmax15", 1, 1.5, 3.0), ("entmax", 1, 1.3, 4.0), ("exp", 2, 1.5, 4.0),
+          ("sigmoid", 2, 1.5, 6.0), ("laplace", 2, 1.5, 6.0)]
 
 
 def _per_element(w, x):
@@ -74,12 +77,12 @@ def test_the_counter_counts(rows):
 
 
 @pytest.mark.parametrize("n", sorted(ROWS))
-@pytest.mark.parametrize("fam, alpha, limit", LIMITS, ids=[f[0] for f in LIMITS])
-def test_forward_work_per_element(rows, softmax_work, fam, alpha, limit, n):
+@pytest.mark.parametrize("fam, k, alpha, limit", LIMITS, ids=[f[0] for f in LIMITS])
+def test_forward_work_per_element(rows, softmax_work, fam, k, alpha, limit, n):
     x = rows[n]
     with count() as w:
-        p = forward_rows(x, FAMILY_IDS[fam], 1, 1.0, alpha)
-    assert torch.allclose(p.sum(-1), torch.ones(x.shape[0]), atol=1e-5)  # a real answer
+        p = forward_rows(x, FAMILY_IDS[fam], k, 1.0, alpha)
+    assert torch.allclose(p.sum(-1), torch.full((x.shape[0],), float(k)), atol=1e-5 * k)  # a real answer
     ratio = _per_element(w, x) / _per_element(softmax_work[n], x)
     assert ratio <= limit, f"{fam} at n = {n}: {ratio:.2f} × softmax's element-wise work"
     assert w.launches == 1

@@ -22,6 +22,10 @@ their own launch settings (:func:`_config`), chosen from the sweep of
   block's lanes, so a wider block gives a better start and fewer passes:
   :data:`LOOP_BLOCK` weighs that against the rows in flight (the pass
   counts of ``tests/backends/triton/test_triton_passes.py`` hold at it).
+* The lean forward (:mod:`.lean`) of sparsemax, entmax15 and α-entmax for
+  1.125 ≤ α ≤ 2 holds rows of up to :data:`LEAN_MAX` entries in registers,
+  several narrow rows per program as above; its search runs on a buffer of
+  the row's candidates, so it reads the row once whatever the width.
 * Backward.  On chip up to :data:`BWD_ONCHIP_MAX` entries, narrow rows in
   tiles of :data:`BWD_TILE` entries; wider rows loop over blocks of
   :data:`BWD_LOOP_BLOCK` at 32 warps.
@@ -35,6 +39,7 @@ from torch import Tensor
 
 from .kernels import threshold_bwd_kernel, threshold_fwd_kernel
 from .lean import lean_fwd_kernel
+from .lean_topk import lean_topk_fwd_kernel
 
 from ...threshold.entmax_anchor import NEAR_ONE, needs_anchor
 from ...threshold.families import KERNEL_IDS as FAMILY_IDS  # one table for every backend
@@ -221,9 +226,19 @@ LEAN_GROUP = 16
 LEAN_COMPACT_ALPHA = 1.5
 
 
+# The smooth top-k maps' lean forward (:mod:`.lean_topk`): the lean sweeps a
+# row may take before it goes to the general search.
+LEAN_TOPK_IT = 8
+_LEAN_SIMPLEX = (FAMILY_IDS["sparsemax"], FAMILY_IDS["entmax15"], FAMILY_IDS["entmax"])
+_LEAN_TOPK = (FAMILY_IDS["exp"], FAMILY_IDS["sigmoid"], FAMILY_IDS["laplace"])
+
+
 def takes_lean(fam: int, n: int, alpha: float) -> bool:
-    """Whether rows of ``n`` entries of this family take the lean forward."""
-    if fam not in (FAMILY_IDS["sparsemax"], FAMILY_IDS["entmax15"], FAMILY_IDS["entmax"]) or n > LEAN_MAX:
+    """Whether rows of ``n`` entries of this family take a lean forward:
+    sparsemax, entmax15, α-entmax for 1.125 ≤ α ≤ 2 (:mod:`.lean`) and the
+    smooth top-k maps exp, sigmoid and laplace (:mod:`.lean_topk`), on rows
+    of up to :data:`LEAN_MAX` entries."""
+    if n > LEAN_MAX or fam not in _LEAN_SIMPLEX + _LEAN_TOPK:
         return False
     return fam != FAMILY_IDS["entmax"] or (serves(fam, alpha) and not needs_anchor(alpha) and alpha <= 2)
 
@@ -240,12 +255,17 @@ def lean_forward_rows(rows: Tensor, fam: int, k: float, tau: float, alpha: float
         rpp = rows_per_program or max(1, min(ROWS_MAX, TILE // blk))
         if rpp & (rpp - 1):
             raise ValueError(f"rows_per_program must be a power of two, got {rpp}")
+        warps = max(1, min(16, rpp * blk // 256))
+        if fam in _LEAN_TOPK:
+            lean_topk_fwd_kernel[(triton.cdiv(r, rpp),)](
+                rows, out, its, r, n, float(k), 1.0 / tau, FAM=fam, ROWS=rpp, BLOCK=blk, LEAN_IT=LEAN_TOPK_IT,
+                NEWTON_CAP=NEWTON_CAP, MAXIT=MAXIT, WRITE_ITS=return_passes, num_warps=warps)
+            return (out, its) if return_passes else out
         grouped = blk >= 4 * LEAN_SLOTS
         compact = grouped and (fam != FAMILY_IDS["entmax"] or alpha >= LEAN_COMPACT_ALPHA)
         slots = LEAN_SLOTS if compact else 1
         sz = torch.empty((r, slots), dtype=torch.float32, device=rows.device)
         si = torch.empty((r, slots), dtype=torch.int32, device=rows.device)
-        warps = max(1, min(16, rpp * blk // 256))
         lean_fwd_kernel[(triton.cdiv(r, rpp),)](
             rows, out, its, sz, si, r, n, float(k), 1.0 / tau, float(alpha) - 1.0,
             FAM=fam, ROWS=rpp, BLOCK=blk, COUNT=k > 1, COMPACT=compact, GROUP=LEAN_GROUP if grouped else 0, C=slots, MAXIT=MAXIT,

@@ -1,5 +1,11 @@
 r"""The kernels: forward p = f(z − λ), Σp = k, and backward from the saved p.
 
+Sparsemax, entmax15 and α-entmax with 1.125 ≤ α ≤ 2 on rows of up to
+:data:`.function.LEAN_MAX` entries take the lean forward of :mod:`.lean`
+instead (one read, the search on the row's candidates); the forward below
+serves every other family and width, and those three where a launch variant
+is asked for (``onchip``/``block``).
+
 A program holds ``ROWS`` rows as a [ROWS, BLOCK] tile (the launcher,
 :func:`.function._config`, gives narrow rows a tile of a fixed number of
 entries: a 64-wide row shares its program with 15 others in the forward).  Every per-row quantity
