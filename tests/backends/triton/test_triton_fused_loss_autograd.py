@@ -196,8 +196,11 @@ for fam in range(8):
             sig = {"X": ty, "T": ty if dense else "*i64", "G": ty, "LOSS": "*fp32", "SCALE": "*fp32",
                    "R": "i32", "n": "i32", "k": "fp32", "inv_tau": "fp32", "am1": "fp32"}
             # α > 2 takes the anchor form (softk._backends.triton.anchor)
+            # the lean search on chip for the maps that have it
+            lean = onchip and fam in (1, 2, 3) and not big
             build(fenchel_young_fwd_kernel, sig, dict(FAM=fam, ROWS=rows, BLOCK=blk, ONCHIP=onchip, BIG=big, PROBE=fam >= 4 or big,
-                  ANCHOR=big, NEWTON_CAP=NEWTON_CAP, MAXIT=MAXIT, DENSE=dense, WANT_GRAD=fam != 7 or i == 0), warps)
+                  ANCHOR=big, NEWTON_CAP=NEWTON_CAP, MAXIT=MAXIT, DENSE=dense, WANT_GRAD=fam != 7 or i == 0,
+                  LEAN=lean), warps)
             built += 1
 assert built == 27, built
 print("OK")

@@ -88,3 +88,20 @@ def test_forward_work_per_element(rows, softmax_work, fam, k, alpha, limit, n):
     assert w.launches == 1
     if n == 8192:
         assert w.load_bytes <= 2 * 4 * x.numel(), w.load_bytes / (4 * x.numel())
+
+
+@pytest.mark.parametrize("fam, alpha", [("sparsemax", 2.0), ("entmax15", 1.5), ("entmax", 1.3)])
+def test_fused_loss_takes_the_lean_search(rows, fam, alpha):
+    # the fused Fenchel–Young loss on rows held in registers: the lean search
+    # (the default) against the general one (asked for by onchip=True), the
+    # same loss and gradient to float32 rounding, for less work
+    from softk._backends.triton.loss import fenchel_young_fused_rows
+
+    x = rows[64][:64]
+    t = torch.randint(0, 64, (64,), generator=torch.Generator().manual_seed(1))
+    with count() as lean:
+        loss, grad = fenchel_young_fused_rows(x, t, torch.ones(1), FAMILY_IDS[fam], 1, 1.0, alpha)
+    with count() as general:
+        loss_g, grad_g = fenchel_young_fused_rows(x, t, torch.ones(1), FAMILY_IDS[fam], 1, 1.0, alpha, onchip=True)
+    assert torch.allclose(loss, loss_g, rtol=1e-5, atol=1e-6) and torch.allclose(grad, grad_g, atol=1e-6)
+    assert lean.alu < 0.7 * general.alu, lean.alu / general.alu

@@ -229,8 +229,8 @@ LEAN_COMPACT_ALPHA = 1.5
 # The smooth top-k maps' lean forward (:mod:`.lean_topk`): the lean sweeps a
 # row may take before it goes to the general search.
 LEAN_TOPK_IT = 8
-_LEAN_SIMPLEX = (FAMILY_IDS["sparsemax"], FAMILY_IDS["entmax15"], FAMILY_IDS["entmax"])
-_LEAN_TOPK = (FAMILY_IDS["exp"], FAMILY_IDS["sigmoid"], FAMILY_IDS["laplace"])
+LEAN_SIMPLEX = (FAMILY_IDS["sparsemax"], FAMILY_IDS["entmax15"], FAMILY_IDS["entmax"])
+LEAN_TOPK = (FAMILY_IDS["exp"], FAMILY_IDS["sigmoid"], FAMILY_IDS["laplace"])
 
 
 def takes_lean(fam: int, n: int, alpha: float) -> bool:
@@ -238,7 +238,7 @@ def takes_lean(fam: int, n: int, alpha: float) -> bool:
     sparsemax, entmax15, α-entmax for 1.125 ≤ α ≤ 2 (:mod:`.lean`) and the
     smooth top-k maps exp, sigmoid and laplace (:mod:`.lean_topk`), on rows
     of up to :data:`LEAN_MAX` entries."""
-    if n > LEAN_MAX or fam not in _LEAN_SIMPLEX + _LEAN_TOPK:
+    if n > LEAN_MAX or fam not in LEAN_SIMPLEX + LEAN_TOPK:
         return False
     return fam != FAMILY_IDS["entmax"] or (serves(fam, alpha) and not needs_anchor(alpha) and alpha <= 2)
 
@@ -256,7 +256,7 @@ def lean_forward_rows(rows: Tensor, fam: int, k: float, tau: float, alpha: float
         if rpp & (rpp - 1):
             raise ValueError(f"rows_per_program must be a power of two, got {rpp}")
         warps = max(1, min(16, rpp * blk // 256))
-        if fam in _LEAN_TOPK:
+        if fam in LEAN_TOPK:
             lean_topk_fwd_kernel[(triton.cdiv(r, rpp),)](
                 rows, out, its, r, n, float(k), 1.0 / tau, FAM=fam, ROWS=rpp, BLOCK=blk, LEAN_IT=LEAN_TOPK_IT,
                 NEWTON_CAP=NEWTON_CAP, MAXIT=MAXIT, WRITE_ITS=return_passes, num_warps=warps)

@@ -9,7 +9,7 @@ import torch
 import triton
 from torch import Tensor
 
-from .function import MAXIT, NEWTON_CAP, _config, _entmax_flags
+from .function import LEAN_SIMPLEX, MAXIT, NEWTON_CAP, _config, _entmax_flags
 from .loss_kernel import fenchel_young_fwd_kernel
 from ...threshold.families import KERNEL_IDS
 
@@ -36,6 +36,7 @@ def fenchel_young_fused_rows(x: Tensor, target: Tensor, scale: Tensor, fam: int,
         fenchel_young_fwd_kernel[(triton.cdiv(r, rpp),)](
             x, target, grad if want_grad else x, loss, scale, r, n, float(k), 1.0 / tau, am1,
             FAM=fam, ROWS=rpp, BLOCK=blk, ONCHIP=oc, BIG=big, PROBE=fam >= KERNEL_IDS["exp"] or big, ANCHOR=anchor,
-            NEWTON_CAP=NEWTON_CAP, MAXIT=MAXIT, DENSE=dense, WANT_GRAD=want_grad, num_warps=warps,
+            NEWTON_CAP=NEWTON_CAP, MAXIT=MAXIT, DENSE=dense, WANT_GRAD=want_grad,
+            LEAN=oc and onchip is None and fam in LEAN_SIMPLEX and not (big or anchor), num_warps=warps,
         )
     return loss, grad

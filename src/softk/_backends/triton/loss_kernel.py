@@ -6,7 +6,9 @@ masked off; the launcher's ROWS and warps are the forward's, see
 
 The first pass and the λ search are the forward kernel's own
 (:func:`.passes._row_stats`, :func:`.search._find_lambda`, and for α-entmax
-outside [1.125, 2] :func:`.anchor._solve_anchor`); the last pass,
+outside [1.125, 2] :func:`.anchor._solve_anchor`; with ``LEAN``, rows held
+in registers of sparsemax, entmax15 and α-entmax for 1.125 ≤ α ≤ 2 take the
+lean forward's search, :func:`.lean._lean_search`); the last pass,
 instead of writing p, writes the gradient and sums the value.  With
 u = z − λ (λ = c + t, so u = (z − c) − t keeps its precision far from the
 origin) and Σy = Σp = k,
@@ -47,6 +49,7 @@ from .ids import ENTMAX, ENTMAX15, EXP, LAPLACE, SIGMOID, SOFTMAX, SPARSE, SPARS
 from .anchor import _anchor_p, _solve_anchor
 from .family_math import _f, _log1p
 from .frame import _solve
+from .lean import _lean_search, _lower_bound
 from .prelude import FLT_MAX, _cols, _frame_z, _load_frame_z, _row_stats
 
 
@@ -134,7 +137,7 @@ def fenchel_young_fwd_kernel(X, T, G, LOSS, SCALE, R, n, k, inv_tau, am1,
                              FAM: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, ONCHIP: tl.constexpr,
                              BIG: tl.constexpr, PROBE: tl.constexpr, ANCHOR: tl.constexpr,
                              NEWTON_CAP: tl.constexpr, MAXIT: tl.constexpr, DENSE: tl.constexpr,
-                             WANT_GRAD: tl.constexpr):
+                             WANT_GRAD: tl.constexpr, LEAN: tl.constexpr):
     """Per row: LOSS[row] = L (float32) and, with WANT_GRAD, G = SCALE·(p − y)/τ
     in G's dtype.  T is the dense target (R, n) when DENSE, else the class
     index per row (int64, −1 for an ignored row)."""
@@ -160,6 +163,13 @@ def fenchel_young_fwd_kernel(X, T, G, LOSS, SCALE, R, n, k, inv_tau, am1,
                                        FAM, ROWS, BLOCK, ONCHIP, BIG, PROBE, NEWTON_CAP, MAXIT, ANCHOR)
         c = A
         t = -tl.exp(am1 * ell) / am1
+    elif LEAN:  # on chip: the lean search in the frame of the max, from λ's lower bound
+        ref = tl.where((xmax > float("-inf")) & (xmax < float("inf")), xmax, 0.0)
+        lam0 = tl.zeros([ROWS, 1], tl.float32) + _lower_bound(k, am1, FAM)
+        c, _ = _lean_search(_frame_z(xrow, ref, inv_tau, FAM), lam0, search, k, am1, FAM, MAXIT)
+        t = tl.zeros([ROWS, 1], tl.float32)
+        A = c
+        ell = c
     else:
         ref, c, t, _ = _solve(xr, rmask, xrow, lanes, n, inv_tau, xmax, xmin, m, lseS, search, k, am1,
                               FAM, ROWS, BLOCK, ONCHIP, BIG, PROBE, NEWTON_CAP, MAXIT)
