@@ -41,6 +41,30 @@ static int64_t FN(compact)(T *val, int64_t *idx, int64_t c, T lam)
     return c2;
 }
 
+/* G = Σ w^q and S = Σ w^{q−1} over w = (α−1)(v − λ) > 0, v in val[0..cp),
+ * cp a multiple of PAD (no scalar remainder).  w^q as e^{q log w}: libmvec's
+ * vector pow costs about three exp + log pairs, and the relative error,
+ * a few ulps times (1 + |log w^q|), is a few ulps of the p that matter
+ * (w^q ≤ k, and entries with tiny w^q add tiny absolute errors).  The mask multiplies rather
+ * than selects: with a select GCC sinks the calls into a branch, and a loop
+ * with a branch around a call is not vectorised (the calls then run scalar).
+ * log gets 1 where w ≤ 0: its vector variants take a slow path for 0. */
+static void FN(entmax_sums)(const T *val, int64_t cp, T lam, T am1, T q, T *Gp, T *Sp)
+{
+    T G = 0, S = 0;
+#pragma omp simd reduction(+ : G, S)
+    for (int64_t j = 0; j < cp; j++) {
+        T w = am1 * (val[j] - lam);
+        T on = w > 0;
+        T w1 = w > 0 ? w : 1;
+        T wq = EXP(q * LOG(w1)) * on;
+        G += wq;
+        S += wq / w1;
+    }
+    *Gp = G;
+    *Sp = S;
+}
+
 /* ---------------------------------------------------------------------------
  * Families with f(u) = 0 for u ≤ 0 (sparsemax, entmax15, entmax α ≤ 2).
  * g(λ) = Σ f(v − λ) is convex and decreasing, so Newton started at a lower
@@ -100,19 +124,12 @@ static T FN(solve_candidates)(int fam, T lam, T k, T alpha, T *val, int64_t *idx
             lam = next;
         } else {
             T G = 0, S = 0; /* Σw^q, Σw^{q−1}, w = (α−1)(v − λ) > 0 */
-            /* Whole vectors only: a scalar pow in the loop's remainder costs
+            /* Whole vectors only: a scalar call in the loop's remainder costs
              * as much as a vector one, so pad with entries at λ (w = 0,
-             * masked; pow gets 1 there, as its vector variants take a slow
-             * path for 0).  val/idx have PAD spare slots. */
+             * masked).  val/idx have PAD spare slots. */
             int64_t cp = (c + PAD - 1) / PAD * PAD;
             for (int64_t j = c; j < cp; j++) val[j] = lam;
-#pragma omp simd reduction(+ : G, S)
-            for (int64_t j = 0; j < cp; j++) {
-                T w = am1 * (val[j] - lam);
-                T wq1 = POW(w > 0 ? w : 1, q - 1);
-                G += w > 0 ? wq1 * w : 0;
-                S += w > 0 ? wq1 : 0;
-            }
+            FN(entmax_sums)(val, cp, lam, am1, q, &G, &S);
             if (!(G > k)) break;
             T step = q * (POW(G, 1 / q) - POW(k, 1 / q)) * POW(G, 1 - 1 / q) / S;
             T next = lam + step;
@@ -238,12 +255,22 @@ static void FN(write_zero_below)(int fam, T *p, int64_t n, T lam, T alpha, T *va
     }
     int64_t cp = (c + PAD - 1) / PAD * PAD; /* whole vectors, as in solve_candidates */
     for (int64_t j = c; j < cp; j++) val[j] = lam;
+    if (fam == 3) { /* vectorised as in entmax_sums (mask multiplied, log gets 1 off support) */
+#pragma omp simd
+        for (int64_t j = 0; j < cp; j++) {
+            T w = am1 * (val[j] - lam);
+            T on = w > 0;
+            T w1 = w > 0 ? w : 1;
+            val[j] = EXP(q * LOG(w1)) * on;
+        }
+        for (int64_t j = 0; j < c; j++) p[idx[j]] = val[j];
+        return;
+    }
 #pragma omp simd
     for (int64_t j = 0; j < cp; j++) {
         T u = val[j] - lam;
         u = u > 0 ? u : 0;
-        /* pow's vector variants take a slow scalar path for 0: feed them 1 there */
-        val[j] = fam == 1 ? u : fam == 2 ? (T)0.25 * u * u : (u > 0 ? POW(am1 * (u > 0 ? u : 1), q) : 0);
+        val[j] = fam == 1 ? u : (T)0.25 * u * u;
     }
     for (int64_t j = 0; j < c; j++) p[idx[j]] = val[j];
 }
