@@ -77,14 +77,16 @@ static void FN(entmax_sums)(const T *val, int64_t cp, T lam, T am1, T q, T *Gp, 
  *              first and accepted when no candidate falls below it (exact);
  *              otherwise a Newton step.
  *   entmax α:  Newton on h = g^{1/q} − k^{1/q}, q = 1/(α−1) ≥ 1 (convex, nearly
- *              linear), until the step is below a few ulps.
+ *              linear), until the step is below rtol·(1 + |λ|) (a few ulps
+ *              for λ itself; looser for a lower bound, see solve_zero_below).
  * On return (val, idx)[0..*nval) holds every candidate with v > λ (and
  * possibly a few at λ, where f = 0).  Returns λ.
  */
-static T FN(solve_candidates)(int fam, T lam, T k, T alpha, T *val, int64_t *idx, int64_t c,
+static T FN(solve_candidates)(int fam, T lam, T k, T alpha, T rtol, T *val, int64_t *idx, int64_t c,
                               int64_t *nval, int64_t *iters)
 {
     T am1 = alpha - 1, q = 1 / am1;
+    T kq = fam == 3 ? POW(k, am1) : 0; /* k^{1/q} */
     int64_t it = 0;
     for (; it < 2 * c + 100; it++) {
         if (fam == 1) {
@@ -131,18 +133,23 @@ static T FN(solve_candidates)(int fam, T lam, T k, T alpha, T *val, int64_t *idx
             for (int64_t j = c; j < cp; j++) val[j] = lam;
             FN(entmax_sums)(val, cp, lam, am1, q, &G, &S);
             if (!(G > k)) break;
-            T step = q * (POW(G, 1 / q) - POW(k, 1 / q)) * POW(G, 1 - 1 / q) / S;
+            T Gq = POW(G, am1); /* G^{1/q}; G^{1−1/q} = G / G^{1/q}: one scalar pow a round */
+            T step = q * (Gq - kq) * (G / Gq) / S;
             T next = lam + step;
             if (!(next > lam)) break;
             c = FN(compact)(val, idx, c, next);
             lam = next;
-            if (step <= 4 * EPS * (1 + fabs((double)lam))) break;
+            if (step <= rtol * (1 + fabs((double)lam))) break;
         }
     }
     *nval = c;
     if (iters) *iters += it + 1;
     return lam;
 }
+
+/* Relative step at which entmax α's Newton on the block maxima stops (see
+ * solve_zero_below). */
+#define STAGE0_RTOL 1e-3
 
 /* Row scan with block maxima: bm[b] = max of z[b·B, (b+1)·B) (−inf if none is finite). */
 #define BLK 32
@@ -188,7 +195,11 @@ static T FN(solve_zero_below)(int fam, const T *z, const T *bm, T m, int64_t n, 
             idx[c] = b;
             c += v > lam;
         }
-        T sub = FN(solve_candidates)(fam, lam, k, alpha, val, idx, c, &c2, iters);
+        /* entmax α's Newton may stop early here: every iterate from the
+         * left is a lower bound, and the last digits of the subset's λ barely
+         * change which entries pass it, while each round costs a pow pair
+         * per block */
+        T sub = FN(solve_candidates)(fam, lam, k, alpha, (T)STAGE0_RTOL, val, idx, c, &c2, iters);
         /* keep a few ulps below the subset's λ: it is exact only up to rounding */
         sub -= 16 * EPS * (1 + fabs((double)sub));
         lam = sub > lam ? sub : lam;
@@ -204,7 +215,7 @@ static T FN(solve_zero_below)(int fam, const T *z, const T *bm, T m, int64_t n, 
             c += v > lam;
         }
     }
-    return FN(solve_candidates)(fam, lam, k, alpha, val, idx, c, nval, iters);
+    return FN(solve_candidates)(fam, lam, k, alpha, 4 * EPS, val, idx, c, nval, iters);
 }
 
 /* entmax with α near 1 (q = 1/(α−1) > 8): λ ≈ −q is known only to eps·q, and
