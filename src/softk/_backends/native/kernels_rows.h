@@ -42,6 +42,7 @@ static int64_t FN(compact)(T *val, int64_t *idx, int64_t c, T lam)
 }
 
 /* G = Σ w^q and S = Σ w^{q−1} over w = (α−1)(v − λ) > 0, v in val[0..cp),
+ * and pw[j] = w_j^q (0 off support),
  * cp a multiple of PAD (no scalar remainder).  w^q as e^{q log w}: libmvec's
  * vector pow costs about three exp + log pairs, and the relative error,
  * a few ulps times (1 + |log w^q|), is a few ulps of the p that matter
@@ -49,7 +50,7 @@ static int64_t FN(compact)(T *val, int64_t *idx, int64_t c, T lam)
  * than selects: with a select GCC sinks the calls into a branch, and a loop
  * with a branch around a call is not vectorised (the calls then run scalar).
  * log gets 1 where w ≤ 0: its vector variants take a slow path for 0. */
-static void FN(entmax_sums)(const T *val, int64_t cp, T lam, T am1, T q, T *Gp, T *Sp)
+static void FN(entmax_sums)(const T *val, int64_t cp, T lam, T am1, T q, T *pw, T *Gp, T *Sp)
 {
     T G = 0, S = 0;
 #pragma omp simd reduction(+ : G, S)
@@ -58,6 +59,7 @@ static void FN(entmax_sums)(const T *val, int64_t cp, T lam, T am1, T q, T *Gp, 
         T on = w > 0;
         T w1 = w > 0 ? w : 1;
         T wq = EXP(q * LOG(w1)) * on;
+        pw[j] = wq;
         G += wq;
         S += wq / w1;
     }
@@ -65,12 +67,17 @@ static void FN(entmax_sums)(const T *val, int64_t cp, T lam, T am1, T q, T *Gp, 
     *Sp = S;
 }
 
+/* Relative step at which entmax α's Newton on the block maxima stops (see
+ * solve_zero_below), and below which its rounds skip compaction. */
+#define STAGE0_RTOL 1e-3
+
 /* ---------------------------------------------------------------------------
  * Families with f(u) = 0 for u ≤ 0 (sparsemax, entmax15, entmax α ≤ 2).
  * g(λ) = Σ f(v − λ) is convex and decreasing, so Newton started at a lower
  * bound (g ≥ k there) climbs to λ without overshooting, and entries at or
  * below the current λ can be dropped for good: each round touches only the
- * surviving candidates (val, idx)[0..c), all > lam on entry.
+ * surviving candidates (val, idx)[0..c), all > lam on entry (entmax α
+ * skips compacting after small steps: its sums mask entries at or below λ).
  *   sparsemax: the Newton step is the closed form on the current support
  *              (Michelot); exact as soon as the support stops shrinking.
  *   entmax15:  the closed form (a quadratic) on the current support is tried
@@ -80,11 +87,12 @@ static void FN(entmax_sums)(const T *val, int64_t cp, T lam, T am1, T q, T *Gp, 
  *              linear), until the step is below rtol·(1 + |λ|) (a few ulps
  *              for λ itself; looser for a lower bound, see solve_zero_below).
  * On return (val, idx)[0..*nval) holds every candidate with v > λ (and
- * possibly a few at λ, where f = 0).  Returns λ.
+ * possibly a few at or below λ, where f = 0).  Returns λ.
  */
-static T FN(solve_candidates)(int fam, T lam, T k, T alpha, T rtol, T *val, int64_t *idx, int64_t c,
-                              int64_t *nval, int64_t *iters)
+static T FN(solve_candidates)(int fam, T lam, T k, T alpha, T rtol, T *val, int64_t *idx, T *pw, int64_t c,
+                              int64_t *nval, int *have_p, int64_t *iters)
 {
+    *have_p = 0;
     T am1 = alpha - 1, q = 1 / am1;
     T kq = fam == 3 ? POW(k, am1) : 0; /* k^{1/q} */
     int64_t it = 0;
@@ -131,25 +139,50 @@ static T FN(solve_candidates)(int fam, T lam, T k, T alpha, T rtol, T *val, int6
              * masked).  val/idx have PAD spare slots. */
             int64_t cp = (c + PAD - 1) / PAD * PAD;
             for (int64_t j = c; j < cp; j++) val[j] = lam;
-            FN(entmax_sums)(val, cp, lam, am1, q, &G, &S);
-            if (!(G > k)) break;
+            FN(entmax_sums)(val, cp, lam, am1, q, pw, &G, &S);
+            if (!(G > k)) { /* pw holds p at this λ */
+                *have_p = 1;
+                break;
+            }
             T Gq = POW(G, am1); /* G^{1/q}; G^{1−1/q} = G / G^{1/q}: one scalar pow a round */
             T step = q * (Gq - kq) * (G / Gq) / S;
             T next = lam + step;
-            if (!(next > lam)) break;
-            c = FN(compact)(val, idx, c, next);
+            if (!(next > lam)) {
+                *have_p = 1;
+                break;
+            }
+            if (step <= rtol * (1 + fabs((double)lam))) {
+                /* The last round: p at next = lam + step from this round's
+                 * w^q, to first order, (w − aδ)^q ≈ w^q (1 − q aδ / w), so
+                 * the final write needs no pow.  aδ is a few ulps, so the
+                 * dropped second-order term is below rounding (and where
+                 * w < q aδ, p is that small too: clamped at 0).  Entries at
+                 * or below next are dropped, as compact does. */
+                T qad = q * am1 * step;
+                int64_t c2 = 0;
+                for (int64_t j = 0; j < c; j++) {
+                    T v = val[j], w = am1 * (v - lam);
+                    T pj = pw[j] - qad * (pw[j] / (w > 0 ? w : 1));
+                    val[c2] = v;
+                    idx[c2] = idx[j];
+                    pw[c2] = pj > 0 ? pj : 0;
+                    c2 += v > next;
+                }
+                c = c2;
+                lam = next;
+                *have_p = 1;
+                break;
+            }
+            /* Compact only after a large step: a small one drops few
+             * entries, and the sums mask those at or below λ anyway. */
+            if (step > (T)STAGE0_RTOL * (1 + fabs((double)lam))) c = FN(compact)(val, idx, c, next);
             lam = next;
-            if (step <= rtol * (1 + fabs((double)lam))) break;
         }
     }
     *nval = c;
     if (iters) *iters += it + 1;
     return lam;
 }
-
-/* Relative step at which entmax α's Newton on the block maxima stops (see
- * solve_zero_below). */
-#define STAGE0_RTOL 1e-3
 
 /* Row scan with block maxima: bm[b] = max of z[b·B, (b+1)·B) (−inf if none is finite). */
 #define BLK 32
@@ -181,11 +214,15 @@ static T FN(row_scan_blocks)(const T *z, int64_t n, T *bm, int64_t *count, int *
  *    bound of the row's λ (fewer terms in g), so solving on them (from the
  *    family's bound: the top entry alone reaches k) gives a tight lower bound;
  * 2. only blocks whose maximum is above that bound can hold candidates: they
- *    are compacted into (val, idx) and solved exactly from the bound. */
+ *    are compacted into (val, idx) and solved exactly from the bound.
+ * val has 2 (n + PAD) slots, idx n + PAD.  For entmax α, *have_p = 1 says
+ * that val[n + PAD + j] already holds candidate j's p (the solver's last
+ * round computes it; write_zero_below then takes it). */
 static T FN(solve_zero_below)(int fam, const T *z, const T *bm, T m, int64_t n, T k, T alpha,
-                              T *val, int64_t *idx, int64_t *nval, int64_t *iters)
+                              T *val, int64_t *idx, int64_t *nval, int *have_p, int64_t *iters)
 {
-    T am1 = alpha - 1;
+    T am1 = alpha - 1, *pw = val + n + PAD;
+    int dummy;
     T lam = fam == 1 ? -k : fam == 2 ? -2 * SQRT(k) : -POW(k, am1) / am1;
     int64_t nb = (n + BLK - 1) / BLK, c = 0, c2;
     if (nb > 1) {
@@ -199,7 +236,7 @@ static T FN(solve_zero_below)(int fam, const T *z, const T *bm, T m, int64_t n, 
          * left is a lower bound, and the last digits of the subset's λ barely
          * change which entries pass it, while each round costs a pow pair
          * per block */
-        T sub = FN(solve_candidates)(fam, lam, k, alpha, (T)STAGE0_RTOL, val, idx, c, &c2, iters);
+        T sub = FN(solve_candidates)(fam, lam, k, alpha, (T)STAGE0_RTOL, val, idx, pw, c, &c2, &dummy, iters);
         /* keep a few ulps below the subset's λ: it is exact only up to rounding */
         sub -= 16 * EPS * (1 + fabs((double)sub));
         lam = sub > lam ? sub : lam;
@@ -208,6 +245,22 @@ static T FN(solve_zero_below)(int fam, const T *z, const T *bm, T m, int64_t n, 
     for (int64_t b = 0; b < nb; b++) {
         if (!(bm[b] - m > lam)) continue;
         int64_t i0 = b * BLK, end = i0 + BLK < n ? i0 + BLK : n;
+        if (end - i0 == BLK) {
+            /* A whole block: a bit mask of its candidates (a vectorised
+             * compare), then one store per candidate, not per entry: where
+             * most blocks hold a few candidates (wide supports), the scalar
+             * compaction over every entry cost more than the solve. */
+            uint32_t mask = 0;
+#pragma omp simd reduction(| : mask)
+            for (int j = 0; j < BLK; j++) mask |= (uint32_t)(z[i0 + j] - m > lam) << j;
+            for (; mask; mask &= mask - 1) {
+                int j = __builtin_ctz(mask);
+                val[c] = z[i0 + j] - m;
+                idx[c] = i0 + j;
+                c++;
+            }
+            continue;
+        }
         for (int64_t i = i0; i < end; i++) {
             T v = z[i] - m;
             val[c] = v;
@@ -215,7 +268,7 @@ static T FN(solve_zero_below)(int fam, const T *z, const T *bm, T m, int64_t n, 
             c += v > lam;
         }
     }
-    return FN(solve_candidates)(fam, lam, k, alpha, 4 * EPS, val, idx, c, nval, iters);
+    return FN(solve_candidates)(fam, lam, k, alpha, 4 * EPS, val, idx, pw, c, nval, have_p, iters);
 }
 
 /* entmax with α near 1 (q = 1/(α−1) > 8): λ ≈ −q is known only to eps·q, and
@@ -253,15 +306,24 @@ static void FN(entmax_near_softmax)(T lam, T am1, T *val, int64_t c)
     }
 }
 
-/* f(v − λ) on the candidates, written into a zeroed row. */
+/* f(v − λ) on the candidates, written into a zeroed row; val[j] becomes p of
+ * candidate j.  pw: entmax α's p from the solver (solve_zero_below's
+ * *have_p), or NULL. */
 static void FN(write_zero_below)(int fam, T *p, int64_t n, T lam, T alpha, T *val,
-                                 const int64_t *idx, int64_t c)
+                                 const int64_t *idx, int64_t c, const T *pw)
 {
     T am1 = alpha - 1, q = 1 / am1;
     memset(p, 0, (size_t)n * sizeof(T));
     if (fam == 3 && q > 8) {
         FN(entmax_near_softmax)(lam, am1, val, c);
         for (int64_t j = 0; j < c; j++) p[idx[j]] = val[j];
+        return;
+    }
+    if (fam == 3 && pw) {
+        for (int64_t j = 0; j < c; j++) {
+            val[j] = pw[j];
+            p[idx[j]] = pw[j];
+        }
         return;
     }
     int64_t cp = (c + PAD - 1) / PAD * PAD; /* whole vectors, as in solve_candidates */
