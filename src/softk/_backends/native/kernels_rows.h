@@ -250,6 +250,10 @@ static T FN(solve_zero_below)(int fam, const T *z, const T *bm, T m, int64_t n, 
              * compare), then one store per candidate, not per entry: where
              * most blocks hold a few candidates (wide supports), the scalar
              * compaction over every entry cost more than the solve. */
+#if GATHER_AVX2
+            c = gather_block_avx2(z + i0, i0, m, lam, val, idx, c);
+            continue;
+#endif
             uint32_t mask = 0;
 #pragma omp simd reduction(| : mask)
             for (int j = 0; j < BLK; j++) mask |= (uint32_t)(z[i0 + j] - m > lam) << j;
