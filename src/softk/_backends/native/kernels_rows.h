@@ -52,12 +52,16 @@ static int64_t FN(compact)(T *val, int64_t *idx, int64_t c, T lam)
  * log gets 1 where w ≤ 0: its vector variants take a slow path for 0. */
 static void FN(entmax_sums)(const T *val, int64_t cp, T lam, T am1, T q, T *pw, T *Gp, T *Sp)
 {
+    /* An opaque 1: with a literal, GCC rewrites log(w > 0 ? w : 1) as
+     * (w > 0 ? log(w) : 0), and log then gets the 0s and negatives after all. */
+    volatile T one_v = 1;
+    T one = one_v;
     T G = 0, S = 0;
 #pragma omp simd reduction(+ : G, S)
     for (int64_t j = 0; j < cp; j++) {
         T w = am1 * (val[j] - lam);
         T on = w > 0;
-        T w1 = w > 0 ? w : 1;
+        T w1 = w > 0 ? w : one;
         T wq = EXP(q * LOG(w1)) * on;
         pw[j] = wq;
         G += wq;
@@ -333,11 +337,13 @@ static void FN(write_zero_below)(int fam, T *p, int64_t n, T lam, T alpha, T *va
     int64_t cp = (c + PAD - 1) / PAD * PAD; /* whole vectors, as in solve_candidates */
     for (int64_t j = c; j < cp; j++) val[j] = lam;
     if (fam == 3) { /* vectorised as in entmax_sums (mask multiplied, log gets 1 off support) */
+        volatile T one_v = 1;
+        T one = one_v;
 #pragma omp simd
         for (int64_t j = 0; j < cp; j++) {
             T w = am1 * (val[j] - lam);
             T on = w > 0;
-            T w1 = w > 0 ? w : 1;
+            T w1 = w > 0 ? w : one;
             val[j] = EXP(q * LOG(w1)) * on;
         }
         for (int64_t j = 0; j < c; j++) p[idx[j]] = val[j];
