@@ -72,8 +72,11 @@ static void FN(entmax_sums)(const T *val, int64_t cp, T lam, T am1, T q, T *pw, 
 }
 
 /* Relative step at which entmax α's Newton on the block maxima stops (see
- * solve_zero_below), and below which its rounds skip compaction. */
-#define STAGE0_RTOL 1e-3
+ * solve_zero_below): its bound then sits within a few hundredths of the
+ * subset's λ, which admits few extra candidates, each cheaper than a round.
+ * Below COMPACT_RTOL its rounds skip compaction. */
+#define STAGE0_RTOL 3e-2
+#define COMPACT_RTOL 1e-3
 
 /* ---------------------------------------------------------------------------
  * Families with f(u) = 0 for u ≤ 0 (sparsemax, entmax15, entmax α ≤ 2).
@@ -179,7 +182,7 @@ static T FN(solve_candidates)(int fam, T lam, T k, T alpha, T rtol, T *val, int6
             }
             /* Compact only after a large step: a small one drops few
              * entries, and the sums mask those at or below λ anyway. */
-            if (step > (T)STAGE0_RTOL * (1 + fabs((double)lam))) c = FN(compact)(val, idx, c, next);
+            if (step > (T)COMPACT_RTOL * (1 + fabs((double)lam))) c = FN(compact)(val, idx, c, next);
             lam = next;
         }
     }
