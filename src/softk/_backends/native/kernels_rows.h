@@ -288,33 +288,49 @@ static T FN(solve_zero_below)(int fam, const T *z, const T *bm, T m, int64_t n, 
  * w = 1 + x with x = a(v − μ) small: p = e^{q·log1p(x)} is exact to a few
  * ulps and tends to softmax as α → 1.  g(μ) is convex and decreasing, so
  * Newton started a little left of the root (g ≥ 1) climbs to it in one or
- * two steps from the λ solution.  Only these rows pay the extra passes
- * (scalar log1p: libmvec's vector log1p is not in every glibc).
- * Overwrites val[j] with p_j for the candidates. */
-static void FN(entmax_near_softmax)(T lam, T am1, T *val, int64_t c)
+ * two steps from the λ solution.
+ * log1p(x) = log(u) + (x − (u − 1))/u with u = 1 + x rounded: the second
+ * term restores what rounding u dropped (to first order, which is all of it
+ * that matters), and log has vector variants where log1p may not.
+ * Entries with x ≤ −1 (p = 0) and the padding are masked as in entmax_sums.
+ * Overwrites val[j] with p_j for the candidates (val has PAD spare slots). */
+static T FN(near_softmax_sums)(const T *val, int64_t cp, T mu, T am1, T q, T *pw, T *Sp)
 {
-    T q = 1 / am1;
+    volatile T zero_v = 0; /* opaque: see entmax_sums */
+    T zero = zero_v;
+    T G = 0, S = 0;
+#pragma omp simd reduction(+ : G, S)
+    for (int64_t j = 0; j < cp; j++) {
+        T x = am1 * (val[j] - mu);
+        T on = x > -1;
+        T xs = x > -1 ? x : zero;
+        T u = 1 + xs;
+        T l = LOG(u) + (xs - (u - 1)) / u;
+        T p = EXP(q * l) * on;
+        pw[j] = p;
+        G += p;
+        S += p / u; /* u^{q−1} */
+    }
+    *Sp = S;
+    return G;
+}
+
+static void FN(entmax_near_softmax)(T lam, T am1, T *val, int64_t c, T *pw)
+{
+    T q = 1 / am1, S;
     T mu = lam + q;
     mu -= 8 * EPS * (fabs((double)lam) + 1);
+    int64_t cp = (c + PAD - 1) / PAD * PAD;
+    for (int64_t j = c; j < cp; j++) val[j] = -INFINITY; /* x = −inf: masked */
     for (int it = 0; it < 8; it++) {
-        T G = 0, S = 0;
-        for (int64_t j = 0; j < c; j++) {
-            T x = am1 * (val[j] - mu);
-            if (x > -1) {
-                T l = (T)log1p((double)x);
-                G += EXP(q * l);
-                S += EXP((q - 1) * l);
-            }
-        }
+        T G = FN(near_softmax_sums)(val, cp, mu, am1, q, pw, &S);
         if (!(S > 0)) break;
         T step = (G - 1) / S;
         mu += step;
         if (fabs((double)step) <= 2 * EPS * (fabs((double)mu) + 1)) break;
     }
-    for (int64_t j = 0; j < c; j++) {
-        T x = am1 * (val[j] - mu);
-        val[j] = x > -1 ? EXP(q * (T)log1p((double)x)) : 0;
-    }
+    FN(near_softmax_sums)(val, cp, mu, am1, q, pw, &S);
+    for (int64_t j = 0; j < c; j++) val[j] = pw[j];
 }
 
 /* f(v − λ) on the candidates, written into a zeroed row; val[j] becomes p of
@@ -326,7 +342,7 @@ static void FN(write_zero_below)(int fam, T *p, int64_t n, T lam, T alpha, T *va
     T am1 = alpha - 1, q = 1 / am1;
     memset(p, 0, (size_t)n * sizeof(T));
     if (fam == 3 && q > 8) {
-        FN(entmax_near_softmax)(lam, am1, val, c);
+        FN(entmax_near_softmax)(lam, am1, val, c, val + n + PAD);
         for (int64_t j = 0; j < c; j++) p[idx[j]] = val[j];
         return;
     }
