@@ -42,14 +42,14 @@ static int64_t FN(compact)(T *val, int64_t *idx, int64_t c, T lam)
 }
 
 /* G = Σ w^q and S = Σ w^{q−1} over w = (α−1)(v − λ) > 0, v in val[0..cp),
- * and pw[j] = w_j^q (0 off support),
- * cp a multiple of PAD (no scalar remainder).  w^q as e^{q log w}: libmvec's
- * vector pow costs about three exp + log pairs, and the relative error,
- * a few ulps times (1 + |log w^q|), is a few ulps of the p that matter
- * (w^q ≤ k, and entries with tiny w^q add tiny absolute errors).  The mask multiplies rather
- * than selects: with a select GCC sinks the calls into a branch, and a loop
- * with a branch around a call is not vectorised (the calls then run scalar).
- * log gets 1 where w ≤ 0: its vector variants take a slow path for 0. */
+ * and pw[j] = w_j^q (0 off support); cp a multiple of PAD (no scalar
+ * remainder).  w^q as e^{q log w}: libmvec's vector pow costs about three
+ * exp + log pairs, and the relative error, a few ulps times (1 + |log w^q|),
+ * is a few ulps of the p that matter (w^q ≤ k; tiny w^q add tiny absolute
+ * errors).  The mask multiplies rather than selects: with a select GCC
+ * sinks the calls into a branch, and a loop with a branch around a call is
+ * not vectorised (the calls then run scalar).  log gets 1 where w ≤ 0: its
+ * vector variants take a slow path for 0 and negatives. */
 static void FN(entmax_sums)(const T *val, int64_t cp, T lam, T am1, T q, T *pw, T *Gp, T *Sp)
 {
     /* An opaque 1: with a literal, GCC rewrites log(w > 0 ? w : 1) as
@@ -239,10 +239,10 @@ static T FN(solve_zero_below)(int fam, const T *z, const T *bm, T m, int64_t n, 
             idx[c] = b;
             c += v > lam;
         }
-        /* entmax α's Newton may stop early here: every iterate from the
-         * left is a lower bound, and the last digits of the subset's λ barely
-         * change which entries pass it, while each round costs a pow pair
-         * per block */
+        /* entmax α's Newton may stop early here (STAGE0_RTOL): every
+         * iterate from the left is a lower bound, and the last digits of the
+         * subset's λ barely change which entries pass it, while each round
+         * costs an exp and a log per block */
         T sub = FN(solve_candidates)(fam, lam, k, alpha, (T)STAGE0_RTOL, val, idx, pw, c, &c2, &dummy, iters);
         /* keep a few ulps below the subset's λ: it is exact only up to rounding */
         sub -= 16 * EPS * (1 + fabs((double)sub));
@@ -253,10 +253,12 @@ static T FN(solve_zero_below)(int fam, const T *z, const T *bm, T m, int64_t n, 
         if (!(bm[b] - m > lam)) continue;
         int64_t i0 = b * BLK, end = i0 + BLK < n ? i0 + BLK : n;
         if (end - i0 == BLK) {
-            /* A whole block: a bit mask of its candidates (a vectorised
-             * compare), then one store per candidate, not per entry: where
-             * most blocks hold a few candidates (wide supports), the scalar
-             * compaction over every entry cost more than the solve. */
+            /* A whole block: float rows with AVX2 gather branch-free (see
+             * gather_block_avx2 in kernels.c); otherwise a bit mask of the
+             * candidates (a vectorised compare), then one store per
+             * candidate, not per entry: where most blocks hold a few
+             * candidates (wide supports), a compaction over every entry
+             * cost more than the solve. */
 #if GATHER_AVX2
             c = gather_block_avx2(z + i0, i0, m, lam, val, idx, c);
             continue;
@@ -293,7 +295,8 @@ static T FN(solve_zero_below)(int fam, const T *z, const T *bm, T m, int64_t n, 
  * term restores what rounding u dropped (to first order, which is all of it
  * that matters), and log has vector variants where log1p may not.
  * Entries with x ≤ −1 (p = 0) and the padding are masked as in entmax_sums.
- * Overwrites val[j] with p_j for the candidates (val has PAD spare slots). */
+ * entmax_near_softmax overwrites val[j] with p_j for the candidates (val
+ * has PAD spare slots; pw, n + PAD slots, is its scratch). */
 static T FN(near_softmax_sums)(const T *val, int64_t cp, T mu, T am1, T q, T *pw, T *Sp)
 {
     volatile T zero_v = 0; /* opaque: see entmax_sums */
