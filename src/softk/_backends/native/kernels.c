@@ -9,10 +9,12 @@
  *
  * The algorithm is in kernels_impl.h, compiled once for float and once for
  * double; kernels_loss.h adds the fused Fenchel–Young losses on top of its
- * solvers, kernels_topk_ce.h Su's sparse-softmax cross-entropy.  This file only declares the vector variants of expf/logf/powf that
- * glibc's libmvec provides, so GCC vectorises the loops that call them
- * without -ffast-math (which would break the inf/NaN row conventions).
- * Elsewhere the same code compiles to scalar calls.
+ * solvers, kernels_topk_ce.h Su's sparse-softmax cross-entropy.  This file
+ * declares the vector variants of expf/logf/powf that glibc's libmvec
+ * provides, so GCC vectorises the loops that call them without -ffast-math
+ * (which would break the inf/NaN row conventions); elsewhere the same code
+ * compiles to scalar calls.  It also holds the AVX2 gather of float rows'
+ * candidates (portable code elsewhere).
  */
 #include <math.h>
 #include <stdint.h>
