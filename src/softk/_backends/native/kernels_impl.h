@@ -14,7 +14,7 @@
 #include "kernels_exp.h"
 
 /* ---------------------------------------------------------------------------
- * Forward over rows [0, rows).  scratch: 2n slots (values, indices) per call.
+ * Forward over rows [0, rows).  scratch: values (2 (n + PAD) slots, see solve_zero_below), indices and block maxima per call.
  * Returns 0, or −1 when scratch memory could not be allocated.
  */
 int FN(softk_forward)(int fam, const T *z, T *p, int64_t rows, int64_t n, double kd,
@@ -25,7 +25,7 @@ int FN(softk_forward)(int fam, const T *z, T *p, int64_t rows, int64_t n, double
     int64_t *idx = NULL;
     T *bm = NULL;
     if (fam >= 1 && fam <= 3) {
-        val = (T *)malloc((size_t)(n + PAD) * sizeof(T));
+        val = (T *)malloc((size_t)(2 * (n + PAD)) * sizeof(T)); /* see solve_zero_below */
         idx = (int64_t *)malloc((size_t)(n + PAD) * sizeof(int64_t));
         bm = (T *)malloc((size_t)((n + BLK - 1) / BLK) * sizeof(T));
         if (!val || !idx || !bm) {
@@ -58,8 +58,9 @@ int FN(softk_forward)(int fam, const T *z, T *p, int64_t rows, int64_t n, double
             FN(exp_write)(zr, pr, n, ref, lam);
         } else {
             int64_t c;
-            T lam = FN(solve_zero_below)(fam, zr, bm, m, n, k, alpha, val, idx, &c, &iters);
-            FN(write_zero_below)(fam, pr, n, lam, alpha, val, idx, c);
+            int have_p;
+            T lam = FN(solve_zero_below)(fam, zr, bm, m, n, k, alpha, val, idx, &c, &have_p, &iters);
+            FN(write_zero_below)(fam, pr, n, lam, alpha, val, idx, c, have_p ? val + n + PAD : NULL);
         }
         worst = iters > worst ? iters : worst;
     }

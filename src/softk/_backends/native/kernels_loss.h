@@ -146,8 +146,9 @@ static T FN(fy_row)(int fam, const T *zr, int64_t n, T k, T alpha, int64_t tgt, 
             FN(exp_write)(zr, pr, n, ref, lam); /* the forward's own p */
         }
     } else {
-        lam = FN(solve_zero_below)(fam, zr, bm, m, n, k, alpha, val, idx, &c, &iters);
-        FN(write_zero_below)(fam, pr, n, lam, alpha, val, idx, c); /* val[j] = p of candidate j */
+        int have_p;
+        lam = FN(solve_zero_below)(fam, zr, bm, m, n, k, alpha, val, idx, &c, &have_p, &iters);
+        FN(write_zero_below)(fam, pr, n, lam, alpha, val, idx, c, have_p ? val + n + PAD : NULL); /* val[j] = p of candidate j */
         for (int64_t j = 0; j < c; j++) acc += FN(F)(fam, (zr[idx[j]] - m) - lam, val[j], alpha);
         sparse = yr == NULL;
     }
@@ -188,7 +189,7 @@ static int FN(fy_rows)(int fam, const T *z, const int64_t *tidx, const T *ty, co
     int64_t *idx = NULL;
     int fail = 0;
     if (fam >= 1 && fam <= 3) {
-        val = (T *)malloc((size_t)(n + PAD) * sizeof(T));
+        val = (T *)malloc((size_t)(2 * (n + PAD)) * sizeof(T)); /* see solve_zero_below */
         idx = (int64_t *)malloc((size_t)(n + PAD) * sizeof(int64_t));
         bm = (T *)malloc((size_t)((n + BLK - 1) / BLK) * sizeof(T));
         fail = !val || !idx || !bm;

@@ -41,26 +41,67 @@ static int64_t FN(compact)(T *val, int64_t *idx, int64_t c, T lam)
     return c2;
 }
 
+/* G = Σ w^q and S = Σ w^{q−1} over w = (α−1)(v − λ) > 0, v in val[0..cp),
+ * and pw[j] = w_j^q (0 off support); cp a multiple of PAD (no scalar
+ * remainder).  w^q as e^{q log w}: libmvec's vector pow costs about three
+ * exp + log pairs, and the relative error, a few ulps times (1 + |log w^q|),
+ * is a few ulps of the p that matter (w^q ≤ k; tiny w^q add tiny absolute
+ * errors).  The mask multiplies rather than selects: with a select GCC
+ * sinks the calls into a branch, and a loop with a branch around a call is
+ * not vectorised (the calls then run scalar).  log gets 1 where w ≤ 0: its
+ * vector variants take a slow path for 0 and negatives. */
+static void FN(entmax_sums)(const T *val, int64_t cp, T lam, T am1, T q, T *pw, T *Gp, T *Sp)
+{
+    /* An opaque 1: with a literal, GCC rewrites log(w > 0 ? w : 1) as
+     * (w > 0 ? log(w) : 0), and log then gets the 0s and negatives after all. */
+    volatile T one_v = 1;
+    T one = one_v;
+    T G = 0, S = 0;
+#pragma omp simd reduction(+ : G, S)
+    for (int64_t j = 0; j < cp; j++) {
+        T w = am1 * (val[j] - lam);
+        T on = w > 0;
+        T w1 = w > 0 ? w : one;
+        T wq = EXP(q * LOG(w1)) * on;
+        pw[j] = wq;
+        G += wq;
+        S += wq / w1;
+    }
+    *Gp = G;
+    *Sp = S;
+}
+
+/* Relative step at which entmax α's Newton on the block maxima stops (see
+ * solve_zero_below): its bound then sits within a few hundredths of the
+ * subset's λ, which admits few extra candidates, each cheaper than a round.
+ * Below COMPACT_RTOL its rounds skip compaction. */
+#define STAGE0_RTOL 3e-2
+#define COMPACT_RTOL 1e-3
+
 /* ---------------------------------------------------------------------------
  * Families with f(u) = 0 for u ≤ 0 (sparsemax, entmax15, entmax α ≤ 2).
  * g(λ) = Σ f(v − λ) is convex and decreasing, so Newton started at a lower
  * bound (g ≥ k there) climbs to λ without overshooting, and entries at or
  * below the current λ can be dropped for good: each round touches only the
- * surviving candidates (val, idx)[0..c), all > lam on entry.
+ * surviving candidates (val, idx)[0..c), all > lam on entry (entmax α
+ * skips compacting after small steps: its sums mask entries at or below λ).
  *   sparsemax: the Newton step is the closed form on the current support
  *              (Michelot); exact as soon as the support stops shrinking.
  *   entmax15:  the closed form (a quadratic) on the current support is tried
  *              first and accepted when no candidate falls below it (exact);
  *              otherwise a Newton step.
  *   entmax α:  Newton on h = g^{1/q} − k^{1/q}, q = 1/(α−1) ≥ 1 (convex, nearly
- *              linear), until the step is below a few ulps.
+ *              linear), until the step is below rtol·(1 + |λ|) (a few ulps
+ *              for λ itself; looser for a lower bound, see solve_zero_below).
  * On return (val, idx)[0..*nval) holds every candidate with v > λ (and
- * possibly a few at λ, where f = 0).  Returns λ.
+ * possibly a few at or below λ, where f = 0).  Returns λ.
  */
-static T FN(solve_candidates)(int fam, T lam, T k, T alpha, T *val, int64_t *idx, int64_t c,
-                              int64_t *nval, int64_t *iters)
+static T FN(solve_candidates)(int fam, T lam, T k, T alpha, T rtol, T *val, int64_t *idx, T *pw, int64_t c,
+                              int64_t *nval, int *have_p, int64_t *iters)
 {
+    *have_p = 0;
     T am1 = alpha - 1, q = 1 / am1;
+    T kq = fam == 3 ? POW(k, am1) : 0; /* k^{1/q} */
     int64_t it = 0;
     for (; it < 2 * c + 100; it++) {
         if (fam == 1) {
@@ -100,26 +141,49 @@ static T FN(solve_candidates)(int fam, T lam, T k, T alpha, T *val, int64_t *idx
             lam = next;
         } else {
             T G = 0, S = 0; /* Σw^q, Σw^{q−1}, w = (α−1)(v − λ) > 0 */
-            /* Whole vectors only: a scalar pow in the loop's remainder costs
+            /* Whole vectors only: a scalar call in the loop's remainder costs
              * as much as a vector one, so pad with entries at λ (w = 0,
-             * masked; pow gets 1 there, as its vector variants take a slow
-             * path for 0).  val/idx have PAD spare slots. */
+             * masked).  val/idx have PAD spare slots. */
             int64_t cp = (c + PAD - 1) / PAD * PAD;
             for (int64_t j = c; j < cp; j++) val[j] = lam;
-#pragma omp simd reduction(+ : G, S)
-            for (int64_t j = 0; j < cp; j++) {
-                T w = am1 * (val[j] - lam);
-                T wq1 = POW(w > 0 ? w : 1, q - 1);
-                G += w > 0 ? wq1 * w : 0;
-                S += w > 0 ? wq1 : 0;
+            FN(entmax_sums)(val, cp, lam, am1, q, pw, &G, &S);
+            if (!(G > k)) { /* pw holds p at this λ */
+                *have_p = 1;
+                break;
             }
-            if (!(G > k)) break;
-            T step = q * (POW(G, 1 / q) - POW(k, 1 / q)) * POW(G, 1 - 1 / q) / S;
+            T Gq = POW(G, am1); /* G^{1/q}; G^{1−1/q} = G / G^{1/q}: one scalar pow a round */
+            T step = q * (Gq - kq) * (G / Gq) / S;
             T next = lam + step;
-            if (!(next > lam)) break;
-            c = FN(compact)(val, idx, c, next);
+            if (!(next > lam)) {
+                *have_p = 1;
+                break;
+            }
+            if (step <= rtol * (1 + fabs((double)lam))) {
+                /* The last round: p at next = lam + step from this round's
+                 * w^q, to first order, (w − aδ)^q ≈ w^q (1 − q aδ / w), so
+                 * the final write needs no pow.  aδ is a few ulps, so the
+                 * dropped second-order term is below rounding (and where
+                 * w < q aδ, p is that small too: clamped at 0).  Entries at
+                 * or below next are dropped, as compact does. */
+                T qad = q * am1 * step;
+                int64_t c2 = 0;
+                for (int64_t j = 0; j < c; j++) {
+                    T v = val[j], w = am1 * (v - lam);
+                    T pj = pw[j] - qad * (pw[j] / (w > 0 ? w : 1));
+                    val[c2] = v;
+                    idx[c2] = idx[j];
+                    pw[c2] = pj > 0 ? pj : 0;
+                    c2 += v > next;
+                }
+                c = c2;
+                lam = next;
+                *have_p = 1;
+                break;
+            }
+            /* Compact only after a large step: a small one drops few
+             * entries, and the sums mask those at or below λ anyway. */
+            if (step > (T)COMPACT_RTOL * (1 + fabs((double)lam))) c = FN(compact)(val, idx, c, next);
             lam = next;
-            if (step <= 4 * EPS * (1 + fabs((double)lam))) break;
         }
     }
     *nval = c;
@@ -157,11 +221,15 @@ static T FN(row_scan_blocks)(const T *z, int64_t n, T *bm, int64_t *count, int *
  *    bound of the row's λ (fewer terms in g), so solving on them (from the
  *    family's bound: the top entry alone reaches k) gives a tight lower bound;
  * 2. only blocks whose maximum is above that bound can hold candidates: they
- *    are compacted into (val, idx) and solved exactly from the bound. */
+ *    are compacted into (val, idx) and solved exactly from the bound.
+ * val has 2 (n + PAD) slots, idx n + PAD.  For entmax α, *have_p = 1 says
+ * that val[n + PAD + j] already holds candidate j's p (the solver's last
+ * round computes it; write_zero_below then takes it). */
 static T FN(solve_zero_below)(int fam, const T *z, const T *bm, T m, int64_t n, T k, T alpha,
-                              T *val, int64_t *idx, int64_t *nval, int64_t *iters)
+                              T *val, int64_t *idx, int64_t *nval, int *have_p, int64_t *iters)
 {
-    T am1 = alpha - 1;
+    T am1 = alpha - 1, *pw = val + n + PAD;
+    int dummy;
     T lam = fam == 1 ? -k : fam == 2 ? -2 * SQRT(k) : -POW(k, am1) / am1;
     int64_t nb = (n + BLK - 1) / BLK, c = 0, c2;
     if (nb > 1) {
@@ -171,7 +239,11 @@ static T FN(solve_zero_below)(int fam, const T *z, const T *bm, T m, int64_t n, 
             idx[c] = b;
             c += v > lam;
         }
-        T sub = FN(solve_candidates)(fam, lam, k, alpha, val, idx, c, &c2, iters);
+        /* entmax α's Newton may stop early here (STAGE0_RTOL): every
+         * iterate from the left is a lower bound, and the last digits of the
+         * subset's λ barely change which entries pass it, while each round
+         * costs an exp and a log per block */
+        T sub = FN(solve_candidates)(fam, lam, k, alpha, (T)STAGE0_RTOL, val, idx, pw, c, &c2, &dummy, iters);
         /* keep a few ulps below the subset's λ: it is exact only up to rounding */
         sub -= 16 * EPS * (1 + fabs((double)sub));
         lam = sub > lam ? sub : lam;
@@ -180,6 +252,28 @@ static T FN(solve_zero_below)(int fam, const T *z, const T *bm, T m, int64_t n, 
     for (int64_t b = 0; b < nb; b++) {
         if (!(bm[b] - m > lam)) continue;
         int64_t i0 = b * BLK, end = i0 + BLK < n ? i0 + BLK : n;
+        if (end - i0 == BLK) {
+            /* A whole block: float rows with AVX2 gather branch-free (see
+             * gather_block_avx2 in kernels.c); otherwise a bit mask of the
+             * candidates (a vectorised compare), then one store per
+             * candidate, not per entry: where most blocks hold a few
+             * candidates (wide supports), a compaction over every entry
+             * cost more than the solve. */
+#if GATHER_AVX2
+            c = gather_block_avx2(z + i0, i0, m, lam, val, idx, c);
+            continue;
+#endif
+            uint32_t mask = 0;
+#pragma omp simd reduction(| : mask)
+            for (int j = 0; j < BLK; j++) mask |= (uint32_t)(z[i0 + j] - m > lam) << j;
+            for (; mask; mask &= mask - 1) {
+                int j = __builtin_ctz(mask);
+                val[c] = z[i0 + j] - m;
+                idx[c] = i0 + j;
+                c++;
+            }
+            continue;
+        }
         for (int64_t i = i0; i < end; i++) {
             T v = z[i] - m;
             val[c] = v;
@@ -187,7 +281,7 @@ static T FN(solve_zero_below)(int fam, const T *z, const T *bm, T m, int64_t n, 
             c += v > lam;
         }
     }
-    return FN(solve_candidates)(fam, lam, k, alpha, val, idx, c, nval, iters);
+    return FN(solve_candidates)(fam, lam, k, alpha, 4 * EPS, val, idx, pw, c, nval, have_p, iters);
 }
 
 /* entmax with α near 1 (q = 1/(α−1) > 8): λ ≈ −q is known only to eps·q, and
@@ -196,54 +290,92 @@ static T FN(solve_zero_below)(int fam, const T *z, const T *bm, T m, int64_t n, 
  * w = 1 + x with x = a(v − μ) small: p = e^{q·log1p(x)} is exact to a few
  * ulps and tends to softmax as α → 1.  g(μ) is convex and decreasing, so
  * Newton started a little left of the root (g ≥ 1) climbs to it in one or
- * two steps from the λ solution.  Only these rows pay the extra passes
- * (scalar log1p: libmvec's vector log1p is not in every glibc).
- * Overwrites val[j] with p_j for the candidates. */
-static void FN(entmax_near_softmax)(T lam, T am1, T *val, int64_t c)
+ * two steps from the λ solution.
+ * log1p(x) = log(u) + (x − (u − 1))/u with u = 1 + x rounded: the second
+ * term restores what rounding u dropped (to first order, which is all of it
+ * that matters), and log has vector variants where log1p may not.
+ * Entries with x ≤ −1 (p = 0) and the padding are masked as in entmax_sums.
+ * entmax_near_softmax overwrites val[j] with p_j for the candidates (val
+ * has PAD spare slots; pw, n + PAD slots, is its scratch). */
+static T FN(near_softmax_sums)(const T *val, int64_t cp, T mu, T am1, T q, T *pw, T *Sp)
 {
-    T q = 1 / am1;
+    volatile T zero_v = 0; /* opaque: see entmax_sums */
+    T zero = zero_v;
+    T G = 0, S = 0;
+#pragma omp simd reduction(+ : G, S)
+    for (int64_t j = 0; j < cp; j++) {
+        T x = am1 * (val[j] - mu);
+        T on = x > -1;
+        T xs = x > -1 ? x : zero;
+        T u = 1 + xs;
+        T l = LOG(u) + (xs - (u - 1)) / u;
+        T p = EXP(q * l) * on;
+        pw[j] = p;
+        G += p;
+        S += p / u; /* u^{q−1} */
+    }
+    *Sp = S;
+    return G;
+}
+
+static void FN(entmax_near_softmax)(T lam, T am1, T *val, int64_t c, T *pw)
+{
+    T q = 1 / am1, S;
     T mu = lam + q;
     mu -= 8 * EPS * (fabs((double)lam) + 1);
+    int64_t cp = (c + PAD - 1) / PAD * PAD;
+    for (int64_t j = c; j < cp; j++) val[j] = -INFINITY; /* x = −inf: masked */
     for (int it = 0; it < 8; it++) {
-        T G = 0, S = 0;
-        for (int64_t j = 0; j < c; j++) {
-            T x = am1 * (val[j] - mu);
-            if (x > -1) {
-                T l = (T)log1p((double)x);
-                G += EXP(q * l);
-                S += EXP((q - 1) * l);
-            }
-        }
+        T G = FN(near_softmax_sums)(val, cp, mu, am1, q, pw, &S);
         if (!(S > 0)) break;
         T step = (G - 1) / S;
         mu += step;
         if (fabs((double)step) <= 2 * EPS * (fabs((double)mu) + 1)) break;
     }
-    for (int64_t j = 0; j < c; j++) {
-        T x = am1 * (val[j] - mu);
-        val[j] = x > -1 ? EXP(q * (T)log1p((double)x)) : 0;
-    }
+    FN(near_softmax_sums)(val, cp, mu, am1, q, pw, &S);
+    for (int64_t j = 0; j < c; j++) val[j] = pw[j];
 }
 
-/* f(v − λ) on the candidates, written into a zeroed row. */
+/* f(v − λ) on the candidates, written into a zeroed row; val[j] becomes p of
+ * candidate j.  pw: entmax α's p from the solver (solve_zero_below's
+ * *have_p), or NULL. */
 static void FN(write_zero_below)(int fam, T *p, int64_t n, T lam, T alpha, T *val,
-                                 const int64_t *idx, int64_t c)
+                                 const int64_t *idx, int64_t c, const T *pw)
 {
     T am1 = alpha - 1, q = 1 / am1;
     memset(p, 0, (size_t)n * sizeof(T));
     if (fam == 3 && q > 8) {
-        FN(entmax_near_softmax)(lam, am1, val, c);
+        FN(entmax_near_softmax)(lam, am1, val, c, val + n + PAD);
         for (int64_t j = 0; j < c; j++) p[idx[j]] = val[j];
+        return;
+    }
+    if (fam == 3 && pw) {
+        for (int64_t j = 0; j < c; j++) {
+            val[j] = pw[j];
+            p[idx[j]] = pw[j];
+        }
         return;
     }
     int64_t cp = (c + PAD - 1) / PAD * PAD; /* whole vectors, as in solve_candidates */
     for (int64_t j = c; j < cp; j++) val[j] = lam;
+    if (fam == 3) { /* vectorised as in entmax_sums (mask multiplied, log gets 1 off support) */
+        volatile T one_v = 1;
+        T one = one_v;
+#pragma omp simd
+        for (int64_t j = 0; j < cp; j++) {
+            T w = am1 * (val[j] - lam);
+            T on = w > 0;
+            T w1 = w > 0 ? w : one;
+            val[j] = EXP(q * LOG(w1)) * on;
+        }
+        for (int64_t j = 0; j < c; j++) p[idx[j]] = val[j];
+        return;
+    }
 #pragma omp simd
     for (int64_t j = 0; j < cp; j++) {
         T u = val[j] - lam;
         u = u > 0 ? u : 0;
-        /* pow's vector variants take a slow scalar path for 0: feed them 1 there */
-        val[j] = fam == 1 ? u : fam == 2 ? (T)0.25 * u * u : (u > 0 ? POW(am1 * (u > 0 ? u : 1), q) : 0);
+        val[j] = fam == 1 ? u : (T)0.25 * u * u;
     }
     for (int64_t j = 0; j < c; j++) p[idx[j]] = val[j];
 }

@@ -1,0 +1,110 @@
+"""The compiled CPU kernel of α-entmax over every α it serves (1 < α ≤ 2)
+against the NumPy float64 oracle (bisection, independent of the kernel's
+Newton and of its final-round write of p).
+
+Rows are chosen for the solver's stages: wide supports (most blocks of 32
+hold candidates), narrow ones, widths that leave a partial block, ties at
+the top and at the threshold, −inf masks, fully masked and one-entry rows,
+and large offsets.  Outputs are pre-filled with NaN so an entry the kernel
+forgets to write cannot pass.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+import softk
+from softk._backends import native
+from softk.threshold import entmax_family
+
+from ..oracle import maps as oracle
+
+pytestmark = pytest.mark.skipif(not softk._backends.registry.native_available(), reason="needs a C compiler")
+
+ALPHAS = [1.00001, 1.0001, 1.001, 1.01, 1.05, 1.1, 1.2, 1.25, 1.3, 1.4, 1.45, 1.55, 1.6, 1.75, 1.9, 1.99, 2.0]
+
+
+@pytest.fixture(autouse=True)
+def nan_outputs(monkeypatch):
+    monkeypatch.setattr(native, "_empty", lambda like: torch.full_like(like, float("nan")))
+
+
+def _tol(dtype, alpha):
+    if dtype == torch.float32:
+        return 2e-6
+    # Near α = 1 the oracle's own z − λ (λ ≈ −1/(α−1)) rounds to an ulp of
+    # 1/(α−1), which p = w^{1/(α−1)} turns into about 1e-16/(α−1)² relative.
+    q = 1.0 / (alpha - 1.0)
+    return 1e-12 * max(1.0, q / 100.0)
+
+
+def _reference(x, alpha):
+    """The oracle on rows shifted by their finite maximum (exact in floating
+    point, and the map is shift invariant), so that its bisection on z − λ
+    is not limited by the offset's ulp."""
+    x = np.asarray(x, dtype=np.float64)
+    finite = np.isfinite(x)
+    top = np.max(np.where(finite, x, -np.inf), axis=-1, keepdims=True)
+    top = np.where(np.isfinite(top), top, 0.0)
+    shifted = np.where(np.isnan(x) | np.isposinf(x), x, x - top)
+    return oracle._apply(lambda r: oracle._row_map(oracle._f_entmax(alpha), r, 1), shifted, -1)
+
+
+def _check(x, alpha):
+    p = native.forward(entmax_family(alpha), x, 1)
+    ref = _reference(x.double().numpy(), alpha)
+    np.testing.assert_allclose(p.double().numpy(), ref, rtol=0, atol=_tol(x.dtype, alpha))
+    return p
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("alpha", ALPHAS)
+def test_random_rows(rng, dtype, alpha):
+    for n in (2, 31, 33, 300, 1029):
+        for scale in (0.05, 1.0, 10.0):  # 0.05: nearly the whole row is the support
+            _check(torch.tensor(rng.normal(size=(4, n)) * scale, dtype=dtype), alpha)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("alpha", ALPHAS)
+def test_hard_rows(dtype, alpha):
+    n = 100
+    inf = np.inf
+    geo = -np.geomspace(1e-3, 50.0, n)
+    rows = [
+        np.zeros(n),  # all tied
+        np.r_[np.full(7, 2.0), np.zeros(n - 7)],  # ties at the top
+        np.r_[1.0, np.zeros(n - 1)],  # ties just below the top
+        geo,
+        geo[::-1].copy(),
+        np.linspace(-1.0, 0.0, n),
+        np.r_[np.full(n - 3, -inf), 0.0, 1.0, 2.0],  # masks
+        np.where(np.arange(n) % 3 == 0, -inf, np.linspace(-2, 2, n)),
+        np.full(n, -inf),  # fully masked: zeros
+        np.r_[np.full(n - 1, -inf), 5.0],  # one finite entry: 1 there
+        np.linspace(-2.0, 2.0, n) + 1e4,  # offset
+        np.linspace(-30.0, 30.0, n) - 1e4,
+    ]
+    x = torch.tensor(np.stack(rows), dtype=dtype)
+    p = _check(x, alpha)
+    assert torch.equal(p[8], torch.zeros(n, dtype=dtype))
+    assert p[9, -1] == 1 and not p[9, :-1].any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("alpha", [1.0001, 1.3, 1.7, 2.0])
+def test_size_one_and_bad_rows(dtype, alpha):
+    one = native.forward(entmax_family(alpha), torch.tensor([[3.0], [-7.5]], dtype=dtype), 1)
+    assert torch.equal(one, torch.ones(2, 1, dtype=dtype))
+    x = torch.tensor([[0.0, float("nan"), 1.0], [float("inf"), 0.0, 1.0]], dtype=dtype)
+    assert bool(torch.isnan(native.forward(entmax_family(alpha), x, 1)).all())
+
+
+@pytest.mark.parametrize("alpha", [1.05, 1.3, 1.7])
+def test_public_map_on_native_matches_oracle(rng, alpha):
+    """softk.entmax under the native backend: the route the kernel serves."""
+    x = torch.tensor(rng.normal(size=(16, 1024)), dtype=torch.float32)
+    with softk.use_backend("native"):
+        p = softk.entmax(x, alpha=alpha)
+    ref = _reference(x.double().numpy(), alpha)
+    np.testing.assert_allclose(p.double().numpy(), ref, rtol=0, atol=2e-6)
