@@ -59,6 +59,33 @@ def _chunks(q: Tensor, S: int):
     return [(i, min(i + step, L)) for i in range(0, L, step)][::-1]
 
 
+def _workspace(q: Tensor, S: int, ct) -> Tensor:
+    """A flat buffer for the largest chunk's scores (:func:`_chunks`), reused
+    by every chunk of the call: one allocation instead of one per chunk."""
+    B, H, L = q.shape[:3]
+    step = min(L, max(1, CHUNK // max(B * H * max(S, 1), 1)))
+    return torch.empty(B * H * step * S, dtype=ct, device=q.device)
+
+
+def _view(work: Tensor, shape) -> Tensor:
+    n = 1
+    for d in shape:
+        n *= d
+    return work[:n].view(shape)
+
+
+def _accumulate(acc: Tensor, a: Tensor, b: Tensor) -> None:
+    """acc[:, :, :S] += aᵀ b for a (B, H_kv, R, S) and b (B, H_kv, R, E), in
+    place (one product into the accumulator, not a product and a sum)."""
+    B, Hkv, R, S = a.shape
+    part = acc[:, :, :S]
+    if part.shape[:2] == (B, Hkv) and acc.is_contiguous():
+        part.view(B * Hkv, S, acc.shape[-1]).baddbmm_(a.reshape(B * Hkv, R, S).transpose(1, 2),
+                                                      b.reshape(B * Hkv, R, b.shape[-1]))
+    else:
+        part += a.transpose(-1, -2) @ b
+
+
 def _families(fam: int, alpha, blk: Blocks):
     """[(family, row slice)] covering the chunk's rows: one family, or one per
     query head for a per-head α (the row kernels take one α per call)."""
@@ -103,9 +130,10 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: 
     ct = compute_dtype(q.dtype)
     kc, vc = k.to(ct), v.to(ct)
     outs, ms = [], []
+    work = _workspace(q, k.shape[2], ct)
     for i0, i1 in _chunks(q, k.shape[2]):
         blk = Blocks(q[:, :, i0:i1], kc, vc, None if mask is None else mask[:, :, i0:i1], scale, causal, i0, softcap)
-        s = blk.scores(0, blk.S)
+        s = blk.scores(0, blk.S, out=work)
         p = _map(_families(fam, alpha, blk), s)
         outs.append(blk.heads(support.product(p, vc, fam != SOFTMAX_ID)))
         m = s.amax(-1) if s.shape[-1] else s.new_full(s.shape[:-1], NEG_INF)
@@ -122,20 +150,21 @@ def attention_backward(q, k, v, out, dout, m, lam, *, scale: float, causal: bool
     dk, dv = torch.zeros_like(kc), torch.zeros_like(vc)
     dqs, dalpha = [], None
     need_dalpha = need_dalpha and fam == ENTMAX_ID and alpha is not None
+    work, work_dp = _workspace(q, k.shape[2], ct), _workspace(q, k.shape[2], ct)
     for i0, i1 in _chunks(q, k.shape[2]):
         blk = Blocks(q[:, :, i0:i1], kc, vc, None if mask is None else mask[:, :, i0:i1], scale, causal, i0, softcap)
         S = blk.S
         fams = _families(fam, alpha, blk)
-        s = blk.scores(0, S)
+        s = blk.scores(0, S, out=work)
         p = _map(fams, s)
         do = blk.rows(dout[:, :, i0:i1].to(ct))
-        dp = do @ vc[:, :, :S].transpose(-1, -2)
+        dp = torch.matmul(do, vc[:, :, :S].transpose(-1, -2), out=_view(work_dp, p.shape))
         ds = _vjp(fams, p, dp)
         if softcap:
             ds = ds * blk.cap_slope(0, S)
         dqs.append(blk.heads((ds @ kc[:, :, :S]) * scale))
-        dk[:, :, :S] += ds.transpose(-1, -2) @ blk.q  # blk.q is scale·q
-        dv[:, :, :S] += p.transpose(-1, -2) @ do
+        _accumulate(dk, ds, blk.q)  # dk += dsᵀ (scale·q)
+        _accumulate(dv, p, do)  # dv += pᵀ dO
         if need_dalpha:
             a = blk.per_row(alpha)
             row = (dp * dp_dalpha(p, a, entmax_log_d(p, a))).sum(-1, keepdim=True)
