@@ -18,8 +18,8 @@ the same way: dP = dO Vᵀ, dS = the map's vector–Jacobian product of dP
 dV = PᵀdO, and for a per-head α, Σ_j dP_j ∂p_j/∂α in the cancellation-free
 form of :mod:`softk.threshold.entmax_alpha`.  Memory is O(CHUNK) (one
 query's rows, at most ROW_SCORES, where they are longer) beyond the inputs
-and outputs; the saved statistics are m (the row maximum) and lam = 0: this
-path does not read them.
+and outputs; the saved statistics are m = lam = 0: this path does not read
+them, and a pass over the scores for the row maximum would be wasted.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from ...threshold.entmax_alpha import dp_dalpha, entmax_log_d
 from ...threshold.families import entmax_family
 from ...threshold.rows import compute_dtype
 from . import support
-from .blocks import NEG_INF, Blocks
+from .blocks import Blocks
 
 ROWS_MAX = 1 << 16  # keys at most for this path at any batch and head count
 ROW_SCORES = 1 << 23  # ... or longer rows, when one query's rows over the batch and heads hold at most this many
@@ -126,19 +126,19 @@ def _vjp(fams, p: Tensor, dp: Tensor) -> Tensor:
 
 def attention_forward(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: bool, mask, fam: int, alpha,
                       softcap: float = 0.0):
-    """(out (B, H, L, Ev) in q's dtype, m (B, H, L), lam = 0 (B, H, L)) in the compute dtype."""
+    """(out (B, H, L, Ev) in q's dtype, m = 0 (B, H, L), lam = 0 (B, H, L)) in the compute dtype."""
     ct = compute_dtype(q.dtype)
     kc, vc = k.to(ct), v.to(ct)
-    outs, ms = [], []
+    outs = []
     work = _workspace(q, k.shape[2], ct)
     for i0, i1 in _chunks(q, k.shape[2]):
         blk = Blocks(q[:, :, i0:i1], kc, vc, None if mask is None else mask[:, :, i0:i1], scale, causal, i0, softcap)
         s = blk.scores(0, blk.S, out=work)
         p = _map(_families(fam, alpha, blk), s)
         outs.append(blk.heads(support.product(p, vc, fam != SOFTMAX_ID)))
-        m = s.amax(-1) if s.shape[-1] else s.new_full(s.shape[:-1], NEG_INF)
-        ms.append(blk.heads(torch.where(m > NEG_INF, m, 0.0)))
-    out, m = torch.cat(outs[::-1], 2), torch.cat(ms[::-1], 2)
+    out = torch.cat(outs[::-1], 2)
+    # m and lam are not read back (the backward recomputes whole rows): no pass over the scores for them
+    m = out.new_zeros(out.shape[:3], dtype=ct)
     return out.to(q.dtype), m, torch.zeros_like(m)
 
 
