@@ -74,3 +74,19 @@ def test_accumulate_adds_the_transposed_product(S):
     want[:, :, :S] += torch.einsum("bhrs,bhre->bhse", a, b)
     rows._accumulate(acc_t, a, b)
     torch.testing.assert_close(acc_t, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("B, H, L, S", [(1, 4, 2048, 2048), (1, 4, 8192, 8192), (8, 32, 4096, 8192), (4, 8, 1, 1 << 18),
+                                        (1, 1, 5, 7)])
+def test_whole_row_chunks_cover_the_queries_within_their_budget(B, H, L, S):
+    q = torch.empty(B, H, L, 1)
+    spans = sorted(rows._chunks(q, S))
+    assert spans[0][0] == 0 and spans[-1][1] == L
+    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+    step = spans[-1][1] - spans[-1][0] if len(spans) == 1 else spans[0][1] - spans[0][0]
+    row = B * H * S
+    # CHUNK scores, or more (up to CHUNK_MAX) so that a chunk has CHUNK_QUERIES queries, and one query at least
+    assert step == min(L, max(1, rows.CHUNK // row, min(rows.CHUNK_QUERIES, rows.CHUNK_MAX // row)))
+    assert step * row <= max(rows.CHUNK_MAX, row)
+    assert step >= min(L, rows.CHUNK_QUERIES) or (step + 1) * row > rows.CHUNK_MAX
+    assert rows._workspace(q, S, torch.float32).numel() == B * H * step * S

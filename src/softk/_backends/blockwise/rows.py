@@ -18,7 +18,8 @@ the same way: dP = dO Vᵀ, dS = the map's vector–Jacobian product of dP
 dV = PᵀdO, and for a per-head α, Σ_j dP_j ∂p_j/∂α in the cancellation-free
 form of :mod:`softk.threshold.entmax_alpha`.  Memory is O(CHUNK) (one
 query's rows, at most ROW_SCORES, where they are longer) beyond the inputs
-and outputs; the saved statistics are m = lam = 0: this path does not read
+and outputs (CHUNK_MAX where a chunk of CHUNK scores would hold few queries);
+the saved statistics are m = lam = 0: this path does not read
 them, and a pass over the scores for the row maximum would be wasted.
 """
 
@@ -39,6 +40,10 @@ from .blocks import Blocks
 ROWS_MAX = 1 << 16  # keys at most for this path at any batch and head count
 ROW_SCORES = 1 << 23  # ... or longer rows, when one query's rows over the batch and heads hold at most this many
 CHUNK = 1 << 20  # scores per chunk of queries (4 MiB in float32)
+# ... or more, up to CHUNK_MAX, for at least CHUNK_QUERIES queries per chunk: the chunk's products are
+# matrix products with that many rows per head, and long rows at few heads left them a few dozen
+CHUNK_QUERIES = 128
+CHUNK_MAX = 1 << 22
 
 
 def serves(q: Tensor, S: int) -> bool:
@@ -54,17 +59,21 @@ def _chunks(q: Tensor, S: int):
     rows get longer with i1, and allocating the largest first lets every
     later chunk reuse its freed memory (growing sizes left the allocator a
     new block per chunk: 140 MiB resident at L = 8192 for 4 MiB chunks)."""
+    step = _step(q, S)
+    return [(i, min(i + step, q.shape[2])) for i in range(0, q.shape[2], step)][::-1]
+
+
+def _step(q: Tensor, S: int) -> int:
+    """Queries per chunk: CHUNK scores, or up to CHUNK_MAX for CHUNK_QUERIES queries, at least one."""
     B, H, L = q.shape[:3]
-    step = max(1, CHUNK // max(B * H * max(S, 1), 1))
-    return [(i, min(i + step, L)) for i in range(0, L, step)][::-1]
+    row = max(B * H * max(S, 1), 1)  # scores of one query over the batch and heads
+    return min(max(L, 1), max(1, CHUNK // row, min(CHUNK_QUERIES, CHUNK_MAX // row)))
 
 
 def _workspace(q: Tensor, S: int, ct) -> Tensor:
     """A flat buffer for the largest chunk's scores (:func:`_chunks`), reused
     by every chunk of the call: one allocation instead of one per chunk."""
-    B, H, L = q.shape[:3]
-    step = min(L, max(1, CHUNK // max(B * H * max(S, 1), 1)))
-    return torch.empty(B * H * step * S, dtype=ct, device=q.device)
+    return torch.empty(q.shape[0] * q.shape[1] * _step(q, S) * S, dtype=ct, device=q.device)
 
 
 def _view(work: Tensor, shape) -> Tensor:
