@@ -19,8 +19,11 @@ dV = PᵀdO, and for a per-head α, Σ_j dP_j ∂p_j/∂α in the cancellation-f
 form of :mod:`softk.threshold.entmax_alpha`.  Memory is O(CHUNK) (one
 query's rows, at most ROW_SCORES, where they are longer) beyond the inputs
 and outputs (CHUNK_MAX where a chunk of CHUNK scores would hold few queries);
-the saved statistics are m = lam = 0: this path does not read
-them, and a pass over the scores for the row maximum would be wasted.
+the saved statistics are, for α-entmax away from α = 1, the row maximum m and
+the shifted threshold t (:func:`closed_form`: the backward forms p from them,
+elementwise, instead of solving for it again), and otherwise m = lam = 0,
+which this path does not read (a pass over the scores for them would be
+wasted).
 """
 
 from __future__ import annotations
@@ -32,10 +35,11 @@ from ..native import threshold as native_rows
 from ..torch import threshold as torch_rows
 from ...threshold.attention_maps import ENTMAX_ID, SOFTMAX_ID, family
 from ...threshold.entmax_alpha import dp_dalpha, entmax_log_d
+from ...threshold.entmax_anchor import NEAR_ONE
 from ...threshold.families import entmax_family
 from ...threshold.rows import compute_dtype
 from . import support
-from .blocks import Blocks
+from .blocks import NEG_INF, Blocks
 
 ROWS_MAX = 1 << 16  # keys at most for this path at any batch and head count
 ROW_SCORES = 1 << 23  # ... or longer rows, when one query's rows over the batch and heads hold at most this many
@@ -135,20 +139,61 @@ def _vjp(fams, p: Tensor, dp: Tensor) -> Tensor:
 
 def attention_forward(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: bool, mask, fam: int, alpha,
                       softcap: float = 0.0):
-    """(out (B, H, L, Ev) in q's dtype, m = 0 (B, H, L), lam = 0 (B, H, L)) in the compute dtype."""
+    """(out (B, H, L, Ev) in q's dtype, m (B, H, L), lam (B, H, L)) in the compute dtype: the row
+    maximum and the shifted threshold where :func:`closed_form` holds, else 0 and 0."""
     ct = compute_dtype(q.dtype)
     kc, vc = k.to(ct), v.to(ct)
-    outs = []
+    outs, ms, ts = [], [], []
+    closed = closed_form(fam, alpha)
     work = _workspace(q, k.shape[2], ct)
     for i0, i1 in _chunks(q, k.shape[2]):
         blk = Blocks(q[:, :, i0:i1], kc, vc, None if mask is None else mask[:, :, i0:i1], scale, causal, i0, softcap)
         s = blk.scores(0, blk.S, out=work)
         p = _map(_families(fam, alpha, blk), s)
         outs.append(blk.heads(support.product(p, vc, fam != SOFTMAX_ID)))
+        if closed:
+            m, t = _shifted_threshold(s, p, blk.per_row(alpha) - 1)
+            ms.append(blk.heads(m.squeeze(-1)))
+            ts.append(blk.heads(t.squeeze(-1)))
     out = torch.cat(outs[::-1], 2)
-    # m and lam are not read back (the backward recomputes whole rows): no pass over the scores for them
+    if closed:
+        return out.to(q.dtype), torch.cat(ms[::-1], 2), torch.cat(ts[::-1], 2)
+    # otherwise m and lam are not read back (the backward maps whole rows again): no pass over the scores for them
     m = out.new_zeros(out.shape[:3], dtype=ct)
     return out.to(q.dtype), m, torch.zeros_like(m)
+
+
+def closed_form(fam: int, alpha) -> bool:
+    """Whether the backward forms α-entmax's p from the forward's (m, t)
+    (:func:`_entmax_probs`) instead of mapping the rows again: α-entmax with
+    every α − 1 in [NEAR_ONE, 1], where t read off p holds p to its
+    precision.  Closer to 1 p is a steep power of t (the solvers refine t
+    there, :func:`softk._backends.blockwise.forward.refine_t`); the row
+    kernel maps the rows again."""
+    if fam != ENTMAX_ID or alpha is None:
+        return False
+    am1 = alpha.detach().to(torch.float64) - 1
+    return bool(((am1 >= NEAR_ONE) & (am1 <= 1)).all())
+
+
+def _shifted_threshold(s: Tensor, p: Tensor, am1: Tensor):
+    """(m, t) per row (…, 1) of α-entmax's scores s and weights p (a = α − 1
+    per row): m the row maximum (0 on a row with no key) and t the shifted
+    threshold, p = (1 + a(s − m − t))_+^{1/a}.  The largest score has the
+    largest weight p_max = (1 − a t)^{1/a}, so t = −expm1(a log p_max)/a,
+    without cancellation when p_max is near 1."""
+    m = s.amax(-1, keepdim=True)
+    top = p.amax(-1, keepdim=True)
+    t = -torch.expm1(am1 * torch.log(top)) / am1
+    return torch.where(m > NEG_INF, m, 0.0), t
+
+
+def _entmax_probs(s: Tensor, m: Tensor, t: Tensor, am1: Tensor) -> Tensor:
+    """p = (1 + a(s − m − t))_+^{1/a} from the forward's (m, t), formed in
+    place in s (its scores are not read again) through log1p, as
+    :func:`softk._backends.blockwise.forward.entmax_p` forms it; s = −inf
+    gives 0, NaN stays NaN."""
+    return s.sub_(m + t).mul_(am1).clamp_(min=-1.0).log1p_().div_(am1).exp_()
 
 
 def attention_backward(q, k, v, out, dout, m, lam, *, scale: float, causal: bool, mask, fam: int, alpha,
@@ -159,13 +204,18 @@ def attention_backward(q, k, v, out, dout, m, lam, *, scale: float, causal: bool
     dk, dv = torch.zeros_like(kc), torch.zeros_like(vc)
     dqs, dalpha = [], None
     need_dalpha = need_dalpha and fam == ENTMAX_ID and alpha is not None
+    closed = closed_form(fam, alpha)
     work, work_dp = _workspace(q, k.shape[2], ct), _workspace(q, k.shape[2], ct)
     for i0, i1 in _chunks(q, k.shape[2]):
         blk = Blocks(q[:, :, i0:i1], kc, vc, None if mask is None else mask[:, :, i0:i1], scale, causal, i0, softcap)
         S = blk.S
         fams = _families(fam, alpha, blk)
         s = blk.scores(0, S, out=work)
-        p = _map(fams, s)
+        if closed:
+            p = _entmax_probs(s, blk.rows(m[:, :, i0:i1].to(ct)).unsqueeze(-1),
+                              blk.rows(lam[:, :, i0:i1].to(ct)).unsqueeze(-1), blk.per_row(alpha) - 1)
+        else:
+            p = _map(fams, s)
         do = blk.rows(dout[:, :, i0:i1].to(ct))
         dp = torch.matmul(do, vc[:, :, :S].transpose(-1, -2), out=_view(work_dp, p.shape))
         ds = _vjp(fams, p, dp)
