@@ -59,6 +59,7 @@ def backend(request, monkeypatch):
         monkeypatch.setattr(support, "GATHER_SHARE", float("inf"))
     if request.param == "blockwise_rows":
         monkeypatch.setattr(rows, "CHUNK", 1)
+        monkeypatch.setattr(rows, "CHUNK_QUERIES", 3)
     if request.param == "blockwise_small":
         monkeypatch.setattr(rows, "ROWS_MAX", 0)
         monkeypatch.setattr(rows, "ROW_SCORES", 0)

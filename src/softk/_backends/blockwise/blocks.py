@@ -55,6 +55,7 @@ class Blocks:
         self.q = (q.to(self.ct) * scale).reshape(B, self.hkv, self.R, E)
         self.k, self.v = k, v
         self.qpos = (torch.arange(self.R, device=q.device) % L + i0).unsqueeze(-1)  # query index of each row
+        self.i0 = i0  # the smallest query index: with causal, no key up to it is hidden
 
     def rows(self, t: Tensor) -> Tensor:
         """A (B, H, L, ...) tensor as (B, H_kv, R, ...)."""
@@ -73,15 +74,33 @@ class Blocks:
         """(j0, j1) of each block of keys."""
         return [(j, min(j + block, self.S)) for j in range(0, self.S, block)]
 
-    def scores(self, j0: int, j1: int) -> Tensor:
-        """(B, H_kv, R, j1 − j0): every row against keys j0..j1−1."""
-        s = self._cap(self.q @ self.k[:, :, j0:j1].transpose(-1, -2))
+    def scores(self, j0: int, j1: int, out: Tensor | None = None) -> Tensor:
+        """(B, H_kv, R, j1 − j0): every row against keys j0..j1−1; with
+        ``out`` (a flat buffer of at least that many entries, the compute
+        dtype) written into its leading entries, so that a caller going over
+        chunk after chunk reuses one buffer (a fresh score matrix per chunk
+        is a fresh allocation of pages, and each further step a further
+        pass over it: the cap, the mask and the causal mask are applied in
+        place, the causal one only where a key can be hidden)."""
+        kt = self.k[:, :, j0:j1].transpose(-1, -2)
+        if out is None:
+            s = self.q @ kt
+        else:
+            shape = (self.q.shape[0], self.hkv, self.R, j1 - j0)
+            s = torch.matmul(self.q, kt, out=out[:shape[0] * shape[1] * shape[2] * shape[3]].view(shape))
+        if self.softcap:
+            s.div_(self.softcap).tanh_().mul_(self.softcap)
         if self.mask is not None:
             mb = self.mask[..., j0:j1].reshape(s.shape)
-            s = torch.where(mb, s, NEG_INF) if mb.dtype == torch.bool else s + mb.to(self.ct)
+            if mb.dtype == torch.bool:
+                s.masked_fill_(~mb, NEG_INF)
+            else:
+                s.add_(mb.to(self.ct))
         if self.causal:
-            cols = torch.arange(j0, j1, device=s.device)
-            s = s.masked_fill(cols > self.qpos, NEG_INF)
+            c0 = max(j0, min(j1, self.i0 + 1))  # keys up to the first query are visible to every row
+            if c0 < j1:
+                cols = torch.arange(c0, j1, device=s.device)
+                s[..., c0 - j0:].masked_fill_(cols > self.qpos, NEG_INF)
         return s
 
     def row_scores(self, b: int, h: int, rows: Tensor) -> Tensor:

@@ -18,8 +18,12 @@ the same way: dP = dO Vᵀ, dS = the map's vector–Jacobian product of dP
 dV = PᵀdO, and for a per-head α, Σ_j dP_j ∂p_j/∂α in the cancellation-free
 form of :mod:`softk.threshold.entmax_alpha`.  Memory is O(CHUNK) (one
 query's rows, at most ROW_SCORES, where they are longer) beyond the inputs
-and outputs; the saved statistics are m (the row maximum) and lam = 0: this
-path does not read them.
+and outputs (CHUNK_MAX where a chunk of CHUNK scores would hold few queries);
+the saved statistics are, for α-entmax away from α = 1, the row maximum m and
+the shifted threshold t (:func:`closed_form`: the backward forms p from them,
+elementwise, instead of solving for it again), and otherwise m = lam = 0,
+which this path does not read (a pass over the scores for them would be
+wasted).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from ..native import threshold as native_rows
 from ..torch import threshold as torch_rows
 from ...threshold.attention_maps import ENTMAX_ID, SOFTMAX_ID, family
 from ...threshold.entmax_alpha import dp_dalpha, entmax_log_d
+from ...threshold.entmax_anchor import NEAR_ONE
 from ...threshold.families import entmax_family
 from ...threshold.rows import compute_dtype
 from . import support
@@ -39,6 +44,10 @@ from .blocks import NEG_INF, Blocks
 ROWS_MAX = 1 << 16  # keys at most for this path at any batch and head count
 ROW_SCORES = 1 << 23  # ... or longer rows, when one query's rows over the batch and heads hold at most this many
 CHUNK = 1 << 20  # scores per chunk of queries (4 MiB in float32)
+# ... or more, up to CHUNK_MAX, for at least CHUNK_QUERIES queries per chunk: the chunk's products are
+# matrix products with that many rows per head, and long rows at few heads left them a few dozen
+CHUNK_QUERIES = 128
+CHUNK_MAX = 1 << 22
 
 
 def serves(q: Tensor, S: int) -> bool:
@@ -54,9 +63,40 @@ def _chunks(q: Tensor, S: int):
     rows get longer with i1, and allocating the largest first lets every
     later chunk reuse its freed memory (growing sizes left the allocator a
     new block per chunk: 140 MiB resident at L = 8192 for 4 MiB chunks)."""
+    step = _step(q, S)
+    return [(i, min(i + step, q.shape[2])) for i in range(0, q.shape[2], step)][::-1]
+
+
+def _step(q: Tensor, S: int) -> int:
+    """Queries per chunk: CHUNK scores, or up to CHUNK_MAX for CHUNK_QUERIES queries, at least one."""
     B, H, L = q.shape[:3]
-    step = max(1, CHUNK // max(B * H * max(S, 1), 1))
-    return [(i, min(i + step, L)) for i in range(0, L, step)][::-1]
+    row = max(B * H * max(S, 1), 1)  # scores of one query over the batch and heads
+    return min(max(L, 1), max(1, CHUNK // row, min(CHUNK_QUERIES, CHUNK_MAX // row)))
+
+
+def _workspace(q: Tensor, S: int, ct) -> Tensor:
+    """A flat buffer for the largest chunk's scores (:func:`_chunks`), reused
+    by every chunk of the call: one allocation instead of one per chunk."""
+    return torch.empty(q.shape[0] * q.shape[1] * _step(q, S) * S, dtype=ct, device=q.device)
+
+
+def _view(work: Tensor, shape) -> Tensor:
+    n = 1
+    for d in shape:
+        n *= d
+    return work[:n].view(shape)
+
+
+def _accumulate(acc: Tensor, a: Tensor, b: Tensor) -> None:
+    """acc[:, :, :S] += aᵀ b for a (B, H_kv, R, S) and b (B, H_kv, R, E), in
+    place (one product into the accumulator, not a product and a sum)."""
+    B, Hkv, R, S = a.shape
+    part = acc[:, :, :S]
+    if part.shape[:2] == (B, Hkv) and acc.is_contiguous():
+        part.view(B * Hkv, S, acc.shape[-1]).baddbmm_(a.reshape(B * Hkv, R, S).transpose(1, 2),
+                                                      b.reshape(B * Hkv, R, b.shape[-1]))
+    else:
+        part += a.transpose(-1, -2) @ b
 
 
 def _families(fam: int, alpha, blk: Blocks):
@@ -99,19 +139,61 @@ def _vjp(fams, p: Tensor, dp: Tensor) -> Tensor:
 
 def attention_forward(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: bool, mask, fam: int, alpha,
                       softcap: float = 0.0):
-    """(out (B, H, L, Ev) in q's dtype, m (B, H, L), lam = 0 (B, H, L)) in the compute dtype."""
+    """(out (B, H, L, Ev) in q's dtype, m (B, H, L), lam (B, H, L)) in the compute dtype: the row
+    maximum and the shifted threshold where :func:`closed_form` holds, else 0 and 0."""
     ct = compute_dtype(q.dtype)
     kc, vc = k.to(ct), v.to(ct)
-    outs, ms = [], []
+    outs, ms, ts = [], [], []
+    closed = closed_form(fam, alpha)
+    work = _workspace(q, k.shape[2], ct)
     for i0, i1 in _chunks(q, k.shape[2]):
         blk = Blocks(q[:, :, i0:i1], kc, vc, None if mask is None else mask[:, :, i0:i1], scale, causal, i0, softcap)
-        s = blk.scores(0, blk.S)
+        s = blk.scores(0, blk.S, out=work)
         p = _map(_families(fam, alpha, blk), s)
         outs.append(blk.heads(support.product(p, vc, fam != SOFTMAX_ID)))
-        m = s.amax(-1) if s.shape[-1] else s.new_full(s.shape[:-1], NEG_INF)
-        ms.append(blk.heads(torch.where(m > NEG_INF, m, 0.0)))
-    out, m = torch.cat(outs[::-1], 2), torch.cat(ms[::-1], 2)
+        if closed:
+            m, t = _shifted_threshold(s, p, blk.per_row(alpha) - 1)
+            ms.append(blk.heads(m.squeeze(-1)))
+            ts.append(blk.heads(t.squeeze(-1)))
+    out = torch.cat(outs[::-1], 2)
+    if closed:
+        return out.to(q.dtype), torch.cat(ms[::-1], 2), torch.cat(ts[::-1], 2)
+    # otherwise m and lam are not read back (the backward maps whole rows again): no pass over the scores for them
+    m = out.new_zeros(out.shape[:3], dtype=ct)
     return out.to(q.dtype), m, torch.zeros_like(m)
+
+
+def closed_form(fam: int, alpha) -> bool:
+    """Whether the backward forms α-entmax's p from the forward's (m, t)
+    (:func:`_entmax_probs`) instead of mapping the rows again: α-entmax with
+    every α − 1 in [NEAR_ONE, 1], where t read off p holds p to its
+    precision.  Closer to 1 p is a steep power of t (the solvers refine t
+    there, :func:`softk._backends.blockwise.forward.refine_t`); the row
+    kernel maps the rows again."""
+    if fam != ENTMAX_ID or alpha is None:
+        return False
+    am1 = alpha.detach().to(torch.float64) - 1
+    return bool(((am1 >= NEAR_ONE) & (am1 <= 1)).all())
+
+
+def _shifted_threshold(s: Tensor, p: Tensor, am1: Tensor):
+    """(m, t) per row (…, 1) of α-entmax's scores s and weights p (a = α − 1
+    per row): m the row maximum (0 on a row with no key) and t the shifted
+    threshold, p = (1 + a(s − m − t))_+^{1/a}.  The largest score has the
+    largest weight p_max = (1 − a t)^{1/a}, so t = −expm1(a log p_max)/a,
+    without cancellation when p_max is near 1."""
+    m = s.amax(-1, keepdim=True)
+    top = p.amax(-1, keepdim=True)
+    t = -torch.expm1(am1 * torch.log(top)) / am1
+    return torch.where(m > NEG_INF, m, 0.0), t
+
+
+def _entmax_probs(s: Tensor, m: Tensor, t: Tensor, am1: Tensor) -> Tensor:
+    """p = (1 + a(s − m − t))_+^{1/a} from the forward's (m, t), formed in
+    place in s (its scores are not read again) through log1p, as
+    :func:`softk._backends.blockwise.forward.entmax_p` forms it; s = −inf
+    gives 0, NaN stays NaN."""
+    return s.sub_(m + t).mul_(am1).clamp_(min=-1.0).log1p_().div_(am1).exp_()
 
 
 def attention_backward(q, k, v, out, dout, m, lam, *, scale: float, causal: bool, mask, fam: int, alpha,
@@ -122,20 +204,26 @@ def attention_backward(q, k, v, out, dout, m, lam, *, scale: float, causal: bool
     dk, dv = torch.zeros_like(kc), torch.zeros_like(vc)
     dqs, dalpha = [], None
     need_dalpha = need_dalpha and fam == ENTMAX_ID and alpha is not None
+    closed = closed_form(fam, alpha)
+    work, work_dp = _workspace(q, k.shape[2], ct), _workspace(q, k.shape[2], ct)
     for i0, i1 in _chunks(q, k.shape[2]):
         blk = Blocks(q[:, :, i0:i1], kc, vc, None if mask is None else mask[:, :, i0:i1], scale, causal, i0, softcap)
         S = blk.S
         fams = _families(fam, alpha, blk)
-        s = blk.scores(0, S)
-        p = _map(fams, s)
+        s = blk.scores(0, S, out=work)
+        if closed:
+            p = _entmax_probs(s, blk.rows(m[:, :, i0:i1].to(ct)).unsqueeze(-1),
+                              blk.rows(lam[:, :, i0:i1].to(ct)).unsqueeze(-1), blk.per_row(alpha) - 1)
+        else:
+            p = _map(fams, s)
         do = blk.rows(dout[:, :, i0:i1].to(ct))
-        dp = do @ vc[:, :, :S].transpose(-1, -2)
+        dp = torch.matmul(do, vc[:, :, :S].transpose(-1, -2), out=_view(work_dp, p.shape))
         ds = _vjp(fams, p, dp)
         if softcap:
             ds = ds * blk.cap_slope(0, S)
         dqs.append(blk.heads((ds @ kc[:, :, :S]) * scale))
-        dk[:, :, :S] += ds.transpose(-1, -2) @ blk.q  # blk.q is scale·q
-        dv[:, :, :S] += p.transpose(-1, -2) @ do
+        _accumulate(dk, ds, blk.q)  # dk += dsᵀ (scale·q)
+        _accumulate(dv, p, do)  # dv += pᵀ dO
         if need_dalpha:
             a = blk.per_row(alpha)
             row = (dp * dp_dalpha(p, a, entmax_log_d(p, a))).sum(-1, keepdim=True)
