@@ -222,3 +222,24 @@ def test_learnable_alpha_trains():
         loss.backward()
         opt.step()
     assert m.alpha.item() > 1.8
+
+
+@pytest.mark.parametrize("family", ["SPARSEMAX", "ENTMAX15"])
+@pytest.mark.parametrize("backend", ["torch", "native"])
+def test_at_most_k_finite_entries_far_apart_are_each_one(family, backend):
+    # Σp = k > 1 on a k = 1 map (the kernels' own interface): a row of two
+    # finite entries 5e38 apart is 1 on both, though (x − max)/τ overflows to
+    # −inf for the lower one
+    from softk._backends.native import threshold as native
+    from softk._backends.torch import threshold as torch_kernel
+    from softk.threshold import families
+
+    if backend == "native" and not softk._backends.registry.native_available():
+        pytest.skip("needs a C compiler")
+    x = torch.full((1, 40), -INF)
+    x[0, 3], x[0, 30] = 3.0e38, -2.0e38
+    kernel = native if backend == "native" else torch_kernel
+    p = kernel.forward(getattr(families, family), x, 2, 0.5)
+    expected = torch.zeros_like(x)
+    expected[0, [3, 30]] = 1.0
+    assert torch.equal(p, expected)

@@ -49,8 +49,8 @@ def scaled_rows(x: Tensor, tau: float, family=None, k=1, shift: bool = True) -> 
     kernels at τ = 1, which find λ relative to the row themselves) skips it.
     A finite entry whose z overflows becomes the largest finite value (p = 1
     there for the top-k maps), never +inf, which is kept for +inf in x; for
-    the top-k maps one that overflows below becomes the smallest finite
-    value, so that it still counts as a finite entry.
+    the top-k maps (and any map with k ≠ 1) one that overflows below becomes
+    the smallest finite value, so that it still counts as a finite entry.
     """
     ct = compute_dtype(x.dtype)
     z = x if x.dtype == ct else x.to(ct)
@@ -58,7 +58,9 @@ def scaled_rows(x: Tensor, tau: float, family=None, k=1, shift: bool = True) -> 
     if shift:
         z = z - lambda_reference(z, k, capped)
     z = z if tau == 1.0 else z / tau
-    topk = capped and (isinstance(k, Tensor) or k != 1)
+    # Σp = k > 1 (a top-k family, or a k = 1 map asked for more mass): a row
+    # of at most k finite entries gets 1 on each, so none may read as masked
+    topk = isinstance(k, Tensor) or k != 1
     if (tau < 1.0 or topk) and z.numel():
         # A finite entry far from the reference (a top-k threshold, or any
         # entry once divided by a small τ) can overflow.  Above, +inf would

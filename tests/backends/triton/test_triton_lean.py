@@ -114,6 +114,29 @@ def test_topk_matches_oracle(rng, fam, alpha, k, n):
     assert torch.equal(p[-2:].view(torch.int32), general.view(torch.int32))
 
 
+@pytest.mark.parametrize("fam, alpha, k", MAPS, ids=IDS)
+def test_wide_rows_match_oracle(rng, fam, alpha, k):
+    # rows wider than the registers' limit: two reads, the candidates in a
+    # buffer; the rows it cannot serve (overflow, NaN, +inf, ≤ k finite
+    # entries, a fully masked row) through the general search
+    n = tf.LEAN_MAX + 1000
+    x = _rows(rng, n)[[1, 3, 7, 8, 9, 10]]
+    huge = np.full(n, -np.inf)
+    huge[[5, n - 1]] = [3.0e38, -2.0e38]  # ≤ k finite entries whose z would overflow
+    x = np.vstack([x, huge[None, :]])
+    p, its = _run(x, fam, alpha, k, 0.5)
+    _check(p, _oracle(fam, alpha, k, x, 0.5), k, alpha)
+    assert its.max() <= 12, its
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fam, alpha, k", MAPS, ids=IDS)
+def test_wide_rows_match_oracle_at_20000(rng, fam, alpha, k):
+    x = _rows(rng, 20000)
+    p, _ = _run(x, fam, alpha, k, 0.7)
+    _check(p, _oracle(fam, alpha, k, x, 0.7), k, alpha)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("fam, alpha, k", TOPK, ids=TOPK_IDS)
 def test_topk_matches_oracle_at_8192(rng, fam, alpha, k):
@@ -176,7 +199,7 @@ def test_which_calls_take_it():
     assert takes_lean(ent, 64, 2.0) and not takes_lean(ent, 64, 1.1) and not takes_lean(ent, 64, 2.5)
     assert takes_lean(exp, 64, 1.5) and takes_lean(FAMILY_IDS["laplace"], 8192, 1.5)
     assert not takes_lean(FAMILY_IDS["sparse"], 64, 1.5) and not takes_lean(FAMILY_IDS["softmax"], 64, 1.5)
-    assert not takes_lean(sm, tf.LEAN_MAX + 1, 2.0) and not takes_lean(exp, tf.LEAN_MAX + 1, 2.0)
+    assert takes_lean(sm, tf.LEAN_MAX + 1, 2.0) and not takes_lean(exp, tf.LEAN_MAX + 1, 2.0)
     # forward_rows takes it by default, the general kernel where a variant is asked for
     x = torch.randn(4, 64, generator=torch.Generator().manual_seed(0))
     _, lean_its = forward_rows(x, sm, 1, 1.0, return_passes=True)
@@ -217,6 +240,16 @@ for fam in (4, 5, 6):
               NEWTON_CAP=NEWTON_CAP, MAXIT=MAXIT, WRITE_ITS=i == 0), warps)
         built += 1
 assert built == 15, built
+from softk._backends.triton.lean_wide import lean_wide_fwd_kernel
+from softk._backends.triton.function import LEAN_WIDE_SLOTS, LOOP_BLOCK
+sig = {"X": "", "Y": "", "ITS": "*i32", "SZ": "*fp32", "SI": "*i32", "R": "i32", "n": "i32", "k": "fp32",
+       "inv_tau": "fp32", "am1": "fp32"}
+for fam in (1, 2, 3):
+    ty = dtypes[fam % 3]
+    build(lean_wide_fwd_kernel, dict(sig, X=ty, Y=ty), dict(FAM=fam, BLOCK=LOOP_BLOCK, C=LEAN_WIDE_SLOTS, BIG=False,
+          NEWTON_CAP=NEWTON_CAP, MAXIT=MAXIT, WRITE_ITS=fam == 1), LOOP_BLOCK // 512)
+    built += 1
+assert built == 18, built
 print("OK")
 """
 
@@ -226,3 +259,17 @@ def test_lean_kernel_compiles_for_a_gpu():
     # the interpreter accepts code the compiler rejects: build every family
     # in its shapes for sm_90 (ptxas included), without a GPU
     gpu_build.compile_for_gpu(_COMPILE)
+
+
+@pytest.mark.parametrize("fam, alpha", [("sparsemax", 2.0), ("entmax", 1.3), ("entmax", 3.0)])
+@pytest.mark.parametrize("onchip", [True, False])
+def test_general_kernel_rows_of_at_most_k_entries_far_apart(fam, alpha, onchip):
+    # a row of 2 finite entries under k = 2.5 is 1 on both, however far
+    # apart: the general kernel read "finite" off z, where (x − max)/τ had
+    # overflowed to −inf for the lower entry, and wrote 0 there
+    x = torch.full((1, 40), float("-inf"))
+    x[0, 3], x[0, 30] = 3.0e38, -2.0e38
+    p = forward_rows(x, FAMILY_IDS[fam], 2.5, 0.5, alpha, onchip=onchip, block=None if onchip else 16)
+    expected = torch.zeros_like(x)
+    expected[0, [3, 30]] = 1.0
+    assert torch.equal(p, expected)

@@ -10,7 +10,8 @@ attention rows and small vocabularies (1024) and of a row read in one go
 * sparsemax and entmax15 ≤ 3×, α-entmax at α = 1.3 and top-k exp ≤ 4×,
   top-k sigmoid and laplace ≤ 6× (k = 2) (the lean forwards);
 * each reads its row once: at most 2 × the row's bytes at 8192, the
-  candidate buffer included.
+  candidate buffer included; sparsemax, entmax15 and α-entmax read a row
+  wider than the registers hold twice (16384).
 """
 
 import pytest
@@ -88,6 +89,15 @@ def test_forward_work_per_element(rows, softmax_work, fam, k, alpha, limit, n):
     assert w.launches == 1
     if n == 8192:
         assert w.load_bytes <= 2 * 4 * x.numel(), w.load_bytes / (4 * x.numel())
+
+
+@pytest.mark.parametrize("fam, alpha", [("sparsemax", 2.0), ("entmax15", 1.5), ("entmax", 1.3)])
+def test_wide_rows_are_read_twice(fam, alpha):
+    x = torch.randn(4, 16384, generator=torch.Generator().manual_seed(2))
+    with count() as w:
+        p = forward_rows(x, FAMILY_IDS[fam], 1, 1.0, alpha)
+    assert torch.allclose(p.sum(-1), torch.ones(4), atol=1e-5)
+    assert w.load_bytes <= 2.1 * 4 * x.numel(), w.load_bytes / (4 * x.numel())
 
 
 @pytest.mark.parametrize("fam, alpha", [("sparsemax", 2.0), ("entmax15", 1.5), ("entmax", 1.3)])

@@ -49,7 +49,7 @@ import triton.language as tl
 
 from .family_math import _log1p
 from .frame import _lane_start, _solve
-from .prelude import _cols, _finite_or_zero, _load_z, _scaled
+from .prelude import _cols, _finite_or_zero, _load_x, _load_z, _scaled
 from .search import EPS
 
 TINY = tl.constexpr(1.1754943508222875e-38)  # the smallest normal float32
@@ -354,10 +354,10 @@ def _solve_anchor(xr, rmask, xrow, lanes, n, inv_tau, xmax, xmin, m, lseS, activ
 
 
 @triton.jit
-def _store_p_anchor(yr, rmask, cols, n, z, A, ell, a, beta, log_a, active, broken):
-    fin = z > float("-inf")
-    p = tl.where(fin, _anchor_p(z, A, ell, a, beta, log_a), 0.0)
-    filled = tl.where(broken, float("nan"), tl.where(fin, 1.0, 0.0))
+def _store_p_anchor(yr, rmask, cols, n, x, z, A, ell, a, beta, log_a, active, broken):
+    # the row conventions read finite off the raw x (as _store_p does)
+    p = tl.where(z > float("-inf"), _anchor_p(z, A, ell, a, beta, log_a), 0.0)
+    filled = tl.where(broken, float("nan"), tl.where(x > float("-inf"), 1.0, 0.0))
     tl.store(yr + cols, tl.where(active, p, filled).to(yr.dtype.element_ty), mask=rmask & (cols < n))
 
 
@@ -368,10 +368,10 @@ def _write_p_anchor(xr, yr, rmask, xrow, n, ref, inv_tau, A, ell, am1, active, b
     beta = 1.0 / am1
     log_a = tl.log(am1)
     if ONCHIP:
-        _store_p_anchor(yr, rmask, _cols(0, BLOCK), n, _scaled(xrow, ref, inv_tau), A, ell, am1, beta, log_a,
+        _store_p_anchor(yr, rmask, _cols(0, BLOCK), n, xrow, _scaled(xrow, ref, inv_tau), A, ell, am1, beta, log_a,
                         active, broken)
     else:
         for start in range(0, n, BLOCK):
             cols = _cols(start, BLOCK)
-            _store_p_anchor(yr, rmask, cols, n, _load_z(xr, rmask, cols, n, ref, inv_tau), A, ell, am1, beta, log_a,
-                            active, broken)
+            x = _load_x(xr, rmask, cols, n)
+            _store_p_anchor(yr, rmask, cols, n, x, _scaled(x, ref, inv_tau), A, ell, am1, beta, log_a, active, broken)

@@ -25,7 +25,10 @@ their own launch settings (:func:`_config`), chosen from the sweep of
 * The lean forward (:mod:`.lean`) of sparsemax, entmax15 and α-entmax for
   1.125 ≤ α ≤ 2 holds rows of up to :data:`LEAN_MAX` entries in registers,
   several narrow rows per program as above; its search runs on a buffer of
-  the row's candidates, so it reads the row once whatever the width.
+  the row's candidates, so it reads the row once.  Wider rows of those maps
+  (:mod:`.lean_wide`) are read twice, one row per program in blocks of
+  :data:`LOOP_BLOCK`; exp, sigmoid and laplace top-k up to :data:`LEAN_MAX`
+  (:mod:`.lean_topk`) once.
 * Backward.  On chip up to :data:`BWD_ONCHIP_MAX` entries, narrow rows in
   tiles of :data:`BWD_TILE` entries; wider rows loop over blocks of
   :data:`BWD_LOOP_BLOCK` at 32 warps.
@@ -40,6 +43,7 @@ from torch import Tensor
 from .kernels import threshold_bwd_kernel, threshold_fwd_kernel
 from .lean import lean_fwd_kernel
 from .lean_topk import lean_topk_fwd_kernel
+from .lean_wide import lean_wide_fwd_kernel
 
 from ...threshold.entmax_anchor import NEAR_ONE, needs_anchor
 from ...threshold.families import KERNEL_IDS as FAMILY_IDS  # one table for every backend
@@ -174,11 +178,11 @@ def forward_rows(rows: Tensor, fam: int, k: float, tau: float, alpha: float = 1.
     register copy): the λ search's, a second search in a moved frame
     (:mod:`.frame`), and for entmax α outside [1.125, 2] the anchor's
     (:mod:`.anchor`); the looped variant's sweeps over its lane maxima read
-    no memory and are not counted.  Sparsemax, entmax15 and α-entmax with
-    1.125 ≤ α ≤ 2 on rows of up to :data:`LEAN_MAX` entries take the lean
-    forward (:func:`lean_forward_rows`) unless ``onchip`` or ``block`` is
-    given; its count is of sweeps of the search (over the row's candidates
-    where it has a buffer of them), and it reads the row once."""
+    no memory and are not counted.  The maps with a lean forward
+    (:func:`takes_lean`) take it (:func:`lean_forward_rows`) unless
+    ``onchip`` or ``block`` is given; its count is of sweeps of the search
+    (over the row's candidates where it has a buffer of them, plus the
+    general search's passes on the rows it hands on)."""
     if onchip is None and block is None and takes_lean(fam, rows.shape[-1], alpha):
         return lean_forward_rows(rows, fam, k, tau, alpha, return_passes=return_passes,
                                  rows_per_program=rows_per_program, out=out)
@@ -224,6 +228,9 @@ LEAN_MAX = 8192
 LEAN_SLOTS = 64
 LEAN_GROUP = 16
 LEAN_COMPACT_ALPHA = 1.5
+# Rows wider than LEAN_MAX (:mod:`.lean_wide`): a buffer of LEAN_WIDE_SLOTS
+# candidates per row, wide enough for α-entmax's supports at α = 1.3.
+LEAN_WIDE_SLOTS = 1024
 
 
 # The smooth top-k maps' lean forward (:mod:`.lean_topk`): the lean sweeps a
@@ -235,10 +242,10 @@ LEAN_TOPK = (FAMILY_IDS["exp"], FAMILY_IDS["sigmoid"], FAMILY_IDS["laplace"])
 
 def takes_lean(fam: int, n: int, alpha: float) -> bool:
     """Whether rows of ``n`` entries of this family take a lean forward:
-    sparsemax, entmax15, α-entmax for 1.125 ≤ α ≤ 2 (:mod:`.lean`) and the
-    smooth top-k maps exp, sigmoid and laplace (:mod:`.lean_topk`), on rows
-    of up to :data:`LEAN_MAX` entries."""
-    if n > LEAN_MAX or fam not in LEAN_SIMPLEX + LEAN_TOPK:
+    sparsemax, entmax15, α-entmax for 1.125 ≤ α ≤ 2 at every width (:mod:`.lean`
+    up to :data:`LEAN_MAX` entries, :mod:`.lean_wide` above) and the smooth
+    top-k maps exp, sigmoid and laplace up to :data:`LEAN_MAX` (:mod:`.lean_topk`)."""
+    if fam not in LEAN_SIMPLEX + LEAN_TOPK or (n > LEAN_MAX and fam in LEAN_TOPK):
         return False
     return fam != FAMILY_IDS["entmax"] or (serves(fam, alpha) and not needs_anchor(alpha) and alpha <= 2)
 
@@ -256,6 +263,15 @@ def lean_forward_rows(rows: Tensor, fam: int, k: float, tau: float, alpha: float
         if rpp & (rpp - 1):
             raise ValueError(f"rows_per_program must be a power of two, got {rpp}")
         warps = max(1, min(16, rpp * blk // 256))
+        if n > LEAN_MAX:  # two reads: the lane maxima, then the candidates into a buffer
+            slots = LEAN_WIDE_SLOTS
+            sz = torch.empty((r, slots), dtype=torch.float32, device=rows.device)
+            si = torch.empty((r, slots), dtype=torch.int32, device=rows.device)
+            lean_wide_fwd_kernel[(r,)](
+                rows, out, its, sz, si, r, n, float(k), 1.0 / tau, float(alpha) - 1.0, FAM=fam, BLOCK=LOOP_BLOCK,
+                C=slots, BIG=False, NEWTON_CAP=NEWTON_CAP, MAXIT=MAXIT, WRITE_ITS=return_passes,
+                num_warps=LOOP_BLOCK // 512)
+            return (out, its) if return_passes else out
         if fam in LEAN_TOPK:
             lean_topk_fwd_kernel[(triton.cdiv(r, rpp),)](
                 rows, out, its, r, n, float(k), 1.0 / tau, FAM=fam, ROWS=rpp, BLOCK=blk, LEAN_IT=LEAN_TOPK_IT,

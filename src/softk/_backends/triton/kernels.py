@@ -1,10 +1,11 @@
 r"""The kernels: forward p = f(z − λ), Σp = k, and backward from the saved p.
 
-Sparsemax, entmax15 and α-entmax with 1.125 ≤ α ≤ 2 on rows of up to
-:data:`.function.LEAN_MAX` entries take the lean forward of :mod:`.lean`
-instead (one read, the search on the row's candidates); the forward below
-serves every other family and width, and those three where a launch variant
-is asked for (``onchip``/``block``).
+Sparsemax, entmax15 and α-entmax with 1.125 ≤ α ≤ 2 take the lean forward
+of :mod:`.lean` instead (rows of up to :data:`.function.LEAN_MAX` entries: one
+read, the search on the row's candidates; wider rows :mod:`.lean_wide`: two
+reads), and exp, sigmoid and laplace top-k that of :mod:`.lean_topk` up to
+the same width; the forward below serves every other family and width, and
+those where a launch variant is asked for (``onchip``/``block``).
 
 A program holds ``ROWS`` rows as a [ROWS, BLOCK] tile (the launcher,
 :func:`.function._config`, gives narrow rows a tile of a fixed number of

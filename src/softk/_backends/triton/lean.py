@@ -32,8 +32,9 @@ read once, and the λ search runs on as few entries as the row allows:
 
 Every per-row quantity is a [ROWS, 1] column and every reduction runs along
 the row, so a row's result does not depend on the rows sharing its program.
-The general kernel (:mod:`.kernels`) keeps the other families, α outside
-[1.125, 2], and rows wider than the launcher's limit.
+Rows wider than the launcher's limit take :mod:`.lean_wide` (two reads); the
+general kernel (:mod:`.kernels`) keeps the other families and α outside
+[1.125, 2].
 """
 
 import triton

@@ -20,7 +20,7 @@ import triton.language as tl
 
 from .ids import ENTMAX15
 from .family_math import _acc, _f, _fin, _init, _red
-from .prelude import _cols, _frame_z, _load_frame_z
+from .prelude import _cols, _frame_z, _load_frame_z, _load_x
 
 
 # --------------------------------------------------------- a search pass
@@ -57,13 +57,13 @@ def _search_pass(xr, rmask, xrow, n, ref, inv_tau, c, t, qc, qt, cc, ct, k, am1,
 
 # -------------------------------------------------------------- last pass
 @triton.jit
-def _store_p(yr, rmask, cols, n, z, c, t, am1, active, broken, FAM: tl.constexpr):
+def _store_p(yr, rmask, cols, n, x, z, c, t, am1, active, broken, FAM: tl.constexpr):
     # p = f(z − λ) on a searched row; on the others the row conventions:
     # NaN where the row holds a NaN or +inf, else 1 on the finite entries
-    # (≤ k of them) and 0 on the masked ones.
-    fin = z > float("-inf")
-    p = tl.where(fin, _f((z - c) - t, FAM, am1), 0.0)
-    filled = tl.where(broken, float("nan"), tl.where(fin, 1.0, 0.0))
+    # (≤ k of them) and 0 on the masked ones.  Finite is read off the raw x:
+    # a finite entry whose z overflows to −inf is still an entry of the row.
+    p = tl.where(z > float("-inf"), _f((z - c) - t, FAM, am1), 0.0)
+    filled = tl.where(broken, float("nan"), tl.where(x > float("-inf"), 1.0, 0.0))
     p = tl.where(active, p, filled)
     tl.store(yr + cols, p.to(yr.dtype.element_ty), mask=rmask & (cols < n))
 
@@ -73,10 +73,10 @@ def _write_p(xr, yr, rmask, xrow, n, ref, inv_tau, c, t, am1, active, broken,
              FAM: tl.constexpr, BLOCK: tl.constexpr, ONCHIP: tl.constexpr):
     """The last pass: p at λ = c + t ([ROWS, 1] columns) in the frame ``ref``."""
     if ONCHIP:
-        z = _frame_z(xrow, ref, inv_tau, FAM)
-        _store_p(yr, rmask, _cols(0, BLOCK), n, z, c, t, am1, active, broken, FAM)
+        _store_p(yr, rmask, _cols(0, BLOCK), n, xrow, _frame_z(xrow, ref, inv_tau, FAM), c, t, am1, active, broken,
+                 FAM)
     else:
         for start in range(0, n, BLOCK):
             cols = _cols(start, BLOCK)
-            z = _load_frame_z(xr, rmask, cols, n, ref, inv_tau, FAM)
-            _store_p(yr, rmask, cols, n, z, c, t, am1, active, broken, FAM)
+            x = _load_x(xr, rmask, cols, n)
+            _store_p(yr, rmask, cols, n, x, _frame_z(x, ref, inv_tau, FAM), c, t, am1, active, broken, FAM)

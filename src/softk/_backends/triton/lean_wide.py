@@ -1,0 +1,109 @@
+r"""The lean forward of sparsemax, entmax15 and α-entmax (1.125 ≤ α ≤ 2) on
+rows too wide for registers: two reads of the row and one write.
+
+One program per row, blocks of ``BLOCK`` entries:
+
+1. the first read keeps, per lane, the maximum of the entries it reads
+   (lane j: entries j, j + BLOCK, …); the row max is theirs;
+2. the lane maxima are a subset of the row, so the root of g over them is a
+   lower bound of λ (:func:`.lean._lean_search`, in registers, no memory);
+3. the second read writes 0 for every entry at or below that bound (its p is
+   0 whatever λ turns out to be) and appends the entries above it, the
+   candidates, to the row's buffer of ``C`` slots, in row order (a prefix
+   sum per block, and the count so far);
+4. the search on the buffer, and p scattered from it to the candidates'
+   columns.
+
+A row whose candidates overflow the buffer, or that holds a NaN or +inf,
+takes the general search and writes its whole row (:func:`.frame._solve`,
+:func:`.passes._write_p`, reading it again), its 0s then rewritten by the
+same lanes in program order.  So a row's result depends on its own entries
+only.
+"""
+
+import triton
+import triton.language as tl
+
+from .lean import EPS, _lean_search, _lower_bound
+from .family_math import _f
+from .frame import _solve
+from .passes import _write_p
+from .prelude import _cols, _load_x
+
+
+@triton.jit
+def lean_wide_fwd_kernel(X, Y, ITS, SZ, SI, R, n, k, inv_tau, am1,
+                         FAM: tl.constexpr, BLOCK: tl.constexpr, C: tl.constexpr, BIG: tl.constexpr,
+                         NEWTON_CAP: tl.constexpr, MAXIT: tl.constexpr, WRITE_ITS: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) + tl.arange(0, 1)[:, None]  # [1, 1]
+    rmask = rows < R
+    xr = X + rows * n
+    yr = Y + rows * n
+
+    # ---- first read: the lane maxima and the finite count
+    lanes = tl.full([1, BLOCK], float("-inf"), tl.float32)
+    fin = tl.zeros([1, BLOCK], tl.float32)
+    for start in range(0, n, BLOCK):
+        x = _load_x(xr, rmask, _cols(start, BLOCK), n)
+        lanes = tl.maximum(lanes, x)
+        fin += (x > float("-inf")).to(tl.float32)
+    xmax = tl.max(lanes, 1, keep_dims=True)
+    m = tl.sum(fin, 1, keep_dims=True)
+    # z ≤ 0 for every finite entry in the frame of a finite max: Σz is NaN
+    # exactly where the row holds a NaN
+    ref = tl.where((xmax > float("-inf")) & (xmax < float("inf")), xmax, 0.0)
+    active = (m > k) & (xmax < float("inf"))
+
+    # ---- a lower bound of λ from the lane maxima (a few ulps lower: its rounding)
+    lam0 = tl.zeros([1, 1], tl.float32) + _lower_bound(k, am1, FAM)
+    lamg, _ = _lean_search((lanes - ref) * inv_tau, lam0, active, k, am1, FAM, MAXIT)
+    lamg = lamg - 4.0 * EPS * tl.abs(lamg)
+
+    # ---- second read: 0 below the bound, the candidates into the buffer
+    nc = tl.zeros([1, 1], tl.int32)
+    sz = tl.zeros([1, BLOCK], tl.float32)
+    base = rows * C - 1
+    for start in range(0, n, BLOCK):
+        cols = _cols(start, BLOCK)
+        inb = rmask & (cols < n)
+        x = tl.load(xr + cols, mask=inb, other=float("-inf")).to(tl.float32)
+        z = (x - ref) * inv_tau
+        sz += z
+        cand = z > lamg
+        ci = cand.to(tl.int32)
+        slot = nc + tl.cumsum(ci, 1)
+        keep = cand & (slot <= C)
+        tl.store(SZ + base + slot, z, mask=keep)
+        tl.store(SI + base + slot, cols + tl.zeros([1, 1], tl.int32), mask=keep)
+        tl.store(yr + cols, tl.zeros([1, BLOCK], yr.dtype.element_ty), mask=inb & (~cand))
+        nc += tl.sum(ci, 1, keep_dims=True)
+    broken = (tl.sum(sz, 1, keep_dims=True) != tl.sum(sz, 1, keep_dims=True)) | (xmax == float("inf"))
+    fits = active & (~broken) & (nc <= C)
+    tl.debug_barrier()
+
+    it = tl.zeros([1, 1], tl.int32)
+    if tl.max(tl.max(fits.to(tl.int32), 1), 0) > 0:
+        # ---- the search on the buffer, p scattered to the candidates' columns
+        j = _cols(0, C)
+        live = fits & (j < nc)
+        zc = tl.load(SZ + rows * C + j, mask=live, other=float("-inf"))
+        ic = tl.load(SI + rows * C + j, mask=live, other=0)
+        lam, it = _lean_search(zc, lamg, fits, k, am1, FAM, MAXIT)
+        tl.store(yr + ic, _f(zc - lam, FAM, am1).to(yr.dtype.element_ty), mask=live)
+    else:
+        # ---- a whole write: the general search where the buffer overflowed,
+        # else the row conventions (NaN/+inf, at most k finite entries)
+        search = active & (~broken)
+        gref = ref
+        c = tl.zeros([1, 1], tl.float32)
+        t = c
+        if tl.max(tl.max(search.to(tl.int32), 1), 0) > 0:
+            xmin = tl.full([1, 1], float("inf"), tl.float32)
+            for start in range(0, n, BLOCK):
+                x = _load_x(xr, rmask, _cols(start, BLOCK), n)
+                xmin = tl.minimum(xmin, tl.min(tl.where(x > float("-inf"), x, float("inf")), 1, keep_dims=True))
+            gref, c, t, it = _solve(xr, rmask, 0.0, lanes, n, inv_tau, xmax, xmin, m, tl.zeros([1, 1], tl.float32),
+                                    search, k, am1, FAM, 1, BLOCK, False, BIG, BIG, NEWTON_CAP, MAXIT)
+        _write_p(xr, yr, rmask, 0.0, n, gref, inv_tau, c, t, am1, search, broken, FAM, BLOCK, False)
+    if WRITE_ITS:
+        tl.store(ITS + rows, it, mask=rmask)
