@@ -9,6 +9,8 @@ whose candidates overflow the buffer next to rows whose do not, and which
 calls take them."""
 
 import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 import pytest
 import torch
 
@@ -30,10 +32,32 @@ TOPK = [("exp", 1.5, 1), ("exp", 1.5, 2), ("sigmoid", 1.5, 2), ("laplace", 1.5, 
 TOPK_IDS = [f"{f}-k{k}" for f, _, k in TOPK]
 
 
+def _bisect(f, z, k):
+    """λ with Σ f(z − λ) = k on finite z, by bisection in float64, ending at
+    the upper end of the points with g ≥ k: where terms underflow, g is
+    exactly k on a whole interval below the root (entries 1e33 apart), and
+    only its upper end is the root's value."""
+    g = lambda lam: f(z - lam).sum()  # noqa: E731
+    lo, hi, step = z.min() - 1.0, z.max() + 1.0, 1.0
+    while g(lo) < k:
+        step *= 2
+        lo = z.min() - step
+    step = 1.0
+    while g(hi) >= k:
+        step *= 2
+        hi = z.max() + step
+    for _ in range(4000):
+        mid = 0.5 * (lo + hi)
+        if mid <= lo or mid >= hi:
+            break
+        lo, hi = (mid, hi) if g(mid) >= k else (lo, mid)
+    return lo
+
+
 def _oracle(fam, alpha, k, x, tau):
-    # the maps are shift-invariant: the oracle's bisection gets each row less
-    # its finite max (exact in float64 for float32 entries), whose bracket
-    # ends max ± 1 would round away at 1e38
+    # the maps are shift-invariant: the bisection gets each row less its
+    # finite max (exact in float64 for float32 entries), whose bracket ends
+    # max ± 1 would round away at 1e38
     if fam in oracle.F_BY_METHOD:
         f = oracle.F_BY_METHOD[fam]
     else:
@@ -41,7 +65,8 @@ def _oracle(fam, alpha, k, x, tau):
     fin = np.where(np.isfinite(x), x, -np.inf)
     top = np.max(fin, axis=-1, keepdims=True)
     shifted = x - np.where(np.isfinite(top), top, 0.0)
-    return oracle._apply(lambda r: oracle._row_map(f, r / tau, k), shifted, -1)
+    return oracle._apply(lambda r: oracle._row_map(f, r / tau, k, closed_form=lambda z: _bisect(f, z, k)), shifted,
+                         -1)
 
 
 def _f32(a):
@@ -273,3 +298,37 @@ def test_general_kernel_rows_of_at_most_k_entries_far_apart(fam, alpha, onchip):
     expected = torch.zeros_like(x)
     expected[0, [3, 30]] = 1.0
     assert torch.equal(p, expected)
+
+
+@st.composite
+def _wide_cases(draw):
+    """(family, α, k, rows, τ): two rows of a width that takes the buffer
+    (300, 1100) or the two reads (8300), of a drawn kind."""
+    fam, alpha, k = draw(st.sampled_from(MAPS + TOPK))
+    n = draw(st.sampled_from([300, 1100] + ([8300] if fam not in oracle.F_BY_METHOD else [])))
+    seed = draw(st.integers(0, 2**31 - 1))
+    r = np.random.default_rng(seed)
+    kind = draw(st.sampled_from(["normal", "ties", "masked", "offset", "dominant", "uniform", "far"]))
+    x = r.normal(size=(2, n)) * draw(st.sampled_from([0.1, 1.0, 10.0]))
+    if kind == "ties":
+        x = np.round(x)
+    elif kind == "masked":
+        x[r.random((2, n)) < draw(st.sampled_from([0.5, 0.99]))] = -np.inf
+    elif kind == "offset":
+        x += draw(st.sampled_from([1e4, -1e6]))
+    elif kind == "dominant":
+        x[:, r.integers(n)] = draw(st.sampled_from([20.0, 1e4]))
+    elif kind == "uniform":
+        x = r.uniform(size=(2, n))
+    elif kind == "far":
+        x[:, r.integers(n, size=3)] = r.normal(size=(2, 3)) * 1e30
+    tau = draw(st.sampled_from([1e-3, 0.3, 1.0, 10.0]))
+    return fam, alpha, k, _f32(x), tau
+
+
+@settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(_wide_cases())
+def test_property_wide_rows_match_oracle(case):
+    fam, alpha, k, x, tau = case
+    p, _ = _run(x, fam, alpha, k, tau)
+    _check(p, _oracle(fam, alpha, k, x, tau), k, alpha, fam)
