@@ -45,7 +45,10 @@ F_BY_METHOD = {"exp": _f_exp, "sigmoid": _f_sigmoid, "laplace": _f_laplace, "spa
 
 
 def solve_lambda(f, z, k):
-    """Bisection for sum f(z - lam) = k on a 1-D array of finite z."""
+    """Bisection for sum f(z - lam) = k on a 1-D array of finite z, ending at
+    the upper end of the points with g >= k: where terms underflow (entries
+    1e33 apart), g is exactly k on a whole interval below the root, and only
+    its upper end is the root's value."""
     g = lambda lam: f(z - lam).sum()  # noqa: E731
     lo, hi = z.min() - 1.0, z.max() + 1.0
     step = 1.0
@@ -53,18 +56,18 @@ def solve_lambda(f, z, k):
         step *= 2
         lo = z.min() - step
     step = 1.0
-    while g(hi) > k:
+    while g(hi) >= k:
         step *= 2
         hi = z.max() + step
-    for _ in range(2000):
+    for _ in range(4000):
         mid = 0.5 * (lo + hi)
         if mid <= lo or mid >= hi:
             break
-        if g(mid) > k:
+        if g(mid) >= k:
             lo = mid
         else:
             hi = mid
-    return 0.5 * (lo + hi)
+    return lo
 
 
 def _row_map(f, row, k, closed_form=None):

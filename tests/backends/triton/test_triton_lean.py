@@ -32,28 +32,6 @@ TOPK = [("exp", 1.5, 1), ("exp", 1.5, 2), ("sigmoid", 1.5, 2), ("laplace", 1.5, 
 TOPK_IDS = [f"{f}-k{k}" for f, _, k in TOPK]
 
 
-def _bisect(f, z, k):
-    """λ with Σ f(z − λ) = k on finite z, by bisection in float64, ending at
-    the upper end of the points with g ≥ k: where terms underflow, g is
-    exactly k on a whole interval below the root (entries 1e33 apart), and
-    only its upper end is the root's value."""
-    g = lambda lam: f(z - lam).sum()  # noqa: E731
-    lo, hi, step = z.min() - 1.0, z.max() + 1.0, 1.0
-    while g(lo) < k:
-        step *= 2
-        lo = z.min() - step
-    step = 1.0
-    while g(hi) >= k:
-        step *= 2
-        hi = z.max() + step
-    for _ in range(4000):
-        mid = 0.5 * (lo + hi)
-        if mid <= lo or mid >= hi:
-            break
-        lo, hi = (mid, hi) if g(mid) >= k else (lo, mid)
-    return lo
-
-
 def _oracle(fam, alpha, k, x, tau):
     # the maps are shift-invariant: the bisection gets each row less its
     # finite max (exact in float64 for float32 entries), whose bracket ends
@@ -65,8 +43,7 @@ def _oracle(fam, alpha, k, x, tau):
     fin = np.where(np.isfinite(x), x, -np.inf)
     top = np.max(fin, axis=-1, keepdims=True)
     shifted = x - np.where(np.isfinite(top), top, 0.0)
-    return oracle._apply(lambda r: oracle._row_map(f, r / tau, k, closed_form=lambda z: _bisect(f, z, k)), shifted,
-                         -1)
+    return oracle._apply(lambda r: oracle._row_map(f, r / tau, k), shifted, -1)
 
 
 def _f32(a):
