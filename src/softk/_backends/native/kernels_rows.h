@@ -43,8 +43,8 @@ static int64_t FN(compact)(T *val, int64_t *idx, int64_t c, T lam)
 
 /* G = Σ w^q and S = Σ w^{q−1} over w = (α−1)(v − λ) > 0, v in val[0..cp),
  * and pw[j] = w_j^q (0 off support); cp a multiple of PAD (no scalar
- * remainder).  w^q as e^{q log w}: libmvec's vector pow costs about three
- * exp + log pairs, and the relative error, a few ulps times (1 + |log w^q|),
+ * remainder).  w^q as e^{q log w}, which libmvec's vector exp and log
+ * evaluate faster than its vector pow, and the relative error, a few ulps times (1 + |log w^q|),
  * is a few ulps of the p that matter (w^q ≤ k; tiny w^q add tiny absolute
  * errors).  The mask multiplies rather than selects: with a select GCC
  * sinks the calls into a branch, and a loop with a branch around a call is

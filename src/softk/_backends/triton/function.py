@@ -221,9 +221,9 @@ def backward_rows(p: Tensor, g: Tensor, fam: int, tau: float, alpha: float = 1.5
 # 1.125 ≤ α ≤ 2 on rows of up to LEAN_MAX entries, held in registers; rows
 # of at least 4 × LEAN_SLOTS entries search a buffer of LEAN_SLOTS candidates
 # found above the root over the maxima of groups of LEAN_GROUP entries, but
-# for α-entmax below LEAN_COMPACT_ALPHA, whose support is wide (a hundred
-# entries of a normal row of 1024 at α = 1.3): there the buffer would
-# overflow, and the whole row is searched from the groups' bound.
+# for α-entmax below LEAN_COMPACT_ALPHA, whose support widens as α nears 1:
+# there the buffer would overflow, and the whole row is searched from the
+# groups' bound.
 LEAN_MAX = 8192
 LEAN_SLOTS = 64
 LEAN_GROUP = 16
