@@ -7,7 +7,7 @@ import pytest
 from . import gpu_build
 
 _COMPILE = r"""
-from softk._backends.triton.attention import BLOCK_M, BLOCK_N, MAXIT, NEWTON_CAP, _pad, _warps
+from softk._backends.triton.attention import BLOCK_M, BLOCK_N, MAXIT, NEWTON_CAP, SLOTS, _pad, _warps
 from softk._backends.triton.attention_bwd import attn_bwd_dkdv_kernel, attn_bwd_dq_kernel
 from softk._backends.triton.attention_kernels import attn_fwd_kernel
 
@@ -33,8 +33,8 @@ def build_all(fam, e, ty, kind, causal, softcap, stats):
     cs = dict(FAM=fam, MASK_KIND=kind, CAUSAL=causal, SOFTCAP=softcap, BM=BLOCK_M, BN=BLOCK_N, EP=_pad(e),
               EVP=_pad(e))
     w = _warps(e)
-    build(attn_fwd_kernel, dict(ptrs, OUT=ty, STATS="*i32", **sq, **base),
-          dict(cs, SKIP=True, WITH_STATS=stats, NEWTON_CAP=NEWTON_CAP, MAXIT=MAXIT), w)
+    build(attn_fwd_kernel, dict(ptrs, OUT=ty, LIVE="*i8", SZ="*fp32", SI="*i32", STATS="*i32", **sq, **base),
+          dict(cs, SKIP=True, WITH_STATS=stats, NEWTON_CAP=NEWTON_CAP, MAXIT=MAXIT, C=SLOTS), w)
     for need in ((False, True) if fam == 3 else (False,)):
         so = {"so" + c: "i32" for c in "bhmd"} | {"sd" + c: "i32" for c in "bhmd"}
         build(attn_bwd_dq_kernel, dict(ptrs, OUT=ty, DO=ty, DQ=ty, DELTA="*fp32", DAROW="*fp32", **sq, **so, **base),

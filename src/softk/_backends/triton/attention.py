@@ -78,6 +78,7 @@ BLOCK_M = 64
 BLOCK_N = 64
 NEWTON_CAP = 24  # Newton-type steps before pure bisection
 MAXIT = 40  # λ-search passes at most
+SLOTS = 64  # the candidate buffer of a query row (:mod:`.attention_gather`)
 _ALPHA = {0: 1.5, 1: 2.0, 2: 1.5, 3: 1.5}  # α of the fixed maps (entmax α reads its tensor)
 
 
@@ -131,7 +132,7 @@ def _alpha_arg(alpha, fam: int, like: Tensor) -> Tensor:
 
 def attention_forward(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: bool, mask, fam: int, alpha,
                       softcap: float = 0.0, block_m: int | None = None, block_n: int | None = None,
-                      skip: bool = True, stats: dict | None = None) -> tuple[Tensor, Tensor, Tensor]:
+                      skip: bool = True, stats: dict | None = None, return_tiles: bool = False):
     """(out (B, H, L, Ev) in q's dtype, m (B, H, L) float32 (the row
     reference: see the module docstring), λ (B, H, L) float32) for q (B, H, L, E), k (B, Hkv, S, E), v (B, Hkv, S, Ev); see
     the module docstring.  ``softcap`` c > 0 caps the scaled products to
@@ -141,8 +142,14 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: 
     pass (for tests), and a ``stats`` dict receives the per-program counts
     (int64 tensors, one entry per query block and head): ``blocks`` (key
     blocks in range), ``passes`` (λ-search passes, besides the max pass and
-    the p·V pass), ``visited`` (blocks recomputed over the search passes)
-    and ``pv`` (blocks that took a p·V product)."""
+    the p·V pass), ``visited`` (blocks recomputed over the search passes),
+    ``pv`` (blocks that took a p·V product), ``searched`` (rows whose λ
+    the general search found, the others' came from their candidate buffer:
+    :mod:`.attention_gather`) and ``raised`` (raises of a buffer's bound), and for the sparse maps
+    ``live`` (int8, per query block and head, per key block: 0 where p is
+    exactly zero on the tile).  ``return_tiles`` appends that tile mask (flat,
+    in the backward's layout; one byte for softmax, which has none) to the
+    result, for :func:`attention_backward`'s ``tiles``."""
     _check(q, k, v, mask, fam, alpha)
     B, H, L, E = q.shape
     Hkv, S, Ev = k.shape[1], k.shape[2], v.shape[3]
@@ -150,25 +157,32 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: 
     m = _empty((B, H, L), torch.float32, q.device)
     lam = _empty((B, H, L), torch.float32, q.device)
     if B * H * L == 0:
-        return out, m, lam
+        return (out, m, lam, torch.zeros(0, dtype=torch.int8, device=q.device)) if return_tiles else (out, m, lam)
     BM, BN = block_m or BLOCK_M, block_n or BLOCK_N
     nqb, nkb = -(-L // BM), max(1, -(-S // BN))
-    tiles = torch.empty(B * H * nqb * nkb if fam else 1, dtype=torch.int8, device=q.device)
-    st = torch.zeros((B * H * nqb * 4) if stats is not None else 1, dtype=torch.int32, device=q.device)
+    flags = torch.empty(B * H * nqb * nkb if fam else 1, dtype=torch.int8, device=q.device)
+    live = torch.empty(B * H * nqb * nkb if fam else 1, dtype=torch.int8, device=q.device)
+    slots = B * H * nqb * BM * SLOTS if fam and skip else 1
+    sz = torch.empty(slots, dtype=torch.float32, device=q.device)
+    si = torch.empty(slots, dtype=torch.int32, device=q.device)
+    st = torch.zeros((B * H * nqb * 6) if stats is not None else 1, dtype=torch.int32, device=q.device)
     mk, kind, ms = _mask_args(mask, q, scale, softcap)
     attn_fwd_kernel[(nqb, B * H)](
-        q, k, v, mk, _alpha_arg(alpha, fam, q), out, m, lam, tiles, st,
+        q, k, v, mk, _alpha_arg(alpha, fam, q), out, m, lam, flags, live, sz, si, st,
         *q.stride(), *k.stride(), *v.stride(), *ms,
         H, H // Hkv, L, S, E, Ev, nkb, float(scale), float(softcap or 1.0), _ALPHA[fam],
         FAM=fam, MASK_KIND=kind, CAUSAL=bool(causal), SOFTCAP=bool(softcap), SKIP=bool(skip),
         WITH_STATS=stats is not None,
-        BM=BM, BN=BN, EP=_pad(E), EVP=_pad(Ev), NEWTON_CAP=NEWTON_CAP, MAXIT=MAXIT,
+        BM=BM, BN=BN, EP=_pad(E), EVP=_pad(Ev), NEWTON_CAP=NEWTON_CAP, MAXIT=MAXIT, C=SLOTS,
         num_warps=_warps(max(E, Ev)),
     )
     if stats is not None:
-        st = st.view(B * H * nqb, 4).long()
-        stats.update(blocks=st[:, 0], passes=st[:, 1], visited=st[:, 2], pv=st[:, 3])
-    return out, m, lam
+        st = st.view(B * H * nqb, 6).long()
+        stats.update(blocks=st[:, 0], passes=st[:, 1], visited=st[:, 2], pv=st[:, 3], searched=st[:, 4],
+                     raised=st[:, 5])
+        if fam:
+            stats.update(live=live.view(B * H * nqb, nkb).clone())
+    return (out, m, lam, live) if return_tiles else (out, m, lam)
 
 
 def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tensor, m: Tensor, lam: Tensor, *,
@@ -238,14 +252,23 @@ def _alphas(q: Tensor, alpha):
     return alpha.detach().float() if alpha is not None else q.new_full((q.shape[1],), 1.5, dtype=torch.float32)
 
 
+def tiles_numel(q: Tensor, k: Tensor, fam: int):
+    """The size of :func:`forward`'s tile mask (what a fake kernel allocates)."""
+    B, H, L = q.shape[0], q.shape[1], q.shape[2]
+    if fam == SOFTMAX_ID:
+        return 1 if B * H * L else 0
+    return B * H * -(-L // BLOCK_M) * max(1, -(-k.shape[2] // BLOCK_N))
+
+
 def forward(q, k, v, mask, alpha, scale, causal, fam, softcap):
-    """(out, m, λ): :func:`attention_forward` in the interface of
-    :mod:`softk._backends.kernels` (``alpha`` the per-head tensor or None)."""
+    """(out, m, λ, tiles): :func:`attention_forward` in the interface of
+    :mod:`softk._backends.kernels` (``alpha`` the per-head tensor or None);
+    ``tiles`` is the tile mask the backward reads."""
     return attention_forward(q, k, v, scale=scale, causal=causal, mask=mask, fam=fam, alpha=_alphas(q, alpha),
-                             softcap=softcap)
+                             softcap=softcap, return_tiles=True)
 
 
-def backward(q, k, v, out, dout, m, lam, mask, alpha, scale, causal, fam, need_dalpha, softcap):
+def backward(q, k, v, out, dout, m, lam, tiles, mask, alpha, scale, causal, fam, need_dalpha, softcap):
     """(dq, dk, dv, dα): :func:`attention_backward` in the same interface."""
     return attention_backward(q, k, v, out, dout, m, lam, scale=scale, causal=causal, mask=mask, fam=fam,
                               alpha=_alphas(q, alpha), need_dalpha=need_dalpha, softcap=softcap)

@@ -24,7 +24,8 @@ f(s − m − λ) = 0 for every key by the same formula.
 import triton
 import triton.language as tl
 
-from .ids import ENTMAX, SOFTMAX
+from .ids import ENTMAX, SOFTMAX, SPARSEMAX
+from .attention_gather import EPS, GROUP_KEYS, LEAN_ALPHA_MAX, LEAN_ALPHA_MIN, _buffer_lambda, _gather_pass, _t_bound
 from .attention_search import NEAR_ONE, _max_pass, _refine_t, _search
 from .attention_tiles import _any, _dot, _key_blocks, _load_2d, _p_entmax, _qk_tile, _shift
 from .family_math import _f
@@ -54,10 +55,15 @@ def _softmax_pass(q, Kb, skn, skd, Vb, svn, svd, rows, L, S, E, EV, scale, softc
 
 
 @triton.jit
-def _pv_pass(q, Kb, skn, skd, Vb, svn, svd, rows, L, S, E, EV, scale, softcap, Mb, smm, smn, nkb, FL, bit, m, lam,
-             alpha, FAM: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr,
+def _pv_pass(q, Kb, skn, skd, Vb, svn, svd, rows, L, S, E, EV, scale, softcap, Mb, smm, smn, nkb, FL, LV, bit, marked,
+             m, lam, alpha, FAM: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr,
              SKIP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, EP: tl.constexpr, EVP: tl.constexpr):
-    """Σ_j p_j v_j per row over the live blocks, and how many blocks took a p·V product."""
+    """Σ_j p_j v_j per row over the live blocks, and how many blocks took a
+    p·V product; ``LV`` gets each block's tile flag for the backward (0 only
+    where p is exactly zero on the whole tile).  ``marked``: the flags' bit
+    marks exactly the blocks holding a key of some row's support (or within
+    a few ulps of it: :func:`.attention_gather._buffer_lambda`), so a live
+    block needs no test of p."""
     acc = tl.zeros([BM, EVP], tl.float32)
     used = tl.full((), 0, tl.int32)
     for j in range(0, nkb):
@@ -69,27 +75,33 @@ def _pv_pass(q, Kb, skn, skd, Vb, svn, svd, rows, L, S, E, EV, scale, softcap, M
             t = _qk_tile(q, Kb, skn, skd, j * BN, rows, L, S, E, scale, softcap, Mb, smm, smn, MASK_KIND, CAUSAL,
                          SOFTCAP, BN, EP)
             z = _shift(t, m, scale, MASK_KIND)
+            # f(−inf) = 0 for these maps: a key that takes no part needs no test
             if FAM == ENTMAX:  # lam holds t = λ + 1/(α−1)
-                p = tl.where(z > float("-inf"), _p_entmax(z, lam, alpha - 1.0), 0.0)
+                p = _p_entmax(z, lam, alpha - 1.0)
             else:
-                p = tl.where(z > float("-inf"), _f(z - lam, FAM, alpha - 1.0), 0.0)
-            nz = _any(p > 0)
+                p = _f(z - lam, FAM, alpha - 1.0)
+            nz = live
+            if not marked:
+                nz = _any(p > 0)
             if not SKIP:
                 nz = flag >= 0
             if nz:
                 v = _load_2d(Vb, j * BN + tl.arange(0, BN)[:, None], svn, svd, S, EV, EVP)
                 acc += _dot(p.to(v.dtype), v)
                 used += 1
+            tl.store(LV + j, tl.where(nz, 1, 0).to(tl.int8))
+        else:
+            tl.store(LV + j, tl.zeros((), tl.int8))
     return acc, used
 
 
 @triton.jit
-def attn_fwd_kernel(Q, K, V, MASK, ALPHA, OUT, M, LAM, TILES, STATS,
+def attn_fwd_kernel(Q, K, V, MASK, ALPHA, OUT, M, LAM, TILES, LIVE, SZ, SI, STATS,
                     sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, smb, smh, smm, smn,
                     H, GROUP, L, S, E, EV, NKB, scale, softcap, alpha_f,
                     FAM: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr,
                     SKIP: tl.constexpr, WITH_STATS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, EP: tl.constexpr,
-                    EVP: tl.constexpr, NEWTON_CAP: tl.constexpr, MAXIT: tl.constexpr):
+                    EVP: tl.constexpr, NEWTON_CAP: tl.constexpr, MAXIT: tl.constexpr, C: tl.constexpr):
     pid = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
@@ -112,19 +124,67 @@ def attn_fwd_kernel(Q, K, V, MASK, ALPHA, OUT, M, LAM, TILES, STATS,
         passes = tl.full((), 0, tl.int32)
         visited = passes
         used = nkb
+        searched = passes
+        raised = passes
     else:
         alpha = tl.full((), 0.0, tl.float32) + alpha_f  # a scalar tensor in the interpreter too
         if FAM == ENTMAX:
             alpha = tl.load(ALPHA + h).to(tl.float32)
-        FL = TILES + (bh.to(tl.int64) * tl.num_programs(0) + pid) * NKB
+        prog = bh.to(tl.int64) * tl.num_programs(0) + pid
+        FL = TILES + prog * NKB
         lo0 = -1.0 / (alpha - 1.0)
-        m, n = _max_pass(q, Kb, skn, skd, rows, L, S, E, scale, softcap, Mb, smm, smn, nkb, lo0, FL,
-                         MASK_KIND, CAUSAL, SOFTCAP, BM, BN, EP)
-        active = n > 0
-        m = tl.where(active, m, 0.0)
-        lam, bit, passes, visited = _search(q, Kb, skn, skd, rows, L, S, E, scale, softcap, Mb, smm, smn, nkb, FL, m, n,
-                                            active, alpha, FAM, MASK_KIND, CAUSAL, SOFTCAP, SKIP, BM, BN, EP,
-                                            NEWTON_CAP, MAXIT)
+        # the buffer's λ: C > 0, the lean search's α range (a per-head scalar)
+        lean = (C > 0) & SKIP
+        if FAM == ENTMAX:
+            lean = lean & (alpha >= LEAN_ALPHA_MIN) & (alpha <= LEAN_ALPHA_MAX)
+        if lean:
+            base = (prog * BM + tl.arange(0, BM)[:, None]) * C  # the rows' buffers
+            m = tl.full([BM, 1], float("-inf"), tl.float32)
+            bound = m
+            fits = rows >= 0
+            # sparsemax's candidates are few: gathered in the max sweep; the
+            # entmax maps' support is wider, so the max sweep gathers group
+            # maxima, whose root bounds λ closely, and a second sweep the
+            # keys above it (:mod:`.attention_gather`)
+            G: tl.constexpr = 1 if FAM == SPARSEMAX else min(GROUP_KEYS, BN)
+            m, cnt, fits, bound, raised = _gather_pass(q, Kb, skn, skd, rows, L, S, E, scale, softcap, Mb, smm, smn,
+                                                       nkb, lo0, alpha - 1.0, FL, SZ, SI, base, m, bound, fits, FAM, MASK_KIND, CAUSAL,
+                                               SOFTCAP, BM, BN, EP, C, MAXIT, G, True)
+            active = m > float("-inf")
+            m = tl.where(active, m, 0.0)
+            fits = fits & active
+            if G > 1:
+                lam = _buffer_lambda(SZ, SI, base, cnt, fits, bound, m, lo0, alpha - 1.0, scale, FL, FAM, MASK_KIND,
+                                     BM, BN, C, MAXIT, False)
+                lam = lam - 4.0 * EPS * tl.abs(lam)  # a few ulps lower: the search's rounding
+                bound = tl.where(fits, tl.maximum(bound, _t_bound(m, lam, scale, MASK_KIND)), bound)
+                m, cnt, fits, bound, more = _gather_pass(q, Kb, skn, skd, rows, L, S, E, scale, softcap, Mb, smm, smn,
+                                                         nkb, lo0, alpha - 1.0, FL, SZ, SI, base, m, bound, fits, FAM,
+                                                         MASK_KIND, CAUSAL, SOFTCAP, BM, BN, EP, C, MAXIT, 1, False)
+                raised += more
+            lam = _buffer_lambda(SZ, SI, base, cnt, fits, bound, m, lo0, alpha - 1.0, scale, FL, FAM, MASK_KIND, BM,
+                                 BN, C, MAXIT, True)
+            # an upper bound of the count of keys taking part (the search's α > 2 bracket)
+            n = tl.where(active, (nkb * BN).to(tl.float32), 0.0)
+            todo = active & ~fits
+        else:
+            m, n = _max_pass(q, Kb, skn, skd, rows, L, S, E, scale, softcap, Mb, smm, smn, nkb, lo0, FL,
+                             MASK_KIND, CAUSAL, SOFTCAP, BM, BN, EP)
+            active = n > 0
+            m = tl.where(active, m, 0.0)
+            lam = tl.zeros([BM, 1], tl.float32)
+            todo = active
+            raised = tl.full((), 0, tl.int32)
+        bit = tl.full((), 2, tl.int32)
+        passes = tl.full((), 0, tl.int32)
+        visited = passes
+        marked = lean & ~_any(todo)
+        searched = tl.sum(tl.sum(todo.to(tl.int32), 1), 0)
+        if _any(todo):  # the general search, over key blocks, for the rows the buffer does not serve
+            lams, bit, passes, visited = _search(q, Kb, skn, skd, rows, L, S, E, scale, softcap, Mb, smm, smn, nkb, FL,
+                                                 m, n, todo, alpha, FAM, MASK_KIND, CAUSAL, SOFTCAP, SKIP, BM, BN, EP,
+                                                 NEWTON_CAP, MAXIT)
+            lam = tl.where(todo, lams, lam)
         if FAM == ENTMAX:
             # the shifted threshold t = λ + 1/(α−1), refined near α = 1
             lam = lam + 1.0 / (alpha - 1.0)
@@ -133,7 +193,8 @@ def attn_fwd_kernel(Q, K, V, MASK, ALPHA, OUT, M, LAM, TILES, STATS,
                                       active, alpha - 1.0, MASK_KIND, CAUSAL, SOFTCAP, SKIP, BM, BN, EP)
                 passes += more
         acc, used = _pv_pass(q, Kb, skn, skd, Vb, svn, svd, rows, L, S, E, EV, scale, softcap, Mb, smm, smn, nkb, FL,
-                             bit, m, lam, alpha, FAM, MASK_KIND, CAUSAL, SOFTCAP, SKIP, BM, BN, EP, EVP)
+                             LIVE + prog * NKB, bit, marked, m, lam, alpha, FAM, MASK_KIND, CAUSAL, SOFTCAP, SKIP, BM, BN, EP,
+                             EVP)
     # the fully-masked-row convention (module docstring)
     m = tl.where(active, m, 0.0)
     lam = tl.where(active, lam, float("inf"))
@@ -143,8 +204,10 @@ def attn_fwd_kernel(Q, K, V, MASK, ALPHA, OUT, M, LAM, TILES, STATS,
     tl.store(M + ob + rows, m, mask=rows < L)
     tl.store(LAM + ob + rows, lam, mask=rows < L)
     if WITH_STATS:
-        sp = STATS + (bh.to(tl.int64) * tl.num_programs(0) + pid) * 4
+        sp = STATS + (bh.to(tl.int64) * tl.num_programs(0) + pid) * 6
         tl.store(sp, nkb)
         tl.store(sp + 1, passes)
         tl.store(sp + 2, visited)
         tl.store(sp + 3, used)
+        tl.store(sp + 4, searched)
+        tl.store(sp + 5, raised)

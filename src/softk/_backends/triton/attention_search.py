@@ -131,7 +131,7 @@ def _search(q, Kb, skn, skd, rows, L, S, E, scale, softcap, Mb, smm, smn, nkb, F
     it = tl.zeros([BM, 1], tl.int32)
     done = ~active
     run = ~done
-    bit = tl.full((), 2, tl.int32)
+    bit = tl.full((), 1, tl.int32)  # the first pass reads bit 0: the bound the flags' writer tested
     passes = tl.full((), 0, tl.int32)
     visited = tl.full((), 0, tl.int32)
     while _any(run):
