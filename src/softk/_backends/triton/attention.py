@@ -188,13 +188,28 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: 
 def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tensor, m: Tensor, lam: Tensor, *,
                        scale: float, causal: bool, mask, fam: int, alpha, need_dalpha: bool,
                        softcap: float = 0.0, block_m: int | None = None, block_n: int | None = None,
-                       skip: bool = True, stats: dict | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-    """(dq, dk (B, Hkv, S, E), dv (B, Hkv, S, Ev), dα (H,) float32 or None)
+                       skip: bool = True, stats: dict | None = None,
+                       tiles: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    r"""(dq, dk (B, Hkv, S, E), dv (B, Hkv, S, Ev), dα (H,) float32 or None)
     from the forward's inputs (``softcap`` the forward's), its (out, m, λ)
     and dout = ∂L/∂out; dα only for ``fam`` 3 with ``need_dalpha``.  Fully
     masked rows get zero gradients.  ``block_m``/``block_n``/``skip`` as in
     :func:`attention_forward`; a ``stats`` dict receives ``live`` (int8, per
-    query block and head, per key block: 1 where the tile took part)."""
+    query block and head, per key block: 1 where the tile took part).
+
+    dq takes one sweep over the key blocks (:mod:`.attention_bwd`): δ =
+    Σ d·dP / Σd is known only at its end, so the sweep accumulates
+    Σ_j d_j (dP_j − δ̂) k_j and Σ_j d_j k_j with δ̂ = dO·out, and
+    dq = scale·(the first − (δ − δ̂)·the second).
+
+    ``tiles``: the live-tile flags of the forward, when it has them, so that
+    the backward need not find them: an int8 tensor of B·H·nqb·nkb entries
+    (nqb, nkb: the query and key blocks of *these* block sizes), entry
+    (b·H + h)·nqb·nkb + qb·nkb + kb 1 where some p > 0 in the tile and 0
+    only where p is exactly 0 on it (a dead tile is skipped, a live one with
+    p = 0 costs work but changes nothing).  The dq kernel then computes no
+    q·kᵀ on a dead tile; without them it decides each tile from p and writes
+    the flags the dk/dv kernel reads.  Softmax reads none."""
     _check(q, k, v, mask, fam, alpha)
     if need_dalpha and fam != ENTMAX_ID:
         raise ValueError(f"need_dalpha needs fam 3 (entmax with a per-head alpha), got fam {fam}")
@@ -203,6 +218,11 @@ def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tenso
     if out.shape != (B, H, L, Ev) or dout.shape != out.shape or m.shape != (B, H, L) or lam.shape != m.shape:
         raise ValueError(f"out, dout must be {(B, H, L, Ev)} and m, lam {(B, H, L)}, got {tuple(out.shape)}, "
                          f"{tuple(dout.shape)}, {tuple(m.shape)}, {tuple(lam.shape)}")
+    BM, BN = block_m or BLOCK_M, block_n or BLOCK_N
+    nqb, nkb = -(-L // BM), -(-S // BN)
+    if tiles is not None and (tiles.numel() != B * H * nqb * nkb or tiles.dtype != torch.int8):
+        raise ValueError(f"tiles must be an int8 tensor of B·H·nqb·nkb = {B * H * nqb * nkb} entries "
+                         f"(blocks of {BM}×{BN}), got {tiles.numel()} of {tiles.dtype}")
     dq = _empty((B, H, L, E), q.dtype, q.device)
     dk = _empty((B, Hkv, S, E), k.dtype, k.device)
     dv = _empty((B, Hkv, S, Ev), v.dtype, v.device)
@@ -211,16 +231,19 @@ def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tenso
         for t in (dq, dk, dv):
             t.zero_()
         return dq, dk, dv, (torch.zeros(H, dtype=torch.float32, device=q.device) if need_dalpha else None)
-    BM, BN = block_m or BLOCK_M, block_n or BLOCK_N
-    nqb, nkb = -(-L // BM), -(-S // BN)
     m, lam = m.contiguous().float(), lam.contiguous().float()
     dout = dout.to(q.dtype)
     delta = _empty((B, H, L), torch.float32, q.device)
     darow = _empty((B, H, L) if need_dalpha else (1,), torch.float32, q.device)
     out_f32 = out.dtype == torch.float32
-    # the live-tile flags: written by the dq kernel's δ pass (every family but
-    # softmax with a float32 out), read by the dk/dv kernel (fam ≠ 0)
-    tiles = torch.empty(1 if fam == SOFTMAX_ID and out_f32 else B * H * nqb * nkb, dtype=torch.int8, device=q.device)
+    # the live-tile flags of the sparse maps: the caller's (read by both
+    # kernels), or written by the dq kernel for the dk/dv kernel (all 1
+    # without ``skip``, which computes every tile whatever the caller knows)
+    read = tiles is not None and fam != SOFTMAX_ID and skip
+    if read:
+        flags = tiles.reshape(-1)
+    else:
+        flags = torch.empty(1 if fam == SOFTMAX_ID else B * H * nqb * nkb, dtype=torch.int8, device=q.device)
     mk, kind, ms = _mask_args(mask, q, scale, softcap)
     al = _alpha_arg(alpha, fam, q)
     warps = _warps(max(E, Ev))
@@ -228,21 +251,21 @@ def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tenso
                   EVP=_pad(Ev), num_warps=warps)
     cap = float(softcap or 1.0)  # (read only by capped kernels)
     attn_bwd_dq_kernel[(nqb, B * H)](
-        q, k, v, mk, al, out, dout, m, lam, dq, delta, darow, tiles,
+        q, k, v, mk, al, out, dout, m, lam, dq, delta, darow, flags,
         *q.stride(), *k.stride(), *v.stride(), *ms, *out.stride(), *dout.stride(),
         H, H // Hkv, L, S, E, Ev, nkb, float(scale), cap, _ALPHA[fam],
-        SKIP=bool(skip), NEED_DALPHA=bool(need_dalpha), OUT_F32=out_f32,
+        SKIP=(2 if read else 1) if skip else 0, NEED_DALPHA=bool(need_dalpha), OUT_F32=out_f32,
         **common,
     )
     attn_bwd_dkdv_kernel[(nkb, B * Hkv)](
-        q, k, v, mk, al, dout, m, lam, delta, dk, dv, tiles,
+        q, k, v, mk, al, dout, m, lam, delta, dk, dv, flags,
         *q.stride(), *k.stride(), *v.stride(), *ms, *dout.stride(),
         H, Hkv, H // Hkv, L, S, E, Ev, nqb, nkb, float(scale), cap, _ALPHA[fam], **common,
     )
     if need_dalpha:
         dalpha = darow.sum(dim=(0, 2))
     if stats is not None and fam:
-        stats.update(live=tiles.view(B * H * nqb, nkb).clone())
+        stats.update(live=flags.view(B * H * nqb, nkb).clone())
     return dq, dk, dv, dalpha
 
 

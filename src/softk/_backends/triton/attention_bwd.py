@@ -9,25 +9,49 @@ maths and the learned-α term are in :mod:`.attention`.
 
 Two kernels, sharing the tile size (BM queries × BN keys):
 
-* ``attn_bwd_dq_kernel``, one program per query block and head: for the
-  sparse maps a first sweep over the key blocks recomputes p, marks the
-  blocks where p > 0 somewhere (``TILES``, one byte per block; the others
-  are skipped from then on) and sums Σd and Σ d·dP (and, for a learned α,
-  Σ p log p, Σ p log p·dP, Γ = Σ p γ(−a log p) and Σ p γ(−a log p)·dP) on the live ones; then δ (written for the
-  other kernel), the row's dα term, and a second sweep over the live blocks
-  for dq.
+* ``attn_bwd_dq_kernel``, one program per query block and head, one sweep
+  over the key blocks.  δ is known only once every block has been seen, so
+  dS is split around a reference known before the sweep, δ̂ = dO·out
+  (out read as float32, whatever its dtype):
+
+  .. math:: dq / \mathrm{scale} = \sum_j d_j (dP_j - \delta) k_j
+            = \underbrace{\textstyle\sum_j d_j (dP_j - \hat\delta) k_j}_{\mathrm{acc}_1}
+            - (\delta - \hat\delta) \underbrace{\textstyle\sum_j d_j k_j}_{\mathrm{acc}_2}
+
+  (with a soft cap, s_j·d_j in place of d_j in both, s_j the slope).  Each
+  live tile costs q·kᵀ, dP = dO·vᵀ and the two products with the keys;
+  besides them the sweep sums Σd and Σ d·dP (and, for a learned α,
+  Σ p log p, Σ p log p·dP, Γ = Σ p γ(−a log p) and Σ p γ(−a log p)·dP),
+  and at its end δ = Σ d·dP / Σd (written for the other kernel), dq and the
+  row's dα term.  Why δ̂ and not 0: the operands of the products are
+  rounded to the keys' dtype, so what is rounded is d_j (dP_j − δ̂); δ̂ is,
+  like δ, an average of dP over the row's support (Σ_j p_j dP_j, up to the
+  rounding of out), so a large offset common to the dP_j (values sharing a
+  component) cancels before the rounding, as in d_j (dP_j − δ); the
+  correction (δ − δ̂)·acc₂ is then small, and formed in float32.  For
+  softmax with a float32 out δ̂ is δ, and acc₂, Σd and Σ d·dP are not
+  formed.  The keys enter centred on the first key, k_j − k_0 (not
+  through a soft cap): Σ_j dS_j = 0 makes that exact, and it keeps an offset
+  shared by the keys out of the rounded products.
+
+  The live tiles (p > 0 somewhere; a dead one adds exactly 0 to every sum)
+  are decided from p, one byte per tile written to ``TILES`` for the other
+  kernel; or, with ``SKIP`` = 2, read from ``TILES`` (the caller's, e.g.
+  the forward's): then a dead tile costs no q·kᵀ either, and nothing is
+  written (``SKIP`` = 0 computes every tile).  Softmax reads and writes no flags.
 * ``attn_bwd_dkdv_kernel``, one program per key block and kv head: the
   query heads of its group and their query blocks (causal: from the
-  diagonal on), live tiles only, accumulating dk and dv without atomics;
-  the tile is computed transposed ([keys, queries]), so that its products
-  with dO and q need no transposes of the large operands.
+  diagonal on), live tiles only (the flags), accumulating dk and dv without
+  atomics; the tile is computed transposed ([keys, queries]), so that its
+  products with dO and q need no transposes of the large operands: k·qᵀ,
+  pᵀ·dO, v·dOᵀ and dSᵀ·q per live tile.
 """
 
 import triton
 import triton.language as tl
 
 from .ids import ENTMAX, SOFTMAX
-from .attention_tiles import _any, _cap_slope, _dot, _key_blocks, _load_2d, _p_entmax, _qk_tile, _scores, _shift
+from .attention_tiles import _any, _cap_slope, _dot, _key_blocks, _load_2d, _p_entmax, _scores, _shift
 from .family_math import _d_from_p, _f
 
 
@@ -69,6 +93,8 @@ def attn_bwd_dq_kernel(Q, K, V, MASK, ALPHA, OUT, DO, M, LAM, DQ, DELTA, DAROW, 
                        FAM: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr,
                        SKIP: tl.constexpr, NEED_DALPHA: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                        EP: tl.constexpr, EVP: tl.constexpr, OUT_F32: tl.constexpr):
+    # SKIP: 0 every tile in range is computed; 1 the live ones, decided from p
+    # (the flags written to TILES); 2 the ones TILES marks live (read)
     pid = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
@@ -90,34 +116,53 @@ def attn_bwd_dq_kernel(Q, K, V, MASK, ALPHA, OUT, DO, M, LAM, DQ, DELTA, DAROW, 
     alpha = tl.full((), 0.0, tl.float32) + alpha_f
     if FAM == ENTMAX:
         alpha = tl.load(ALPHA + h).to(tl.float32)
-    od = tl.zeros([BM, 1], tl.float32)
-    if OUT_F32:  # dO·out = Σ_j p_j dP_j, read off a float32 out (a half one's rounding is too coarse)
-        o = _load_2d(OUT + b * sob + h64 * soh, rows, som, sod, L, EV, EVP).to(tl.float32)
-        od = tl.sum(do.to(tl.float32) * o, 1, keep_dims=True)
-    if FAM == SOFTMAX and OUT_F32:
-        delta = od
-    else:  # recomputed (a half-precision out's rounding in δ would be multiplied by |k| in dq)
-        sd = tl.zeros([BM, 1], tl.float32)
-        sdp = tl.zeros([BM, 1], tl.float32)
-        hs = tl.zeros([BM, 1], tl.float32)
-        gs = tl.zeros([BM, 1], tl.float32)
-        pdp = tl.zeros([BM, 1], tl.float32)  # Σ_j p_j dP_j recomputed, for a half out
-        gam = tl.zeros([BM, 1], tl.float32)  # Γ = Σ_j p_j γ(−a ℓ_j)
-        gdp = tl.zeros([BM, 1], tl.float32)  # Σ_j p_j γ(−a ℓ_j) dP_j
-        for j in range(0, nkb):
-            t = _qk_tile(q, Kb, skn, skd, j * BN, rows, L, S, E, scale, softcap, Mb, smm, smn, MASK_KIND, CAUSAL,
-                         SOFTCAP, BN, EP)
+    # δ̂ = dO·out = Σ_j p_j dP_j, the offset subtracted from dP before the
+    # product with the keys (module docstring); δ itself for softmax with a
+    # float32 out, where nothing is left to correct
+    o = _load_2d(OUT + b * sob + h64 * soh, rows, som, sod, L, EV, EVP).to(tl.float32)
+    dhat = tl.sum(do.to(tl.float32) * o, 1, keep_dims=True)
+    EXACT: tl.constexpr = FAM == SOFTMAX and OUT_F32
+    sd = tl.zeros([BM, 1], tl.float32)
+    sdp = tl.zeros([BM, 1], tl.float32)
+    hs = tl.zeros([BM, 1], tl.float32)
+    gs = tl.zeros([BM, 1], tl.float32)
+    pdp = tl.zeros([BM, 1], tl.float32)  # Σ_j p_j dP_j recomputed, for a half out
+    gam = tl.zeros([BM, 1], tl.float32)  # Γ = Σ_j p_j γ(−a ℓ_j)
+    gdp = tl.zeros([BM, 1], tl.float32)  # Σ_j p_j γ(−a ℓ_j) dP_j
+    acc1 = tl.zeros([BM, EP], tl.float32)  # Σ_j d_j (dP_j − δ̂) k_j
+    acc2 = tl.zeros([BM, EP], tl.float32)  # Σ_j d_j k_j
+    # Σ_j ds_j = 0 on every row, so dq = Σ_j ds_j (k_j − k_0): centred keys
+    # keep the rounding of the operands (cast to the keys' dtype for the
+    # products) from being multiplied by an offset the keys share.  Not
+    # through a soft cap: its slope weighs each ds_j, and the row sum is no longer 0
+    ec = tl.arange(0, EP)[None, :]
+    kref = tl.zeros([1, EP], tl.float32)
+    if not SOFTCAP:
+        kref = tl.load(Kb + ec * skd, mask=ec < E, other=0.0).to(tl.float32)
+    for j in range(0, nkb):
+        go = nkb >= 0
+        if SKIP == 2:  # the caller's flags: a dead tile costs no q·kᵀ
+            go = tl.load(FL + j) != 0
+        if go:
+            kidx = j * BN + tl.arange(0, BN)[:, None]
+            k = _load_2d(Kb, kidx, skn, skd, S, E, EP)
+            raw = _dot(q, tl.trans(k))
+            t = _scores(raw, rows, j * BN + tl.arange(0, BN)[None, :],
+                        L, S, scale, softcap, Mb, smm, smn, MASK_KIND, CAUSAL, SOFTCAP)
             z = _shift(t, m, scale, MASK_KIND)
             p, d = _p_d(z, lam, alpha, FAM)
-            live = _any(p > 0)
-            if not SKIP:
-                live = nkb >= 0
-            tl.store(FL + j, tl.where(live, 1, 0).to(tl.int8))
+            live = nkb >= 0
+            if SKIP != 2:
+                if SKIP == 1:
+                    live = _any(p > 0)
+                if FAM != SOFTMAX:  # for the dk/dv kernel
+                    tl.store(FL + j, tl.where(live, 1, 0).to(tl.int8))
             if live:
-                v = _load_2d(Vb, j * BN + tl.arange(0, BN)[:, None], svn, svd, S, EV, EVP)
+                v = _load_2d(Vb, kidx, svn, svd, S, EV, EVP)
                 dp = _dot(do, tl.trans(v))
-                sd += tl.sum(d, 1, keep_dims=True)
-                sdp += tl.sum(d * dp, 1, keep_dims=True)
+                if not EXACT:
+                    sd += tl.sum(d, 1, keep_dims=True)
+                    sdp += tl.sum(d * dp, 1, keep_dims=True)
                 if NEED_DALPHA:
                     pl = _xlogx(p)
                     hs += tl.sum(pl, 1, keep_dims=True)
@@ -127,44 +172,32 @@ def attn_bwd_dq_kernel(Q, K, V, MASK, ALPHA, OUT, DO, M, LAM, DQ, DELTA, DAROW, 
                     gdp += tl.sum(pg * dp, 1, keep_dims=True)
                     if not OUT_F32:
                         pdp += tl.sum(p * dp, 1, keep_dims=True)
+                ds = d * (dp - dhat)
+                w = d
+                if SOFTCAP:  # dS of the scaled product, through the cap
+                    slope = _cap_slope(raw, scale, softcap)
+                    ds = ds * slope
+                    w = w * slope
+                kc = tl.where(kidx < S, k.to(tl.float32) - kref, 0.0).to(k.dtype)
+                acc1 += _dot(ds.to(k.dtype), kc)
+                if not EXACT:
+                    acc2 += _dot(w.to(k.dtype), kc)
+    if EXACT:
+        delta = dhat
+        dq = acc1
+    else:
         delta = tl.where(sd > 0, sdp / tl.where(sd > 0, sd, 1.0), 0.0)
-        if NEED_DALPHA:
-            am1 = alpha - 1.0
-            if OUT_F32:
-                pdp = od
-            # the cancellation-free form (:mod:`.attention`): both terms are O(a²)
-            dar = tl.where(sd > 0, (gam * (pdp - am1 * gs) - (1.0 - am1 * hs) * gdp)
-                           / (am1 * am1 * tl.where(sd > 0, sd, 1.0)), 0.0)
-            tl.store(DAROW + ob + rows, dar, mask=rows < L)
+        # ds_j = d_j (dP_j − δ) = d_j (dP_j − δ̂) − (δ − δ̂) d_j
+        dq = acc1 - (delta - dhat) * acc2
+    if NEED_DALPHA:
+        am1 = alpha - 1.0
+        if OUT_F32:
+            pdp = dhat
+        # the cancellation-free form (:mod:`.attention`): both terms are O(a²)
+        dar = tl.where(sd > 0, (gam * (pdp - am1 * gs) - (1.0 - am1 * hs) * gdp)
+                       / (am1 * am1 * tl.where(sd > 0, sd, 1.0)), 0.0)
+        tl.store(DAROW + ob + rows, dar, mask=rows < L)
     tl.store(DELTA + ob + rows, delta, mask=rows < L)
-    dq = tl.zeros([BM, EP], tl.float32)
-    # dq = Σ_j ds_j k_j = Σ_j ds_j (k_j − k_0) since Σ_j ds_j = 0 on every row:
-    # centred keys keep the rounding of ds (cast to the keys' dtype for the
-    # product) from being multiplied by an offset the keys share.  Not through
-    # a soft cap: its slope weighs each ds_j, and the row sum is no longer 0
-    ec = tl.arange(0, EP)[None, :]
-    kref = tl.zeros([1, EP], tl.float32)
-    if not SOFTCAP:
-        kref = tl.load(Kb + ec * skd, mask=ec < E, other=0.0).to(tl.float32)
-    for j in range(0, nkb):
-        live = nkb >= 0
-        if FAM != SOFTMAX:
-            live = tl.load(FL + j) != 0
-        if live:
-            kidx = j * BN + tl.arange(0, BN)[:, None]
-            k = _load_2d(Kb, kidx, skn, skd, S, E, EP)
-            raw = _dot(q, tl.trans(k))
-            t = _scores(raw, rows, j * BN + tl.arange(0, BN)[None, :],
-                        L, S, scale, softcap, Mb, smm, smn, MASK_KIND, CAUSAL, SOFTCAP)
-            z = _shift(t, m, scale, MASK_KIND)
-            p, d = _p_d(z, lam, alpha, FAM)
-            v = _load_2d(Vb, kidx, svn, svd, S, EV, EVP)
-            dp = _dot(do, tl.trans(v))
-            ds = d * (dp - delta)
-            if SOFTCAP:  # dS of the scaled product, through the cap
-                ds = ds * _cap_slope(raw, scale, softcap)
-            kc = tl.where(kidx < S, k.to(tl.float32) - kref, 0.0)
-            dq += _dot(ds.to(k.dtype), kc.to(k.dtype))
     c = tl.arange(0, EP)[None, :]
     tl.store(DQ + (ob + rows) * E + c, (dq * scale).to(DQ.dtype.element_ty), mask=(rows < L) & (c < E))
 
