@@ -72,10 +72,11 @@ def measure(kind: str, L: int, E: int, causal: bool) -> dict:
         alpha = torch.full((HEADS,), a)
         kw = dict(scale=scale, causal=causal, mask=None, fam=fam, alpha=alpha)
         with count() as fw:
-            out, m, lam = ta.attention_forward(q, k, v, **kw)
+            out, m, lam, tiles = ta.attention_forward(q, k, v, return_tiles=True, **kw)
         stats: dict = {}
-        with count() as bw:
-            ta.attention_backward(q, k, v, out, do, m, lam, need_dalpha=False, stats=stats, **kw)
+        with count() as bw:  # the backward reads the forward's tile mask, as op "attention" passes it
+            ta.attention_backward(q, k, v, out, do, m, lam, need_dalpha=False, stats=stats,
+                                  tiles=tiles if fam else None, **kw)
         cell = {"fwd_dot": fw.dot_flops / fa2_fwd, "all_dot": (fw.dot_flops + bw.dot_flops) / fa2_all,
                 "fwd_alu_per_score": fw.alu / scores, "all_alu_per_score": (fw.alu + bw.alu) / scores,
                 "fwd_reduce_per_score": fw.reduce / scores}

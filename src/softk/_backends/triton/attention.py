@@ -292,6 +292,10 @@ def forward(q, k, v, mask, alpha, scale, causal, fam, softcap):
 
 
 def backward(q, k, v, out, dout, m, lam, tiles, mask, alpha, scale, causal, fam, need_dalpha, softcap):
-    """(dq, dk, dv, dα): :func:`attention_backward` in the same interface."""
+    """(dq, dk, dv, dα): :func:`attention_backward` in the same interface,
+    reading the forward's tile mask (softmax has none, and with no keys
+    there is nothing to read)."""
+    read = fam != SOFTMAX_ID and k.shape[2] > 0 and tiles.numel() > 0
     return attention_backward(q, k, v, out, dout, m, lam, scale=scale, causal=causal, mask=mask, fam=fam,
-                              alpha=_alphas(q, alpha), need_dalpha=need_dalpha, softcap=softcap)
+                              alpha=_alphas(q, alpha), need_dalpha=need_dalpha, softcap=softcap,
+                              tiles=tiles if read else None)
