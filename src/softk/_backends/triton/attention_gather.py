@@ -79,6 +79,7 @@ def _raise_bound(SZ, SI, base, cnt, bound, need, m, lo0, am1, scale, FAM: tl.con
     """For the rows ``need``: the bound raised to the root over the row's
     buffer, the buffer compacted to the entries above it (in key order), and
     the new count; the other rows keep theirs."""
+    tl.debug_barrier()  # the slots of the blocks before are written
     jj = tl.arange(0, C)[None, :]
     valid = jj < cnt
     tb = tl.load(SZ + base + jj, mask=valid, other=float("-inf"))
