@@ -1,4 +1,4 @@
-"""Sparse attention: softk.attention.scaled_dot_product_attention against torch's SDPA and AdaSplash.
+"""Sparse attention: softk.attention.scaled_dot_product_attention against torch's SDPA, FlexAttention and AdaSplash.
 
 GPU (the default where CUDA is available):
 
@@ -7,7 +7,8 @@ GPU (the default where CUDA is available):
         [--locality 0.0] [--window 64] [--no-adasplash] [--json OUT.json]
 
 Each case (L = S, E, causal, mode) in bfloat16 times torch's SDPA with the
-flash and the memory-efficient backends (softmax), softk with each map on
+flash and the memory-efficient backends (softmax), torch's FlexAttention
+(softmax, compiled, the causal mask as a block mask), softk with each map on
 the backend "auto" resolves for CUDA tensors (the fused Triton kernels of
 ``softk._backends.triton.attention`` when built, else the blockwise route, named in
 the table), and AdaSplash (``adasplash.adasplash(q, k, v, alpha,
@@ -167,6 +168,26 @@ def _sdpa(backend):
     return fn
 
 
+def _flex():
+    import torch
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    compiled = torch.compile(flex_attention)
+    masks = {}
+
+    def fn(q, k, v, causal):
+        block = None
+        if causal:
+            key = (q.shape[-2], k.shape[-2], q.device)
+            if key not in masks:
+                masks[key] = create_block_mask(lambda b, h, i, j: j <= i, None, None, q.shape[-2], k.shape[-2],
+                                               device=q.device)
+            block = masks[key]
+        return compiled(q, k, v, block_mask=block)
+
+    return fn
+
+
 def adasplash_child(args) -> None:
     """Child process: time AdaSplash on the shared inputs, print one JSON line."""
     import torch
@@ -197,7 +218,6 @@ def gpu_table(a, flush=lambda rows: None) -> list:
     """Every case's rows; cases not started within ``--budget-s`` say so; ``flush(rows)`` after each case."""
     import torch
 
-    from softk._backends import dispatch
 
     device, dtype = ("cpu", torch.float32) if a.smoke else ("cuda", torch.bfloat16)
     measure = wall_measure if a.smoke else cuda_measure
@@ -214,6 +234,7 @@ def gpu_table(a, flush=lambda rows: None) -> list:
                                           locality=a.locality, window=a.window)
                     case = dict(L=L, E=E, causal=causal, mode=mode)
                     impls = [(f"sdpa-{b}", _sdpa(b), None) for b in (("math",) if a.smoke else ("flash", "efficient"))]
+                    impls += [] if a.smoke else [("flex-softmax", _flex(), None)]
                     impls += [(f"softk-{m} ({_kernel_name(q, m)})", _softk(m), m) for m in a.maps]
                     for label, fn, name in impls:
                         row = dict(case, impl=label)

@@ -27,8 +27,12 @@ fused_linear        ``fused_linear.py``: the fused linear losses against torch,
                     size; time, peak memory and its multiple of the bf16 dW
 e2e                 ``e2e_step.py``: one GPT-2-small training step with each loss,
                     and the loss's own forward and backward time within it
-attention           ``attention.py``: attention against SDPA (flash, efficient) and
-                    AdaSplash at L = 4096, with block sparsity and peak memory
+attention           ``attention.py``: attention against SDPA (flash, efficient),
+                    FlexAttention and AdaSplash at L = 4096, random inputs, with
+                    block sparsity and peak memory
+attention_sparse    ``attention.py`` on local inputs (q, k sharing a positional code:
+                    most 64 × 64 tiles exactly zero) at L = 4096 and 16384, where
+                    the zeros must pay
 moe                 ``moe_router.py``: an OLMoE-shaped mixture-of-experts layer with
                     its router swapped (sparsemax, 1.5-entmax, a target count):
                     time and the experts run
@@ -87,12 +91,17 @@ STAGES = [
     ("attention", "attention.py", 0.12, ["--lengths", "4096", "--dims", "64", "128", "--causal", "no", "yes", "--json", "{json}"],
      ["--smoke", "--lengths", "64", "--maps", "softmax", "sparsemax", "--modes", "fwd", "fwdbwd",
       "--causal", "no", "yes", "--json", "{json}"]),
+    ("attention_sparse", "attention.py", 0.06,
+     ["--lengths", "4096", "16384", "--dims", "64", "--causal", "no", "yes", "--sharpness", "0.5", "--locality", "1",
+      "--maps", "softmax", "sparsemax", "entmax15", "--json", "{json}"],
+     ["--smoke", "--lengths", "64", "--maps", "softmax", "sparsemax", "--modes", "fwd", "fwdbwd", "--causal", "no", "yes",
+      "--sharpness", "0.5", "--locality", "1", "--json", "{json}"]),
     ("moe", "moe_router.py", 0.04, ["--device", "cuda", "--size", "olmoe", "--json", "{json}", "--md", "{md}"],
      ["--device", "cpu", "--size", "tiny", "--steps", "1", "--warmup", "0", "--json", "{json}", "--md", "{md}"]),
 ]
 # Stages whose own option bounds their time; the others are bounded only by the kill.
 BUDGET_FLAG = {"correctness": "--budget-s", "attention_check": "--budget-s", "tune": "--budget-s", "speed": "--budget-s",
-               "attention": "--budget-s", "fused_linear": "--budget-s"}
+               "attention": "--budget-s", "attention_sparse": "--budget-s", "fused_linear": "--budget-s"}
 CORRECTNESS = ("correctness", "attention_check", "edges")
 
 
@@ -191,7 +200,7 @@ def summary(meta, stages) -> str:
             dws = {r["shape"]: r["dw_bf16_mib"] for r in res["rows"] if "dw_bf16_mib" in r}
             if dws:
                 lines += ["", "bf16 dW (V × H × 2 bytes): " + ", ".join(f"{k} {v:.0f} MiB" for k, v in dws.items())]
-        elif name == "attention" and res:
+        elif name in ("attention", "attention_sparse") and res:
             lines += ["| L | E | causal | mode | impl | ms p50 | × sdpa-flash | peak MiB | block sparsity |", "|---:|---:|---|---|---|---:|---:|---:|---:|"]
             flash = {(r["L"], r["E"], r["causal"], r["mode"]): r.get("p50") for r in res["rows"] if r["impl"] == "sdpa-flash"}
             for r in res["rows"]:

@@ -124,6 +124,7 @@ STAGE_CHECKS = {
     "fused_linear": _fused_linear,
     "e2e": _e2e,
     "attention": _attention,
+    "attention_sparse": _attention,
     "moe": lambda r: [row["variant"] for row in r["rows"]][:2] == ["own", "control"]
     and all(0 < row["live_per_token"] <= r["meta"]["shape"]["top_k"] for row in r["rows"]),
 }
