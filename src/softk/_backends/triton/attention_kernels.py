@@ -9,13 +9,18 @@ programs stop at the key block holding their last row's diagonal.
 
 * softmax: one pass, flash-style (online row max, the running sum and the
   p·V accumulator rescaled as the max moves); λ = log Σ e^{s − m}.
-* the sparse maps, in passes over the key blocks, each recomputing q·kᵀ:
-  1. the row max m, the count of keys taking part, and the first block
-     flags (:func:`.attention_search._max_pass`);
-  2. the λ search (:func:`.attention_search._search`), which stops
-     recomputing blocks that lie wholly below a lower bound of λ;
-  3. p·V in float32, over the blocks still live; a block whose p is zero
-     everywhere skips its p·V product as well.
+* the sparse maps (:mod:`.attention_gather`):
+  1. the max sweep: the row max m, and the candidates of λ gathered into a
+     per-row buffer (sparsemax: the keys above max − 1 and above the root
+     over the buffer; entmax15 and α-entmax for 1.5 ≤ α ≤ 2: group maxima,
+     then a second sweep gathers the keys above their root); it sets each
+     block's flag for the general search;
+  2. λ solved on each row's buffer, and the blocks holding its support
+     marked; rows the buffer does not serve (overflow, other α) take the
+     general search over key blocks (:func:`.attention_search._search`),
+     which stops recomputing blocks that lie wholly below a lower bound of λ;
+  3. p·V in float32, over the marked blocks; each block's tile flag (0
+     where p is exactly zero on the tile) is written for the backward.
 
 Fully masked rows (no key takes part): out = 0, m = 0, λ = +inf, so that
 f(s − m − λ) = 0 for every key by the same formula.

@@ -27,8 +27,10 @@ iteration on top:
 Block skipping.  Each key block of the program has a flag byte (``FL``):
 bit 0 says some entry lies above the row's lower bound ``lo`` as it stood
 when the block was last visited, bit 1 that some entry lies above the λ
-evaluated then.  The first pass sets both from the running max
-(z > m_run − 1/(α−1), a valid test since m_run ≤ m).  A later pass reads
+evaluated then.  The max sweep sets bit 0 (:func:`_max_pass` both) from
+the running max (z > m_run − 1/(α−1), a valid test since m_run ≤ m), and
+the search's first pass reads bit 0; a sweep that gathers candidates
+(:mod:`.attention_gather`) may set both bits on more blocks.  A later pass reads
 bit 1 when every row still searching had g(λ) ≥ 1 at the previous pass
 (λ was then below its root: Newton from below, always, for α ≤ 2), bit 0
 otherwise; a block whose bit is clear holds no entry that can reach the
