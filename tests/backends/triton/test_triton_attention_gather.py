@@ -9,11 +9,14 @@ buffer shrunk so that its compaction (the bound raised to the root over the
 buffer) and its overflow (the row handed to the general search) both run;
 a row's output does not depend on the rows sharing its program; the tile
 mask handed to the backward is the oracle's support, tile by tile; and on
-random inputs no row needs the general search."""
+random inputs no row needs the general search; and a property test over
+lengths, maps, spreads, masks and buffer sizes."""
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 tri = pytest.importorskip("softk._backends.triton.attention")
 
@@ -106,3 +109,33 @@ def test_alpha_outside_the_buffer_range_takes_the_search():
     out, _, _ = _run(q, k, v, "entmax", 1.3, stats=stats)
     assert stats["passes"].min().item() > 0
     np.testing.assert_allclose(out.double().numpy(), _oracle(q, k, v, "entmax", 1.3), atol=2e-5, rtol=2e-5)
+
+
+@st.composite
+def _cases(draw):
+    name, alpha = draw(st.sampled_from(CASES))
+    L, S = draw(st.integers(1, 80)), draw(st.integers(1, 200))
+    seed = draw(st.integers(0, 2**31 - 1))
+    spread = draw(st.sampled_from([0.1, 1.0, 4.0]))  # flat rows (wide supports) to peaked ones
+    causal = draw(st.booleans())
+    masked = draw(st.booleans())
+    slots = draw(st.sampled_from([8, 64]))
+    return name, alpha, L, S, seed, spread, causal, masked, slots
+
+
+@settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(_cases())
+def test_property_gathered_lambda_matches_the_oracle(case):
+    name, alpha, L, S, seed, spread, causal, masked, slots = case
+    q, k, v = _inputs(L, S, seed=seed, spread=spread)
+    mask = None
+    if masked:
+        mask = torch.rand(1, 2, L, S, generator=torch.Generator().manual_seed(seed + 1)) > 0.3
+    old = tri.SLOTS
+    tri.SLOTS = slots
+    try:
+        out = _run(q, k, v, name, alpha, causal, mask)[0]
+    finally:
+        tri.SLOTS = old
+    np.testing.assert_allclose(out.double().numpy(), _oracle(q, k, v, name, alpha, causal, mask), atol=3e-5,
+                               rtol=3e-5)
