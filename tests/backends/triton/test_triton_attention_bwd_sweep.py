@@ -13,7 +13,12 @@ the live-tile flags a caller may hand it (``tiles`` of
   bit, as the flags the dq kernel finds itself, and as ``skip=False``; a
   wrong-sized tensor is refused;
 * the dot products the backward issues (:mod:`softk._backends.triton.work`):
-  4 per live tile in each kernel, none on a tile the flags call dead.
+  4 per live tile in each kernel, none on a tile the flags call dead; with
+  ``deterministic=False`` (dq by the dk/dv kernel's atomics) 2 in the dq
+  kernel and 5 in the dk/dv kernel.
+
+Each gradient test runs both routes of dq: its own sweep
+(``deterministic=True``) and the atomics.
 
 Every buffer the launcher allocates is NaN-filled first, so an element a
 kernel fails to write cannot pass."""
@@ -93,9 +98,10 @@ def inputs(B=1, H=2, Hkv=1, L=20, S=37, E=8, Ev=4, seed=0, dtype=F32):
 FAMS = [0, 1, 2, 3]
 
 
-@pytest.mark.parametrize("fam,causal,dtype,masked,softcap",
-                         matrix.product(FAMS, [False, True], [F32, torch.bfloat16], [True, False], [0.0, 2.0]))
-def test_one_sweep_matches_the_oracle(fam, causal, dtype, masked, softcap):
+@pytest.mark.parametrize("fam,causal,dtype,masked,softcap,deterministic",
+                         matrix.product(FAMS, [False, True], [F32, torch.bfloat16], [True, False], [0.0, 2.0],
+                                        [True, False]))
+def test_one_sweep_matches_the_oracle(fam, causal, dtype, masked, softcap, deterministic):
     # GQA (2 query heads on 1 key head), L ≠ S, 16×16 tiles: 2 query and 3
     # key blocks; a boolean mask with two fully masked rows (zero gradients)
     L, S = 20, 37
@@ -103,7 +109,7 @@ def test_one_sweep_matches_the_oracle(fam, causal, dtype, masked, softcap):
     with torch.no_grad():
         q.mul_(2.0)  # products beyond the cap
     mask = bool_mask(L, S, dead_rows=(4, 17)).expand(1, 2, L, S) if masked else None
-    got = kernels(q, k, v, dout, fam, causal, mask, softcap, block=16)
+    got = kernels(q, k, v, dout, fam, causal, mask, softcap, block=16, deterministic=deterministic)
     want = oracle(q, k, v, dout, fam, causal, mask, softcap)
     for g, w in zip(got[:3], want[:3]):
         close(g, w, dtype)
@@ -115,9 +121,10 @@ def test_one_sweep_matches_the_oracle(fam, causal, dtype, masked, softcap):
         assert (got[0][:, :, [4, 17]] == 0).all()
 
 
+@pytest.mark.parametrize("deterministic", [True, False])
 @pytest.mark.parametrize("fam", FAMS)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_half_precision_values_sharing_an_offset(fam, dtype):
+def test_half_precision_values_sharing_an_offset(fam, dtype, deterministic):
     # v with a large component shared by every key: dP_j = dO·v_j carries an
     # offset dO·c that dP − δ cancels.  The sweep subtracts δ̂ = dO·out (out
     # rounded to the half dtype) before the product with the keys and
@@ -133,7 +140,7 @@ def test_half_precision_values_sharing_an_offset(fam, dtype):
     k[..., 0] += 10
     dout = torch.randn(B, H, L, Ev, generator=g, dtype=torch.float64)
     q, k, v, dout = (t.to(dtype) for t in (q, k, v, dout))
-    got = kernels(q, k, v, dout, fam, block=16)
+    got = kernels(q, k, v, dout, fam, block=16, deterministic=deterministic)
     want = oracle(q, k, v, dout, fam)
     for which, gg, w in zip(["dq", "dk", "dv", "dα"], got, want):
         if w is not None:
@@ -211,7 +218,8 @@ def test_dot_flops_per_live_tile():
                                    need_dalpha=False, **kw)
         return w.dot_flops
 
-    assert bwd(mask=None, tiles=torch.ones(nt, dtype=torch.int8)) == nt * (4 + 4) * per_dot
+    assert bwd(mask=None, tiles=torch.ones(nt, dtype=torch.int8), deterministic=False) == nt * (2 + 5) * per_dot
+    assert bwd(mask=None, tiles=torch.ones(nt, dtype=torch.int8), deterministic=True) == nt * (4 + 4) * per_dot
     # half the tiles dead (query block i sees key block i only): their p is
     # exactly 0, and flags that say so spare them every product; without
     # flags the dq kernel still forms their q·kᵀ to find that out
@@ -221,8 +229,9 @@ def test_dot_flops_per_live_tile():
     flags = flags_of(p)
     dead = nt - int(flags.sum())
     assert dead == nt // 2
-    assert bwd(mask=mask, tiles=flags) == (nt - dead) * (4 + 4) * per_dot
-    assert bwd(mask=mask) == (nt - dead) * (4 + 4) * per_dot + dead * per_dot
+    assert bwd(mask=mask, tiles=flags, deterministic=True) == (nt - dead) * (4 + 4) * per_dot
+    assert bwd(mask=mask, deterministic=True) == (nt - dead) * (4 + 4) * per_dot + dead * per_dot
+    assert bwd(mask=mask, tiles=flags, deterministic=False) == (nt - dead) * (2 + 5) * per_dot
 
 
 _COMPILE_READING = r"""
@@ -244,7 +253,7 @@ for fam, ty, kind, causal, cap in ((1, "*bf16", 1, False, False), (2, "*fp16", 2
     sig |= {n: "i32" for n in ("H", "GROUP", "L", "S", "E", "EV", "NKB")} | dict(scale="fp32", softcap="fp32",
                                                                                   alpha_f="fp32")
     cs = dict(FAM=fam, MASK_KIND=kind, CAUSAL=causal, SOFTCAP=cap, SKIP=2, NEED_DALPHA=fam == 3, BM=BLOCK_M,
-              BN=BLOCK_N, EP=_pad(64), EVP=_pad(64), OUT_F32=ty == "*fp32")
+              BN=BLOCK_N, EP=_pad(64), EVP=_pad(64), OUT_F32=ty == "*fp32", DQ_HERE=fam != 2)
     build(attn_bwd_dq_kernel, sig, cs, _warps(64))
     built += 1
 assert built == 4, built

@@ -188,8 +188,8 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: 
 def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tensor, m: Tensor, lam: Tensor, *,
                        scale: float, causal: bool, mask, fam: int, alpha, need_dalpha: bool,
                        softcap: float = 0.0, block_m: int | None = None, block_n: int | None = None,
-                       skip: bool = True, stats: dict | None = None,
-                       tiles: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+                       skip: bool = True, stats: dict | None = None, tiles: Tensor | None = None,
+                       deterministic: bool | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     r"""(dq, dk (B, Hkv, S, E), dv (B, Hkv, S, Ev), dα (H,) float32 or None)
     from the forward's inputs (``softcap`` the forward's), its (out, m, λ)
     and dout = ∂L/∂out; dα only for ``fam`` 3 with ``need_dalpha``.  Fully
@@ -209,7 +209,16 @@ def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tenso
     only where p is exactly 0 on it (a dead tile is skipped, a live one with
     p = 0 costs work but changes nothing).  The dq kernel then computes no
     q·kᵀ on a dead tile; without them it decides each tile from p and writes
-    the flags the dk/dv kernel reads.  Softmax reads none."""
+    the flags the dk/dv kernel reads.  Softmax reads none.
+
+    ``deterministic`` (default: ``torch.are_deterministic_algorithms_enabled()``,
+    torch's own switch): True gives the dq sweep above, whose every sum runs
+    in a fixed order.  False lets the dk/dv kernel, which forms dS on every
+    live tile anyway, add dS·k to dq by float32 atomics (as
+    FlashAttention-2 does), and the dq kernel only finds δ and dα: one q·kᵀ
+    and two products fewer per live tile (none of its sweep at all for
+    softmax with a float32 out), dq equal up to the order of the float32
+    additions."""
     _check(q, k, v, mask, fam, alpha)
     if need_dalpha and fam != ENTMAX_ID:
         raise ValueError(f"need_dalpha needs fam 3 (entmax with a per-head alpha), got fam {fam}")
@@ -250,18 +259,25 @@ def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tenso
     common = dict(FAM=fam, MASK_KIND=kind, CAUSAL=bool(causal), SOFTCAP=bool(softcap), BM=BM, BN=BN, EP=_pad(E),
                   EVP=_pad(Ev), num_warps=warps)
     cap = float(softcap or 1.0)  # (read only by capped kernels)
+    if deterministic is None:
+        deterministic = torch.are_deterministic_algorithms_enabled()
+    # the atomics' float32 rows of dq, padded to the kernels' width
+    acc = q if deterministic else torch.zeros((B * H * L, _pad(E)), dtype=torch.float32, device=q.device)
     attn_bwd_dq_kernel[(nqb, B * H)](
         q, k, v, mk, al, out, dout, m, lam, dq, delta, darow, flags,
         *q.stride(), *k.stride(), *v.stride(), *ms, *out.stride(), *dout.stride(),
         H, H // Hkv, L, S, E, Ev, nkb, float(scale), cap, _ALPHA[fam],
         SKIP=(2 if read else 1) if skip else 0, NEED_DALPHA=bool(need_dalpha), OUT_F32=out_f32,
-        **common,
+        DQ_HERE=bool(deterministic), **common,
     )
     attn_bwd_dkdv_kernel[(nkb, B * Hkv)](
-        q, k, v, mk, al, dout, m, lam, delta, dk, dv, flags,
+        q, k, v, mk, al, dout, m, lam, delta, dk, dv, flags, acc,
         *q.stride(), *k.stride(), *v.stride(), *ms, *dout.stride(),
-        H, Hkv, H // Hkv, L, S, E, Ev, nqb, nkb, float(scale), cap, _ALPHA[fam], **common,
+        H, Hkv, H // Hkv, L, S, E, Ev, nqb, nkb, float(scale), cap, _ALPHA[fam], ATOMIC_DQ=not deterministic,
+        **common,
     )
+    if not deterministic:
+        dq.copy_(acc[:, :E].view(B, H, L, E))
     if need_dalpha:
         dalpha = darow.sum(dim=(0, 2))
     if stats is not None and fam:

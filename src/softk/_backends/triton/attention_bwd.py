@@ -92,9 +92,11 @@ def attn_bwd_dq_kernel(Q, K, V, MASK, ALPHA, OUT, DO, M, LAM, DQ, DELTA, DAROW, 
                        H, GROUP, L, S, E, EV, NKB, scale, softcap, alpha_f,
                        FAM: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr,
                        SKIP: tl.constexpr, NEED_DALPHA: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                       EP: tl.constexpr, EVP: tl.constexpr, OUT_F32: tl.constexpr):
+                       EP: tl.constexpr, EVP: tl.constexpr, OUT_F32: tl.constexpr, DQ_HERE: tl.constexpr):
     # SKIP: 0 every tile in range is computed; 1 the live ones, decided from p
-    # (the flags written to TILES); 2 the ones TILES marks live (read)
+    # (the flags written to TILES); 2 the ones TILES marks live (read).
+    # DQ_HERE: dq is formed here; else the dk/dv kernel adds it up and this
+    # kernel gives δ, dα and the flags only
     pid = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
@@ -139,7 +141,11 @@ def attn_bwd_dq_kernel(Q, K, V, MASK, ALPHA, OUT, DO, M, LAM, DQ, DELTA, DAROW, 
     kref = tl.zeros([1, EP], tl.float32)
     if not SOFTCAP:
         kref = tl.load(Kb + ec * skd, mask=ec < E, other=0.0).to(tl.float32)
-    for j in range(0, nkb):
+    # softmax with a float32 out and dq formed elsewhere: δ = δ̂, nothing to sweep
+    nsweep = nkb
+    if not (DQ_HERE or not EXACT):
+        nsweep = 0
+    for j in range(0, nsweep):
         go = nkb >= 0
         if SKIP == 2:  # the caller's flags: a dead tile costs no q·kᵀ
             go = tl.load(FL + j) != 0
@@ -172,16 +178,17 @@ def attn_bwd_dq_kernel(Q, K, V, MASK, ALPHA, OUT, DO, M, LAM, DQ, DELTA, DAROW, 
                     gdp += tl.sum(pg * dp, 1, keep_dims=True)
                     if not OUT_F32:
                         pdp += tl.sum(p * dp, 1, keep_dims=True)
-                ds = d * (dp - dhat)
-                w = d
-                if SOFTCAP:  # dS of the scaled product, through the cap
-                    slope = _cap_slope(raw, scale, softcap)
-                    ds = ds * slope
-                    w = w * slope
-                kc = tl.where(kidx < S, k.to(tl.float32) - kref, 0.0).to(k.dtype)
-                acc1 += _dot(ds.to(k.dtype), kc)
-                if not EXACT:
-                    acc2 += _dot(w.to(k.dtype), kc)
+                if DQ_HERE:
+                    ds = d * (dp - dhat)
+                    w = d
+                    if SOFTCAP:  # dS of the scaled product, through the cap
+                        slope = _cap_slope(raw, scale, softcap)
+                        ds = ds * slope
+                        w = w * slope
+                    kc = tl.where(kidx < S, k.to(tl.float32) - kref, 0.0).to(k.dtype)
+                    acc1 += _dot(ds.to(k.dtype), kc)
+                    if not EXACT:
+                        acc2 += _dot(w.to(k.dtype), kc)
     if EXACT:
         delta = dhat
         dq = acc1
@@ -198,17 +205,22 @@ def attn_bwd_dq_kernel(Q, K, V, MASK, ALPHA, OUT, DO, M, LAM, DQ, DELTA, DAROW, 
                        / (am1 * am1 * tl.where(sd > 0, sd, 1.0)), 0.0)
         tl.store(DAROW + ob + rows, dar, mask=rows < L)
     tl.store(DELTA + ob + rows, delta, mask=rows < L)
-    c = tl.arange(0, EP)[None, :]
-    tl.store(DQ + (ob + rows) * E + c, (dq * scale).to(DQ.dtype.element_ty), mask=(rows < L) & (c < E))
+    if DQ_HERE:
+        c = tl.arange(0, EP)[None, :]
+        tl.store(DQ + (ob + rows) * E + c, (dq * scale).to(DQ.dtype.element_ty), mask=(rows < L) & (c < E))
 
 
 @triton.jit
-def attn_bwd_dkdv_kernel(Q, K, V, MASK, ALPHA, DO, M, LAM, DELTA, DK, DV, TILES,
+def attn_bwd_dkdv_kernel(Q, K, V, MASK, ALPHA, DO, M, LAM, DELTA, DK, DV, TILES, DQACC,
                          sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, smb, smh, smm, smn,
                          sdb, sdh, sdm, sdd,
                          H, HKV, GROUP, L, S, E, EV, NQB, NKB, scale, softcap, alpha_f,
                          FAM: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr,
-                         BM: tl.constexpr, BN: tl.constexpr, EP: tl.constexpr, EVP: tl.constexpr):
+                         BM: tl.constexpr, BN: tl.constexpr, EP: tl.constexpr, EVP: tl.constexpr,
+                         ATOMIC_DQ: tl.constexpr):
+    # ATOMIC_DQ: each live tile also adds its dS·(k − k_0)·scale to the
+    # float32 rows of DQACC (B·H·L × E) by atomics, in whatever order the
+    # programs run: the dq kernel then skips its own products
     kb = tl.program_id(0)
     bhk = tl.program_id(1)
     b = (bhk // HKV).to(tl.int64)
@@ -222,6 +234,13 @@ def attn_bwd_dkdv_kernel(Q, K, V, MASK, ALPHA, DO, M, LAM, DELTA, DK, DV, TILES,
     qb0 = 0
     if CAUSAL:
         qb0 = kstart // BM  # earlier query blocks lie wholly above the diagonal
+    ce = tl.arange(0, EP)[None, :]
+    kc = k
+    if ATOMIC_DQ:  # the keys centred on the first key, as in the dq kernel (not through a soft cap)
+        kref = tl.zeros([1, EP], tl.float32)
+        if not SOFTCAP:
+            kref = tl.load(K + b * skb + hk.to(tl.int64) * skh + ce * skd, mask=ce < E, other=0.0).to(tl.float32)
+        kc = tl.where(kidx < S, k.to(tl.float32) - kref, 0.0).to(k.dtype)
     for g in range(0, GROUP):
         h = hk * GROUP + g
         h64 = h.to(tl.int64)
@@ -253,8 +272,10 @@ def attn_bwd_dkdv_kernel(Q, K, V, MASK, ALPHA, DO, M, LAM, DELTA, DK, DV, TILES,
                 if SOFTCAP:
                     dst = dst * _cap_slope(rawt, scale, softcap)
                 dk += _dot(dst.to(q.dtype), q)
+                if ATOMIC_DQ:
+                    dqt = _dot(tl.trans(dst).to(k.dtype), kc) * scale  # [BM, EP]
+                    tl.atomic_add(DQACC + (ob + ridx) * EP + ce, dqt, mask=ridx < L)
     base = bhk.to(tl.int64) * S + kidx
-    ce = tl.arange(0, EP)[None, :]
     cv = tl.arange(0, EVP)[None, :]
     tl.store(DK + base * E + ce, (dk * scale).to(DK.dtype.element_ty), mask=(kidx < S) & (ce < E))
     tl.store(DV + base * EV + cv, dv.to(DV.dtype.element_ty), mask=(kidx < S) & (cv < EV))
