@@ -104,6 +104,7 @@ static T FN(solve_candidates)(int fam, T lam, T k, T alpha, T rtol, T *val, int6
     volatile T one_v = 1; /* opaque: see entmax_sums */
     T one = one_v;
     T kq = fam == 3 ? POW(k, am1) : 0; /* k^{1/q} */
+    double prev = 0; /* entmax α: the previous round's step */
     int64_t it = 0;
     for (; it < 2 * c + 100; it++) {
         if (fam == 1) {
@@ -163,18 +164,37 @@ static T FN(solve_candidates)(int fam, T lam, T k, T alpha, T rtol, T *val, int6
                 *have_p = 1;
                 break;
             }
-            if (step <= rtol * (1 + fabs((double)lam))) {
+            double tol = rtol * (1 + fabs((double)lam));
+            /* Newton's error after this step is about C step², and C about
+             * step / prev² (the last two steps): where 16 times that
+             * prediction is below tol, next is already λ to rounding, so
+             * the round that would confirm it is skipped, provided the
+             * write below stays exact at this step (dmax). */
+            int last = step <= tol;
+            if (!last && prev > 0 && 16 * (double)step * step * step <= tol * prev * prev) {
+                /* The write's dropped third-order term, |c3| t³ relative
+                 * (t = aδ/w), is below an ulp for every p ≥ EPS·k, i.e.
+                 * w ≥ (EPS k)^{1/q}; smaller p err by at most about their
+                 * own size times |c3|, far below an ulp of k.  c3 = 0
+                 * (q = 1, 2): the write is exact. */
+                double c3 = fabs((double)q * (q - 1) * (q - 2) / 6);
+                double dmax = c3 > 0 ? pow((double)EPS * k, (double)am1) * cbrt((double)EPS / c3) / am1 : INFINITY;
+                last = step <= dmax;
+            }
+            prev = step;
+            if (last) {
                 /* The last round: p at next = lam + step from this round's
-                 * w^q, to first order, (w − aδ)^q ≈ w^q (1 − q aδ / w), so
-                 * the final write needs no pow.  aδ is a few ulps, so the
-                 * dropped second-order term is below rounding (and where
-                 * w < q aδ, p is that small too: clamped at 0).  Entries at
-                 * or below next get 0 (they stay among the candidates). */
-                T qad = q * am1 * step, zero = 0;
+                 * w^q to second order, (w − aδ)^q ≈ w^q (1 − q t + c2 t²)
+                 * with t = aδ/w, c2 = q(q − 1)/2, so the final write needs
+                 * no pow.  Where t ≥ 1 (v ≤ next) p is 0; where t is near 1
+                 * p is that small too (clamped at 0).  Entries at or below
+                 * next stay among the candidates, with p = 0. */
+                T ad = am1 * step, c2 = q * (q - 1) / 2, zero = 0;
 #pragma omp simd
                 for (int64_t j = 0; j < cp; j++) {
                     T v = val[j], w = am1 * (v - lam);
-                    T pj = pw[j] - qad * (pw[j] / WPOS(w, one));
+                    T t = ad / WPOS(w, one);
+                    T pj = pw[j] * (1 + t * (c2 * t - q));
                     pj = pj > 0 ? pj : zero;
                     pw[j] = v > next ? pj : zero;
                 }
