@@ -108,3 +108,16 @@ def test_public_map_on_native_matches_oracle(rng, alpha):
         p = softk.entmax(x, alpha=alpha)
     ref = _reference(x.double().numpy(), alpha)
     np.testing.assert_allclose(p.double().numpy(), ref, rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize("alpha", [1.01, 1.1, 1.2, 1.3, 1.45, 1.6, 1.8, 1.99, 2.0])
+def test_early_stop_keeps_p_to_rounding(rng, alpha):
+    """Normal rows of 1024 in float64, where Newton mostly stops on its
+    predicted error and writes p to second order from the round before:
+    every p within a few ulps of the oracle's plus 1e-14 (tighter than the
+    tolerance above, so a stop a round too early would show)."""
+    x = torch.tensor(rng.normal(size=(32, 1024)), dtype=torch.float64)
+    p = native.forward(entmax_family(alpha), x, 1).numpy()
+    ref = _reference(x.numpy(), alpha)
+    q = 1.0 / (alpha - 1.0)
+    np.testing.assert_allclose(p, ref, rtol=64 * q * 2.0**-52, atol=1e-14)

@@ -201,6 +201,9 @@ def _declare(lib) -> None:
         ce = getattr(lib, f"softk_topk_ce_threads_{suffix}")
         ce.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, i64, dbl, i64, i32, i32]
         ce.restype = i32
+    fast = lib.softk_fastmath_f32  # the float kernels' inline log2/exp2/pow, for the tests
+    fast.argtypes = [i32, ptr, ptr, i64, dbl]
+    fast.restype = None
 
 
 def _load():

@@ -87,6 +87,87 @@ static inline int64_t gather_block_avx2(const float *z, int64_t i0, float m, flo
 }
 #endif
 
+/* w^q for float w > 0 as 2^{q log2 w}, inline and branch-free so that GCC
+ * vectorises the loops that call it with no call at all: libmvec's expf and
+ * logf are calls, which spill the loop's registers around them, and two
+ * transcendentals where one log2 and one exp2 share their range reductions.
+ * Both are accurate to about 1 ulp (see fast_log2f, fast_exp2f); w^q then
+ * carries the rounding of q·log2 w, a few ulps times (1 + |log2 w^q|), as
+ * e^{q log w} did.  Results below FLT_MIN flush to 0 (an absolute error
+ * below 1.2e-38), those from 2^127.5 up are inf (p ≤ k never comes near).
+ * Float only: double keeps libm's vector exp and log. */
+static inline int32_t f2i(float x)
+{
+    int32_t i;
+    memcpy(&i, &x, sizeof i);
+    return i;
+}
+
+static inline float i2f(int32_t i)
+{
+    float x;
+    memcpy(&x, &i, sizeof x);
+    return x;
+}
+
+/* log2 x for normal x > 0: x = 2^e (1 + f) with 1 + f in [√½, √2), and
+ * log(1 + f) = f + c, c = s (f²/2 + R(s²)) − f²/2, s = f/(2 + f), R the
+ * float log's polynomial from fdlibm: f is exact and c is small (|c| < f/5),
+ * so the roundings of s and c cost a fraction of an ulp; log2 = (f + c)/ln 2
+ * with 1/ln 2 split in two, then + e: under 1 ulp in all. */
+static inline float fast_log2f(float x)
+{
+    int32_t i = f2i(x) - 0x3f3504f3; /* bits of √½: 1 + f lands in [√½, √2) */
+    int32_t e = i >> 23;
+    float f = i2f(f2i(x) - (e << 23)) - 1.0f;
+    float s = f / (2.0f + f), z = s * s, hf = 0.5f * f * f;
+    float R = z * fmaf(fmaf(fmaf(0.24279078841f, z, 0.28498786688f), z, 0.40000972152f), z, 0.66666662693f);
+    float c = fmaf(s, hf + R, -hf);
+    const float ivln2hi = 1.4426950216f, ivln2lo = 1.9259629911e-8f; /* 1/ln 2 = hi + lo */
+    return (float)e + fmaf(f, ivln2hi, fmaf(c, ivln2hi, fmaf(f, ivln2lo, c * ivln2lo)));
+}
+
+/* 2^y for |y| < 2^22: y = n + f, n = round(y), |f| ≤ ½,
+ * 2^f = 1 + f P(f) with P fitted to 1e-8 relative; 2^n is built from its
+ * bits with n clamped to [−127, 128] (−127 gives 0, 128 gives inf).  The
+ * clamp is on the integer: float selects there kept GCC from vectorising. */
+static inline float fast_exp2f(float y)
+{
+    float t = y + 12582912.0f; /* 1.5·2^23: rounds y to an integer in t's low bits */
+    int32_t n = f2i(t) - 0x4b400000;
+    float f = y - (t - 12582912.0f);
+    n = n > -127 ? n : -127;
+    n = n < 128 ? n : 128;
+    float P = fmaf(fmaf(fmaf(fmaf(fmaf(0.00015370710752904415f, f, 0.001339985290542245f), f,
+                                  0.009618373587727547f), f, 0.05550329014658928f), f, 0.24022647738456726f),
+                   f, 0.6931471824645996f);
+    return fmaf(f, P, 1.0f) * i2f((n + 127) << 23);
+}
+
+/* max(w, FLT_MIN) as an integer max of the bits (floats ≥ 0 order as their
+ * bits; negatives and −inf, as int32, are below FLT_MIN's): what
+ * fast_log2f may take, from any w; a float select here kept GCC from
+ * vectorising the loops around it. */
+static inline float fast_wposf(float w)
+{
+    int32_t b = f2i(w), lo = f2i(FLT_MIN);
+    return i2f(b > lo ? b : lo);
+}
+
+/* w^q for w ≥ FLT_MIN (see fast_wposf). */
+static inline float fast_powf(float w, float q)
+{
+    return fast_exp2f(q * fast_log2f(w));
+}
+
+/* The functions above on n floats, for the tests (which: 0 log2, 1 exp2, 2 w^q). */
+void softk_fastmath_f32(int which, const float *x, float *y, int64_t n, double q)
+{
+    float qf = (float)q;
+    for (int64_t i = 0; i < n; i++)
+        y[i] = which == 0 ? fast_log2f(x[i]) : which == 1 ? fast_exp2f(x[i]) : fast_powf(x[i], qf);
+}
+
 /* Candidate buffers are processed in whole chunks of PAD entries (one or two
  * vectors) so no pow/exp falls into a scalar remainder loop. */
 #define PAD 16
@@ -102,6 +183,8 @@ static inline int64_t gather_block_avx2(const float *z, int64_t i0, float m, flo
 #define POW powf
 #define SQRT sqrtf
 #define EPS FLT_EPSILON
+#define POWQ(w, q) fast_powf(w, q)
+#define WPOS(w, one) fast_wposf(w)
 #if defined(__AVX2__)
 #define GATHER_AVX2 1 /* float rows gather with gather_block_avx2 */
 #else
@@ -117,6 +200,8 @@ static inline int64_t gather_block_avx2(const float *z, int64_t i0, float m, flo
 #undef POW
 #undef SQRT
 #undef EPS
+#undef POWQ
+#undef WPOS
 
 #define T double
 #define SUF f64
@@ -125,6 +210,8 @@ static inline int64_t gather_block_avx2(const float *z, int64_t i0, float m, flo
 #define POW pow
 #define SQRT sqrt
 #define EPS DBL_EPSILON
+#define POWQ(w, q) exp(q * log(w))
+#define WPOS(w, one) ((w) > 0 ? (w) : (one))
 #undef GATHER_AVX2
 #define GATHER_AVX2 0
 #include "kernels_impl.h"

@@ -43,13 +43,15 @@ static int64_t FN(compact)(T *val, int64_t *idx, int64_t c, T lam)
 
 /* G = Σ w^q and S = Σ w^{q−1} over w = (α−1)(v − λ) > 0, v in val[0..cp),
  * and pw[j] = w_j^q (0 off support); cp a multiple of PAD (no scalar
- * remainder).  w^q as e^{q log w}, which libmvec's vector exp and log
- * evaluate faster than its vector pow, and the relative error, a few ulps times (1 + |log w^q|),
- * is a few ulps of the p that matter (w^q ≤ k; tiny w^q add tiny absolute
- * errors).  The mask multiplies rather than selects: with a select GCC
- * sinks the calls into a branch, and a loop with a branch around a call is
- * not vectorised (the calls then run scalar).  log gets 1 where w ≤ 0: its
- * vector variants take a slow path for 0 and negatives. */
+ * remainder).  w^q is POWQ: 2^{q log2 w} inline for float, e^{q log w} with
+ * libmvec's vector exp and log for double; either way the relative error, a
+ * few ulps times (1 + |log w^q|), is a few ulps of the p that matter
+ * (w^q ≤ k; tiny w^q add tiny absolute errors).  The mask multiplies rather
+ * than selects: with a select GCC sinks libmvec's calls into a branch, and
+ * a loop with a branch around a call is not vectorised (the calls then run
+ * scalar).  POWQ gets WPOS(w): for double 1 where w ≤ 0 (libmvec's log
+ * takes a slow path for 0 and negatives), for float max(w, FLT_MIN)
+ * (fast_log2f needs a normal w; the p lost is below FLT_MIN). */
 static void FN(entmax_sums)(const T *val, int64_t cp, T lam, T am1, T q, T *pw, T *Gp, T *Sp)
 {
     /* An opaque 1: with a literal, GCC rewrites log(w > 0 ? w : 1) as
@@ -61,8 +63,8 @@ static void FN(entmax_sums)(const T *val, int64_t cp, T lam, T am1, T q, T *pw, 
     for (int64_t j = 0; j < cp; j++) {
         T w = am1 * (val[j] - lam);
         T on = w > 0;
-        T w1 = w > 0 ? w : one;
-        T wq = EXP(q * LOG(w1)) * on;
+        T w1 = WPOS(w, one);
+        T wq = POWQ(w1, q) * on;
         pw[j] = wq;
         G += wq;
         S += wq / w1;
@@ -73,10 +75,8 @@ static void FN(entmax_sums)(const T *val, int64_t cp, T lam, T am1, T q, T *pw, 
 
 /* Relative step at which entmax α's Newton on the block maxima stops (see
  * solve_zero_below): its bound then sits within a few hundredths of the
- * subset's λ, which admits few extra candidates, each cheaper than a round.
- * Below COMPACT_RTOL its rounds skip compaction. */
+ * subset's λ, which admits few extra candidates, each cheaper than a round. */
 #define STAGE0_RTOL 3e-2
-#define COMPACT_RTOL 1e-3
 
 /* ---------------------------------------------------------------------------
  * Families with f(u) = 0 for u ≤ 0 (sparsemax, entmax15, entmax α ≤ 2).
@@ -101,7 +101,10 @@ static T FN(solve_candidates)(int fam, T lam, T k, T alpha, T rtol, T *val, int6
 {
     *have_p = 0;
     T am1 = alpha - 1, q = 1 / am1;
+    volatile T one_v = 1; /* opaque: see entmax_sums */
+    T one = one_v;
     T kq = fam == 3 ? POW(k, am1) : 0; /* k^{1/q} */
+    double prev = 0; /* entmax α: the previous round's step */
     int64_t it = 0;
     for (; it < 2 * c + 100; it++) {
         if (fam == 1) {
@@ -142,10 +145,13 @@ static T FN(solve_candidates)(int fam, T lam, T k, T alpha, T rtol, T *val, int6
         } else {
             T G = 0, S = 0; /* Σw^q, Σw^{q−1}, w = (α−1)(v − λ) > 0 */
             /* Whole vectors only: a scalar call in the loop's remainder costs
-             * as much as a vector one, so pad with entries at λ (w = 0,
-             * masked).  val/idx have PAD spare slots. */
+             * as much as a vector one, so pad with −inf (w < 0, masked).
+             * val/idx have PAD spare slots.  No compaction: the sums mask
+             * entries at or below λ, and a compaction (a store per entry
+             * whose address depends on the previous compare) cost more than
+             * the few entries it drops save in later rounds. */
             int64_t cp = (c + PAD - 1) / PAD * PAD;
-            for (int64_t j = c; j < cp; j++) val[j] = lam;
+            for (int64_t j = c; j < cp; j++) val[j] = -INFINITY;
             FN(entmax_sums)(val, cp, lam, am1, q, pw, &G, &S);
             if (!(G > k)) { /* pw holds p at this λ */
                 *have_p = 1;
@@ -158,31 +164,44 @@ static T FN(solve_candidates)(int fam, T lam, T k, T alpha, T rtol, T *val, int6
                 *have_p = 1;
                 break;
             }
-            if (step <= rtol * (1 + fabs((double)lam))) {
+            double tol = rtol * (1 + fabs((double)lam));
+            /* Newton's error after this step is about C step², and C about
+             * step / prev² (the last two steps): where 16 times that
+             * prediction is below tol, next is already λ to rounding, so
+             * the round that would confirm it is skipped, provided the
+             * write below stays exact at this step (dmax). */
+            int last = step <= tol;
+            if (!last && prev > 0 && 16 * (double)step * step * step <= tol * prev * prev) {
+                /* The write's dropped third-order term, |c3| t³ relative
+                 * (t = aδ/w), is below an ulp for every p ≥ EPS·k, i.e.
+                 * w ≥ (EPS k)^{1/q}; smaller p err by at most about their
+                 * own size times |c3|, far below an ulp of k.  c3 = 0
+                 * (q = 1, 2): the write is exact. */
+                double c3 = fabs((double)q * (q - 1) * (q - 2) / 6);
+                double dmax = c3 > 0 ? pow((double)EPS * k, (double)am1) * cbrt((double)EPS / c3) / am1 : INFINITY;
+                last = step <= dmax;
+            }
+            prev = step;
+            if (last) {
                 /* The last round: p at next = lam + step from this round's
-                 * w^q, to first order, (w − aδ)^q ≈ w^q (1 − q aδ / w), so
-                 * the final write needs no pow.  aδ is a few ulps, so the
-                 * dropped second-order term is below rounding (and where
-                 * w < q aδ, p is that small too: clamped at 0).  Entries at
-                 * or below next are dropped, as compact does. */
-                T qad = q * am1 * step;
-                int64_t c2 = 0;
-                for (int64_t j = 0; j < c; j++) {
+                 * w^q to second order, (w − aδ)^q ≈ w^q (1 − q t + c2 t²)
+                 * with t = aδ/w, c2 = q(q − 1)/2, so the final write needs
+                 * no pow.  Where t ≥ 1 (v ≤ next) p is 0; where t is near 1
+                 * p is that small too (clamped at 0).  Entries at or below
+                 * next stay among the candidates, with p = 0. */
+                T ad = am1 * step, c2 = q * (q - 1) / 2, zero = 0;
+#pragma omp simd
+                for (int64_t j = 0; j < cp; j++) {
                     T v = val[j], w = am1 * (v - lam);
-                    T pj = pw[j] - qad * (pw[j] / (w > 0 ? w : 1));
-                    val[c2] = v;
-                    idx[c2] = idx[j];
-                    pw[c2] = pj > 0 ? pj : 0;
-                    c2 += v > next;
+                    T t = ad / WPOS(w, one);
+                    T pj = pw[j] * (1 + t * (c2 * t - q));
+                    pj = pj > 0 ? pj : zero;
+                    pw[j] = v > next ? pj : zero;
                 }
-                c = c2;
                 lam = next;
                 *have_p = 1;
                 break;
             }
-            /* Compact only after a large step: a small one drops few
-             * entries, and the sums mask those at or below λ anyway. */
-            if (step > (T)COMPACT_RTOL * (1 + fabs((double)lam))) c = FN(compact)(val, idx, c, next);
             lam = next;
         }
     }
