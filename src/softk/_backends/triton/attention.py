@@ -249,7 +249,7 @@ def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tenso
     # kernels), or written by the dq kernel for the dk/dv kernel (all 1
     # without ``skip``, which computes every tile whatever the caller knows)
     read = tiles is not None and fam != SOFTMAX_ID and skip
-    if read:
+    if read and tiles is not None:
         flags = tiles.reshape(-1)
     else:
         flags = torch.empty(1 if fam == SOFTMAX_ID else B * H * nqb * nkb, dtype=torch.int8, device=q.device)
