@@ -42,7 +42,7 @@ from torch import Tensor
 
 from ...threshold.solve import solve_lambda
 from ...threshold.rows import compute_dtype
-from . import rows
+from . import fused, rows
 from .blocks import NEG_INF, Blocks, query_chunks
 from ...threshold.attention_maps import ENTMAX_ID, SOFTMAX_ID, family, unit_offset
 from ...threshold.entmax_anchor import NEAR_ONE
@@ -56,6 +56,8 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: 
                       block: int | None = None, cap: int | None = None, softcap: float = 0.0):
     """(out (B, H, L, Ev) in q's dtype, m (B, H, L), lam (B, H, L)) in the compute dtype;
     ``softcap`` c > 0 caps the scaled products to c·tanh(·/c) (:mod:`.blocks`)."""
+    if block is None and cap is None and fused.serves(q, k, v, mask, fam, softcap):
+        return fused.attention_forward(q, k, v, scale=scale, causal=causal, mask=mask)
     if block is None and cap is None and rows.serves(q, k.shape[2]):
         return rows.attention_forward(q, k, v, scale=scale, causal=causal, mask=mask, fam=fam, alpha=alpha,
                                       softcap=softcap)
