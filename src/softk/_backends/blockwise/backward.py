@@ -23,6 +23,10 @@ The textbook form, a difference of two terms of size 1/(α − 1), loses every
 digit in float32 near α = 1; this one holds over (1, 2] and gives a head
 whose rows have a single key dα = 0 exactly.
 A row with no key taking part has d = 0: zero gradients.
+
+Called with the default ``block``, :func:`attention_backward` follows the
+forward's own routes: torch's fused kernel for the softmax it serves
+(:mod:`.fused`), whole score rows where they fit (:mod:`.rows`).
 """
 
 from __future__ import annotations

@@ -6,7 +6,10 @@ Same interface as the Triton launcher (:mod:`softk._backends.triton.attention`):
 relative to it, so that p_j = f(s_j − m − lam).  It never holds more than
 a block of scores per row at once (``BLOCK`` keys, plus up to ``CAP``
 candidates), for a chunk of queries at a time
-(:func:`.blocks.query_chunks`), whatever L and S.
+(:func:`.blocks.query_chunks`), whatever L and S.  Called with the default
+``block`` and ``cap``, it hands the softmax that torch's fused CPU kernel
+computes exactly to :mod:`.fused`, and rows that fit to :mod:`.rows`
+(whole score rows), before any of this.
 
 **softmax** (id 0): one pass, the online logsumexp: the running maximum m,
 Σ e^{s−m} and Σ e^{s−m} v rescaled whenever m grows; lam = log Σ e^{s−m}.
