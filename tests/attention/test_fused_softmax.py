@@ -53,7 +53,7 @@ def _mask(kind, B, H, L, S, dtype, dead=(2,)):
 @pytest.mark.parametrize("hkv", [4, 2, 1])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("mask", [None, "bool", "bool_broadcast", "float"])
-@pytest.mark.parametrize("L,S", [(11, 19), (19, 11)])
+@pytest.mark.parametrize("L,S", [(17, 29), (29, 17)])
 def test_fused_softmax_matches_oracle(taken, dtype, atol, hkv, causal, mask, L, S):
     B, H, E = 2, 4, 8
     g = torch.Generator().manual_seed(L + 7 * hkv)
@@ -88,17 +88,17 @@ def test_fused_and_whole_rows_agree(monkeypatch, causal):
         torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
 
 
-@pytest.mark.parametrize("where", ["q", "k", "mask_nan", "mask_inf"])
-def test_a_nan_or_inf_score_keeps_its_row_nan(taken, where):
+@pytest.mark.parametrize("where", ["q", "k", "mask_nan"])
+def test_a_nan_score_keeps_its_row_nan(taken, where):
     # the fused kernel would give a query row with a NaN score 0: such calls keep the whole score rows
-    q, k, v = (torch.randn(1, 2, 5, 4, generator=torch.Generator().manual_seed(i)) for i in range(3))
-    mask = torch.zeros(5, 5)
+    q, k, v = (torch.randn(1, 2, 16, 4, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    mask = torch.zeros(16, 16)
     if where == "q":
         q[0, 1, 3, 0] = float("nan")
     elif where == "k":
-        k[0, 1, 2, 0] = float("inf")
+        k[0, 1, 2, 0] = float("nan")
     else:
-        mask[3, 1] = float("nan") if where == "mask_nan" else float("inf")
+        mask[3, 1] = float("nan")
     out = run("blockwise", q, k, v, attn_mask=mask, map="softmax")
     assert taken["forward"] == 0
     assert torch.isnan(out[0, 1, 3]).all()
@@ -107,10 +107,11 @@ def test_a_nan_or_inf_score_keeps_its_row_nan(taken, where):
 
 
 def test_which_calls_take_it():
-    q = torch.randn(1, 2, 3, 4)
+    q = torch.randn(1, 2, 16, 4)
     kv = torch.randn(1, 2, 5, 4)
     assert fused.serves(q, kv, kv, None, SOFTMAX_ID, 0.0)
-    assert fused.serves(q, kv, kv, torch.ones(1, 2, 3, 5, dtype=torch.bool), SOFTMAX_ID, 0.0)
+    assert fused.serves(q, kv, kv, torch.ones(1, 2, 16, 5, dtype=torch.bool), SOFTMAX_ID, 0.0)
+    assert not fused.serves(q[:, :, :15], kv, kv, None, SOFTMAX_ID, 0.0)  # decoding keeps whole score rows
     assert not fused.serves(q, kv, kv, None, SOFTMAX_ID + 1, 0.0)  # a sparse map
     assert not fused.serves(q, kv, kv, None, SOFTMAX_ID, 5.0)  # a soft cap
     assert not fused.serves(q, kv, torch.randn(1, 2, 5, 3), None, SOFTMAX_ID, 0.0)  # Ev != E

@@ -9,13 +9,15 @@ whose keys are all masked gets an output of 0 and zero gradients (its
 log-sum-exp is 0 and every weight e^{−inf} = 0), and the causal mask is
 top-left aligned for L ≠ S.
 
-:func:`serves` says which calls take it: the softmax, no soft cap, float32
+:func:`serves` says which calls take it: the softmax, no soft cap, at least
+:data:`MIN_QUERIES` queries (decoding keeps whole score rows), float32
 or float64 (half precision keeps softk's float32 compute: the fused kernel
 rounds its weights to the input's precision), the CPU, values of the keys'
 width (the kernel takes one head size), a mask of bool or of the query's
-dtype, and no NaN or infinity in q and k and no NaN or +inf in a float
-mask (softk makes a row with a NaN or +inf score NaN, where the fused
-kernel's running maximum passes over a NaN and gives the row 0).  The
+dtype, and no NaN or infinity in q and k and no NaN in a float mask
+(softk makes a row with a NaN score NaN, where the fused kernel's running
+maximum passes over a NaN and gives a row of NaN scores 0; a +inf score
+makes the row NaN on both).  The
 kernel takes only an additive mask of the query's dtype: a bool mask
 becomes 0 / −inf (:func:`additive`) on its own storage, not on the
 (B, H, L, S) view it is broadcast to.  Grouped heads (H_kv < H) are
@@ -34,26 +36,30 @@ from torch import Tensor
 from ...threshold.attention_maps import SOFTMAX_ID
 
 ENABLED = True  # tests switch it off to run the softmax on whole score rows or blocks of keys
+# queries per call at least: the checks of q and k (:func:`_no_broken_row`) read every key once, which for
+# a few queries against a long cache (decoding) is a large share of the attention's own time
+MIN_QUERIES = 16
 
 
 def serves(q: Tensor, k: Tensor, v: Tensor, mask, fam: int, softcap: float) -> bool:
     """Whether this call's softmax attention runs on torch's fused CPU kernel."""
-    return (ENABLED and fam == SOFTMAX_ID and not softcap and q.device.type == "cpu"
+    return (ENABLED and fam == SOFTMAX_ID and not softcap and q.device.type == "cpu" and q.shape[2] >= MIN_QUERIES
             and q.dtype in (torch.float32, torch.float64) and k.dtype == q.dtype and v.dtype == q.dtype
             and v.shape[-1] == q.shape[-1] and (mask is None or mask.dtype in (torch.bool, q.dtype))
             and _no_broken_row(q, k, mask))
 
 
 def _no_broken_row(q: Tensor, k: Tensor, mask) -> bool:
-    """Whether no score can be NaN or +inf.  softk makes such a row NaN; the
-    fused kernel's running maximum passes over a NaN and gives the row 0, as
-    if it were fully masked.  A pass over q, k and a float mask's own entries."""
-    if not (bool(torch.isfinite(q).all()) and bool(torch.isfinite(k).all())):
+    """Whether no query row's scores can all be NaN (or NaN and −inf): softk
+    makes such a row NaN, where the fused kernel's running maximum passes
+    over a NaN and gives the row 0, as if it were fully masked.  A finite
+    sum of q and of k rules out every NaN and infinity in them (an overflow
+    of the sum only sends the call to whole score rows), a sum of a float
+    mask that is not NaN every NaN in it.  One reduction each: an elementwise
+    isfinite costs as much as a decoding call's attention."""
+    if not (bool(torch.isfinite(q.sum())) and bool(torch.isfinite(k.sum()))):
         return False
-    if mask is None or mask.dtype == torch.bool:
-        return True
-    base = _own(mask)
-    return not bool((torch.isnan(base) | (base == float("inf"))).any())
+    return mask is None or mask.dtype == torch.bool or not bool(torch.isnan(_own(mask).sum()))
 
 
 def _own(mask: Tensor) -> Tensor:
