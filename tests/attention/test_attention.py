@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import softk
-from softk._backends.blockwise import blocks, forward as blockwise, rows, support
+from softk._backends.blockwise import blocks, forward as blockwise, fused, rows, support
 from softk._backends import dispatch, kernels
 from softk.threshold.attention_maps import SPARSEMAX_ID
 from softk.threshold.families import KERNEL_IDS
@@ -44,7 +44,8 @@ def run(backend, q, k, v, **kw):
     return op.attention(call, KERNELS[backend])
 
 
-@pytest.fixture(params=["reference", "blockwise", "blockwise_rows", "blockwise_small", "blockwise_gather"])
+@pytest.fixture(params=["reference", "blockwise", "blockwise_rows", "blockwise_small", "blockwise_gather",
+                        "blockwise_live"])
 def backend(request, monkeypatch):
     """The CPU backends.  "blockwise" at these sizes runs on whole score rows
     (:mod:`softk._backends.blockwise.rows`); "blockwise_rows" runs them in
@@ -54,7 +55,19 @@ def backend(request, monkeypatch):
     chunks and blocks, the candidate merge and the whole-row fallback for
     wide supports all run at these sizes.  "blockwise_gather" forms P·V from
     the support on every call of a sparse map (:mod:`softk._backends.blockwise.support`,
-    which otherwise takes it only for decoding-sized supports)."""
+    which otherwise takes it only for decoding-sized supports).  "blockwise_live"
+    runs every product of a sparse map, forward and backward, over the live
+    keys of groups of 2 query rows (:class:`softk._backends.blockwise.support.Live`,
+    which otherwise takes them only for supports far narrower than S), in
+    chunks of 3 queries; the softmax keeps the whole score rows there (the
+    fused kernel off)."""
+    if request.param == "blockwise_live":
+        monkeypatch.setattr(support, "GROUP", 2)
+        monkeypatch.setattr(support, "LIVE_SHARE", float("inf"))
+        monkeypatch.setattr(support, "LIVE_SHARE_BACKWARD", float("inf"))
+        monkeypatch.setattr(rows, "CHUNK", 1)
+        monkeypatch.setattr(rows, "CHUNK_QUERIES", 3)
+        monkeypatch.setattr(fused, "ENABLED", False)
     if request.param == "blockwise_gather":
         monkeypatch.setattr(support, "GATHER_SHARE", float("inf"))
     if request.param == "blockwise_rows":

@@ -23,6 +23,10 @@ The textbook form, a difference of two terms of size 1/(α − 1), loses every
 digit in float32 near α = 1; this one holds over (1, 2] and gives a head
 whose rows have a single key dα = 0 exactly.
 A row with no key taking part has d = 0: zero gradients.
+
+Called with the default ``block``, :func:`attention_backward` follows the
+forward's own routes: torch's fused kernel for the softmax it serves
+(:mod:`.fused`), whole score rows where they fit (:mod:`.rows`).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from torch import Tensor
 
 from ...threshold.rows import compute_dtype
 from .blocks import NEG_INF, Blocks, query_chunks
-from . import forward as blockwise, rows
+from . import forward as blockwise, fused, rows
 from .forward import probs
 from ...threshold.attention_maps import ENTMAX_ID, SOFTMAX_ID, family
 from ...threshold.entmax_alpha import p_gamma
@@ -54,7 +58,10 @@ def _xlogx(p: Tensor) -> Tensor:
 def attention_backward(q, k, v, out, dout, m, lam, *, scale: float, causal: bool, mask, fam: int, alpha,
                        need_dalpha: bool, block: int | None = None, softcap: float = 0.0):
     """(dq, dk, dv, dalpha (H,) or None), each in its input's dtype (dalpha in the compute dtype)."""
-    if block is None and rows.serves(q, k.shape[2]):  # the forward's own rule: whole score rows
+    if block is None and fused.serves(q, k, v, mask, fam, softcap):  # the forward's own rules
+        dq, dk, dv = fused.attention_backward(q, k, v, out, dout, lam, scale=scale, causal=causal, mask=mask)
+        return dq, dk, dv, None
+    if block is None and rows.serves(q, k.shape[2]):
         return rows.attention_backward(q, k, v, out, dout, m, lam, scale=scale, causal=causal, mask=mask, fam=fam,
                                        alpha=alpha, need_dalpha=need_dalpha, softcap=softcap)
     ct = compute_dtype(q.dtype)

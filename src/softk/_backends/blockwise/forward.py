@@ -6,7 +6,10 @@ Same interface as the Triton launcher (:mod:`softk._backends.triton.attention`):
 relative to it, so that p_j = f(s_j − m − lam).  It never holds more than
 a block of scores per row at once (``BLOCK`` keys, plus up to ``CAP``
 candidates), for a chunk of queries at a time
-(:func:`.blocks.query_chunks`), whatever L and S.
+(:func:`.blocks.query_chunks`), whatever L and S.  Called with the default
+``block`` and ``cap``, it hands the softmax that torch's fused CPU kernel
+computes exactly to :mod:`.fused`, and rows that fit to :mod:`.rows`
+(whole score rows), before any of this.
 
 **softmax** (id 0): one pass, the online logsumexp: the running maximum m,
 Σ e^{s−m} and Σ e^{s−m} v rescaled whenever m grows; lam = log Σ e^{s−m}.
@@ -42,7 +45,7 @@ from torch import Tensor
 
 from ...threshold.solve import solve_lambda
 from ...threshold.rows import compute_dtype
-from . import rows
+from . import fused, rows
 from .blocks import NEG_INF, Blocks, query_chunks
 from ...threshold.attention_maps import ENTMAX_ID, SOFTMAX_ID, family, unit_offset
 from ...threshold.entmax_anchor import NEAR_ONE
@@ -56,6 +59,8 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: 
                       block: int | None = None, cap: int | None = None, softcap: float = 0.0):
     """(out (B, H, L, Ev) in q's dtype, m (B, H, L), lam (B, H, L)) in the compute dtype;
     ``softcap`` c > 0 caps the scaled products to c·tanh(·/c) (:mod:`.blocks`)."""
+    if block is None and cap is None and fused.serves(q, k, v, mask, fam, softcap):
+        return fused.attention_forward(q, k, v, scale=scale, causal=causal, mask=mask)
     if block is None and cap is None and rows.serves(q, k.shape[2]):
         return rows.attention_forward(q, k, v, scale=scale, causal=causal, mask=mask, fam=fam, alpha=alpha,
                                       softcap=softcap)

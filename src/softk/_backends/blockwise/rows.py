@@ -12,11 +12,16 @@ at a time, whatever L, and at least one query) computes
 with the map's row kernel (:mod:`softk._backends.native` where it serves
 the family and dtype, else the PyTorch path) and PV over the support where
 P is sparse enough (:mod:`.support`: decoding reads only the values of
-the keys with p > 0), and the backward recomputes P
+the keys with p > 0; a prefill chunk's groups of query rows only their
+live keys), and the backward recomputes P
 the same way: dP = dO Vᵀ, dS = the map's vector–Jacobian product of dP
 (d ⊙ (dP − Σ d dP / Σ d), from P alone), dQ = scale·dS K, dK = scale·dSᵀQ,
-dV = PᵀdO, and for a per-head α, Σ_j dP_j ∂p_j/∂α in the cancellation-free
-form of :mod:`softk.threshold.entmax_alpha`.  Memory is O(CHUNK) (one
+dV = PᵀdO (all four over each group's live keys where they are few enough,
+:class:`.support.Live`: dS is 0 wherever p is), and for a per-head α,
+Σ_j dP_j ∂p_j/∂α in the cancellation-free
+form of :mod:`softk.threshold.entmax_alpha`.  The softmax with no soft cap
+in float32 or float64 takes torch's fused kernel before this path
+(:mod:`.fused`).  Memory is O(CHUNK) (one
 query's rows, at most ROW_SCORES, where they are longer) beyond the inputs
 and outputs (CHUNK_MAX where a chunk of CHUNK scores would hold few queries);
 the saved statistics are, for α-entmax away from α = 1, the row maximum m and
@@ -142,7 +147,7 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: 
     """(out (B, H, L, Ev) in q's dtype, m (B, H, L), lam (B, H, L)) in the compute dtype: the row
     maximum and the shifted threshold where :func:`closed_form` holds, else 0 and 0."""
     ct = compute_dtype(q.dtype)
-    kc, vc = k.to(ct), v.to(ct)
+    kc, vc = k.to(ct).contiguous(), v.to(ct).contiguous()  # the live keys' rows are gathered from flat views
     outs, ms, ts = [], [], []
     closed = closed_form(fam, alpha)
     work = _workspace(q, k.shape[2], ct)
@@ -196,11 +201,31 @@ def _entmax_probs(s: Tensor, m: Tensor, t: Tensor, am1: Tensor) -> Tensor:
     return s.sub_(m + t).mul_(am1).clamp_(min=-1.0).log1p_().div_(am1).exp_()
 
 
+def _live_grads(live, fams, blk: Blocks, p: Tensor, do: Tensor, kc: Tensor, vc: Tensor, dk: Tensor, dv: Tensor,
+                dqs: list, softcap: float):
+    """A chunk's share of the gradients over each group's live keys
+    (:class:`.support.Live`): appends dq to ``dqs``, adds to dk and dv in
+    place; (p, dP, dS) on the live keys, (B, H_kv, R, U)."""
+    B, Hkv, n, g, U = live.shape
+    flat = (B, Hkv, n * g, U)
+    pl = live.weights(p)
+    dog = do.reshape(B, Hkv, n, g, do.shape[-1])
+    dp = (dog @ live.rows(vc).transpose(-1, -2)).reshape(flat)
+    ds = _vjp(fams, pl.reshape(flat), dp)
+    if softcap:
+        ds = ds * live.weights(blk.cap_slope(0, blk.S)).reshape(flat)
+    dsg = ds.reshape(live.shape)
+    dqs.append(blk.heads((dsg @ live.rows(kc)).reshape(B, Hkv, n * g, -1) * blk.scale))
+    live.add(dk, dsg.transpose(-1, -2) @ blk.q.reshape(B, Hkv, n, g, -1))  # dk += dsᵀ (scale·q)
+    live.add(dv, pl.transpose(-1, -2) @ dog)  # dv += pᵀ dO
+    return pl.reshape(flat), dp, ds
+
+
 def attention_backward(q, k, v, out, dout, m, lam, *, scale: float, causal: bool, mask, fam: int, alpha,
                        need_dalpha: bool, softcap: float = 0.0):
     """(dq, dk, dv, dalpha (H,) or None), each in its input's dtype (dalpha in the compute dtype)."""
     ct = compute_dtype(q.dtype)
-    kc, vc = k.to(ct), v.to(ct)
+    kc, vc = k.to(ct).contiguous(), v.to(ct).contiguous()  # the live keys' rows are gathered from flat views
     dk, dv = torch.zeros_like(kc), torch.zeros_like(vc)
     dqs, dalpha = [], None
     need_dalpha = need_dalpha and fam == ENTMAX_ID and alpha is not None
@@ -217,13 +242,17 @@ def attention_backward(q, k, v, out, dout, m, lam, *, scale: float, causal: bool
         else:
             p = _map(fams, s)
         do = blk.rows(dout[:, :, i0:i1].to(ct))
-        dp = torch.matmul(do, vc[:, :, :S].transpose(-1, -2), out=_view(work_dp, p.shape))
-        ds = _vjp(fams, p, dp)
-        if softcap:
-            ds = ds * blk.cap_slope(0, S)
-        dqs.append(blk.heads((ds @ kc[:, :, :S]) * scale))
-        _accumulate(dk, ds, blk.q)  # dk += dsᵀ (scale·q)
-        _accumulate(dv, p, do)  # dv += pᵀ dO
+        live = support.Live.of(p, fam != SOFTMAX_ID, support.LIVE_SHARE_BACKWARD)
+        if live is None:
+            dp = torch.matmul(do, vc[:, :, :S].transpose(-1, -2), out=_view(work_dp, p.shape))
+            ds = _vjp(fams, p, dp)
+            if softcap:
+                ds = ds * blk.cap_slope(0, S)
+            dqs.append(blk.heads((ds @ kc[:, :, :S]) * scale))
+            _accumulate(dk, ds, blk.q)  # dk += dsᵀ (scale·q)
+            _accumulate(dv, p, do)  # dv += pᵀ dO
+        else:  # every product over each group's live keys: dS is 0 wherever p is
+            p, dp, ds = _live_grads(live, fams, blk, p, do, kc, vc, dk, dv, dqs, softcap)
         if need_dalpha:
             a = blk.per_row(alpha)
             row = (dp * dp_dalpha(p, a, entmax_log_d(p, a))).sum(-1, keepdim=True)

@@ -4,18 +4,32 @@ A sparse map gives p_rj = 0 to every key with s_rj ≤ λ_r, so
 
 .. math:: O_r = \sum_j p_{rj} v_j = \sum_{j \in \mathrm{supp}(p_r)} p_{rj} v_j
 
-reads only the values of the support.  When a call has few query rows per
-key/value head (decoding: one query against a long cache) the dense P·V is
-a matrix–vector product bound by reading all of V, and the gathered sum
-reads nnz(P) rows of V instead.  :func:`product` takes it when
-nnz(P) ≤ :data:`GATHER_SHARE` · B·H_kv·S (the V rows the dense product
-reads); otherwise, and for the softmax (no zeros), the dense matmul runs.
+reads only the values of the support.  Two forms of it:
 
-GATHER_SHARE is set from the crossover measured by
-``benchmarks/cpu/attention_support.py`` (BENCHMARKS.md, "CPU: P·V over
-the support"): the gather wins by far at one query per head and a small
-support, and loses to a GEMM-sized chunk unless P is almost empty; a chunk
-of R query rows per head takes it only below 1/(32·R) nonzeros.
+* **the gathered sum** (:func:`product` when :func:`gathers`): when a call
+  has few query rows per key/value head (decoding: one query against a long
+  cache) the dense P·V is a matrix–vector product bound by reading all of V,
+  and the gathered sum reads nnz(P) rows of V instead.  It is taken when
+  nnz(P) ≤ :data:`GATHER_SHARE` · B·H_kv·S (the V rows the dense product
+  reads).  GATHER_SHARE is set from the crossover measured by
+  ``benchmarks/cpu/attention_support.py`` (BENCHMARKS.md, "CPU: P·V over
+  the support"): the gather wins by far at one query per head and a small
+  support, and loses to a GEMM-sized chunk unless P is almost empty.
+* **the live keys of a group of rows** (:class:`Live`): a chunk of many
+  query rows (prefill) splits into groups of :data:`GROUP` consecutive rows
+  per key/value head; a key that no row of its group weights is dropped
+  from the group's products, which stay matrix products over the group's
+  live keys (the union of its rows' supports, padded to the largest group's
+  count with keys the group does not weight, p = 0 there).  The same keys
+  serve the backward: dP, dS (zero wherever p is), dQ = dS K, dK += dSᵀQ
+  and dV += PᵀdO all run over them.  It is taken when every group has at
+  most :data:`LIVE_SHARE` · S live keys (:data:`LIVE_SHARE_BACKWARD` · S
+  in the backward, which compacts four products where the forward
+  compacts one); otherwise, and for the softmax (no
+  zeros), the dense products run.  Exact: the dropped terms are products
+  with p = 0 (or, in the backward, with dS = 0), so only the order of the
+  sums changes (and a value that is inf or NaN at a key no row of the group
+  weights no longer turns the group's output NaN through 0·inf).
 """
 
 from __future__ import annotations
@@ -24,6 +38,11 @@ import torch
 from torch import Tensor
 
 GATHER_SHARE = 1 / 32  # nonzeros of P per V row read by the dense product, at most, for the gather
+GROUP = 16  # query rows per group sharing one set of live keys: fewer rows, fewer live keys, thinner products
+# live keys per group, at most this share of S, for the compacted products: the forward compacts one product
+# (P·V), the backward four (dP, dQ, dK, dV), so the backward's gathers pay off at wider supports
+LIVE_SHARE = 1 / 8
+LIVE_SHARE_BACKWARD = 1 / 4
 
 
 def product(p: Tensor, v: Tensor, sparse: bool) -> Tensor:
@@ -32,7 +51,8 @@ def product(p: Tensor, v: Tensor, sparse: bool) -> Tensor:
     compute dtype; ``sparse``: the map can give exact zeros."""
     B, Hkv, R, S = p.shape
     if not gathers(p, sparse):
-        return p @ v[:, :, :S]
+        live = Live.of(p, sparse)
+        return p @ v[:, :, :S] if live is None else live.product(p, v)
     rows, j = p.reshape(-1, S).nonzero(as_tuple=True)  # row index over (B, H_kv, R), key index
     bh = torch.div(rows, R, rounding_mode="floor")
     b, h = torch.div(bh, Hkv, rounding_mode="floor"), bh % Hkv
@@ -41,6 +61,72 @@ def product(p: Tensor, v: Tensor, sparse: bool) -> Tensor:
     out = torch.zeros(B * Hkv * R, v.shape[-1], dtype=p.dtype, device=p.device)
     out.index_add_(0, rows, terms)
     return out.reshape(B, Hkv, R, v.shape[-1])
+
+
+class Live:
+    """The live keys of each group of ``g`` consecutive query rows of a chunk
+    p (B, H_kv, R, S): ``keys`` (B, H_kv, R / g, U), each group's live keys
+    (in order) and then keys it does not weight, up to U, the largest
+    group's count.  :meth:`weights` gathers a (B, H_kv, R, S) tensor on them,
+    :meth:`rows` the rows of a key or value tensor, :meth:`add` scatters a
+    sum over them back onto every key."""
+
+    def __init__(self, keys: Tensor, g: int, S: int):
+        self.keys, self.g, self.S = keys, g, S
+        B, Hkv, n, U = keys.shape
+        self.shape = (B, Hkv, n, g, U)
+        self._flat_cols = None
+
+    @classmethod
+    def of(cls, p: Tensor, sparse: bool, share: float | None = None) -> "Live | None":
+        """The live keys of p's groups, or None where the dense products run:
+        the softmax, or a group with more than ``share``·S live keys
+        (LIVE_SHARE by default)."""
+        if not sparse or p.numel() == 0:
+            return None
+        B, Hkv, R, S = p.shape
+        g = GROUP if R % GROUP == 0 else R
+        # p ≥ 0: a key is live where some row of the group weights it (a NaN weight counts: NaN != 0)
+        live = p.reshape(B, Hkv, R // g, g, S).amax(-2) != 0
+        count = live.sum(-1, keepdim=True)
+        U = int(count.max())
+        if U > (LIVE_SHARE if share is None else share) * S:
+            return None
+        # a stable partition of 0..S−1 per group: the live keys first, the rest after, each in order
+        order = live.cumsum(-1)
+        j = torch.arange(S, device=p.device).expand_as(order)
+        slot = torch.where(live, order - 1, count + j - order)
+        keys = torch.empty_like(order).scatter_(-1, slot, j)[..., :U]
+        return cls(keys.contiguous(), g, S)
+
+    def weights(self, t: Tensor) -> Tensor:
+        """t (B, H_kv, R, S) on the live keys: (B, H_kv, R / g, g, U)."""
+        B, Hkv, n, g, U = self.shape
+        if self._flat_cols is None:
+            grp = torch.arange(B * Hkv * n, device=t.device).view(-1, 1, 1) * (g * self.S)
+            row = torch.arange(g, device=t.device).view(1, g, 1) * self.S
+            self._flat_cols = (self.keys.view(-1, 1, U) + grp + row).reshape(-1)
+        return t.reshape(-1).index_select(0, self._flat_cols).view(self.shape)
+
+    def _flat_rows(self, x: Tensor) -> Tensor:
+        B, Hkv = self.shape[:2]
+        return (self.keys + torch.arange(B * Hkv, device=x.device).view(B, Hkv, 1, 1) * x.shape[2]).reshape(-1)
+
+    def rows(self, x: Tensor) -> Tensor:
+        """The rows of x (B', H_kv', S' ≥ S, E) broadcastable to (B, H_kv, S', E) at
+        each group's live keys: (B, H_kv, R / g, U, E)."""
+        B, Hkv, n, g, U = self.shape
+        x = x.expand(B, Hkv, *x.shape[2:]).contiguous()  # a copy only where x is broadcast or strided
+        return x.view(-1, x.shape[-1]).index_select(0, self._flat_rows(x)).view(B, Hkv, n, U, x.shape[-1])
+
+    def add(self, acc: Tensor, t: Tensor) -> None:
+        """acc (B, H_kv, S', E), contiguous, += t (B, H_kv, R / g, U, E) on each group's live keys."""
+        acc.view(-1, acc.shape[-1]).index_add_(0, self._flat_rows(acc), t.reshape(-1, t.shape[-1]))
+
+    def product(self, p: Tensor, v: Tensor) -> Tensor:
+        """P V (B, H_kv, R, Ev) over the live keys."""
+        B, Hkv, R, _ = p.shape
+        return (self.weights(p) @ self.rows(v)).reshape(B, Hkv, R, v.shape[-1])
 
 
 def gathers(p: Tensor, sparse: bool) -> bool:
