@@ -75,7 +75,7 @@ class Live:
         self.keys, self.g, self.S = keys, g, S
         B, Hkv, n, U = keys.shape
         self.shape = (B, Hkv, n, g, U)
-        self._flat_cols = None
+        self._flat_cols: Tensor | None = None
 
     @classmethod
     def of(cls, p: Tensor, sparse: bool, share: float | None = None) -> "Live | None":
@@ -102,11 +102,12 @@ class Live:
     def weights(self, t: Tensor) -> Tensor:
         """t (B, H_kv, R, S) on the live keys: (B, H_kv, R / g, g, U)."""
         B, Hkv, n, g, U = self.shape
-        if self._flat_cols is None:
+        cols = self._flat_cols
+        if cols is None:
             grp = torch.arange(B * Hkv * n, device=t.device).view(-1, 1, 1) * (g * self.S)
             row = torch.arange(g, device=t.device).view(1, g, 1) * self.S
-            self._flat_cols = (self.keys.view(-1, 1, U) + grp + row).reshape(-1)
-        return t.reshape(-1).index_select(0, self._flat_cols).view(self.shape)
+            cols = self._flat_cols = (self.keys.view(-1, 1, U) + grp + row).reshape(-1)
+        return t.reshape(-1).index_select(0, cols).view(self.shape)
 
     def _flat_rows(self, x: Tensor) -> Tensor:
         B, Hkv = self.shape[:2]
