@@ -86,11 +86,17 @@ class Live:
             return None
         B, Hkv, R, S = p.shape
         g = GROUP if R % GROUP == 0 else R
+        limit = (LIVE_SHARE if share is None else share) * S
+        # the first group alone decides where it is over the limit (U is the
+        # largest group's count), for a g-th of a pass over the chunk: a wide
+        # support then costs no count of every group it does not use
+        if int((p[0, 0, :g] != 0).any(0).sum()) > limit:
+            return None
         # p ≥ 0: a key is live where some row of the group weights it (a NaN weight counts: NaN != 0)
         live = p.reshape(B, Hkv, R // g, g, S).amax(-2) != 0
         count = live.sum(-1, keepdim=True)
         U = int(count.max())
-        if U > (LIVE_SHARE if share is None else share) * S:
+        if U > limit:
             return None
         # a stable partition of 0..S−1 per group: the live keys first, the rest after, each in order
         order = live.cumsum(-1)
