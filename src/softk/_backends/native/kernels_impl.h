@@ -36,6 +36,7 @@ int FN(softk_forward)(int fam, const T *z, T *p, int64_t rows, int64_t n, double
         }
     }
     int64_t worst = 0;
+    FN(zb_params) pa = FN(zb_params_of)(fam, k, alpha);
     for (int64_t r = 0; r < rows; r++) {
         const T *zr = z + r * n;
         T *pr = p + r * n;
@@ -59,7 +60,7 @@ int FN(softk_forward)(int fam, const T *z, T *p, int64_t rows, int64_t n, double
         } else {
             int64_t c;
             int have_p;
-            T lam = FN(solve_zero_below)(fam, zr, bm, m, n, k, alpha, val, idx, &c, &have_p, &iters);
+            T lam = FN(solve_zero_below)(fam, zr, bm, m, n, k, &pa, val, idx, &c, &have_p, &iters);
             FN(write_zero_below)(fam, pr, n, lam, alpha, val, idx, c, have_p ? val + n + PAD : NULL);
         }
         worst = iters > worst ? iters : worst;

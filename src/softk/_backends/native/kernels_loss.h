@@ -147,7 +147,8 @@ static T FN(fy_row)(int fam, const T *zr, int64_t n, T k, T alpha, int64_t tgt, 
         }
     } else {
         int have_p;
-        lam = FN(solve_zero_below)(fam, zr, bm, m, n, k, alpha, val, idx, &c, &have_p, &iters);
+        FN(zb_params) pa = FN(zb_params_of)(fam, k, alpha); /* k may differ by row */
+        lam = FN(solve_zero_below)(fam, zr, bm, m, n, k, &pa, val, idx, &c, &have_p, &iters);
         FN(write_zero_below)(fam, pr, n, lam, alpha, val, idx, c, have_p ? val + n + PAD : NULL); /* val[j] = p of candidate j */
         for (int64_t j = 0; j < c; j++) acc += FN(F)(fam, (zr[idx[j]] - m) - lam, val[j], alpha);
         sparse = yr == NULL;

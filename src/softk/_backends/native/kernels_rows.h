@@ -73,6 +73,36 @@ static void FN(entmax_sums)(const T *val, int64_t cp, T lam, T am1, T q, T *pw, 
     *Sp = S;
 }
 
+/* What the solvers need of α and k, found once per call rather than per row
+ * and round (entmax α: pows and a cbrt):
+ *   lam0  the family's lower bound of λ − max, where the top entry alone
+ *         gives g = k: −k, −2√k, −k^{1/q}/(α−1);
+ *   kq    k^{1/q} = k^{α−1} (entmax α);
+ *   dmax1 the longest last step, over kq, whose second-order write (see
+ *         solve_candidates) is exact: its dropped third-order term, |c3| t³
+ *         relative (t = aδ/w, c3 = q(q−1)(q−2)/6), is below an ulp for every
+ *         p ≥ EPS·k, i.e. w ≥ (EPS k)^{1/q}, so aδ ≤ (EPS k)^{1/q} (EPS/|c3|)^{1/3};
+ *         smaller p err by at most about their own size times |c3|, far
+ *         below an ulp of k.  c3 = 0 (q = 1, 2): the write is exact at any
+ *         step. */
+typedef struct {
+    T am1, q, kq, lam0;
+    double dmax1;
+} FN(zb_params);
+
+static FN(zb_params) FN(zb_params_of)(int fam, T k, T alpha)
+{
+    FN(zb_params) pa;
+    pa.am1 = alpha - 1;
+    pa.q = 1 / pa.am1;
+    pa.kq = fam == 3 ? POW(k, pa.am1) : 0;
+    pa.lam0 = fam == 1 ? -k : fam == 2 ? -2 * SQRT(k) : -pa.kq / pa.am1;
+    double q = pa.q, c3 = fabs(q * (q - 1) * (q - 2) / 6);
+    pa.dmax1 = fam == 3 && c3 > 0 ? pow((double)EPS, (double)pa.am1) * cbrt((double)EPS / c3) / (double)pa.am1
+                                  : INFINITY;
+    return pa;
+}
+
 /* Relative step at which entmax α's Newton on the block maxima stops (see
  * solve_zero_below): its bound then sits within a few hundredths of the
  * subset's λ, which admits few extra candidates, each cheaper than a round. */
@@ -96,16 +126,27 @@ static void FN(entmax_sums)(const T *val, int64_t cp, T lam, T am1, T q, T *pw, 
  * On return (val, idx)[0..*nval) holds every candidate with v > λ (and
  * possibly a few at or below λ, where f = 0).  Returns λ.
  */
-static T FN(solve_candidates)(int fam, T lam, T k, T alpha, T rtol, T *val, int64_t *idx, T *pw, int64_t c,
-                              int64_t *nval, int *have_p, int64_t *iters)
+static T FN(solve_candidates)(int fam, T lam, T k, const FN(zb_params) *pa, T rtol, T *val, int64_t *idx, T *pw,
+                              int64_t c, int64_t *nval, int *have_p, int64_t *iters)
 {
     *have_p = 0;
-    T am1 = alpha - 1, q = 1 / am1;
+    T am1 = pa->am1, q = pa->q, kq = pa->kq;
     volatile T one_v = 1; /* opaque: see entmax_sums */
     T one = one_v;
-    T kq = fam == 3 ? POW(k, am1) : 0; /* k^{1/q} */
     double prev = 0; /* entmax α: the previous round's step */
     int64_t it = 0;
+    int64_t cp = c;
+    if (fam == 3) {
+        /* Whole vectors only: a scalar call in the loop's remainder costs
+         * as much as a vector one, so pad with −inf (w < 0, masked).
+         * val/idx have PAD spare slots.  No compaction, so c and the
+         * padding stay as they are for every round: the sums mask entries
+         * at or below λ, and a compaction (a store per entry whose address
+         * depends on the previous compare) cost more than the few entries
+         * it drops save in later rounds. */
+        cp = (c + PAD - 1) / PAD * PAD;
+        for (int64_t j = c; j < cp; j++) val[j] = -INFINITY;
+    }
     for (; it < 2 * c + 100; it++) {
         if (fam == 1) {
             T s = 0;
@@ -144,14 +185,6 @@ static T FN(solve_candidates)(int fam, T lam, T k, T alpha, T rtol, T *val, int6
             lam = next;
         } else {
             T G = 0, S = 0; /* Σw^q, Σw^{q−1}, w = (α−1)(v − λ) > 0 */
-            /* Whole vectors only: a scalar call in the loop's remainder costs
-             * as much as a vector one, so pad with −inf (w < 0, masked).
-             * val/idx have PAD spare slots.  No compaction: the sums mask
-             * entries at or below λ, and a compaction (a store per entry
-             * whose address depends on the previous compare) cost more than
-             * the few entries it drops save in later rounds. */
-            int64_t cp = (c + PAD - 1) / PAD * PAD;
-            for (int64_t j = c; j < cp; j++) val[j] = -INFINITY;
             FN(entmax_sums)(val, cp, lam, am1, q, pw, &G, &S);
             if (!(G > k)) { /* pw holds p at this λ */
                 *have_p = 1;
@@ -172,14 +205,9 @@ static T FN(solve_candidates)(int fam, T lam, T k, T alpha, T rtol, T *val, int6
              * write below stays exact at this step (dmax). */
             int last = step <= tol;
             if (!last && prev > 0 && 16 * (double)step * step * step <= tol * prev * prev) {
-                /* The write's dropped third-order term, |c3| t³ relative
-                 * (t = aδ/w), is below an ulp for every p ≥ EPS·k, i.e.
-                 * w ≥ (EPS k)^{1/q}; smaller p err by at most about their
-                 * own size times |c3|, far below an ulp of k.  c3 = 0
-                 * (q = 1, 2): the write is exact. */
-                double c3 = fabs((double)q * (q - 1) * (q - 2) / 6);
-                double dmax = c3 > 0 ? pow((double)EPS * k, (double)am1) * cbrt((double)EPS / c3) / am1 : INFINITY;
-                last = step <= dmax;
+                /* the write's dropped third-order term is below an ulp
+                 * (zb_params) */
+                last = step <= (double)kq * pa->dmax1;
             }
             prev = step;
             if (last) {
@@ -244,12 +272,12 @@ static T FN(row_scan_blocks)(const T *z, int64_t n, T *bm, int64_t *count, int *
  * val has 2 (n + PAD) slots, idx n + PAD.  For entmax α, *have_p = 1 says
  * that val[n + PAD + j] already holds candidate j's p (the solver's last
  * round computes it; write_zero_below then takes it). */
-static T FN(solve_zero_below)(int fam, const T *z, const T *bm, T m, int64_t n, T k, T alpha,
+static T FN(solve_zero_below)(int fam, const T *z, const T *bm, T m, int64_t n, T k, const FN(zb_params) *pa,
                               T *val, int64_t *idx, int64_t *nval, int *have_p, int64_t *iters)
 {
-    T am1 = alpha - 1, *pw = val + n + PAD;
+    T *pw = val + n + PAD;
     int dummy;
-    T lam = fam == 1 ? -k : fam == 2 ? -2 * SQRT(k) : -POW(k, am1) / am1;
+    T lam = pa->lam0;
     int64_t nb = (n + BLK - 1) / BLK, c = 0, c2;
     if (nb > 1) {
         for (int64_t b = 0; b < nb; b++) {
@@ -262,7 +290,7 @@ static T FN(solve_zero_below)(int fam, const T *z, const T *bm, T m, int64_t n, 
          * iterate from the left is a lower bound, and the last digits of the
          * subset's λ barely change which entries pass it, while each round
          * costs an exp and a log per block */
-        T sub = FN(solve_candidates)(fam, lam, k, alpha, (T)STAGE0_RTOL, val, idx, pw, c, &c2, &dummy, iters);
+        T sub = FN(solve_candidates)(fam, lam, k, pa, (T)STAGE0_RTOL, val, idx, pw, c, &c2, &dummy, iters);
         /* keep a few ulps below the subset's λ: it is exact only up to rounding */
         sub -= 16 * EPS * (1 + fabs((double)sub));
         lam = sub > lam ? sub : lam;
@@ -300,7 +328,7 @@ static T FN(solve_zero_below)(int fam, const T *z, const T *bm, T m, int64_t n, 
             c += v > lam;
         }
     }
-    return FN(solve_candidates)(fam, lam, k, alpha, 4 * EPS, val, idx, pw, c, nval, have_p, iters);
+    return FN(solve_candidates)(fam, lam, k, pa, 4 * EPS, val, idx, pw, c, nval, have_p, iters);
 }
 
 /* entmax with α near 1 (q = 1/(α−1) > 8): λ ≈ −q is known only to eps·q, and
