@@ -183,7 +183,7 @@ void softk_fastmath_f32(int which, const float *x, float *y, int64_t n, double q
 #define POW powf
 #define SQRT sqrtf
 #define EPS FLT_EPSILON
-#define POWQ(w, q) fast_powf(w, q)
+#define POWQ(w, q) fast_powf((w), (q))
 #define WPOS(w, one) fast_wposf(w)
 #if defined(__AVX2__)
 #define GATHER_AVX2 1 /* float rows gather with gather_block_avx2 */
@@ -210,7 +210,7 @@ void softk_fastmath_f32(int which, const float *x, float *y, int64_t n, double q
 #define POW pow
 #define SQRT sqrt
 #define EPS DBL_EPSILON
-#define POWQ(w, q) exp(q * log(w))
+#define POWQ(w, q) exp((q) * log(w))
 #define WPOS(w, one) ((w) > 0 ? (w) : (one))
 #undef GATHER_AVX2
 #define GATHER_AVX2 0

@@ -73,18 +73,45 @@ static void FN(entmax_sums)(const T *val, int64_t cp, T lam, T am1, T q, T *pw, 
     *Sp = S;
 }
 
+/* entmax_sums with R = Σ w^{q−2} too, for Halley's step (q ≥ 2, so w^{q−2}
+ * stays bounded at the support's edge): w^{q−2} as POWQ, then w^{q−1} and
+ * w^q by multiplying by w (no division), each a rounding more. */
+static void FN(entmax_sums3)(const T *val, int64_t cp, T lam, T am1, T q, T *pw, T *Gp, T *Sp, T *Rp)
+{
+    volatile T one_v = 1; /* opaque: see entmax_sums */
+    T one = one_v;
+    T G = 0, S = 0, R = 0;
+#pragma omp simd reduction(+ : G, S, R)
+    for (int64_t j = 0; j < cp; j++) {
+        T w = am1 * (val[j] - lam);
+        T on = w > 0;
+        T w1 = WPOS(w, one);
+        T w2 = POWQ(w1, q - 2) * on;
+        T w3 = w2 * w1, wq = w3 * w1;
+        pw[j] = wq;
+        G += wq;
+        S += w3;
+        R += w2;
+    }
+    *Gp = G;
+    *Sp = S;
+    *Rp = R;
+}
+
 /* What the solvers need of α and k, found once per call rather than per row
  * and round (entmax α: pows and a cbrt):
  *   lam0  the family's lower bound of λ − max, where the top entry alone
  *         gives g = k: −k, −2√k, −k^{1/q}/(α−1);
  *   kq    k^{1/q} = k^{α−1} (entmax α);
- *   dmax1 the longest last step, over kq, whose second-order write (see
- *         solve_candidates) is exact: its dropped third-order term, |c3| t³
- *         relative (t = aδ/w, c3 = q(q−1)(q−2)/6), is below an ulp for every
- *         p ≥ EPS·k, i.e. w ≥ (EPS k)^{1/q}, so aδ ≤ (EPS k)^{1/q} (EPS/|c3|)^{1/3};
- *         smaller p err by at most about their own size times |c3|, far
- *         below an ulp of k.  c3 = 0 (q = 1, 2): the write is exact at any
- *         step. */
+ *   dmax1 the longest last step, over kq, whose third-order write (see
+ *         solve_candidates) is exact: (1 − t)^q less its cubic Taylor
+ *         polynomial is c4 (1 − ξ)^{q−4} t⁴ for some ξ in (0, t) (Lagrange),
+ *         c4 = q(q−1)(q−2)(q−3)/24, at most 8 |c4| t⁴ for t ≤ ½ (q ≥ 1).
+ *         That is below an ulp, for every p ≥ EPS·k (w ≥ (EPS k)^{1/q},
+ *         t = aδ/w), when aδ ≤ (EPS k)^{1/q} min(½, (EPS/(8|c4|))^{1/4});
+ *         smaller p err by at most about their own size times 8 |c4|, far
+ *         below an ulp of k.  c4 = 0 (q = 1, 2, 3): the cubic is (1 − t)^q
+ *         and t ≤ ½ is the only limit. */
 typedef struct {
     T am1, q, kq, lam0;
     double dmax1;
@@ -97,9 +124,9 @@ static FN(zb_params) FN(zb_params_of)(int fam, T k, T alpha)
     pa.q = 1 / pa.am1;
     pa.kq = fam == 3 ? POW(k, pa.am1) : 0;
     pa.lam0 = fam == 1 ? -k : fam == 2 ? -2 * SQRT(k) : -pa.kq / pa.am1;
-    double q = pa.q, c3 = fabs(q * (q - 1) * (q - 2) / 6);
-    pa.dmax1 = fam == 3 && c3 > 0 ? pow((double)EPS, (double)pa.am1) * cbrt((double)EPS / c3) / (double)pa.am1
-                                  : INFINITY;
+    double q = pa.q, c4 = fabs(q * (q - 1) * (q - 2) * (q - 3) / 24), tmax = 0.5;
+    if (c4 > 0 && pow((double)EPS / (8 * c4), 0.25) < tmax) tmax = pow((double)EPS / (8 * c4), 0.25);
+    pa.dmax1 = fam == 3 ? pow((double)EPS, (double)pa.am1) * tmax / (double)pa.am1 : INFINITY;
     return pa;
 }
 
@@ -113,128 +140,187 @@ static FN(zb_params) FN(zb_params_of)(int fam, T k, T alpha)
  * g(λ) = Σ f(v − λ) is convex and decreasing, so Newton started at a lower
  * bound (g ≥ k there) climbs to λ without overshooting, and entries at or
  * below the current λ can be dropped for good: each round touches only the
- * surviving candidates (val, idx)[0..c), all > lam on entry (entmax α
- * skips compacting after small steps: its sums mask entries at or below λ).
- *   sparsemax: the Newton step is the closed form on the current support
- *              (Michelot); exact as soon as the support stops shrinking.
- *   entmax15:  the closed form (a quadratic) on the current support is tried
- *              first and accepted when no candidate falls below it (exact);
- *              otherwise a Newton step.
- *   entmax α:  Newton on h = g^{1/q} − k^{1/q}, q = 1/(α−1) ≥ 1 (convex, nearly
- *              linear), until the step is below rtol·(1 + |λ|) (a few ulps
- *              for λ itself; looser for a lower bound, see solve_zero_below).
- * On return (val, idx)[0..*nval) holds every candidate with v > λ (and
- * possibly a few at or below λ, where f = 0).  Returns λ.
+ * surviving candidates (val, idx)[0..c), all > lam on entry.  One solver a
+ * family; solve_candidates sends a row to its own.  Each returns λ, leaves
+ * in (val, idx)[0..*c) every candidate with v > λ (and possibly a few at or
+ * below λ, where f = 0) and adds its rounds to *it.
  */
-static T FN(solve_candidates)(int fam, T lam, T k, const FN(zb_params) *pa, T rtol, T *val, int64_t *idx, T *pw,
-                              int64_t c, int64_t *nval, int *have_p, int64_t *iters)
+
+/* sparsemax: the Newton step is the closed form on the current support
+ * (Michelot); exact as soon as the support stops shrinking. */
+static T FN(solve_sparsemax)(T lam, T k, T *val, int64_t *idx, int64_t *cp, int64_t *itp)
+{
+    int64_t c = *cp, it = 0;
+    for (; it < 2 * c + 100; it++) {
+        T s = 0;
+#pragma omp simd reduction(+ : s)
+        for (int64_t j = 0; j < c; j++) s += val[j];
+        T next = (s - k) / (T)c;
+        int64_t c2 = FN(compact)(val, idx, c, next);
+        if (c2 == 0) break; /* rounding guard: keep the last λ */
+        lam = next;
+        if (c2 == c) break;
+        c = c2;
+    }
+    *cp = c;
+    *itp += it + 1;
+    return lam;
+}
+
+/* entmax15: the closed form (a quadratic) on the current support is tried
+ * first and accepted when no candidate falls below it (exact); otherwise a
+ * Newton step. */
+static T FN(solve_entmax15)(T lam, T k, T *val, int64_t *idx, int64_t *cp, int64_t *itp)
+{
+    int64_t c = *cp, it = 0;
+    for (; it < 2 * c + 100; it++) {
+        T D = 0, G = 0; /* Σw, Σw², w = v − λ > 0 on the candidates */
+#pragma omp simd reduction(+ : D, G)
+        for (int64_t j = 0; j < c; j++) {
+            T w = val[j] - lam;
+            D += w;
+            G += w * w;
+        }
+        T r = G - 4 * k; /* 4 (g(λ) − k) ≥ 0 */
+        if (!(r > 0)) break;
+        T disc = D * D - (T)c * r;
+        if (disc >= 0) {
+            T dc = r / (D + SQRT(disc)); /* smaller root of Σ(w − δ)² = 4k */
+            int64_t above = 0;
+#pragma omp simd reduction(+ : above)
+            for (int64_t j = 0; j < c; j++) above += val[j] - lam > dc;
+            if (above == c) {
+                lam += dc;
+                break;
+            }
+        }
+        T next = lam + r / (2 * D);
+        if (!(next > lam)) break;
+        c = FN(compact)(val, idx, c, next);
+        lam = next;
+    }
+    *cp = c;
+    *itp += it + 1;
+    return lam;
+}
+
+/* entmax α: on h = g^{1/q} − k^{1/q}, q = 1/(α−1) ≥ 1 (convex, nearly
+ * linear), Newton's step, or Halley's where asked and q ≥ 2, until the step
+ * is below rtol·(1 + |λ|) (a few ulps for λ itself; looser for a lower
+ * bound, see solve_zero_below) or predicted to leave λ there.  No
+ * compaction (the sums mask entries at or below λ): a compaction, a store
+ * per entry whose address depends on the previous compare, cost more than
+ * the few entries it drops save in later rounds.  *have_p = 1 says pw[j]
+ * holds candidate j's p at the λ returned. */
+static T FN(solve_entmax_alpha)(T lam, T k, const FN(zb_params) *pa, T rtol, int halley, T *val, T *pw, int64_t c,
+                                int *have_p, int64_t *itp)
 {
     *have_p = 0;
     T am1 = pa->am1, q = pa->q, kq = pa->kq;
     volatile T one_v = 1; /* opaque: see entmax_sums */
     T one = one_v;
-    double prev = 0; /* entmax α: the previous round's step */
-    int64_t it = 0;
-    int64_t cp = c;
-    if (fam == 3) {
-        /* Whole vectors only: a scalar call in the loop's remainder costs
-         * as much as a vector one, so pad with −inf (w < 0, masked).
-         * val/idx have PAD spare slots.  No compaction, so c and the
-         * padding stay as they are for every round: the sums mask entries
-         * at or below λ, and a compaction (a store per entry whose address
-         * depends on the previous compare) cost more than the few entries
-         * it drops save in later rounds. */
-        cp = (c + PAD - 1) / PAD * PAD;
-        for (int64_t j = c; j < cp; j++) val[j] = -INFINITY;
-    }
+    double prev = 0; /* the previous round's step */
+    T lo = lam;      /* the last λ known to lie at or below the root */
+    halley = halley && q >= 2;
+    /* Whole vectors only: a scalar call in the loop's remainder costs as much
+     * as a vector one, so pad with −inf (w < 0, masked); val has PAD spare
+     * slots. */
+    int64_t cp = (c + PAD - 1) / PAD * PAD, it = 0;
+    for (int64_t j = c; j < cp; j++) val[j] = -INFINITY;
     for (; it < 2 * c + 100; it++) {
-        if (fam == 1) {
-            T s = 0;
-#pragma omp simd reduction(+ : s)
-            for (int64_t j = 0; j < c; j++) s += val[j];
-            T next = (s - k) / (T)c;
-            int64_t c2 = FN(compact)(val, idx, c, next);
-            if (c2 == 0) break; /* rounding guard: keep the last λ */
-            lam = next;
-            if (c2 == c) break;
-            c = c2;
-        } else if (fam == 2) {
-            T D = 0, G = 0; /* Σw, Σw², w = v − λ > 0 on the candidates */
-#pragma omp simd reduction(+ : D, G)
-            for (int64_t j = 0; j < c; j++) {
-                T w = val[j] - lam;
-                D += w;
-                G += w * w;
-            }
-            T r = G - 4 * k; /* 4 (g(λ) − k) ≥ 0 */
-            if (!(r > 0)) break;
-            T disc = D * D - (T)c * r;
-            if (disc >= 0) {
-                T dc = r / (D + SQRT(disc)); /* smaller root of Σ(w − δ)² = 4k */
-                int64_t above = 0;
-#pragma omp simd reduction(+ : above)
-                for (int64_t j = 0; j < c; j++) above += val[j] - lam > dc;
-                if (above == c) {
-                    lam += dc;
-                    break;
-                }
-            }
-            T next = lam + r / (2 * D);
-            if (!(next > lam)) break;
-            c = FN(compact)(val, idx, c, next);
-            lam = next;
-        } else {
-            T G = 0, S = 0; /* Σw^q, Σw^{q−1}, w = (α−1)(v − λ) > 0 */
+        /* G = Σw^q, S = Σw^{q−1} = −dG/dλ (a·q = 1), R = Σw^{q−2}
+         * (Halley only), w = (α−1)(v − λ) > 0 */
+        T G = 0, S = 0, R = 0;
+        if (halley)
+            FN(entmax_sums3)(val, cp, lam, am1, q, pw, &G, &S, &R);
+        else
             FN(entmax_sums)(val, cp, lam, am1, q, pw, &G, &S);
-            if (!(G > k)) { /* pw holds p at this λ */
+        double tol = rtol * (1 + fabs((double)lam));
+        T Gq = POW(G, am1); /* G^{1/q}; G^{1−1/q} = G / G^{1/q}: one scalar pow a round */
+        T step = q * (Gq - kq) * (G / Gq) / S; /* Newton's */
+        if (!(G > k)) {
+            /* At the root, or past it.  Newton's iterates stay at or
+             * below it (h is convex), so there G ≤ k is rounding and pw
+             * holds p.  A Halley step may overshoot: within tol that is
+             * rounding too; further, Newton from the right lands left
+             * of the root (convexity again), or at the last lower bound
+             * where its step is not finite, and Newton alone goes on. */
+            if (!halley || (G > 0 && S > 0 && 16 * (double)step >= -tol)) {
                 *have_p = 1;
                 break;
             }
-            T Gq = POW(G, am1); /* G^{1/q}; G^{1−1/q} = G / G^{1/q}: one scalar pow a round */
-            T step = q * (Gq - kq) * (G / Gq) / S;
-            T next = lam + step;
-            if (!(next > lam)) {
-                *have_p = 1;
-                break;
+            T back = lam + step;
+            lam = back >= lo ? back : lo;
+            halley = 0;
+            prev = 0;
+            continue;
+        }
+        lo = lam;
+        int order = 2;
+        if (halley) {
+            /* Halley: step / (1 + step h''/(2h')), h''/h' = (1 − a)(S/G − R/S) ≤ 0
+             * (Cauchy–Schwarz); far from the root, where that would more
+             * than double Newton's step, Newton's */
+            T den = 1 + step * (1 - am1) * (S / G - R / S) / 2;
+            if (den > (T)0.5) {
+                step /= den;
+                order = 3;
             }
-            double tol = rtol * (1 + fabs((double)lam));
-            /* Newton's error after this step is about C step², and C about
-             * step / prev² (the last two steps): where 16 times that
-             * prediction is below tol, next is already λ to rounding, so
-             * the round that would confirm it is skipped, provided the
-             * write below stays exact at this step (dmax). */
-            int last = step <= tol;
-            if (!last && prev > 0 && 16 * (double)step * step * step <= tol * prev * prev) {
-                /* the write's dropped third-order term is below an ulp
-                 * (zb_params) */
-                last = step <= (double)kq * pa->dmax1;
-            }
-            prev = step;
-            if (last) {
-                /* The last round: p at next = lam + step from this round's
-                 * w^q to second order, (w − aδ)^q ≈ w^q (1 − q t + c2 t²)
-                 * with t = aδ/w, c2 = q(q − 1)/2, so the final write needs
-                 * no pow.  Where t ≥ 1 (v ≤ next) p is 0; where t is near 1
-                 * p is that small too (clamped at 0).  Entries at or below
-                 * next stay among the candidates, with p = 0. */
-                T ad = am1 * step, c2 = q * (q - 1) / 2, zero = 0;
+        }
+        T next = lam + step;
+        if (!(next > lam)) {
+            *have_p = 1;
+            break;
+        }
+        /* The error after this step is about C step^order, and C about
+         * step / prev^order (the last two steps): where 16 times that
+         * prediction is below tol, next is already λ to rounding, so
+         * the round that would confirm it is skipped, provided the
+         * write below stays exact at this step (zb_params). */
+        double sd = step, pred = order == 3 ? sd * sd * sd * sd : sd * sd * sd;
+        double prevo = order == 3 ? prev * prev * prev : prev * prev;
+        int last = step <= tol || (prev > 0 && 16 * pred <= tol * prevo && step <= (double)kq * pa->dmax1);
+        prev = step;
+        if (last) {
+            /* The last round: p at next = lam + step from this round's
+             * w^q to third order, (w − aδ)^q ≈ w^q (1 − q t + c2 t² − c3 t³)
+             * with t = aδ/w, c2 = q(q − 1)/2, c3 = c2 (q − 2)/3, so the
+             * final write needs no pow.  Where t ≥ 1 (v ≤ next) p is 0;
+             * where t is near 1 p is that small too (clamped at 0).
+             * Entries at or below next stay among the candidates, with
+             * p = 0. */
+            T ad = am1 * step, c2 = q * (q - 1) / 2, c3 = c2 * (q - 2) / 3, zero = 0;
 #pragma omp simd
-                for (int64_t j = 0; j < cp; j++) {
-                    T v = val[j], w = am1 * (v - lam);
-                    T t = ad / WPOS(w, one);
-                    T pj = pw[j] * (1 + t * (c2 * t - q));
-                    pj = pj > 0 ? pj : zero;
-                    pw[j] = v > next ? pj : zero;
-                }
-                lam = next;
-                *have_p = 1;
-                break;
+            for (int64_t j = 0; j < cp; j++) {
+                T v = val[j], w = am1 * (v - lam);
+                T t = ad / WPOS(w, one);
+                T pj = pw[j] * (1 + t * (t * (c2 - c3 * t) - q));
+                pj = pj > 0 ? pj : zero;
+                pw[j] = v > next ? pj : zero;
             }
             lam = next;
+            *have_p = 1;
+            break;
         }
+        lam = next;
     }
+    *itp += it + 1;
+    return lam;
+}
+
+static T FN(solve_candidates)(int fam, T lam, T k, const FN(zb_params) *pa, T rtol, int halley, T *val,
+                              int64_t *idx, T *pw, int64_t c, int64_t *nval, int *have_p, int64_t *iters)
+{
+    int64_t it = 0;
+    *have_p = 0;
     *nval = c;
-    if (iters) *iters += it + 1;
+    if (fam == 1)
+        lam = FN(solve_sparsemax)(lam, k, val, idx, nval, &it);
+    else if (fam == 2)
+        lam = FN(solve_entmax15)(lam, k, val, idx, nval, &it);
+    else
+        lam = FN(solve_entmax_alpha)(lam, k, pa, rtol, halley, val, pw, c, have_p, &it);
+    if (iters) *iters += it;
     return lam;
 }
 
@@ -290,7 +376,7 @@ static T FN(solve_zero_below)(int fam, const T *z, const T *bm, T m, int64_t n, 
          * iterate from the left is a lower bound, and the last digits of the
          * subset's λ barely change which entries pass it, while each round
          * costs an exp and a log per block */
-        T sub = FN(solve_candidates)(fam, lam, k, pa, (T)STAGE0_RTOL, val, idx, pw, c, &c2, &dummy, iters);
+        T sub = FN(solve_candidates)(fam, lam, k, pa, (T)STAGE0_RTOL, 0, val, idx, pw, c, &c2, &dummy, iters);
         /* keep a few ulps below the subset's λ: it is exact only up to rounding */
         sub -= 16 * EPS * (1 + fabs((double)sub));
         lam = sub > lam ? sub : lam;
@@ -328,7 +414,7 @@ static T FN(solve_zero_below)(int fam, const T *z, const T *bm, T m, int64_t n, 
             c += v > lam;
         }
     }
-    return FN(solve_candidates)(fam, lam, k, pa, 4 * EPS, val, idx, pw, c, nval, have_p, iters);
+    return FN(solve_candidates)(fam, lam, k, pa, 4 * EPS, 1, val, idx, pw, c, nval, have_p, iters);
 }
 
 /* entmax with α near 1 (q = 1/(α−1) > 8): λ ≈ −q is known only to eps·q, and
