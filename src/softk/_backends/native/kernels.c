@@ -85,6 +85,33 @@ static inline int64_t gather_block_avx2(const float *z, int64_t i0, float m, flo
     }
     return c;
 }
+#if defined(__AVX512F__)
+/* The same for AVX-512: 16 entries at a time, the set lanes packed by the
+ * compress instructions (into a register, then one unaligned store: a
+ * compressing store to memory is slow on some cores), the indices as two
+ * halves of 8.  Stores reach 15 slots past the last candidate: val and idx
+ * have PAD = 16 spare slots. */
+static inline int64_t gather_block_avx512(const float *z, int64_t i0, float m, float lam, float *val,
+                                          int64_t *idx, int64_t c)
+{
+    __m512 vm = _mm512_set1_ps(m), vl = _mm512_set1_ps(lam);
+    const __m512i lanes = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);
+    for (int g = 0; g < 32; g += 16) {
+        __m512 v = _mm512_sub_ps(_mm512_loadu_ps(z + g), vm);
+        __mmask16 mask = _mm512_cmp_ps_mask(v, vl, _CMP_GT_OQ);
+        _mm512_storeu_ps(val + c, _mm512_maskz_compress_ps(mask, v));
+        __m512i at = _mm512_add_epi64(lanes, _mm512_set1_epi64(i0 + g));
+        __mmask8 lo = (__mmask8)mask, hi = (__mmask8)(mask >> 8);
+        int nlo = __builtin_popcount((unsigned)lo);
+        _mm512_storeu_si512((void *)(idx + c), _mm512_maskz_compress_epi64(lo, at));
+        _mm512_storeu_si512((void *)(idx + c + nlo),
+                            _mm512_maskz_compress_epi64(hi, _mm512_add_epi64(at, _mm512_set1_epi64(8))));
+        c += __builtin_popcount((unsigned)mask);
+    }
+    return c;
+}
+#define gather_block_avx2 gather_block_avx512
+#endif
 #endif
 
 /* w^q for float w > 0 as 2^{q log2 w}, inline and branch-free so that GCC
