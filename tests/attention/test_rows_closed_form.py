@@ -1,13 +1,15 @@
 """The whole-row attention's backward for α-entmax away from α = 1 forms p
 elementwise from the forward's row maximum and shifted threshold
-(softk._backends.blockwise.rows.closed_form) instead of mapping the rows
-again: gradients (dα too) against the NumPy float64 oracle, and in float32
-against the backward that maps the rows again."""
+(softk._backends.blockwise.rows.closed_form) where the rows have no native
+kernel, instead of mapping the rows again: gradients (dα too) against the
+NumPy float64 oracle, and in float32 against the backward that maps the rows
+again.  Where the native kernel serves, the rows are mapped again."""
 
 import numpy as np
 import pytest
 import torch
 
+from softk._backends import registry
 from softk._backends.blockwise import rows
 from softk.threshold.attention_maps import ENTMAX_ID, SPARSEMAX_ID
 
@@ -27,6 +29,21 @@ def test_which_calls_take_the_closed_form():
     assert not rows.closed_form(SPARSEMAX_ID, t([1.3]))
 
 
+def test_the_native_kernel_maps_the_rows_again(monkeypatch):
+    """The closed form is taken only where the rows' native kernel does not serve."""
+    a, f32 = torch.tensor([1.3, 1.5]), torch.empty(0)
+    if registry.native_available():
+        assert not rows.reads_threshold(ENTMAX_ID, a, f32)
+        assert not rows.reads_threshold(ENTMAX_ID, a, f32.double())
+    monkeypatch.setattr(registry, "native_available", lambda: False)
+    assert rows.reads_threshold(ENTMAX_ID, a, f32)
+    assert not rows.reads_threshold(ENTMAX_ID, torch.tensor([1.05]), f32)
+
+
+def _force_closed_form(monkeypatch):
+    monkeypatch.setattr(rows, "reads_threshold", lambda fam, a, scores: rows.closed_form(fam, a))
+
+
 def _leaves(B=1, H=4, Hkv=2, L=13, S=21, E=6, Ev=3, seed=0, dtype=F64, spread=1.0):
     g = torch.Generator().manual_seed(seed)
     return [(torch.randn(*shape, generator=g, dtype=dtype) * spread).requires_grad_()
@@ -35,6 +52,7 @@ def _leaves(B=1, H=4, Hkv=2, L=13, S=21, E=6, Ev=3, seed=0, dtype=F64, spread=1.
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_closed_form_grads_match_the_oracle(monkeypatch, causal):
+    _force_closed_form(monkeypatch)
     taken = []
     real = rows._entmax_probs
     monkeypatch.setattr(rows, "_entmax_probs", lambda *a: taken.append(1) or real(*a))
@@ -66,8 +84,9 @@ def test_closed_form_float32_grads_match_mapping_the_rows_again(monkeypatch, alp
         out = run("blockwise", q, k, v, is_causal=True, enable_gqa=True, map="entmax", alpha=alpha)
         return torch.autograd.grad(out, [q, k, v], dout)
 
+    _force_closed_form(monkeypatch)
     closed = grads()
-    monkeypatch.setattr(rows, "closed_form", lambda fam, a: False)
+    monkeypatch.setattr(rows, "reads_threshold", lambda fam, a, scores: False)
     mapped = grads()
     want = ora.grads(*(t.detach().double().numpy() for t in (q, k, v, dout)), None, True, None, "entmax",
                      np.full(4, alpha))

@@ -24,11 +24,11 @@ in float32 or float64 takes torch's fused kernel before this path
 (:mod:`.fused`).  Memory is O(CHUNK) (one
 query's rows, at most ROW_SCORES, where they are longer) beyond the inputs
 and outputs (CHUNK_MAX where a chunk of CHUNK scores would hold few queries);
-the saved statistics are, for α-entmax away from α = 1, the row maximum m and
-the shifted threshold t (:func:`closed_form`: the backward forms p from them,
-elementwise, instead of solving for it again), and otherwise m = lam = 0,
-which this path does not read (a pass over the scores for them would be
-wasted).
+the saved statistics are, for α-entmax away from α = 1 where the rows have
+no native kernel, the row maximum m and the shifted threshold t
+(:func:`reads_threshold`: the backward forms p from them, elementwise,
+instead of solving for it again), and otherwise m = lam = 0, which this
+path does not read (a pass over the scores for them would be wasted).
 """
 
 from __future__ import annotations
@@ -145,11 +145,11 @@ def _vjp(fams, p: Tensor, dp: Tensor) -> Tensor:
 def attention_forward(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: bool, mask, fam: int, alpha,
                       softcap: float = 0.0):
     """(out (B, H, L, Ev) in q's dtype, m (B, H, L), lam (B, H, L)) in the compute dtype: the row
-    maximum and the shifted threshold where :func:`closed_form` holds, else 0 and 0."""
+    maximum and the shifted threshold where :func:`reads_threshold` holds, else 0 and 0."""
     ct = compute_dtype(q.dtype)
     kc, vc = k.to(ct).contiguous(), v.to(ct).contiguous()  # the live keys' rows are gathered from flat views
     outs, ms, ts = [], [], []
-    closed = closed_form(fam, alpha)
+    closed = reads_threshold(fam, alpha, q.new_empty(0, dtype=ct))
     work = _workspace(q, k.shape[2], ct)
     for i0, i1 in _chunks(q, k.shape[2]):
         blk = Blocks(q[:, :, i0:i1], kc, vc, None if mask is None else mask[:, :, i0:i1], scale, causal, i0, softcap)
@@ -179,6 +179,20 @@ def closed_form(fam: int, alpha) -> bool:
         return False
     am1 = alpha.detach().to(torch.float64) - 1
     return bool(((am1 >= NEAR_ONE) & (am1 <= 1)).all())
+
+
+def reads_threshold(fam: int, alpha, scores: Tensor) -> bool:
+    """Whether the backward forms α-entmax's p from the forward's (m, t)
+    (:func:`closed_form`) rather than mapping the rows again: where the
+    closed form holds and scores of ``scores``' dtype and device have no
+    native row kernel.  Where they have one it maps the rows again in less
+    time than the closed form takes (a log1p and an exp per score, where the
+    kernel raises to a power only the few candidates near the top of a row),
+    gives the forward's p to the bit, and spares the forward the pass that
+    finds (m, t)."""
+    if not closed_form(fam, alpha):
+        return False
+    return native_rows.serves(scores, entmax_family(float(alpha.reshape(-1)[0]))) is not None
 
 
 def _shifted_threshold(s: Tensor, p: Tensor, am1: Tensor):
@@ -229,7 +243,7 @@ def attention_backward(q, k, v, out, dout, m, lam, *, scale: float, causal: bool
     dk, dv = torch.zeros_like(kc), torch.zeros_like(vc)
     dqs, dalpha = [], None
     need_dalpha = need_dalpha and fam == ENTMAX_ID and alpha is not None
-    closed = closed_form(fam, alpha)
+    closed = reads_threshold(fam, alpha, q.new_empty(0, dtype=ct))
     work, work_dp = _workspace(q, k.shape[2], ct), _workspace(q, k.shape[2], ct)
     for i0, i1 in _chunks(q, k.shape[2]):
         blk = Blocks(q[:, :, i0:i1], kc, vc, None if mask is None else mask[:, :, i0:i1], scale, causal, i0, softcap)
