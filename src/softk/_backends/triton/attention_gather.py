@@ -45,8 +45,8 @@ import triton.language as tl
 
 from .attention_tiles import _any, _qk_tile, _shift
 from .lean import _lean_search
+from .prelude import EPS
 
-EPS = tl.constexpr(1.1920928955078125e-07)  # float32 machine epsilon
 LEAN_ALPHA_MIN = tl.constexpr(1.5)  # below, the support is wide: the general search serves it
 LEAN_ALPHA_MAX = tl.constexpr(2.0)
 GROUP_KEYS = tl.constexpr(16)  # the group of the entmax maps' first sweep

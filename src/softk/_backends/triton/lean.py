@@ -42,9 +42,7 @@ import triton.language as tl
 
 from .family_math import _f
 from .ids import ENTMAX, ENTMAX15, SPARSEMAX
-from .prelude import _cols
-
-EPS = tl.constexpr(1.1920928955078125e-07)  # float32 machine epsilon
+from .prelude import EPS, _cols
 
 
 @triton.jit

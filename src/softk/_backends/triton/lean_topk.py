@@ -32,9 +32,8 @@ from .family_math import _f
 from .frame import FAR, _solve
 from .ids import EXP, LAPLACE
 from .passes import _write_p
-from .prelude import _cols
+from .prelude import EPS, _cols
 
-EPS = tl.constexpr(1.1920928955078125e-07)  # float32 machine epsilon
 LOG2 = tl.constexpr(0.6931471805599453)
 
 

@@ -20,6 +20,7 @@ import triton.language as tl
 from .ids import EXP
 
 FLT_MAX = tl.constexpr(3.4028234663852886e38)  # the largest finite float32
+EPS = tl.constexpr(1.1920928955078125e-07)  # float32 machine epsilon
 
 
 @triton.jit

@@ -25,8 +25,7 @@ import triton.language as tl
 
 from .ids import ENTMAX, ENTMAX15, EXP, LAPLACE, SIGMOID, SPARSE, SPARSEMAX
 from .passes import _search_pass
-
-EPS = tl.constexpr(1.1920928955078125e-07)  # float32 machine epsilon
+from .prelude import EPS
 
 
 @triton.jit
