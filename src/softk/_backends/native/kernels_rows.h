@@ -386,8 +386,9 @@ static T FN(solve_zero_below)(int fam, const T *z, const T *bm, T m, int64_t n, 
         if (!(bm[b] - m > lam)) continue;
         int64_t i0 = b * BLK, end = i0 + BLK < n ? i0 + BLK : n;
         if (end - i0 == BLK) {
-            /* A whole block: float rows with AVX2 gather branch-free (see
-             * gather_block_avx2 in kernels.c); otherwise a bit mask of the
+            /* A whole block: float rows with AVX2 or AVX-512 gather
+             * branch-free (see gather_block_avx2 and gather_block_avx512 in
+             * kernels.c); otherwise a bit mask of the
              * candidates (a vectorised compare), then one store per
              * candidate, not per entry: where most blocks hold a few
              * candidates (wide supports), a compaction over every entry
