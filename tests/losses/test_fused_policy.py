@@ -173,13 +173,12 @@ def route(request, monkeypatch):
     from softk._ops import fused_walk
 
     walks = []
+    real = fused_walk.walk
+    monkeypatch.setattr(fused_walk, "walk", lambda *a: walks.append(1) or real(*a))
     if request.param == "walk":
         monkeypatch.setattr(FP, "WALK_DTYPES", (D,))
-        real = fused_walk.walk
-        monkeypatch.setattr(fused_walk, "walk", lambda *a: walks.append(1) or real(*a))
     yield request.param
-    if request.param == "chunks":
-        assert not walks
+    assert bool(walks) == (request.param == "walk"), f"the {request.param} route did not run alone"
 
 
 @pytest.mark.parametrize("setting", list(SETTINGS))
