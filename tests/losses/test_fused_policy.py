@@ -11,6 +11,7 @@ through softk's maps or their backward.
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ import torch
 from softk.losses import fused_linear_logprobs
 from softk._ops.fused_policy import FusedLinearLogprobs
 from softk.losses.fused_policy import _policy_map
+from softk.threshold.entmax_anchor import needs_anchor
 
 from ..oracle import maps as OM
 
@@ -172,18 +174,22 @@ def route(request, monkeypatch):
     import softk._ops.fused_policy as FP
     from softk._ops import fused_walk
 
-    walks = []
-    real = fused_walk.walk
+    walks, decided = [], []
+    real, real_takes = fused_walk.walk, FP.takes_walk
     monkeypatch.setattr(fused_walk, "walk", lambda *a: walks.append(1) or real(*a))
+    monkeypatch.setattr(FP, "takes_walk", lambda *a: decided.append(real_takes(*a)) or decided[-1])
     if request.param == "walk":
         monkeypatch.setattr(FP, "WALK_DTYPES", (D,))
-    yield request.param
-    assert bool(walks) == (request.param == "walk"), f"the {request.param} route did not run alone"
+    yield SimpleNamespace(leg=request.param, walks=walks)
+    # the backward walks exactly where the policy says so, and the chunks leg never
+    assert bool(walks) == any(decided) and (request.param == "walk" or not walks)
 
 
 @pytest.mark.parametrize("setting", list(SETTINGS))
 @pytest.mark.parametrize("name,alpha,a", MAPS, ids=MAP_IDS)
 def test_values_and_gradients(name, alpha, a, setting, route):
+    """Values and gradients against the float64 oracle on both backward routes
+    (the walk serves softmax and 1.125 ≤ α ≤ 2: α = 2.5 takes the chunks)."""
     tau, cap, chunk, bias, ignored = SETTINGS[setting]
     lead = (11,) if setting != "hot-tau" else (2, 5)
     x, w, b, t = _data(lead, 6, 17, bias=bias, ignored=ignored)
@@ -210,6 +216,7 @@ def test_values_and_gradients(name, alpha, a, setting, route):
     _close_grads(got, want, 1e-12)
     # ignored rows get no gradient
     assert (got[0].reshape(-1, 6)[ignored_rows.reshape(-1)] == 0).all()
+    assert bool(route.walks) == (route.leg == "walk" and (a == 1.0 or not needs_anchor(a)))
 
 
 @pytest.mark.parametrize("name,alpha,a", MAPS[:4], ids=MAP_IDS[:4])
