@@ -120,8 +120,8 @@ static inline __attribute__((always_inline)) T FN(fy_pass)(
 /* L of one row (see the top of the file).  tgt: the class index, or −1 with
  * a dense row yr.  gr: the gradient row, or NULL (then prow is scratch for
  * p).  val/idx/bm: the forward's scratch (bm NULL for softmax and exp). */
-static T FN(fy_row)(int fam, const T *zr, int64_t n, T k, T alpha, int64_t tgt, const T *yr, T *gr, T *prow,
-                    T s, T ycap, double tol, T *val, int64_t *idx, T *bm, int *ybad)
+static T FN(fy_row)(int fam, const T *zr, int64_t n, T k, T alpha, const FN(zb_params) *pa, int64_t tgt,
+                    const T *yr, T *gr, T *prow, T s, T ycap, double tol, T *val, int64_t *idx, T *bm, int *ybad)
 {
     T *pr = gr ? gr : prow;
     int64_t count, iters = 0, c = 0;
@@ -147,8 +147,8 @@ static T FN(fy_row)(int fam, const T *zr, int64_t n, T k, T alpha, int64_t tgt, 
         }
     } else {
         int have_p;
-        FN(zb_params) pa = FN(zb_params_of)(fam, k, alpha); /* k may differ by row */
-        lam = FN(solve_zero_below)(fam, zr, bm, m, n, k, &pa, val, idx, &c, &have_p, &iters);
+        FN(zb_params) pk = FN(zb_params_with_k)(*pa, fam, k); /* k may differ by row */
+        lam = FN(solve_zero_below)(fam, zr, bm, m, n, k, &pk, val, idx, &c, &have_p, &iters);
         FN(write_zero_below)(fam, pr, n, lam, alpha, val, idx, c, have_p ? val + n + PAD : NULL); /* val[j] = p of candidate j */
         for (int64_t j = 0; j < c; j++) acc += FN(F)(fam, (zr[idx[j]] - m) - lam, val[j], alpha);
         sparse = yr == NULL;
@@ -196,6 +196,7 @@ static int FN(fy_rows)(int fam, const T *z, const int64_t *tidx, const T *ty, co
         fail = !val || !idx || !bm;
     }
     if (!grad) fail |= !(prow = (T *)malloc((size_t)n * sizeof(T)));
+    FN(zb_params) pa = FN(zb_params_of)(fam, k, alpha);
     for (int64_t r = lo; r < hi && !fail; r++) {
         T *gr = grad ? grad + r * n : NULL;
         int64_t tgt = tidx ? tidx[r] : -1;
@@ -203,8 +204,8 @@ static int FN(fy_rows)(int fam, const T *z, const int64_t *tidx, const T *ty, co
         if (tidx && tgt == ignore_index) {
             if (gr) memset(gr, 0, (size_t)n * sizeof(T));
         } else {
-            l = FN(fy_row)(fam, z + r * n, n, krow ? krow[r] : k, alpha, tgt, ty ? ty + r * n : NULL, gr, prow, s,
-                           ycap, tol, val, idx, bm, ybad);
+            l = FN(fy_row)(fam, z + r * n, n, krow ? krow[r] : k, alpha, &pa, tgt, ty ? ty + r * n : NULL, gr, prow,
+                           s, ycap, tol, val, idx, bm, ybad);
         }
         if (loss) loss[r] = l;
         acc += (double)l;

@@ -117,17 +117,26 @@ typedef struct {
     double dmax1;
 } FN(zb_params);
 
+/* pa for another k (the fused loss takes one k a row): kq and lam0 */
+static FN(zb_params) FN(zb_params_with_k)(FN(zb_params) pa, int fam, T k)
+{
+    pa.kq = fam == 3 ? POW(k, pa.am1) : 0;
+    pa.lam0 = fam == 1 ? -k : fam == 2 ? -2 * SQRT(k) : -pa.kq / pa.am1;
+    return pa;
+}
+
 static FN(zb_params) FN(zb_params_of)(int fam, T k, T alpha)
 {
     FN(zb_params) pa;
     pa.am1 = alpha - 1;
     pa.q = 1 / pa.am1;
-    pa.kq = fam == 3 ? POW(k, pa.am1) : 0;
-    pa.lam0 = fam == 1 ? -k : fam == 2 ? -2 * SQRT(k) : -pa.kq / pa.am1;
     double q = pa.q, c4 = fabs(q * (q - 1) * (q - 2) * (q - 3) / 24), tmax = 0.5;
-    if (c4 > 0 && pow((double)EPS / (8 * c4), 0.25) < tmax) tmax = pow((double)EPS / (8 * c4), 0.25);
+    if (fam == 3 && c4 > 0) {
+        double t4 = pow((double)EPS / (8 * c4), 0.25);
+        tmax = t4 < tmax ? t4 : tmax;
+    }
     pa.dmax1 = fam == 3 ? pow((double)EPS, (double)pa.am1) * tmax / (double)pa.am1 : INFINITY;
-    return pa;
+    return FN(zb_params_with_k)(pa, fam, k);
 }
 
 /* Relative step at which entmax α's Newton on the block maxima stops (see
