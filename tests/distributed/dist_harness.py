@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import sys
 import time
 import traceback
 
@@ -40,6 +41,12 @@ def _entry(rank, world, init_file, fn, args):
         raise
     finally:
         dist.destroy_process_group()
+    # The rank's work is done and checked: leave without the interpreter's
+    # teardown, where a native library's stray thread once aborted a finished
+    # rank under load (SIGABRT, "terminate called without an active exception").
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run(world: int, fn, tmp_path, *args) -> None:
