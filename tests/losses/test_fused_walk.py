@@ -161,7 +161,7 @@ def _errors(fn, x, w, ref):
     xa, wa = x.clone().requires_grad_(), w.clone().requires_grad_()
     out = fn(xa, wa)
     got = (out, *torch.autograd.grad(out, (xa, wa)))
-    return [float((a.detach().double() - r).norm() / r.norm()) for a, r in zip(got, ref)]
+    return [float((a.detach().double() - r.detach()).norm() / r.detach().norm()) for a, r in zip(got, ref)]
 
 
 @pytest.mark.parametrize("loss", ["cross_entropy", "sparsemax", "ts2"])
