@@ -1,6 +1,7 @@
 /* Row scans and the solvers of the families with f = 0 below 0 (sparsemax,
- * entmax15, entmax α): block maxima, candidates, Newton from a lower bound,
- * closed forms.  Included by kernels_impl.h once per floating type.
+ * entmax15, entmax α): block maxima, candidates, Newton (Halley for
+ * α ≤ 1.5) from a lower bound, closed forms.  Included by kernels_impl.h
+ * once per floating type.
  */
 
 /* max of the finite entries, how many are finite, and whether NaN/+inf occur. */
@@ -250,10 +251,11 @@ static T FN(solve_entmax_alpha)(T lam, T k, const FN(zb_params) *pa, T rtol, int
         if (!(G > k)) {
             /* At the root, or past it.  Newton's iterates stay at or
              * below it (h is convex), so there G ≤ k is rounding and pw
-             * holds p.  A Halley step may overshoot: within tol that is
-             * rounding too; further, Newton from the right lands left
-             * of the root (convexity again), or at the last lower bound
-             * where its step is not finite, and Newton alone goes on. */
+             * holds p.  A Halley step may overshoot: within a sixteenth of
+             * tol (as the prediction below) that is rounding too; further,
+             * Newton from the right lands left of the root (convexity
+             * again), or at the last lower bound where its step is not
+             * finite, and Newton alone goes on. */
             if (!halley || (G > 0 && S > 0 && 16 * (double)step >= -tol)) {
                 *have_p = 1;
                 break;
