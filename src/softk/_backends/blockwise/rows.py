@@ -5,8 +5,7 @@ threshold maps have fast row kernels.  So for S up to :data:`ROWS_MAX`
 keys (or longer rows when a query's rows over the batch and heads hold at
 most :data:`ROW_SCORES` scores: decoding), instead of the λ search over key
 blocks (:mod:`.forward`), each chunk of queries (about :data:`CHUNK` scores
-at a time in the backward, :data:`FORWARD_CHUNK` in the forward, whatever L,
-and at least one query) computes
+at a time, whatever L, and at least one query) computes
 
 .. math:: S = \mathrm{scale}\cdot QK^\top + M \ (\text{capped, masked}), \qquad P = \mathrm{map}(S), \qquad O = PV,
 
@@ -49,14 +48,11 @@ from .blocks import NEG_INF, Blocks
 
 ROWS_MAX = 1 << 16  # keys at most for this path at any batch and head count
 ROW_SCORES = 1 << 23  # ... or longer rows, when one query's rows over the batch and heads hold at most this many
-CHUNK = 1 << 20  # scores per chunk of queries in the backward (4 MiB in float32)
+CHUNK = 1 << 20  # scores per chunk of queries (4 MiB in float32)
 # ... or more, up to CHUNK_MAX, for at least CHUNK_QUERIES queries per chunk: the chunk's products are
 # matrix products with that many rows per head, and long rows at few heads left them a few dozen
 CHUNK_QUERIES = 128
 CHUNK_MAX = 1 << 22
-# The forward's: half of each.  Its row map reads and writes every score of a chunk, and a chunk
-# half the size stays nearer the core (the backward's four products gain more from the longer ones).
-FORWARD_CHUNK, FORWARD_CHUNK_QUERIES = CHUNK // 2, CHUNK_QUERIES // 2
 
 
 def serves(q: Tensor, S: int) -> bool:
@@ -67,33 +63,32 @@ def serves(q: Tensor, S: int) -> bool:
     return S <= ROWS_MAX or q.shape[0] * q.shape[1] * S <= ROW_SCORES
 
 
-def _chunks(q: Tensor, S: int, forward: bool = False):
+def _chunks(q: Tensor, S: int):
     """(i0, i1) spans of queries, the last first: with ``causal`` a chunk's
     rows get longer with i1, and allocating the largest first lets every
     later chunk reuse its freed memory (growing sizes left the allocator a
     new block per chunk: 140 MiB resident at L = 8192 for 4 MiB chunks)."""
-    step = _step(q, S, forward)
+    step = _step(q, S)
     return [(i, min(i + step, q.shape[2])) for i in range(0, q.shape[2], step)][::-1]
 
 
-def _step(q: Tensor, S: int, forward: bool = False) -> int:
-    """Queries per chunk: CHUNK scores, or up to CHUNK_MAX for CHUNK_QUERIES queries, at least one
-    (in the forward FORWARD_CHUNK and FORWARD_CHUNK_QUERIES); a multiple of the live keys' group
-    (:data:`.support.GROUP`) where it holds more, so that every chunk but the last splits into
-    whole groups (a chunk that does not is one group, whose live keys are all its rows' together)."""
+def _step(q: Tensor, S: int) -> int:
+    """Queries per chunk: CHUNK scores, or up to CHUNK_MAX for CHUNK_QUERIES queries, at least one;
+    a multiple of the live keys' group (:data:`.support.GROUP`) where it holds more, so that every
+    chunk but the last splits into whole groups (a chunk that does not is one group, whose live
+    keys are all its rows' together)."""
     B, H, L = q.shape[:3]
     row = max(B * H * max(S, 1), 1)  # scores of one query over the batch and heads
-    chunk, queries = (FORWARD_CHUNK, FORWARD_CHUNK_QUERIES) if forward else (CHUNK, CHUNK_QUERIES)
-    step = max(1, chunk // row, min(queries, CHUNK_MAX // row))
+    step = max(1, CHUNK // row, min(CHUNK_QUERIES, CHUNK_MAX // row))
     if step > support.GROUP:
         step -= step % support.GROUP
     return min(max(L, 1), step)
 
 
-def _workspace(q: Tensor, S: int, ct, forward: bool = False) -> Tensor:
+def _workspace(q: Tensor, S: int, ct) -> Tensor:
     """A flat buffer for the largest chunk's scores (:func:`_chunks`), reused
     by every chunk of the call: one allocation instead of one per chunk."""
-    return torch.empty(q.shape[0] * q.shape[1] * _step(q, S, forward) * S, dtype=ct, device=q.device)
+    return torch.empty(q.shape[0] * q.shape[1] * _step(q, S) * S, dtype=ct, device=q.device)
 
 
 def _view(work: Tensor, shape) -> Tensor:
@@ -161,8 +156,8 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: 
     kc, vc = k.to(ct).contiguous(), v.to(ct).contiguous()  # the live keys' rows are gathered from flat views
     outs, ms, ts = [], [], []
     closed = reads_threshold(fam, alpha, q.new_empty(0, dtype=ct))
-    work = _workspace(q, k.shape[2], ct, forward=True)
-    for i0, i1 in _chunks(q, k.shape[2], forward=True):
+    work = _workspace(q, k.shape[2], ct)
+    for i0, i1 in _chunks(q, k.shape[2]):
         blk = Blocks(q[:, :, i0:i1], kc, vc, None if mask is None else mask[:, :, i0:i1], scale, causal, i0, softcap)
         s = blk.scores(0, blk.S, out=work)
         p = _map(_families(fam, alpha, blk), s)
