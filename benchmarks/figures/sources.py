@@ -71,9 +71,9 @@ CPU_OVERHEAD = Source(
     "python benchmarks/cpu/overhead.py --threads 1 --json benchmarks/results/overhead_1thread_2026-11-25a.json",
     _overhead)
 CPU_ATTENTION = Source(
-    "attention_cpu_1thread_2026-11-29e.json", "3ecd836b6327505ab48c5fe6b0da7f5e9d6a54e63f6132b9a08b6866e4c0e679",
+    "attention_cpu_1thread_2026-11-29f.json", "14ad88e958ca4101758c42aa3232c116f536336e5e2c0849b62ba9445736cc3d",
     "python benchmarks/cpu/attention.py --threads 1 --reps 3 --decode 4096 16384 32768 131072 "
-    "--json benchmarks/results/attention_cpu_1thread_2026-11-29e.json",
+    "--json benchmarks/results/attention_cpu_1thread_2026-11-29f.json",
     _cpu_attention)
 
 # the latest GPU run; each of its stages is a script of benchmarks/gpu/
