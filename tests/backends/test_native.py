@@ -135,6 +135,35 @@ def test_row_conventions(name, family):
     _check(p[4:], reference(name, x[4:].numpy(), 1), torch.float64)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("n", [32, 33, 64, 100, 1024])
+@pytest.mark.parametrize("name,family", [f for f in _families() if f[0] != "softmax"])
+def test_row_conventions_at_every_position(name, family, n, dtype):
+    """The row scan's NaN, +inf and finite-count checks at each position of a
+    row long enough to hold whole blocks (and a partial one for n = 33, 100):
+    one NaN or +inf anywhere makes the row NaN, a row with k = 1 finite
+    entry anywhere gets 1 on it, and one with two finite entries is solved
+    (an entry the count missed would give 1 on both)."""
+    positions = sorted({0, 1, 15, 16, 31, n // 2, n - 2, n - 1} & set(range(n)))
+    rows, expect = [], []
+    for i in positions:
+        for bad in (float("nan"), float("inf")):
+            r = torch.linspace(-1, 1, n, dtype=dtype)
+            r[i] = bad
+            rows.append(r)
+            expect.append(torch.full((n,), float("nan"), dtype=dtype))
+        r = torch.full((n,), float("-inf"), dtype=dtype)
+        r[i] = 0.25
+        rows.append(r)
+        expect.append(torch.where(torch.arange(n) == i, 1.0, 0.0).to(dtype))
+        r = r.clone()
+        r[(i + n // 3) % n] = 0.0
+        rows.append(r)
+        expect.append(torch.tensor(reference(name, r[None].double().numpy(), 1)[0], dtype=dtype))
+    p = native.forward(family, torch.stack(rows), 1)
+    torch.testing.assert_close(p, torch.stack(expect), rtol=0, atol=TOL[dtype], equal_nan=True)
+
+
 def test_wide_row_beyond_65536(rng):
     x = torch.tensor(rng.normal(size=(2, 70_001)) * 3)
     for name, family in _families()[:4]:

@@ -335,25 +335,45 @@ static T FN(solve_candidates)(int fam, T lam, T k, const FN(zb_params) *pa, T rt
     return lam;
 }
 
-/* Row scan with block maxima: bm[b] = max of z[b·B, (b+1)·B) (−inf if none is finite). */
+/* Row scan with block maxima: bm[b] = max of z[b·B, (b+1)·B) (−inf if none
+ * is finite).  The finite and bad entries are counted per lane across the
+ * whole blocks and reduced once at the end: reduced per block (as the
+ * maxima must be), they cost more than the maxima. */
 #define BLK 32
 static T FN(row_scan_blocks)(const T *z, int64_t n, T *bm, int64_t *count, int *bad)
 {
     T m = -INFINITY;
-    int64_t c = 0;
+    int64_t whole = n / BLK, c = 0;
+    int32_t cnt[BLK] = {0}, bd[BLK] = {0}; /* a lane counts at most 2^31 − 1 blocks */
     int b = 0;
-    for (int64_t i0 = 0, blk = 0; i0 < n; i0 += BLK, blk++) {
-        int64_t end = i0 + BLK < n ? i0 + BLK : n;
+    for (int64_t blk = 0; blk < whole; blk++) {
+        const T *s = z + blk * BLK;
         T bmax = -INFINITY;
-#pragma omp simd reduction(max : bmax) reduction(+ : c) reduction(| : b)
-        for (int64_t i = i0; i < end; i++) {
+#pragma omp simd reduction(max : bmax)
+        for (int l = 0; l < BLK; l++) {
+            T v = s[l];
+            bmax = v > bmax ? v : bmax;
+            cnt[l] += v > -INFINITY;
+            bd[l] |= (v != v) | (v == INFINITY);
+        }
+        bm[blk] = bmax;
+        m = bmax > m ? bmax : m;
+    }
+    if (whole * BLK < n) {
+        T bmax = -INFINITY;
+        for (int64_t i = whole * BLK; i < n; i++) {
             T v = z[i];
             bmax = v > bmax ? v : bmax;
             c += v > -INFINITY;
             b |= (v != v) | (v == INFINITY);
         }
-        bm[blk] = bmax;
+        bm[whole] = bmax;
         m = bmax > m ? bmax : m;
+    }
+#pragma omp simd reduction(+ : c) reduction(| : b)
+    for (int l = 0; l < BLK; l++) {
+        c += cnt[l];
+        b |= bd[l];
     }
     *count = c;
     *bad = b;
@@ -441,7 +461,8 @@ static T FN(solve_zero_below)(int fam, const T *z, const T *bm, T m, int64_t n, 
  * that matters), and log has vector variants where log1p may not.
  * Entries with x ≤ −1 (p = 0) and the padding are masked as in entmax_sums.
  * entmax_near_softmax overwrites val[j] with p_j for the candidates (val
- * has PAD spare slots; pw, n + PAD slots, is its scratch). */
+ * has PAD spare slots; pw, n + PAD slots, is its scratch).  k = 1: entmax
+ * α maps onto the simplex, and softk passes it no other k. */
 static T FN(near_softmax_sums)(const T *val, int64_t cp, T mu, T am1, T q, T *pw, T *Sp)
 {
     volatile T zero_v = 0; /* opaque: see entmax_sums */
