@@ -215,14 +215,15 @@ static T FN(solve_entmax15)(T lam, T k, T *val, int64_t *idx, int64_t *cp, int64
 }
 
 /* entmax α: on h = g^{1/q} − k^{1/q}, q = 1/(α−1) ≥ 1 (convex, nearly
- * linear), Newton's step, or Halley's where asked and q ≥ 2, until the step
+ * linear), Newton's step, or Halley's in the row's own solve (final = 1)
+ * where q ≥ 2, until the step
  * is below rtol·(1 + |λ|) (a few ulps for λ itself; looser for a lower
  * bound, see solve_zero_below) or predicted to leave λ there.  No
  * compaction (the sums mask entries at or below λ): a compaction, a store
  * per entry whose address depends on the previous compare, cost more than
  * the few entries it drops save in later rounds.  *have_p = 1 says pw[j]
  * holds candidate j's p at the λ returned. */
-static T FN(solve_entmax_alpha)(T lam, T k, const FN(zb_params) *pa, T rtol, int halley, T *val, T *pw, int64_t c,
+static T FN(solve_entmax_alpha)(T lam, T k, const FN(zb_params) *pa, T rtol, int final, T *val, T *pw, int64_t c,
                                 int *have_p, int64_t *itp)
 {
     *have_p = 0;
@@ -231,7 +232,7 @@ static T FN(solve_entmax_alpha)(T lam, T k, const FN(zb_params) *pa, T rtol, int
     T one = one_v;
     double prev = 0; /* the previous round's step */
     T lo = lam;      /* the last λ known to lie at or below the root */
-    halley = halley && q >= 2;
+    int halley = final && q >= 2;
     /* Whole vectors only: a scalar call in the loop's remainder costs as much
      * as a vector one, so pad with −inf (w < 0, masked); val has PAD spare
      * slots. */
@@ -290,8 +291,12 @@ static T FN(solve_entmax_alpha)(T lam, T k, const FN(zb_params) *pa, T rtol, int
          * write below stays exact at this step (zb_params). */
         double sd = step, pred = order == 3 ? sd * sd * sd * sd : sd * sd * sd;
         double prevo = order == 3 ? prev * prev * prev : prev * prev;
-        int last = step <= tol || (prev > 0 && 16 * pred <= tol * prevo && step <= (double)kq * pa->dmax1);
+        int last = step <= tol || (prev > 0 && 16 * pred <= tol * prevo && (!final || step <= (double)kq * pa->dmax1));
         prev = step;
+        if (last && !final) { /* a subset's solve (solve_zero_below) wants λ alone */
+            lam = next;
+            break;
+        }
         if (last) {
             /* The last round: p at next = lam + step from this round's
              * w^q to third order, (w − aδ)^q ≈ w^q (1 − q t + c2 t² − c3 t³)
@@ -319,7 +324,7 @@ static T FN(solve_entmax_alpha)(T lam, T k, const FN(zb_params) *pa, T rtol, int
     return lam;
 }
 
-static T FN(solve_candidates)(int fam, T lam, T k, const FN(zb_params) *pa, T rtol, int halley, T *val,
+static T FN(solve_candidates)(int fam, T lam, T k, const FN(zb_params) *pa, T rtol, int final, T *val,
                               int64_t *idx, T *pw, int64_t c, int64_t *nval, int *have_p, int64_t *iters)
 {
     int64_t it = 0;
@@ -330,7 +335,7 @@ static T FN(solve_candidates)(int fam, T lam, T k, const FN(zb_params) *pa, T rt
     else if (fam == 2)
         lam = FN(solve_entmax15)(lam, k, val, idx, nval, &it);
     else
-        lam = FN(solve_entmax_alpha)(lam, k, pa, rtol, halley, val, pw, c, have_p, &it);
+        lam = FN(solve_entmax_alpha)(lam, k, pa, rtol, final, val, pw, c, have_p, &it);
     if (iters) *iters += it;
     return lam;
 }
