@@ -294,3 +294,23 @@ def test_forked_child_with_one_thread_runs():
     )
     r = _run(code)
     assert r.returncode == 0 and r.stdout.strip() == "0", r.stderr
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_out_takes_the_result(dtype, rng):
+    """``out`` receives p (and the backward's dx) in place, equal to a fresh
+    call's; a buffer of another shape, dtype or layout is refused by name."""
+    x = torch.tensor(rng.normal(size=(6, 300)), dtype=dtype)
+    g = torch.tensor(rng.normal(size=(6, 300)), dtype=dtype)
+    for name, family in _families():
+        out = torch.full_like(x, float("nan"))
+        p = native.forward(family, x, 1, out=out)
+        assert p.data_ptr() == out.data_ptr()
+        _check(p, reference(name, x.double().numpy(), 1), dtype)
+        dx = torch.full_like(x, float("nan"))
+        assert native.backward(family, p, g, 1.0, out=dx).data_ptr() == dx.data_ptr()
+        torch.testing.assert_close(dx, native.backward(family, p, g, 1.0), rtol=0, atol=0)
+    for bad in (torch.empty(6, 299, dtype=dtype), torch.empty(6, 300, dtype=torch.float16),
+                torch.empty(300, 6, dtype=dtype).t()):
+        with pytest.raises(ValueError, match="out must be a contiguous CPU tensor of shape"):
+            native.forward(SPARSEMAX, x, 1, out=bad)

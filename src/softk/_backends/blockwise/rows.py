@@ -127,25 +127,29 @@ def _backend(fam_obj, s: Tensor):
     return native_rows if native_rows.serves(s, fam_obj) is None else torch_rows
 
 
-def _map(fams, s: Tensor) -> Tensor:
+def _map(fams, s: Tensor, out: Tensor) -> Tensor:
+    """P = map(S) on a chunk's scores, written into ``out`` (a workspace of s's
+    shape, :func:`_view`) by the CPU's row kernel: a chunk's worth of fresh
+    memory for each chunk cost a page fault per 4 KiB at its first writes."""
     if len(fams) == 1:
         f = fams[0][0]
-        return _backend(f, s).forward(f, s, 1, 1.0)
-    p = torch.empty_like(s)
+        b = _backend(f, s)
+        return b.forward(f, s, 1, 1.0, out=out) if b is native_rows else b.forward(f, s, 1, 1.0)
     for f, (hk, rows) in fams:
         part = s[:, hk, rows]
-        p[:, hk, rows] = _backend(f, part).forward(f, part, 1, 1.0)
-    return p
+        out[:, hk, rows] = _backend(f, part).forward(f, part, 1, 1.0)
+    return out
 
 
-def _vjp(fams, p: Tensor, dp: Tensor) -> Tensor:
+def _vjp(fams, p: Tensor, dp: Tensor, out: Tensor) -> Tensor:
+    """dS from P and dP, written into ``out`` as :func:`_map` writes P."""
     if len(fams) == 1:
         f = fams[0][0]
-        return _backend(f, p).backward(f, p, dp, 1.0)
-    ds = torch.empty_like(p)
+        b = _backend(f, p)
+        return b.backward(f, p, dp, 1.0, out=out) if b is native_rows else b.backward(f, p, dp, 1.0)
     for f, (hk, rows) in fams:
-        ds[:, hk, rows] = _backend(f, p[:, hk, rows]).backward(f, p[:, hk, rows], dp[:, hk, rows], 1.0)
-    return ds
+        out[:, hk, rows] = _backend(f, p[:, hk, rows]).backward(f, p[:, hk, rows], dp[:, hk, rows], 1.0)
+    return out
 
 
 def attention_forward(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: bool, mask, fam: int, alpha,
@@ -156,11 +160,11 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: 
     kc, vc = k.to(ct).contiguous(), v.to(ct).contiguous()  # the live keys' rows are gathered from flat views
     outs, ms, ts = [], [], []
     closed = reads_threshold(fam, alpha, q.new_empty(0, dtype=ct))
-    work = _workspace(q, k.shape[2], ct)
+    work, work_p = _workspace(q, k.shape[2], ct), _workspace(q, k.shape[2], ct)
     for i0, i1 in _chunks(q, k.shape[2]):
         blk = Blocks(q[:, :, i0:i1], kc, vc, None if mask is None else mask[:, :, i0:i1], scale, causal, i0, softcap)
         s = blk.scores(0, blk.S, out=work)
-        p = _map(_families(fam, alpha, blk), s)
+        p = _map(_families(fam, alpha, blk), s, _view(work_p, s.shape))
         outs.append(blk.heads(support.product(p, vc, fam != SOFTMAX_ID)))
         if closed:
             m, t = _shifted_threshold(s, p, blk.per_row(alpha) - 1)
@@ -222,16 +226,16 @@ def _entmax_probs(s: Tensor, m: Tensor, t: Tensor, am1: Tensor) -> Tensor:
 
 
 def _live_grads(live, fams, blk: Blocks, p: Tensor, do: Tensor, kc: Tensor, vc: Tensor, dk: Tensor, dv: Tensor,
-                dqs: list, softcap: float):
+                dqs: list, softcap: float, work_ds: Tensor):
     """A chunk's share of the gradients over each group's live keys
     (:class:`.support.Live`): appends dq to ``dqs``, adds to dk and dv in
-    place; (p, dP, dS) on the live keys, (B, H_kv, R, U)."""
+    place; (p, dP, dS) on the live keys, (B, H_kv, R, U), dS in ``work_ds``."""
     B, Hkv, n, g, U = live.shape
     flat = (B, Hkv, n * g, U)
     pl = live.weights(p)
     dog = do.reshape(B, Hkv, n, g, do.shape[-1])
     dp = (dog @ live.rows(vc).transpose(-1, -2)).reshape(flat)
-    ds = _vjp(fams, pl.reshape(flat), dp)
+    ds = _vjp(fams, pl.reshape(flat), dp, _view(work_ds, flat))
     if softcap:
         ds = ds * live.weights(blk.cap_slope(0, blk.S)).reshape(flat)
     dsg = ds.reshape(live.shape)
@@ -250,7 +254,7 @@ def attention_backward(q, k, v, out, dout, m, lam, *, scale: float, causal: bool
     dqs, dalpha = [], None
     need_dalpha = need_dalpha and fam == ENTMAX_ID and alpha is not None
     closed = reads_threshold(fam, alpha, q.new_empty(0, dtype=ct))
-    work, work_dp = _workspace(q, k.shape[2], ct), _workspace(q, k.shape[2], ct)
+    work, work_dp, work_p, work_ds = (_workspace(q, k.shape[2], ct) for _ in range(4))
     for i0, i1 in _chunks(q, k.shape[2]):
         blk = Blocks(q[:, :, i0:i1], kc, vc, None if mask is None else mask[:, :, i0:i1], scale, causal, i0, softcap)
         S = blk.S
@@ -260,19 +264,19 @@ def attention_backward(q, k, v, out, dout, m, lam, *, scale: float, causal: bool
             p = _entmax_probs(s, blk.rows(m[:, :, i0:i1].to(ct)).unsqueeze(-1),
                               blk.rows(lam[:, :, i0:i1].to(ct)).unsqueeze(-1), blk.per_row(alpha) - 1)
         else:
-            p = _map(fams, s)
+            p = _map(fams, s, _view(work_p, s.shape))
         do = blk.rows(dout[:, :, i0:i1].to(ct))
         live = support.Live.of(p, fam != SOFTMAX_ID, support.LIVE_SHARE_BACKWARD)
         if live is None:
             dp = torch.matmul(do, vc[:, :, :S].transpose(-1, -2), out=_view(work_dp, p.shape))
-            ds = _vjp(fams, p, dp)
+            ds = _vjp(fams, p, dp, _view(work_ds, p.shape))
             if softcap:
                 ds = ds * blk.cap_slope(0, S)
             dqs.append(blk.heads((ds @ kc[:, :, :S]) * scale))
             _accumulate(dk, ds, blk.q)  # dk += dsᵀ (scale·q)
             _accumulate(dv, p, do)  # dv += pᵀ dO
         else:  # every product over each group's live keys: dS is 0 wherever p is
-            p, dp, ds = _live_grads(live, fams, blk, p, do, kc, vc, dk, dv, dqs, softcap)
+            p, dp, ds = _live_grads(live, fams, blk, p, do, kc, vc, dk, dv, dqs, softcap, work_ds)
         if need_dalpha:
             a = blk.per_row(alpha)
             row = (dp * dp_dalpha(p, a, entmax_log_d(p, a))).sum(-1, keepdim=True)

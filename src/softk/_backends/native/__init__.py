@@ -51,6 +51,13 @@ def _empty(like: Tensor) -> Tensor:
     return torch.empty_like(like)
 
 
+def _checked_out(out: Tensor, like: Tensor) -> Tensor:
+    if out.shape != like.shape or out.dtype != like.dtype or not out.is_contiguous() or not out.is_cpu:
+        raise ValueError(f"out must be a contiguous CPU tensor of shape {tuple(like.shape)} and dtype {like.dtype}, "
+                         f"got {tuple(out.shape)} {out.dtype}")
+    return out
+
+
 _SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
 _FUNCTIONS: dict = {}
 
@@ -68,14 +75,17 @@ def _function(direction: str, dtype: torch.dtype):
     return fn
 
 
-def forward(family, z: Tensor, k: int, return_iters: bool = False):
+def forward(family, z: Tensor, k: int, return_iters: bool = False, out: Tensor | None = None):
     """p = f(z − λ), Σp = k along the last dimension of the CPU tensor ``z``.
 
     With ``return_iters`` also the largest number of solver rounds any row
-    took (each round is one pass over that row's surviving candidates)."""
+    took (each round is one pass over that row's surviving candidates).
+    ``out``: a contiguous tensor of z's shape and dtype for p (a caller that
+    maps many chunks in turn keeps one, rather than fresh memory for each,
+    whose first writes fault its pages in)."""
     if not z.is_contiguous():
         z = z.contiguous()
-    out = _empty(z)
+    out = _empty(z) if out is None else _checked_out(out, z)
     n = z.shape[-1]
     size = z.numel()
     rows = size // n if n else 0
@@ -89,15 +99,16 @@ def forward(family, z: Tensor, k: int, return_iters: bool = False):
     return (out, 0 if it is None else it.value) if return_iters else out
 
 
-def backward(family, p: Tensor, g: Tensor, tau: float) -> Tensor:
-    """d ⊙ (g − Σ(d⊙g)/Σd) / τ along the last dimension, d = f′ read off ``p``."""
+def backward(family, p: Tensor, g: Tensor, tau: float, out: Tensor | None = None) -> Tensor:
+    """d ⊙ (g − Σ(d⊙g)/Σd) / τ along the last dimension, d = f′ read off
+    ``p``; ``out`` as in :func:`forward`."""
     if not p.is_contiguous():
         p = p.contiguous()
     if g.dtype != p.dtype:
         g = g.to(p.dtype)
     if not g.is_contiguous():
         g = g.contiguous()
-    dx = _empty(p)
+    dx = _empty(p) if out is None else _checked_out(out, p)
     n = p.shape[-1]
     size = p.numel()
     rows = size // n if n else 0

@@ -28,12 +28,13 @@ def serves(x: Tensor, family: Family):
     return None if registry.native_available() else "the CPU kernels are not built here (no C compiler)"
 
 
-def forward(family: Family, x: Tensor, k: int, tau: float) -> Tensor:
+def forward(family: Family, x: Tensor, k: int, tau: float, out: Tensor | None = None) -> Tensor:
     """p on the rows of ``x``: the kernel finds λ relative to the row itself;
-    x/τ is formed after the shift (τ ≠ 1), as on every path."""
-    return _forward(family, x if tau == 1.0 else scaled_rows(x, tau, family, k), k)
+    x/τ is formed after the shift (τ ≠ 1), as on every path.  ``out``: where
+    to write p (:func:`softk._backends.native.forward`)."""
+    return _forward(family, x if tau == 1.0 else scaled_rows(x, tau, family, k), k, out=out)
 
 
-def backward(family: Family, p: Tensor, g: Tensor, tau: float) -> Tensor:
-    """d ⊙ (g − Σ(d⊙g)/Σd)/τ from the saved output ``p``."""
-    return _backward(family, p, g, tau)
+def backward(family: Family, p: Tensor, g: Tensor, tau: float, out: Tensor | None = None) -> Tensor:
+    """d ⊙ (g − Σ(d⊙g)/Σd)/τ from the saved output ``p``; ``out`` as in :func:`forward`."""
+    return _backward(family, p, g, tau, out=out)
