@@ -71,9 +71,9 @@ CPU_OVERHEAD = Source(
     "python benchmarks/cpu/overhead.py --threads 1 --json benchmarks/results/overhead_1thread_2026-11-25a.json",
     _overhead)
 CPU_ATTENTION = Source(
-    "attention_cpu_1thread_2026-11-29f.json", "14ad88e958ca4101758c42aa3232c116f536336e5e2c0849b62ba9445736cc3d",
+    "attention_cpu_1thread_2026-11-29g.json", "6b62cca48699b50a2bc78a0625d50a2d8b1219ec28d87e94b1627d9a31f16086",
     "python benchmarks/cpu/attention.py --threads 1 --reps 3 --decode 4096 16384 32768 131072 "
-    "--json benchmarks/results/attention_cpu_1thread_2026-11-29f.json",
+    "--json benchmarks/results/attention_cpu_1thread_2026-11-29g.json",
     _cpu_attention)
 
 # the latest GPU run; each of its stages is a script of benchmarks/gpu/
