@@ -314,3 +314,25 @@ def test_out_takes_the_result(dtype, rng):
                 torch.empty(300, 6, dtype=dtype).t()):
         with pytest.raises(ValueError, match="out must be a contiguous CPU tensor of shape"):
             native.forward(SPARSEMAX, x, 1, out=bad)
+
+
+def test_rows_longer_than_int32_go_elsewhere():
+    """The kernels index a sparse row's candidates with int32: a row of more
+    than 2**31 - 1 entries is refused by the entry points (status -3, before
+    any memory is touched) and by ``serves``, so the dispatcher sends it to
+    the tensor code; softmax and "exp" keep no indices and take it."""
+    from softk._backends.native import build, threshold
+
+    n = 2**31
+    lib = build.library()
+    for suffix in ("f32", "f64"):
+        for fam in (1, 2, 3):
+            assert getattr(lib, f"softk_forward_threads_{suffix}")(fam, None, None, 0, n, 1.0, 1.5, None, 1) == -3
+            assert getattr(lib, f"softk_fy_loss_threads_{suffix}")(
+                fam, None, None, None, None, None, None, None, 0, n, 1.0, 1.5, 1.0, -100, 1, -1.0, 0, 1) == -3
+        assert getattr(lib, f"softk_forward_threads_{suffix}")(1, None, None, 0, n - 1, 1.0, 1.5, None, 1) == 0
+    empty = torch.empty(0, n)  # no memory: a shape to ask about
+    for family in (SPARSEMAX, ENTMAX15, entmax_family(1.3)):
+        assert "at most 2**31 - 1" in threshold.serves(empty, family)
+        assert threshold.serves(torch.empty(0, n - 1), family) is None
+    assert threshold.serves(empty, SOFTMAX) is None and threshold.serves(empty, EXP) is None

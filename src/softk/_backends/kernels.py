@@ -48,6 +48,7 @@ import torch
 from ..threshold import attention_maps
 from . import call_mode, registry
 from .native.threshold import serves as _threshold_native
+from .native.threshold import too_long as _native_too_long
 
 BACKENDS = ("torch", "native", "triton")
 _HALF = (torch.float16, torch.bfloat16)
@@ -122,7 +123,8 @@ def _fused_common(x, family, k):
 
 
 def _fenchel_young_native(x, family, k):
-    why = _fused_common(x, family, k) or _threshold_native(_compute_probe(x), family)
+    why = (_fused_common(x, family, k) or _native_too_long(family, x.shape[-1])
+           or _threshold_native(_compute_probe(x), family))
     if why is None and isinstance(k, torch.Tensor):
         if call_mode.compiling() or k.requires_grad:
             return "one k per row under compile or with a gradient for k"

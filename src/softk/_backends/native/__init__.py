@@ -94,6 +94,8 @@ def forward(family, z: Tensor, k: int, return_iters: bool = False, out: Tensor |
         threads = 1 if size < _PARALLEL_MIN else max(1, min(torch.get_num_threads(), rows))
         rc = _function("forward", z.dtype)(family_id(family), z.data_ptr(), out.data_ptr(), rows, n, float(k),
                                            family.alpha_value, None if it is None else ctypes.byref(it), threads)
+        if rc == -3:
+            raise ValueError(f"softk native kernel: rows of {n} entries (at most 2**31 - 1 for {family.name})")
         if rc != 0:
             raise MemoryError(f"softk native kernel: no scratch memory for rows of {n} entries")
     return (out, 0 if it is None else it.value) if return_iters else out

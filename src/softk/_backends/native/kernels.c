@@ -59,6 +59,13 @@ static inline double sum_parts(double *part, int nthreads)
     return tot;
 }
 
+/* Candidate indices: a row's candidates are gathered as (value, index)
+ * pairs, and 4-byte indices halve what the gather stores.  Rows of the
+ * zero-below families therefore hold at most CIDX_MAX entries; the entry
+ * points refuse longer ones (softk sends them to its tensor code). */
+typedef int32_t cidx_t;
+#define CIDX_MAX INT32_MAX
+
 #if defined(__AVX2__)
 #include <immintrin.h>
 /* Candidates of one float block of 32 (z[j] − m > lam) appended to
@@ -70,7 +77,7 @@ static inline double sum_parts(double *part, int nthreads)
 static const uint32_t LANES[16] = {0, 0x00, 0x01, 0x0100, 0x02, 0x0200, 0x0201, 0x020100,
                                    0x03, 0x0300, 0x0301, 0x030100, 0x0302, 0x030200, 0x030201, 0x03020100};
 static inline int64_t gather_block_avx2(const float *z, int64_t i0, float m, float lam, float *val,
-                                        int64_t *idx, int64_t c)
+                                        cidx_t *idx, int64_t c)
 {
     __m128 vm = _mm_set1_ps(m), vl = _mm_set1_ps(lam);
     for (int g = 0; g < 32; g += 4) {
@@ -78,9 +85,7 @@ static inline int64_t gather_block_avx2(const float *z, int64_t i0, float m, flo
         int mask = _mm_movemask_ps(_mm_cmp_ps(v, vl, _CMP_GT_OQ));
         __m128i perm = _mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)LANES[mask]));
         _mm_storeu_ps(val + c, _mm_permutevar_ps(v, perm));
-        __m128i at = _mm_add_epi32(perm, _mm_set1_epi32((int)g));
-        __m256i at64 = _mm256_add_epi64(_mm256_cvtepi32_epi64(at), _mm256_set1_epi64x(i0));
-        _mm256_storeu_si256((__m256i *)(idx + c), at64);
+        _mm_storeu_si128((__m128i *)(idx + c), _mm_add_epi32(perm, _mm_set1_epi32((int)(i0 + g))));
         c += __builtin_popcount((unsigned)mask);
     }
     return c;
@@ -88,24 +93,19 @@ static inline int64_t gather_block_avx2(const float *z, int64_t i0, float m, flo
 #if defined(__AVX512F__)
 /* The same for AVX-512: 16 entries at a time, the set lanes packed by the
  * compress instructions (into a register, then one unaligned store: a
- * compressing store to memory is slow on some cores), the indices as two
- * halves of 8.  Stores reach 15 slots past the last candidate: val and idx
- * have PAD = 16 spare slots. */
+ * compressing store to memory is slow on some cores).  Stores reach 15
+ * slots past the last candidate: val and idx have PAD = 16 spare slots. */
 static inline int64_t gather_block_avx512(const float *z, int64_t i0, float m, float lam, float *val,
-                                          int64_t *idx, int64_t c)
+                                          cidx_t *idx, int64_t c)
 {
     __m512 vm = _mm512_set1_ps(m), vl = _mm512_set1_ps(lam);
-    const __m512i lanes = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);
+    const __m512i lanes = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
     for (int g = 0; g < 32; g += 16) {
         __m512 v = _mm512_sub_ps(_mm512_loadu_ps(z + g), vm);
         __mmask16 mask = _mm512_cmp_ps_mask(v, vl, _CMP_GT_OQ);
         _mm512_storeu_ps(val + c, _mm512_maskz_compress_ps(mask, v));
-        __m512i at = _mm512_add_epi64(lanes, _mm512_set1_epi64(i0 + g));
-        __mmask8 lo = (__mmask8)mask, hi = (__mmask8)(mask >> 8);
-        int nlo = __builtin_popcount((unsigned)lo);
-        _mm512_storeu_si512((void *)(idx + c), _mm512_maskz_compress_epi64(lo, at));
-        _mm512_storeu_si512((void *)(idx + c + nlo),
-                            _mm512_maskz_compress_epi64(hi, _mm512_add_epi64(at, _mm512_set1_epi64(8))));
+        __m512i at = _mm512_add_epi32(lanes, _mm512_set1_epi32((int)(i0 + g)));
+        _mm512_storeu_si512((void *)(idx + c), _mm512_maskz_compress_epi32(mask, at));
         c += __builtin_popcount((unsigned)mask);
     }
     return c;

@@ -15,18 +15,20 @@
 
 /* ---------------------------------------------------------------------------
  * Forward over rows [0, rows).  scratch: values (2 (n + PAD) slots, see solve_zero_below), indices and block maxima per call.
- * Returns 0, or −1 when scratch memory could not be allocated.
+ * Returns 0, −1 when scratch memory could not be allocated, or −3 for rows
+ * of a zero-below family longer than CIDX_MAX (nothing written).
  */
 int FN(softk_forward)(int fam, const T *z, T *p, int64_t rows, int64_t n, double kd,
                       double alphad, int64_t *max_iters)
 {
     T k = (T)kd, alpha = (T)alphad;
     T *val = NULL;
-    int64_t *idx = NULL;
+    cidx_t *idx = NULL;
     T *bm = NULL;
     if (fam >= 1 && fam <= 3) {
+        if (n > CIDX_MAX) return -3;
         val = (T *)malloc((size_t)(2 * (n + PAD)) * sizeof(T)); /* see solve_zero_below */
-        idx = (int64_t *)malloc((size_t)(n + PAD) * sizeof(int64_t));
+        idx = (cidx_t *)malloc((size_t)(n + PAD) * sizeof(cidx_t));
         bm = (T *)malloc((size_t)((n + BLK - 1) / BLK) * sizeof(T));
         if (!val || !idx || !bm) {
             free(val);
@@ -159,6 +161,7 @@ int FN(softk_forward_threads)(int fam, const T *z, T *p, int64_t rows, int64_t n
 {
     int rc = 0;
     int64_t worst = 0;
+    if (fam >= 1 && fam <= 3 && n > CIDX_MAX) return -3;
 #ifdef _OPENMP
 #pragma omp parallel num_threads(nthreads) reduction(| : rc) reduction(max : worst)
 #endif

@@ -121,7 +121,7 @@ static inline __attribute__((always_inline)) T FN(fy_pass)(
  * a dense row yr.  gr: the gradient row, or NULL (then prow is scratch for
  * p).  val/idx/bm: the forward's scratch (bm NULL for softmax and exp). */
 static T FN(fy_row)(int fam, const T *zr, int64_t n, T k, T alpha, const FN(zb_params) *pa, int64_t tgt,
-                    const T *yr, T *gr, T *prow, T s, T ycap, double tol, T *val, int64_t *idx, T *bm, int *ybad)
+                    const T *yr, T *gr, T *prow, T s, T ycap, double tol, T *val, cidx_t *idx, T *bm, int *ybad)
 {
     T *pr = gr ? gr : prow;
     int64_t count, iters = 0, c = 0;
@@ -187,11 +187,11 @@ static int FN(fy_rows)(int fam, const T *z, const int64_t *tidx, const T *ty, co
 {
     double acc = 0;
     T *val = NULL, *bm = NULL, *prow = NULL;
-    int64_t *idx = NULL;
+    cidx_t *idx = NULL;
     int fail = 0;
     if (fam >= 1 && fam <= 3) {
         val = (T *)malloc((size_t)(2 * (n + PAD)) * sizeof(T)); /* see solve_zero_below */
-        idx = (int64_t *)malloc((size_t)(n + PAD) * sizeof(int64_t));
+        idx = (cidx_t *)malloc((size_t)(n + PAD) * sizeof(cidx_t));
         bm = (T *)malloc((size_t)((n + BLK - 1) / BLK) * sizeof(T));
         fail = !val || !idx || !bm;
     }
@@ -225,7 +225,8 @@ static int FN(fy_rows)(int fam, const T *z, const int64_t *tidx, const T *ty, co
  * of the rows' losses, divided by #rows kept when mean (summed in double,
  * each thread's rows in order, then the threads in order).  The gradient is
  * scaled by inv_tau, and by 1/#kept when mean.  tol < 0: dense rows are not
- * checked.  Returns 0; −1: no scratch memory; 1: a class index outside
+ * checked.  Returns 0; −1: no scratch memory; −3: rows of a zero-below
+ * family longer than CIDX_MAX (nothing written); 1: a class index outside
  * [0, n) that is not ignore_index (nothing written); 2: a dense row that is
  * not a point of the map's domain. */
 int FN(softk_fy_loss_threads)(int fam, const T *z, const int64_t *tidx, const T *ty, const T *krow, T *grad,
@@ -233,6 +234,7 @@ int FN(softk_fy_loss_threads)(int fam, const T *z, const int64_t *tidx, const T 
                               int64_t ignore_index, int mean, double tol, int capped, int nthreads)
 {
     int64_t nk = rows;
+    if (fam >= 1 && fam <= 3 && n > CIDX_MAX) return -3;
     if (tidx) {
         nk = 0;
         for (int64_t r = 0; r < rows; r++) {

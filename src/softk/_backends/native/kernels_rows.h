@@ -29,12 +29,12 @@ static void FN(fill_conventions)(const T *z, T *p, int64_t n, int bad)
 }
 
 /* Keep the entries of (val, idx)[0..c) with val > lam, in order; returns how many. */
-static int64_t FN(compact)(T *val, int64_t *idx, int64_t c, T lam)
+static int64_t FN(compact)(T *val, cidx_t *idx, int64_t c, T lam)
 {
     int64_t c2 = 0;
     for (int64_t j = 0; j < c; j++) {
         T v = val[j];
-        int64_t ix = idx[j];
+        cidx_t ix = idx[j];
         val[c2] = v;
         idx[c2] = ix;
         c2 += v > lam;
@@ -158,7 +158,7 @@ static FN(zb_params) FN(zb_params_of)(int fam, T k, T alpha)
 
 /* sparsemax: the Newton step is the closed form on the current support
  * (Michelot); exact as soon as the support stops shrinking. */
-static T FN(solve_sparsemax)(T lam, T k, T *val, int64_t *idx, int64_t *cp, int64_t *itp)
+static T FN(solve_sparsemax)(T lam, T k, T *val, cidx_t *idx, int64_t *cp, int64_t *itp)
 {
     int64_t c = *cp, it = 0;
     for (; it < 2 * c + 100; it++) {
@@ -180,7 +180,7 @@ static T FN(solve_sparsemax)(T lam, T k, T *val, int64_t *idx, int64_t *cp, int6
 /* entmax15: the closed form (a quadratic) on the current support is tried
  * first and accepted when no candidate falls below it (exact); otherwise a
  * Newton step. */
-static T FN(solve_entmax15)(T lam, T k, T *val, int64_t *idx, int64_t *cp, int64_t *itp)
+static T FN(solve_entmax15)(T lam, T k, T *val, cidx_t *idx, int64_t *cp, int64_t *itp)
 {
     int64_t c = *cp, it = 0;
     for (; it < 2 * c + 100; it++) {
@@ -325,7 +325,7 @@ static T FN(solve_entmax_alpha)(T lam, T k, const FN(zb_params) *pa, T rtol, int
 }
 
 static T FN(solve_candidates)(int fam, T lam, T k, const FN(zb_params) *pa, T rtol, int final, T *val,
-                              int64_t *idx, T *pw, int64_t c, int64_t *nval, int *have_p, int64_t *iters)
+                              cidx_t *idx, T *pw, int64_t c, int64_t *nval, int *have_p, int64_t *iters)
 {
     int64_t it = 0;
     *have_p = 0;
@@ -395,7 +395,7 @@ static T FN(row_scan_blocks)(const T *z, int64_t n, T *bm, int64_t *count, int *
  * that val[n + PAD + j] already holds candidate j's p (the solver's last
  * round computes it; write_zero_below then takes it). */
 static T FN(solve_zero_below)(int fam, const T *z, const T *bm, T m, int64_t n, T k, const FN(zb_params) *pa,
-                              T *val, int64_t *idx, int64_t *nval, int *have_p, int64_t *iters)
+                              T *val, cidx_t *idx, int64_t *nval, int *have_p, int64_t *iters)
 {
     T *pw = val + n + PAD;
     int dummy;
@@ -405,7 +405,7 @@ static T FN(solve_zero_below)(int fam, const T *z, const T *bm, T m, int64_t n, 
         for (int64_t b = 0; b < nb; b++) {
             T v = bm[b] - m;
             val[c] = v;
-            idx[c] = b;
+            idx[c] = (cidx_t)b;
             c += v > lam;
         }
         /* entmax α's Newton may stop early here (STAGE0_RTOL): every
@@ -439,7 +439,7 @@ static T FN(solve_zero_below)(int fam, const T *z, const T *bm, T m, int64_t n, 
             for (; mask; mask &= mask - 1) {
                 int j = __builtin_ctz(mask);
                 val[c] = z[i0 + j] - m;
-                idx[c] = i0 + j;
+                idx[c] = (cidx_t)(i0 + j);
                 c++;
             }
             continue;
@@ -447,7 +447,7 @@ static T FN(solve_zero_below)(int fam, const T *z, const T *bm, T m, int64_t n, 
         for (int64_t i = i0; i < end; i++) {
             T v = z[i] - m;
             val[c] = v;
-            idx[c] = i;
+            idx[c] = (cidx_t)i;
             c += v > lam;
         }
     }
@@ -511,7 +511,7 @@ static void FN(entmax_near_softmax)(T lam, T am1, T *val, int64_t c, T *pw)
  * candidate j.  pw: entmax α's p from the solver (solve_zero_below's
  * *have_p), or NULL. */
 static void FN(write_zero_below)(int fam, T *p, int64_t n, T lam, T alpha, T *val,
-                                 const int64_t *idx, int64_t c, const T *pw)
+                                 const cidx_t *idx, int64_t c, const T *pw)
 {
     T am1 = alpha - 1, q = 1 / am1;
     memset(p, 0, (size_t)n * sizeof(T));

@@ -83,6 +83,8 @@ def fenchel_young_fused_rows(z: Tensor, target: Tensor, family, k, *, k_rows: Te
             None if k_rows is None else k_rows.data_ptr(), None if grad is None else grad.data_ptr(),
             ptr if none else None, None if none else ptr, r, n, k, family.alpha_value, inv_tau, ignore_index,
             reduction == "mean", tol, family.capped, threads)
+        if rc == -3:
+            raise ValueError(f"softk native kernel: rows of {n} entries (at most 2**31 - 1 for {family.name})")
         if rc < 0:
             raise MemoryError(f"softk native kernel: no scratch memory for rows of {n} entries")
         if rc:

@@ -15,6 +15,16 @@ from . import backward as _backward
 from . import forward as _forward
 
 _WIDE = (torch.float32, torch.float64)
+# The longest row of a family with f = 0 below 0 the kernels take: they index
+# a row's candidates with int32 (kernels.c, cidx_t).
+ROW_MAX = 2**31 - 1
+
+
+def too_long(family: Family, n: int):
+    """Why rows of ``n`` entries of ``family`` are not the kernels', or None."""
+    if family.zero_below and n > ROW_MAX:
+        return f"rows of {n} entries (the CPU kernels take at most 2**31 - 1)"
+    return None
 
 
 def serves(x: Tensor, family: Family):
@@ -25,6 +35,9 @@ def serves(x: Tensor, family: Family):
         return f"a tensor on {x.device}"
     if x.dtype not in _WIDE:
         return f"{x.dtype} (the CPU kernels take float32 and float64)"
+    why = too_long(family, x.shape[-1]) if x.dim() else None
+    if why:
+        return why
     return None if registry.native_available() else "the CPU kernels are not built here (no C compiler)"
 
 
