@@ -71,9 +71,9 @@ CPU_OVERHEAD = Source(
     "python benchmarks/cpu/overhead.py --threads 1 --json benchmarks/results/overhead_1thread_2026-11-25a.json",
     _overhead)
 CPU_ATTENTION = Source(
-    "attention_cpu_1thread_2026-11-29g.json", "6b62cca48699b50a2bc78a0625d50a2d8b1219ec28d87e94b1627d9a31f16086",
+    "attention_cpu_1thread_2026-11-29h.json", "06d22c147072e5737df5856f292bb9bd7a742b8c67a66006298110eff674a54d",
     "python benchmarks/cpu/attention.py --threads 1 --reps 3 --decode 4096 16384 32768 131072 "
-    "--json benchmarks/results/attention_cpu_1thread_2026-11-29g.json",
+    "--json benchmarks/results/attention_cpu_1thread_2026-11-29h.json",
     _cpu_attention)
 
 # the latest GPU run; each of its stages is a script of benchmarks/gpu/
