@@ -406,8 +406,9 @@ def entmax_by_alpha(alpha: float) -> Family:
     fam = _BY_ALPHA.get(a)
     if fam is None:
         if len(_BY_ALPHA) >= _BY_ALPHA_MAX:
-            for key in [key for key in _BY_ALPHA if key not in (1.0, 1.5, 2.0)]:
-                del _BY_ALPHA[key]
+            for key in list(_BY_ALPHA):  # a copy taken in one step: another thread may insert meanwhile
+                if key not in (1.0, 1.5, 2.0):
+                    _BY_ALPHA.pop(key, None)
         fam = _BY_ALPHA[a] = entmax_family(alpha)
     return fam
 
