@@ -178,28 +178,27 @@ static T FN(solve_sparsemax)(T lam, T k, T *val, cidx_t *idx, int64_t *cp, int64
 }
 
 /* entmax15: the closed form (a quadratic) on the current support is tried
- * first and accepted when no candidate falls below it (exact); otherwise a
- * Newton step. */
+ * first and accepted when no candidate falls below it (exact): the smallest
+ * candidate, found in the pass that sums, stays above it; otherwise a Newton
+ * step. */
 static T FN(solve_entmax15)(T lam, T k, T *val, cidx_t *idx, int64_t *cp, int64_t *itp)
 {
     int64_t c = *cp, it = 0;
     for (; it < 2 * c + 100; it++) {
-        T D = 0, G = 0; /* Σw, Σw², w = v − λ > 0 on the candidates */
-#pragma omp simd reduction(+ : D, G)
+        T D = 0, G = 0, wmin = INFINITY; /* Σw, Σw², min w, w = v − λ > 0 on the candidates */
+#pragma omp simd reduction(+ : D, G) reduction(min : wmin)
         for (int64_t j = 0; j < c; j++) {
             T w = val[j] - lam;
             D += w;
             G += w * w;
+            wmin = w < wmin ? w : wmin;
         }
         T r = G - 4 * k; /* 4 (g(λ) − k) ≥ 0 */
         if (!(r > 0)) break;
         T disc = D * D - (T)c * r;
         if (disc >= 0) {
             T dc = r / (D + SQRT(disc)); /* smaller root of Σ(w − δ)² = 4k */
-            int64_t above = 0;
-#pragma omp simd reduction(+ : above)
-            for (int64_t j = 0; j < c; j++) above += val[j] - lam > dc;
-            if (above == c) {
+            if (wmin > dc) { /* every candidate stays above it */
                 lam += dc;
                 break;
             }
