@@ -175,7 +175,7 @@ def test_solver_rounds_stay_few(rng):
     """The λ solvers finish in a few rounds on ordinary rows (a regression to
     bisection-like behaviour, ~50 rounds, fails here).  Rounds are counted
     over both solves of the zero-below families (block maxima, then the
-    candidates); on this data (float64): sparsemax 6, entmax15 8, entmax α 8–13, exp 2."""
+    candidates); on this data (float64): sparsemax 5, entmax15 6, entmax α 5–9, exp 2."""
     x = torch.tensor(rng.normal(size=(64, 1024)))
     limits = {"softmax": 1, "sparsemax": 8, "entmax15": 10, "exp": 3}
     for name, family in _families():

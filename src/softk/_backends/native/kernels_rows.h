@@ -144,6 +144,11 @@ static FN(zb_params) FN(zb_params_of)(int fam, T k, T alpha)
  * solve_zero_below): its bound then sits within a few hundredths of the
  * subset's λ, which admits few extra candidates, each cheaper than a round. */
 #define STAGE0_RTOL 3e-2
+/* Rounds at most of sparsemax's and entmax15's solves on the block maxima:
+ * their iterates climb to the subset's λ from below, so each is a bound,
+ * and the rounds after these cost more than the few candidates they would
+ * keep out of the gather. */
+#define STAGE0_ROUNDS 2
 
 /* ---------------------------------------------------------------------------
  * Families with f(u) = 0 for u ≤ 0 (sparsemax, entmax15, entmax α ≤ 2).
@@ -157,11 +162,12 @@ static FN(zb_params) FN(zb_params_of)(int fam, T k, T alpha)
  */
 
 /* sparsemax: the Newton step is the closed form on the current support
- * (Michelot); exact as soon as the support stops shrinking. */
-static T FN(solve_sparsemax)(T lam, T k, T *val, cidx_t *idx, int64_t *cp, int64_t *itp)
+ * (Michelot); exact as soon as the support stops shrinking.  At most
+ * `most` rounds: every iterate is a lower bound of λ. */
+static T FN(solve_sparsemax)(T lam, T k, T *val, cidx_t *idx, int64_t *cp, int64_t *itp, int64_t most)
 {
     int64_t c = *cp, it = 0;
-    for (; it < 2 * c + 100; it++) {
+    for (; it < 2 * c + 100 && it < most; it++) {
         T s = 0;
 #pragma omp simd reduction(+ : s)
         for (int64_t j = 0; j < c; j++) s += val[j];
@@ -173,18 +179,19 @@ static T FN(solve_sparsemax)(T lam, T k, T *val, cidx_t *idx, int64_t *cp, int64
         c = c2;
     }
     *cp = c;
-    *itp += it + 1;
+    *itp += it + (it < most);
     return lam;
 }
 
 /* entmax15: the closed form (a quadratic) on the current support is tried
  * first and accepted when no candidate falls below it (exact): the smallest
  * candidate, found in the pass that sums, stays above it; otherwise a Newton
- * step. */
-static T FN(solve_entmax15)(T lam, T k, T *val, cidx_t *idx, int64_t *cp, int64_t *itp)
+ * step, from below (g is convex).  At most `most` rounds: every iterate is a
+ * lower bound of λ. */
+static T FN(solve_entmax15)(T lam, T k, T *val, cidx_t *idx, int64_t *cp, int64_t *itp, int64_t most)
 {
     int64_t c = *cp, it = 0;
-    for (; it < 2 * c + 100; it++) {
+    for (; it < 2 * c + 100 && it < most; it++) {
         T D = 0, G = 0, wmin = INFINITY; /* Σw, Σw², min w, w = v − λ > 0 on the candidates */
 #pragma omp simd reduction(+ : D, G) reduction(min : wmin)
         for (int64_t j = 0; j < c; j++) {
@@ -209,7 +216,7 @@ static T FN(solve_entmax15)(T lam, T k, T *val, cidx_t *idx, int64_t *cp, int64_
         lam = next;
     }
     *cp = c;
-    *itp += it + 1;
+    *itp += it + (it < most);
     return lam;
 }
 
@@ -329,10 +336,11 @@ static T FN(solve_candidates)(int fam, T lam, T k, const FN(zb_params) *pa, T rt
     int64_t it = 0;
     *have_p = 0;
     *nval = c;
+    int64_t most = final ? INT64_MAX : STAGE0_ROUNDS;
     if (fam == 1)
-        lam = FN(solve_sparsemax)(lam, k, val, idx, nval, &it);
+        lam = FN(solve_sparsemax)(lam, k, val, idx, nval, &it, most);
     else if (fam == 2)
-        lam = FN(solve_entmax15)(lam, k, val, idx, nval, &it);
+        lam = FN(solve_entmax15)(lam, k, val, idx, nval, &it, most);
     else
         lam = FN(solve_entmax_alpha)(lam, k, pa, rtol, final, val, pw, c, have_p, &it);
     if (iters) *iters += it;
@@ -407,10 +415,11 @@ static T FN(solve_zero_below)(int fam, const T *z, const T *bm, T m, int64_t n, 
             idx[c] = (cidx_t)b;
             c += v > lam;
         }
-        /* entmax α's Newton may stop early here (STAGE0_RTOL): every
-         * iterate from the left is a lower bound, and the last digits of the
-         * subset's λ barely change which entries pass it, while each round
-         * costs an exp and a log per block */
+        /* the solves may stop early here (STAGE0_RTOL for entmax α,
+         * STAGE0_ROUNDS for sparsemax and entmax15): every iterate from the
+         * left is a lower bound, and the last digits of the subset's λ
+         * barely change which entries pass it, while each round costs a
+         * pass over the blocks (an exp and a log per block for entmax α) */
         T sub = FN(solve_candidates)(fam, lam, k, pa, (T)STAGE0_RTOL, 0, val, idx, pw, c, &c2, &dummy, iters);
         /* keep a few ulps below the subset's λ: it is exact only up to rounding */
         sub -= 16 * EPS * (1 + fabs((double)sub));
