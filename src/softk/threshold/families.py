@@ -393,7 +393,8 @@ THRESHOLD_METHODS = {"exp": EXP, "sigmoid": SIGMOID, "laplace": LAPLACE, "sparse
 # entmax_by_alpha's families, one per float α seen (a Family is frozen, so one
 # object serves every call; building one costs more than a small row's map).
 # Bounded: a sweep over many α values starts the table again.
-_BY_ALPHA: dict[float, Family] = {1.0: SOFTMAX, 1.5: ENTMAX15, 2.0: SPARSEMAX}
+_CLOSED_FORMS: dict[float, Family] = {1.0: SOFTMAX, 1.5: ENTMAX15, 2.0: SPARSEMAX}
+_BY_ALPHA: dict[float, Family] = dict(_CLOSED_FORMS)
 _BY_ALPHA_MAX = 256
 
 
@@ -402,12 +403,12 @@ def entmax_by_alpha(alpha: float) -> Family:
     closed-form families at α = 1 (softmax), 1.5 and 2 (sparsemax)."""
     a = float(alpha)
     if not isinstance(alpha, (float, int)):  # a 0-d tensor: its own family unless a closed form
-        return _BY_ALPHA[a] if a in (1.0, 1.5, 2.0) else entmax_family(alpha)
+        return _CLOSED_FORMS.get(a) or entmax_family(alpha)
     fam = _BY_ALPHA.get(a)
     if fam is None:
         if len(_BY_ALPHA) >= _BY_ALPHA_MAX:
             for key in list(_BY_ALPHA):  # a copy taken in one step: another thread may insert meanwhile
-                if key not in (1.0, 1.5, 2.0):
+                if key not in _CLOSED_FORMS:
                     _BY_ALPHA.pop(key, None)
         fam = _BY_ALPHA[a] = entmax_family(alpha)
     return fam

@@ -330,13 +330,16 @@ static T FN(solve_entmax_alpha)(T lam, T k, const FN(zb_params) *pa, T rtol, int
     return lam;
 }
 
-static T FN(solve_candidates)(int fam, T lam, T k, const FN(zb_params) *pa, T rtol, int final, T *val,
-                              cidx_t *idx, T *pw, int64_t c, int64_t *nval, int *have_p, int64_t *iters)
+/* λ on the candidates (val, idx)[0..c): the row's own (final = 1), or a lower
+ * bound from the block maxima (final = 0: STAGE0_RTOL, STAGE0_ROUNDS). */
+static T FN(solve_candidates)(int fam, T lam, T k, const FN(zb_params) *pa, int final, T *val, cidx_t *idx,
+                              T *pw, int64_t c, int64_t *nval, int *have_p, int64_t *iters)
 {
     int64_t it = 0;
     *have_p = 0;
     *nval = c;
     int64_t most = final ? INT64_MAX : STAGE0_ROUNDS;
+    T rtol = final ? 4 * EPS : (T)STAGE0_RTOL;
     if (fam == 1)
         lam = FN(solve_sparsemax)(lam, k, val, idx, nval, &it, most);
     else if (fam == 2)
@@ -420,7 +423,7 @@ static T FN(solve_zero_below)(int fam, const T *z, const T *bm, T m, int64_t n, 
          * left is a lower bound, and the last digits of the subset's λ
          * barely change which entries pass it, while each round costs a
          * pass over the blocks (an exp and a log per block for entmax α) */
-        T sub = FN(solve_candidates)(fam, lam, k, pa, (T)STAGE0_RTOL, 0, val, idx, pw, c, &c2, &dummy, iters);
+        T sub = FN(solve_candidates)(fam, lam, k, pa, 0, val, idx, pw, c, &c2, &dummy, iters);
         /* keep a few ulps below the subset's λ: it is exact only up to rounding */
         sub -= 16 * EPS * (1 + fabs((double)sub));
         lam = sub > lam ? sub : lam;
@@ -459,7 +462,7 @@ static T FN(solve_zero_below)(int fam, const T *z, const T *bm, T m, int64_t n, 
             c += v > lam;
         }
     }
-    return FN(solve_candidates)(fam, lam, k, pa, 4 * EPS, 1, val, idx, pw, c, nval, have_p, iters);
+    return FN(solve_candidates)(fam, lam, k, pa, 1, val, idx, pw, c, nval, have_p, iters);
 }
 
 /* entmax with α near 1 (q = 1/(α−1) > 8): λ ≈ −q is known only to eps·q, and
