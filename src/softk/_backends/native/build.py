@@ -55,7 +55,7 @@ import warnings
 from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
-_SOURCES = ("kernels.c", "kernels_impl.h", "kernels_rows.h", "kernels_exp.h", "kernels_loss.h",
+_SOURCES = ("kernels.c", "kernels_impl.h", "kernels_rows.h", "kernels_narrow.h", "kernels_exp.h", "kernels_loss.h",
             "kernels_topk_ce.h")
 # -march=native: AVX2/AVX-512 loops and libmvec's vector exp/log/pow.  No
 # -ffast-math: the row conventions need inf and NaN to behave.  -fopenmp:

@@ -11,6 +11,7 @@
  */
 
 #include "kernels_rows.h"
+#include "kernels_narrow.h"
 #include "kernels_exp.h"
 
 /* ---------------------------------------------------------------------------
@@ -22,6 +23,17 @@ int FN(softk_forward)(int fam, const T *z, T *p, int64_t rows, int64_t n, double
                       double alphad, int64_t *max_iters)
 {
     T k = (T)kd, alpha = (T)alphad;
+    FN(zb_params) pa = FN(zb_params_of)(fam, k, alpha);
+    if (FN(narrow_serves)(fam, n, &pa)) {
+        int64_t worst = 0;
+        for (int64_t r = 0; r < rows; r += LANES) {
+            int nr = rows - r < LANES ? (int)(rows - r) : LANES;
+            int64_t it = FN(narrow_rows)(fam, z + r * n, p + r * n, nr, n, k, &pa, NULL, NULL);
+            worst = it > worst ? it : worst;
+        }
+        if (max_iters) *max_iters = worst;
+        return 0;
+    }
     T *val = NULL;
     cidx_t *idx = NULL;
     T *bm = NULL;
@@ -38,7 +50,6 @@ int FN(softk_forward)(int fam, const T *z, T *p, int64_t rows, int64_t n, double
         }
     }
     int64_t worst = 0;
-    FN(zb_params) pa = FN(zb_params_of)(fam, k, alpha);
     for (int64_t r = 0; r < rows; r++) {
         const T *zr = z + r * n;
         T *pr = p + r * n;

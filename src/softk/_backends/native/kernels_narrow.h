@@ -1,0 +1,235 @@
+/* Narrow rows (n ≤ NARROW_MAX) of the families with f = 0 below 0: LANES rows
+ * at a time, one row per vector lane.  Included by kernels_impl.h once per
+ * floating type.
+ *
+ * A row's solve is a few rounds, each a sum over the row.  Solved one row at
+ * a time (solve_zero_below), each round ends in a reduction across the
+ * vector's lanes and a serial scalar step (a division, a square root, a
+ * power), and on rows this short those cost more than the row's own
+ * arithmetic.  Here the rows are transposed into columns, v[i][l] = z_l[i] −
+ * max z_l, so a round is n vector operations whose sums are per lane, and
+ * the scalar steps are vector operations over LANES rows at once.
+ *
+ * The rounds are the row solvers' (solve_sparsemax, solve_entmax15, and for
+ * entmax α Newton on h = g^{1/q} − k^{1/q} to 4 EPS), from the family's
+ * lower bound pa->lam0, so each lane's λ is the row solver's: a lane that
+ * stops keeps its λ while the others go on, and the group stops when every
+ * lane has.  Entmax α near 1 (q > 8) needs entmax_near_softmax's second
+ * solve and stays with the row code.
+ */
+
+#define LANES 16
+#define NARROW_MAX 64
+
+typedef T FN(column)[LANES];
+
+/* sparsemax: Michelot's rounds, λ ← (Σ_{v > λ} v − k) / #{v > λ}, until the
+ * set stops shrinking (λ is then exact: it was computed from this set). */
+static int64_t FN(narrow_sparsemax)(FN(column) *v, int64_t n, T k, T *lam, int *done)
+{
+    T cprev[LANES];
+    for (int l = 0; l < LANES; l++) cprev[l] = -1;
+    int64_t it = 0;
+    for (; it < n + 2; it++) {
+        T s[LANES], c[LANES];
+        for (int l = 0; l < LANES; l++) s[l] = c[l] = 0;
+        for (int64_t i = 0; i < n; i++) {
+#pragma omp simd
+            for (int l = 0; l < LANES; l++) {
+                T x = v[i][l];
+                int on = x > lam[l];
+                s[l] += on ? x : 0;
+                c[l] += on;
+            }
+        }
+        int live = 0;
+#pragma omp simd reduction(| : live)
+        for (int l = 0; l < LANES; l++) {
+            /* c = 0 only by rounding (solve_sparsemax's guard): keep λ */
+            int stop = done[l] | (c[l] == cprev[l]) | !(c[l] > 0);
+            T next = (s[l] - k) / c[l];
+            lam[l] = stop ? lam[l] : next;
+            cprev[l] = c[l];
+            done[l] = stop;
+            live |= !stop;
+        }
+        if (!live) break;
+    }
+    return it + 1;
+}
+
+/* entmax15: solve_entmax15's round per lane, on w = v − λ > 0: the closed
+ * form on the set, accepted when its smallest w stays above the root's
+ * shift, else Newton's step (from below: g is convex). */
+static int64_t FN(narrow_entmax15)(FN(column) *v, int64_t n, T k, T *lam, int *done)
+{
+    int64_t it = 0;
+    for (; it < 2 * n + 100; it++) {
+        T D[LANES], G[LANES], c[LANES], wmin[LANES];
+        for (int l = 0; l < LANES; l++) {
+            D[l] = G[l] = c[l] = 0;
+            wmin[l] = INFINITY;
+        }
+        for (int64_t i = 0; i < n; i++) {
+#pragma omp simd
+            for (int l = 0; l < LANES; l++) {
+                T w = v[i][l] - lam[l];
+                int on = w > 0;
+                T wo = on ? w : 0;
+                D[l] += wo;
+                G[l] += wo * wo;
+                c[l] += on;
+            }
+        }
+        /* The smallest w in a loop of its own: in the loop above, GCC's
+         * jump threading and partial redundancy elimination turn it into
+         * a branch, and that loop then runs scalar. */
+        for (int64_t i = 0; i < n; i++) {
+#pragma omp simd
+            for (int l = 0; l < LANES; l++) {
+                T w = v[i][l] - lam[l];
+                T wm = w > 0 ? w : (T)INFINITY;
+                wmin[l] = wm < wmin[l] ? wm : wmin[l];
+            }
+        }
+        int live = 0;
+#pragma omp simd reduction(| : live)
+        for (int l = 0; l < LANES; l++) {
+            T r = G[l] - 4 * k; /* 4 (g(λ) − k) ≥ 0 */
+            T disc = D[l] * D[l] - c[l] * r;
+            T dc = r / (D[l] + SQRT(disc > 0 ? disc : 0)); /* smaller root of Σ(w − δ)² = 4k */
+            int closed = (disc >= 0) & (wmin[l] > dc);
+            T next = lam[l] + r / (2 * D[l]);
+            int stop = done[l] | !(r > 0);
+            int go = !stop & !closed & (next > lam[l]);
+            T to = closed ? lam[l] + dc : next;
+            lam[l] = stop | !(closed | go) ? lam[l] : to;
+            done[l] = !go;
+            live |= go;
+        }
+        if (!live) break;
+    }
+    return it + 1;
+}
+
+/* entmax α (q ≤ 8): Newton on h = g^{1/q} − k^{1/q} (convex, nearly
+ * linear), as solve_entmax_alpha, until the step is below 4 EPS (1 + |λ|),
+ * g(λ) ≤ k (the root, to rounding) or λ stops moving. */
+static int64_t FN(narrow_entmax_alpha)(FN(column) *v, int64_t n, T k, const FN(zb_params) *pa, T *lam,
+                                       int *done)
+{
+    T am1 = pa->am1, q = pa->q, kq = pa->kq;
+    volatile T one_v = 1; /* opaque: see entmax_sums */
+    T one = one_v;
+    int64_t it = 0;
+    for (; it < 2 * n + 100; it++) {
+        T G[LANES], S[LANES];
+        for (int l = 0; l < LANES; l++) G[l] = S[l] = 0;
+        for (int64_t i = 0; i < n; i++) {
+#pragma omp simd
+            for (int l = 0; l < LANES; l++) {
+                T w = am1 * (v[i][l] - lam[l]);
+                T on = w > 0;
+                T w1 = WPOS(w, one);
+                T wq = POWQ(w1, q) * on;
+                G[l] += wq;
+                S[l] += wq / w1;
+            }
+        }
+        int live = 0;
+#pragma omp simd reduction(| : live)
+        for (int l = 0; l < LANES; l++) {
+            T g = G[l] > 0 ? G[l] : one;
+            T Gq = POW(g, am1); /* G^{1/q} */
+            T step = q * (Gq - kq) * (g / Gq) / S[l];
+            T next = lam[l] + step;
+            int go = !done[l] & (G[l] > k) & (next > lam[l]);
+            T tol = 4 * EPS * (1 + (lam[l] < 0 ? -lam[l] : lam[l]));
+            lam[l] = go ? next : lam[l];
+            go = go & (step > tol);
+            done[l] = !go;
+            live |= go;
+        }
+        if (!live) break;
+    }
+    return it + 1;
+}
+
+/* Whether rows of n entries of family fam go to narrow_rows. */
+static inline int FN(narrow_serves)(int fam, int64_t n, const FN(zb_params) *pa)
+{
+    return fam >= 1 && fam <= 3 && n <= NARROW_MAX && !(fam == 3 && pa->q > 8);
+}
+
+/* Rows [0, nr) of z, nr ≤ LANES, n ≤ NARROW_MAX (narrow_serves): p, and
+ * when mo is not NULL each row's max in mo[l] and λ − max in lo[l]; returns
+ * the largest number of rounds.  Lanes from nr on hold rows of zeros,
+ * solved and not written. */
+static int64_t FN(narrow_rows)(int fam, const T *z, T *p, int nr, int64_t n, T k, const FN(zb_params) *pa, T *mo,
+                               T *lo)
+{
+    FN(column) v[NARROW_MAX];
+    T m[LANES], lam[LANES], cnt[LANES];
+    int bad[LANES], conv[LANES], done[LANES];
+    int ni = (int)n;
+    for (int l = 0; l < LANES; l++) {
+        m[l] = -INFINITY;
+        cnt[l] = 0;
+        bad[l] = 0;
+    }
+    for (int i = 0; i < ni; i++) {
+#pragma omp simd
+        for (int l = 0; l < LANES; l++) {
+            T x = l < nr ? z[l * ni + i] : (T)0;
+            v[i][l] = x;
+            m[l] = x > m[l] ? x : m[l];
+            cnt[l] += x > -INFINITY;
+            bad[l] |= (x != x) | (x == INFINITY);
+        }
+    }
+    for (int l = 0; l < LANES; l++) {
+        conv[l] = bad[l] | (cnt[l] <= k); /* NaN, +inf, or at most k finite entries: fill_conventions */
+        done[l] = conv[l];
+        lam[l] = pa->lam0;
+    }
+    for (int i = 0; i < ni; i++) {
+#pragma omp simd
+        for (int l = 0; l < LANES; l++) v[i][l] -= m[l];
+    }
+    int64_t it = fam == 1   ? FN(narrow_sparsemax)(v, n, k, lam, done)
+                 : fam == 2 ? FN(narrow_entmax15)(v, n, k, lam, done)
+                            : FN(narrow_entmax_alpha)(v, n, k, pa, lam, done);
+    T am1 = pa->am1, q = pa->q;
+    volatile T one_v = 1; /* opaque: see entmax_sums */
+    T one = one_v;
+    for (int i = 0; i < ni; i++) {
+#pragma omp simd
+        for (int l = 0; l < LANES; l++) {
+            T u = v[i][l] - lam[l];
+            T on = u > 0;
+            u = u > 0 ? u : 0;
+            if (fam == 1) {
+                v[i][l] = u;
+            } else if (fam == 2) {
+                v[i][l] = (T)0.25 * u * u;
+            } else { /* as write_zero_below: e^{q log w}, the mask multiplied */
+                T w = am1 * u;
+                v[i][l] = EXP(q * LOG(w > 0 ? w : one)) * on;
+            }
+        }
+    }
+    for (int l = 0; l < nr; l++) {
+        T *pr = p + l * n;
+        if (conv[l]) {
+            FN(fill_conventions)(z + l * n, pr, n, bad[l]);
+            continue;
+        }
+        for (int i = 0; i < ni; i++) pr[i] = v[i][l];
+    }
+    if (mo)
+        for (int l = 0; l < nr; l++) {
+            mo[l] = m[l];
+            lo[l] = lam[l];
+        }
+    return it;
+}
