@@ -177,11 +177,19 @@ static int64_t FN(narrow_rows)(int fam, const T *z, T *p, int nr, int64_t n, T k
         cnt[l] = 0;
         bad[l] = 0;
     }
+    /* The transpose as plain copies, a row at a time: loaded inside the
+     * scan below, each column took a masked gather, which cost more. */
+    for (int l = 0; l < LANES; l++) {
+        const T *zl = z + l * ni;
+        if (l < nr)
+            for (int i = 0; i < ni; i++) v[i][l] = zl[i];
+        else
+            for (int i = 0; i < ni; i++) v[i][l] = 0;
+    }
     for (int i = 0; i < ni; i++) {
 #pragma omp simd
         for (int l = 0; l < LANES; l++) {
-            T x = l < nr ? z[l * ni + i] : (T)0;
-            v[i][l] = x;
+            T x = v[i][l];
             m[l] = x > m[l] ? x : m[l];
             cnt[l] += x > -INFINITY;
             bad[l] |= (x != x) | (x == INFINITY);
