@@ -95,6 +95,41 @@ static inline T FN(slope)(int fam, T pi, T e)
     return pi < 1 ? pi : (pi == pi ? (T)0 : pi);
 }
 
+/* The backward of narrow rows (n ≤ NARROW_MAX) of a zero-below family:
+ * the dense families' two passes, d read off p on every entry.  On rows
+ * this short, finding the support first (below) costs more than the
+ * entries it skips.  Inlined with a constant fam, so each family's loops
+ * are vector loops of their own (with fam chosen inside, GCC left them
+ * scalar). */
+static inline __attribute__((always_inline)) T FN(narrow_slope)(const int fam, T pi, T e, T one)
+{
+    if (fam != 3) return FN(slope)(fam, pi, e);
+    /* p^{2−α} as w^q in entmax_sums (the mask multiplied; a select around
+     * the call kept the loop scalar), + (p − p) to keep a NaN */
+    return POWQ(WPOS(pi, one), e) * (T)(pi > 0) + (pi - pi);
+}
+
+static inline __attribute__((always_inline)) void FN(narrow_backward)(const int fam, const T *p, const T *g, T *dx,
+                                                                     int64_t rows, int64_t n, T inv_tau, T e)
+{
+    volatile T one_v = 1; /* opaque: see entmax_sums */
+    T one = one_v;
+    for (int64_t r = 0; r < rows; r++) {
+        const T *pr = p + r * n, *gr = g + r * n;
+        T *out = dx + r * n;
+        T sd = 0, sdg = 0;
+#pragma omp simd reduction(+ : sd, sdg)
+        for (int64_t i = 0; i < n; i++) {
+            T d = FN(narrow_slope)(fam, pr[i], e, one);
+            sd += d;
+            sdg += d * gr[i];
+        }
+        T coef = sd > 0 ? sdg / sd : 0;
+#pragma omp simd
+        for (int64_t i = 0; i < n; i++) out[i] = FN(narrow_slope)(fam, pr[i], e, one) * (gr[i] - coef) * inv_tau;
+    }
+}
+
 /* Backward: dx = d ⊙ (g − Σ(d⊙g)/Σd) / τ with d = f′(u) read off p
  * (0 where Σd = 0, NaN where p is NaN).
  * Dense families (softmax, exp): two passes, d recomputed (no d buffer).
@@ -109,6 +144,15 @@ int FN(softk_backward)(int fam, const T *p, const T *g, T *dx, int64_t rows, int
     T inv_tau = (T)inv_taud, e = (T)(2 - alphad);
     int64_t *sidx = NULL;
     T *dv = NULL;
+    if (fam >= 1 && fam <= 3 && n <= NARROW_MAX) {
+        if (fam == 1)
+            FN(narrow_backward)(1, p, g, dx, rows, n, inv_tau, e);
+        else if (fam == 2)
+            FN(narrow_backward)(2, p, g, dx, rows, n, inv_tau, e);
+        else
+            FN(narrow_backward)(3, p, g, dx, rows, n, inv_tau, e);
+        return 0;
+    }
     if (fam >= 1 && fam <= 3) {
         sidx = (int64_t *)malloc((size_t)(n + PAD) * sizeof(int64_t));
         dv = (T *)malloc((size_t)(n + PAD) * sizeof(T));
