@@ -6,8 +6,10 @@ The forward of ``softk.sparsemax``, ``softk.entmax15`` and
 2^20 (``--elements``), one thread, for each width N in ``--widths``; the
 providers are called in turn, round after round, and each one's minimum
 over the rounds is reported, in ms and as a multiple of ``torch.softmax``'s.
+With ``--backward``, forward + backward instead (autograd, an incoming
+gradient drawn once).
 
-    PYTHONPATH=src python benchmarks/cpu/native_narrow.py [--widths 8 16 32 64 128 256] [--rounds 40] [--json out.json]
+    PYTHONPATH=src python benchmarks/cpu/native_narrow.py [--widths 8 16 32 64 128 256] [--backward] [--json out.json]
 """
 
 from __future__ import annotations
@@ -21,13 +23,24 @@ import torch
 import softk
 
 
-def providers(x: torch.Tensor) -> dict:
-    return {
-        "torch.softmax": lambda: torch.softmax(x, -1),
-        "sparsemax": lambda: softk.sparsemax(x),
-        "entmax15": lambda: softk.entmax15(x),
-        "entmax alpha=1.3": lambda: softk.entmax(x, alpha=1.3),
-    }
+MAPS = {
+    "torch.softmax": lambda x: torch.softmax(x, -1),
+    "sparsemax": softk.sparsemax,
+    "entmax15": softk.entmax15,
+    "entmax alpha=1.3": lambda x: softk.entmax(x, alpha=1.3),
+}
+
+
+def providers(x: torch.Tensor, backward: bool) -> dict:
+    if not backward:
+        return {name: (lambda f=f: f(x)) for name, f in MAPS.items()}
+    g = torch.randn_like(x)
+
+    def fwd_bwd(f):
+        leaf = x.detach().requires_grad_()
+        f(leaf).backward(g)
+
+    return {name: (lambda f=f: fwd_bwd(f)) for name, f in MAPS.items()}
 
 
 def main() -> None:
@@ -35,6 +48,7 @@ def main() -> None:
     ap.add_argument("--widths", type=int, nargs="+", default=[8, 16, 32, 64, 128, 256])
     ap.add_argument("--elements", type=int, default=2**20, help="rows × width of each input")
     ap.add_argument("--rounds", type=int, default=40)
+    ap.add_argument("--backward", action="store_true", help="time forward + backward")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", metavar="PATH", help="also write the results here")
@@ -43,10 +57,11 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     results = []
-    print(f"{'rows × n':>12} " + " ".join(f"{name:>24}" for name in providers(torch.zeros(1))))
+    print(("forward + backward" if args.backward else "forward") + f", {torch.get_num_threads()} thread(s)")
+    print(f"{'rows × n':>12} " + " ".join(f"{name:>24}" for name in MAPS))
     for n in args.widths:
         x = torch.randn(args.elements // n, n)
-        calls = providers(x)
+        calls = providers(x, args.backward)
         best = {name: float("inf") for name in calls}
         with softk.use_backend("native"):
             for fn in calls.values():  # warm up: the first call may compile the kernels
@@ -63,8 +78,8 @@ def main() -> None:
         print(f"{x.shape[0]:>7} × {n:<4}{cells}", flush=True)
         results.append({"shape": list(x.shape), "min_ms": ms, "over_softmax": {k: t / base for k, t in ms.items()}})
     if args.json:
-        out = {"dtype": "float32", "threads": args.threads, "rounds": args.rounds, "torch": torch.__version__,
-               "rows": results}
+        out = {"pass": "fwd+bwd" if args.backward else "fwd", "dtype": "float32", "threads": args.threads,
+               "rounds": args.rounds, "torch": torch.__version__, "rows": results}
         with open(args.json, "w") as fh:
             json.dump(out, fh, indent=1)
 
