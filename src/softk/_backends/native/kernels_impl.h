@@ -95,13 +95,14 @@ static inline T FN(slope)(int fam, T pi, T e)
     return pi < 1 ? pi : (pi == pi ? (T)0 : pi);
 }
 
-/* The backward of narrow rows (n ≤ NARROW_MAX) of a zero-below family:
- * the dense families' two passes, d read off p on every entry.  On rows
- * this short, finding the support first (below) costs more than the
- * entries it skips.  Inlined with a constant fam, so each family's loops
- * are vector loops of their own (with fam chosen inside, GCC left them
- * scalar). */
-static inline __attribute__((always_inline)) T FN(narrow_slope)(const int fam, T pi, T e, T one)
+/* The backward of rows up to DENSE_BACKWARD_MAX entries of a zero-below
+ * family: the dense families' two passes, d read off p on every entry.  On
+ * rows this short, finding the support first (softk_backward, below) costs
+ * more than the entries it skips.  Inlined with a constant fam, so each
+ * family's loops are vector loops of their own (with fam chosen inside,
+ * GCC left them scalar). */
+#define DENSE_BACKWARD_MAX 1024
+static inline __attribute__((always_inline)) T FN(dense_slope)(const int fam, T pi, T e, T one)
 {
     if (fam != 3) return FN(slope)(fam, pi, e);
     /* p^{2−α} as w^q in entmax_sums (the mask multiplied; a select around
@@ -109,7 +110,7 @@ static inline __attribute__((always_inline)) T FN(narrow_slope)(const int fam, T
     return POWQ(WPOS(pi, one), e) * (T)(pi > 0) + (pi - pi);
 }
 
-static inline __attribute__((always_inline)) void FN(narrow_backward)(const int fam, const T *p, const T *g, T *dx,
+static inline __attribute__((always_inline)) void FN(dense_backward)(const int fam, const T *p, const T *g, T *dx,
                                                                      int64_t rows, int64_t n, T inv_tau, T e)
 {
     volatile T one_v = 1; /* opaque: see entmax_sums */
@@ -120,22 +121,24 @@ static inline __attribute__((always_inline)) void FN(narrow_backward)(const int 
         T sd = 0, sdg = 0;
 #pragma omp simd reduction(+ : sd, sdg)
         for (int64_t i = 0; i < n; i++) {
-            T d = FN(narrow_slope)(fam, pr[i], e, one);
+            T d = FN(dense_slope)(fam, pr[i], e, one);
             sd += d;
             sdg += d * gr[i];
         }
         T coef = sd > 0 ? sdg / sd : 0;
 #pragma omp simd
-        for (int64_t i = 0; i < n; i++) out[i] = FN(narrow_slope)(fam, pr[i], e, one) * (gr[i] - coef) * inv_tau;
+        for (int64_t i = 0; i < n; i++) out[i] = FN(dense_slope)(fam, pr[i], e, one) * (gr[i] - coef) * inv_tau;
     }
 }
 
 /* Backward: dx = d ⊙ (g − Σ(d⊙g)/Σd) / τ with d = f′(u) read off p
  * (0 where Σd = 0, NaN where p is NaN).
- * Dense families (softmax, exp): two passes, d recomputed (no d buffer).
- * Zero-below families: d = 0 where p = 0, so the row is read once to find
- * the support (16-wide chunks with no nonzero are skipped), the gradient row
- * is zeroed, and only the support's g and dx are touched.
+ * Dense families (softmax, exp), and zero-below ones on rows up to
+ * DENSE_BACKWARD_MAX (dense_backward): two passes, d recomputed (no d
+ * buffer).  Wider rows of a zero-below family: d = 0 where p = 0, so the row
+ * is read once to find the support (16-wide chunks with no nonzero are
+ * skipped), the gradient row is zeroed, and only the support's g and dx are
+ * touched.
  * scratch: 2 (n + PAD) slots for the zero-below families, else unused.
  * Returns 0, or −1 when scratch memory could not be allocated. */
 int FN(softk_backward)(int fam, const T *p, const T *g, T *dx, int64_t rows, int64_t n,
@@ -144,13 +147,13 @@ int FN(softk_backward)(int fam, const T *p, const T *g, T *dx, int64_t rows, int
     T inv_tau = (T)inv_taud, e = (T)(2 - alphad);
     int64_t *sidx = NULL;
     T *dv = NULL;
-    if (fam >= 1 && fam <= 3 && n <= NARROW_MAX) {
+    if (fam >= 1 && fam <= 3 && n <= DENSE_BACKWARD_MAX) {
         if (fam == 1)
-            FN(narrow_backward)(1, p, g, dx, rows, n, inv_tau, e);
+            FN(dense_backward)(1, p, g, dx, rows, n, inv_tau, e);
         else if (fam == 2)
-            FN(narrow_backward)(2, p, g, dx, rows, n, inv_tau, e);
+            FN(dense_backward)(2, p, g, dx, rows, n, inv_tau, e);
         else
-            FN(narrow_backward)(3, p, g, dx, rows, n, inv_tau, e);
+            FN(dense_backward)(3, p, g, dx, rows, n, inv_tau, e);
         return 0;
     }
     if (fam >= 1 && fam <= 3) {

@@ -19,7 +19,7 @@
  */
 
 #define LANES 16
-#define NARROW_MAX 64
+#define NARROW_MAX 128
 
 typedef T FN(column)[LANES];
 
