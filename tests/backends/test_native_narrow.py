@@ -206,3 +206,16 @@ def test_backward_on_both_sides_of_the_dense_limit(rng, name, family, n):
         for tau in (1.0, 0.5):
             got = native.backward(family, p, torch.tensor(g, dtype=dtype), tau).double().numpy()
             np.testing.assert_allclose(got, _vjp(name, ref_p, g, tau), rtol=0, atol=atol * float(np.abs(g).max()) / tau)
+
+
+@pytest.mark.parametrize("name,family", FAMILIES)
+def test_backward_over_several_blocks_of_rows(rng, name, family):
+    """Short rows go through the backward in blocks of whole rows (2048
+    entries): 300 rows of 8 make two blocks, the second partial."""
+    x = rng.normal(size=(300, 8)) * 2
+    x[::17, ::3] = -np.inf
+    g = rng.normal(size=(300, 8))
+    ref_p = _shifted_reference(name, x, 1)
+    p = native.forward(family, torch.tensor(x), 1)
+    got = native.backward(family, p, torch.tensor(g), 0.5).numpy()
+    np.testing.assert_allclose(got, _vjp(name, ref_p, g, 0.5), rtol=0, atol=1e-12 * float(np.abs(g).max()) / 0.5)

@@ -96,7 +96,7 @@ static inline T FN(slope)(int fam, T pi, T e)
 }
 
 /* The backward of rows up to DENSE_BACKWARD_MAX entries of a zero-below
- * family: the dense families' two passes, d read off p on every entry.  On
+ * family: as the dense families', d read off p on every entry.  On
  * rows this short, finding the support first (softk_backward, below) costs
  * more than the entries it skips.  Inlined with a constant fam, so each
  * family's loops are vector loops of their own (with fam chosen inside,
@@ -104,30 +104,43 @@ static inline T FN(slope)(int fam, T pi, T e)
 #define DENSE_BACKWARD_MAX 1024
 static inline __attribute__((always_inline)) T FN(dense_slope)(const int fam, T pi, T e, T one)
 {
-    if (fam != 3) return FN(slope)(fam, pi, e);
+    /* + (p − p): 0, or NaN where p is NaN, without a branch */
+    if (fam == 1) return (T)(pi > 0) + (pi - pi);
+    if (fam == 2) return SQRT(pi);
     /* p^{2−α} as w^q in entmax_sums (the mask multiplied; a select around
-     * the call kept the loop scalar), + (p − p) to keep a NaN */
+     * the call kept the loop scalar) */
     return POWQ(WPOS(pi, one), e) * (T)(pi > 0) + (pi - pi);
 }
 
+/* d for a block of whole rows at once, a flat loop over DENSE_BLOCK
+ * entries at most (rows shorter than a vector fill it: the powers of
+ * entmax α run in whole vectors), then each row's sums and dx from d. */
+#define DENSE_BLOCK 2048
 static inline __attribute__((always_inline)) void FN(dense_backward)(const int fam, const T *p, const T *g, T *dx,
                                                                      int64_t rows, int64_t n, T inv_tau, T e)
 {
     volatile T one_v = 1; /* opaque: see entmax_sums */
     T one = one_v;
-    for (int64_t r = 0; r < rows; r++) {
-        const T *pr = p + r * n, *gr = g + r * n;
-        T *out = dx + r * n;
-        T sd = 0, sdg = 0;
-#pragma omp simd reduction(+ : sd, sdg)
-        for (int64_t i = 0; i < n; i++) {
-            T d = FN(dense_slope)(fam, pr[i], e, one);
-            sd += d;
-            sdg += d * gr[i];
-        }
-        T coef = sd > 0 ? sdg / sd : 0;
+    T d[DENSE_BLOCK];
+    int64_t per = DENSE_BLOCK / n; /* n ≤ DENSE_BACKWARD_MAX ≤ DENSE_BLOCK */
+    for (int64_t r0 = 0; r0 < rows; r0 += per) {
+        int64_t nr = rows - r0 < per ? rows - r0 : per, m = nr * n;
+        const T *pb = p + r0 * n;
 #pragma omp simd
-        for (int64_t i = 0; i < n; i++) out[i] = FN(dense_slope)(fam, pr[i], e, one) * (gr[i] - coef) * inv_tau;
+        for (int64_t i = 0; i < m; i++) d[i] = FN(dense_slope)(fam, pb[i], e, one);
+        for (int64_t r = 0; r < nr; r++) {
+            const T *dr = d + r * n, *gr = g + (r0 + r) * n;
+            T *out = dx + (r0 + r) * n;
+            T sd = 0, sdg = 0;
+#pragma omp simd reduction(+ : sd, sdg)
+            for (int64_t i = 0; i < n; i++) {
+                sd += dr[i];
+                sdg += dr[i] * gr[i];
+            }
+            T coef = sd > 0 ? sdg / sd : 0;
+#pragma omp simd
+            for (int64_t i = 0; i < n; i++) out[i] = dr[i] * (gr[i] - coef) * inv_tau;
+        }
     }
 }
 
