@@ -114,13 +114,18 @@ static int64_t FN(narrow_entmax15)(FN(column) *v, int64_t n, T k, T *lam, int *d
 
 /* entmax α (q ≤ 8): Newton on h = g^{1/q} − k^{1/q} (convex, nearly
  * linear), as solve_entmax_alpha, until the step is below 4 EPS (1 + |λ|),
- * g(λ) ≤ k (the root, to rounding) or λ stops moving. */
-static int64_t FN(narrow_entmax_alpha)(FN(column) *v, int64_t n, T k, const FN(zb_params) *pa, T *lam,
-                                       int *done)
+ * g(λ) ≤ k (the root, to rounding) or λ stops moving.  Each round leaves
+ * w^q in pw, and a lane that stops keeps the λ of its last round with the
+ * step it did not take in dl[l] (0 where it stopped at the root), so that
+ * narrow_rows writes p from pw without a pass of powers.  (A lane that has
+ * stopped recomputes the same pw in the rounds its neighbours still take.) */
+static int64_t FN(narrow_entmax_alpha)(FN(column) *v, FN(column) *pw, int64_t n, T k, const FN(zb_params) *pa,
+                                       T *lam, T *dl, int *done)
 {
     T am1 = pa->am1, q = pa->q, kq = pa->kq;
     volatile T one_v = 1; /* opaque: see entmax_sums */
     T one = one_v;
+    for (int l = 0; l < LANES; l++) dl[l] = 0;
     int64_t it = 0;
     for (; it < 2 * n + 100; it++) {
         T G[LANES], S[LANES];
@@ -132,6 +137,7 @@ static int64_t FN(narrow_entmax_alpha)(FN(column) *v, int64_t n, T k, const FN(z
                 T on = w > 0;
                 T w1 = WPOS(w, one);
                 T wq = POWQ(w1, q) * on;
+                pw[i][l] = wq;
                 G[l] += wq;
                 S[l] += wq / w1;
             }
@@ -143,10 +149,10 @@ static int64_t FN(narrow_entmax_alpha)(FN(column) *v, int64_t n, T k, const FN(z
             T Gq = POW(g, am1); /* G^{1/q} */
             T step = q * (Gq - kq) * (g / Gq) / S[l];
             T next = lam[l] + step;
-            int go = !done[l] & (G[l] > k) & (next > lam[l]);
             T tol = 4 * EPS * (1 + (lam[l] < 0 ? -lam[l] : lam[l]));
+            int move = !done[l] & (G[l] > k) & (next > lam[l]), go = move & (step > tol);
             lam[l] = go ? next : lam[l];
-            go = go & (step > tol);
+            dl[l] = move & !go ? step : dl[l];
             done[l] = !go;
             live |= go;
         }
@@ -168,8 +174,8 @@ static inline int FN(narrow_serves)(int fam, int64_t n, const FN(zb_params) *pa)
 static int64_t FN(narrow_rows)(int fam, const T *z, T *p, int nr, int64_t n, T k, const FN(zb_params) *pa, T *mo,
                                T *lo)
 {
-    FN(column) v[NARROW_MAX];
-    T m[LANES], lam[LANES], cnt[LANES];
+    FN(column) v[NARROW_MAX], pw[NARROW_MAX];
+    T m[LANES], lam[LANES], dl[LANES], cnt[LANES];
     int bad[LANES], conv[LANES], done[LANES];
     int ni = (int)n;
     for (int l = 0; l < LANES; l++) {
@@ -206,33 +212,45 @@ static int64_t FN(narrow_rows)(int fam, const T *z, T *p, int nr, int64_t n, T k
     }
     int64_t it = fam == 1   ? FN(narrow_sparsemax)(v, n, k, lam, done)
                  : fam == 2 ? FN(narrow_entmax15)(v, n, k, lam, done)
-                            : FN(narrow_entmax_alpha)(v, n, k, pa, lam, done);
-    T am1 = pa->am1, q = pa->q;
-    volatile T one_v = 1; /* opaque: see entmax_sums */
-    T one = one_v;
-    for (int i = 0; i < ni; i++) {
+                            : FN(narrow_entmax_alpha)(v, pw, n, k, pa, lam, dl, done);
+    /* p = f(v − λ).  Entmax α: p at λ + δ (δ = dl, the step not taken)
+     * from pw = w^q at λ to third order, as solve_entmax_alpha's last round
+     * writes it: (w − aδ)^q ≈ w^q (1 − q t + c2 t² − c3 t³), t = aδ/w,
+     * exact to rounding for δ below 4 EPS (1 + |λ|) (zb_params' dmax1 is
+     * far larger); 0 where v ≤ λ + δ. */
+    if (fam == 3) {
+        T am1 = pa->am1, q = pa->q, c2 = q * (q - 1) / 2, c3 = c2 * (q - 2) / 3, zero = 0;
+        volatile T one_v = 1; /* opaque: see entmax_sums */
+        T one = one_v;
+        for (int i = 0; i < ni; i++) {
 #pragma omp simd
-        for (int l = 0; l < LANES; l++) {
-            T u = v[i][l] - lam[l];
-            T on = u > 0;
-            u = u > 0 ? u : 0;
-            if (fam == 1) {
-                v[i][l] = u;
-            } else if (fam == 2) {
-                v[i][l] = (T)0.25 * u * u;
-            } else { /* as write_zero_below: e^{q log w}, the mask multiplied */
-                T w = am1 * u;
-                v[i][l] = EXP(q * LOG(w > 0 ? w : one)) * on;
+            for (int l = 0; l < LANES; l++) {
+                T x = v[i][l] - lam[l];
+                T t = am1 * dl[l] / WPOS(am1 * x, one);
+                T pj = pw[i][l] * (1 + t * (t * (c2 - c3 * t) - q));
+                pj = pj > 0 ? pj : zero;
+                pw[i][l] = x > dl[l] ? pj : zero;
+            }
+        }
+        for (int l = 0; l < LANES; l++) lam[l] += dl[l];
+    } else {
+        for (int i = 0; i < ni; i++) {
+#pragma omp simd
+            for (int l = 0; l < LANES; l++) {
+                T u = v[i][l] - lam[l];
+                u = u > 0 ? u : 0;
+                v[i][l] = fam == 1 ? u : (T)0.25 * u * u;
             }
         }
     }
+    FN(column) *pv = fam == 3 ? pw : v;
     for (int l = 0; l < nr; l++) {
         T *pr = p + l * n;
         if (conv[l]) {
             FN(fill_conventions)(z + l * n, pr, n, bad[l]);
             continue;
         }
-        for (int i = 0; i < ni; i++) pr[i] = v[i][l];
+        for (int i = 0; i < ni; i++) pr[i] = pv[i][l];
     }
     if (mo)
         for (int l = 0; l < nr; l++) {
