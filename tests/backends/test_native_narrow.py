@@ -19,7 +19,7 @@ import torch
 
 import softk
 from softk._backends import native
-from softk.threshold import ENTMAX15, SPARSEMAX, entmax_family
+from softk.threshold import ENTMAX15, EXP, SPARSEMAX, entmax_family
 
 from ..oracle import maps as oracle
 from .test_native import TOL, reference
@@ -31,6 +31,8 @@ WIDTHS = [1, 2, 3, 5, 8, 15, 16, 17, 31, 32, 33, 48, 64, 65, 100, 127, 128, 129]
 FAMILIES = [("sparsemax", SPARSEMAX), ("entmax15", ENTMAX15)] + [
     (f"entmax{a}", entmax_family(a)) for a in (1.125, 1.3, 1.5, 1.75, 2.0)
 ]
+# soft top-k "exp" takes the narrow forward too (its backward is the dense families')
+FORWARD = FAMILIES + [("exp", EXP)]
 
 
 @pytest.fixture(autouse=True)
@@ -39,7 +41,7 @@ def nan_outputs(monkeypatch):
 
 
 def _ks(name, n):
-    return [k for k in (1, 2, 5) if k < n] or [1] if name == "sparsemax" else [1]
+    return [k for k in (1, 2, 5) if k < n] or [1] if name in ("sparsemax", "exp") else [1]
 
 
 def _mixed_rows(rng, rows, n):
@@ -64,7 +66,7 @@ def _shifted_reference(name, x, k):
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-@pytest.mark.parametrize("name,family", FAMILIES)
+@pytest.mark.parametrize("name,family", FORWARD)
 @pytest.mark.parametrize("n", WIDTHS)
 def test_mixed_rows_against_oracle(rng, dtype, name, family, n):
     """37 rows: two full groups of 16 and one of 5."""
@@ -76,7 +78,7 @@ def test_mixed_rows_against_oracle(rng, dtype, name, family, n):
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-@pytest.mark.parametrize("name,family", FAMILIES)
+@pytest.mark.parametrize("name,family", FORWARD)
 @pytest.mark.parametrize("n", [2, 16, 33, 128])
 def test_convention_rows_in_every_lane(rng, dtype, name, family, n):
     """Each kind of convention row at lanes 0, 5 and 15 of a group, among
@@ -97,8 +99,8 @@ def test_convention_rows_in_every_lane(rng, dtype, name, family, n):
             x[lane + 1, ::2] = -inf  # a partly masked neighbour
             x[lane + 1, 1] = 0.0
             xt = torch.tensor(x, dtype=dtype)
-            # k = 2 (sparsemax): the row of two finite entries has at most k, so 1 on both
-            for k in (1, 2) if name == "sparsemax" else (1,):
+            # k = 2: the row of two finite entries has at most k, so 1 on both
+            for k in (1, 2) if name in ("sparsemax", "exp") else (1,):
                 p = native.forward(family, xt, k).double().numpy()
                 ref = _shifted_reference(name, x, k)
                 msg = f"{kind} at lane {lane}, k = {k}"
@@ -107,7 +109,7 @@ def test_convention_rows_in_every_lane(rng, dtype, name, family, n):
                     assert np.isnan(p[lane]).all()
 
 
-@pytest.mark.parametrize("name,family", FAMILIES)
+@pytest.mark.parametrize("name,family", FORWARD)
 def test_partial_group_writes_its_rows_only(rng, name, family):
     """A batch of 3 rows, viewed out of a larger NaN-filled buffer: the rows
     are written in full and the row after them is untouched."""
@@ -129,7 +131,7 @@ def test_sparsemax_ties_at_the_threshold_in_lanes():
         np.testing.assert_allclose(p.numpy(), reference("sparsemax", x.numpy(), k), rtol=0, atol=1e-15)
 
 
-@pytest.mark.parametrize("name,family", FAMILIES)
+@pytest.mark.parametrize("name,family", FORWARD)
 def test_a_row_does_not_depend_on_its_neighbours(rng, name, family):
     """The same row alone and in each lane of a batch of other rows gives
     bit-identical p."""

@@ -111,6 +111,37 @@ static inline int64_t gather_block_avx512(const float *z, int64_t i0, float m, f
     return c;
 }
 #define gather_block_avx2 gather_block_avx512
+
+/* 16 rows of 16 floats (src, row stride ss) stored transposed, dst[j·ds +
+ * r] = src[r·ss + j]: interleaves of pairs, of pairs of pairs, then two
+ * shuffles of 128-bit lanes.  The narrow rows' transposes into and out of
+ * columns (kernels_narrow.h), where copying element by element cost as
+ * much as solving cheap rows. */
+static inline void transpose16_avx512(const float *src, int64_t ss, float *dst, int64_t ds)
+{
+    __m512 r[16], t[16];
+    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(src + i * ss);
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4)
+        for (int j = 0; j < 2; j++) {
+            __m512d a = _mm512_castps_pd(t[i + j]), b = _mm512_castps_pd(t[i + j + 2]);
+            r[i + 2 * j] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+            r[i + 2 * j + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+        }
+    for (int i = 0; i < 16; i += 8)
+        for (int j = 0; j < 4; j++) {
+            t[i + j] = _mm512_shuffle_f32x4(r[i + j], r[i + j + 4], 0x88);
+            t[i + j + 4] = _mm512_shuffle_f32x4(r[i + j], r[i + j + 4], 0xdd);
+        }
+    for (int j = 0; j < 8; j++) {
+        r[j] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0x88);
+        r[j + 8] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0xdd);
+    }
+    for (int j = 0; j < 16; j++) _mm512_storeu_ps(dst + j * ds, r[j]);
+}
 #endif
 #endif
 
@@ -217,6 +248,11 @@ void softk_fastmath_f32(int which, const float *x, float *y, int64_t n, double q
 #else
 #define GATHER_AVX2 0
 #endif
+#if defined(__AVX512F__)
+#define TRANSPOSE16 1 /* float narrow rows transpose with transpose16_avx512 */
+#else
+#define TRANSPOSE16 0
+#endif
 #include "kernels_impl.h"
 #include "kernels_loss.h"
 #include "kernels_topk_ce.h"
@@ -241,6 +277,8 @@ void softk_fastmath_f32(int which, const float *x, float *y, int64_t n, double q
 #define WPOS(w, one) ((w) > 0 ? (w) : (one))
 #undef GATHER_AVX2
 #define GATHER_AVX2 0
+#undef TRANSPOSE16
+#define TRANSPOSE16 0
 #include "kernels_impl.h"
 #include "kernels_loss.h"
 #include "kernels_topk_ce.h"

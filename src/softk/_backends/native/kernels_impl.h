@@ -11,8 +11,8 @@
  */
 
 #include "kernels_rows.h"
-#include "kernels_narrow.h"
 #include "kernels_exp.h"
+#include "kernels_narrow.h"
 
 /* ---------------------------------------------------------------------------
  * Forward over rows [0, rows).  scratch: values (2 (n + PAD) slots, see solve_zero_below), indices and block maxima per call.
@@ -26,8 +26,8 @@ int FN(softk_forward)(int fam, const T *z, T *p, int64_t rows, int64_t n, double
     FN(zb_params) pa = FN(zb_params_of)(fam, k, alpha);
     if (FN(narrow_serves)(fam, n, &pa)) {
         int64_t worst = 0;
-        for (int64_t r = 0; r < rows; r += LANES) {
-            int nr = rows - r < LANES ? (int)(rows - r) : LANES;
+        for (int64_t r = 0; r < rows; r += NARROW_LANES) {
+            int nr = rows - r < NARROW_LANES ? (int)(rows - r) : NARROW_LANES;
             int64_t it = FN(narrow_rows)(fam, z + r * n, p + r * n, nr, n, k, &pa, NULL, NULL);
             worst = it > worst ? it : worst;
         }

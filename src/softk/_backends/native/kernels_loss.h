@@ -120,11 +120,11 @@ static inline __attribute__((always_inline)) T FN(fy_pass)(
 /* L of one row (see the top of the file).  tgt: the class index, or −1 with
  * a dense row yr.  gr: the gradient row, or NULL (then prow is scratch for
  * p).  val/idx/bm: the forward's scratch (bm NULL for softmax and exp).
- * np: the row's p from narrow_rows, as the forward writes it, with its
- * λ − max in nlam (fy_rows solves narrow rows a group at a time), or NULL. */
+ * np: the row's p from narrow_rows, as the forward writes it, with its λ
+ * as nref + nlam (fy_rows solves narrow rows a group at a time), or NULL. */
 static T FN(fy_row)(int fam, const T *zr, int64_t n, T k, T alpha, const FN(zb_params) *pa, int64_t tgt,
                     const T *yr, T *gr, T *prow, T s, T ycap, double tol, T *val, cidx_t *idx, T *bm, int *ybad,
-                    const T *np, T nlam)
+                    const T *np, T nref, T nlam)
 {
     T *pr = gr ? gr : prow;
     int64_t count, iters = 0, c = 0;
@@ -140,6 +140,14 @@ static T FN(fy_row)(int fam, const T *zr, int64_t n, T k, T alpha, const FN(zb_p
         pm = k / sum; /* the forward's p = e·(k/Σe) */
         lam = LOG(sum) - LOG(k);
         acc = k; /* Σ F(u) = Σ p = k */
+    } else if (np) { /* p is 0 off the support: F summed where p > 0 ("exp": in the pass below) */
+        memcpy(pr, np, (size_t)n * sizeof(T));
+        ref = nref;
+        lam = nlam;
+        narrow = fam != 4;
+        if (narrow)
+            for (int64_t i = 0; i < n; i++)
+                if (pr[i] > 0) acc += FN(F)(fam, (zr[i] - ref) - lam, pr[i], alpha);
     } else if (fam == 4) {
         T thr;
         if (FN(exp_stored)(zr, pr, m, n, k, &iters, &thr))
@@ -148,12 +156,6 @@ static T FN(fy_row)(int fam, const T *zr, int64_t n, T k, T alpha, const FN(zb_p
             lam = FN(solve_exp)(zr, m, n, k, &ref, &iters);
             FN(exp_write)(zr, pr, n, ref, lam); /* the forward's own p */
         }
-    } else if (np) { /* p is 0 off the support: F summed where p > 0 */
-        narrow = 1;
-        lam = nlam;
-        memcpy(pr, np, (size_t)n * sizeof(T));
-        for (int64_t i = 0; i < n; i++)
-            if (pr[i] > 0) acc += FN(F)(fam, (zr[i] - m) - lam, pr[i], alpha);
     } else {
         int have_p;
         FN(zb_params) pk = FN(zb_params_with_k)(*pa, fam, k); /* k may differ by row */
@@ -206,22 +208,22 @@ static int FN(fy_rows)(int fam, const T *z, const int64_t *tidx, const T *ty, co
     }
     if (!grad) fail |= !(prow = (T *)malloc((size_t)n * sizeof(T)));
     FN(zb_params) pa = FN(zb_params_of)(fam, k, alpha);
-    /* Narrow rows with one k: p as the forward finds it, a group of LANES
+    /* Narrow rows with one k: p as the forward finds it, a group of NARROW_LANES
      * rows at a time (rows ignored by their index are solved too, unused). */
     int narrow = !krow && FN(narrow_serves)(fam, n, &pa);
-    T np[narrow ? LANES * n : 1], nm[LANES], nlam[LANES];
+    T np[narrow ? NARROW_LANES * n : 1], nm[NARROW_LANES], nlam[NARROW_LANES];
     for (int64_t r = lo; r < hi && !fail; r++) {
         T *gr = grad ? grad + r * n : NULL;
         int64_t tgt = tidx ? tidx[r] : -1;
-        int64_t lane = (r - lo) % LANES;
+        int64_t lane = (r - lo) % NARROW_LANES;
         T l = 0;
         if (narrow && lane == 0)
-            FN(narrow_rows)(fam, z + r * n, np, hi - r < LANES ? (int)(hi - r) : LANES, n, k, &pa, nm, nlam);
+            FN(narrow_rows)(fam, z + r * n, np, hi - r < NARROW_LANES ? (int)(hi - r) : NARROW_LANES, n, k, &pa, nm, nlam);
         if (tidx && tgt == ignore_index) {
             if (gr) memset(gr, 0, (size_t)n * sizeof(T));
         } else {
             l = FN(fy_row)(fam, z + r * n, n, krow ? krow[r] : k, alpha, &pa, tgt, ty ? ty + r * n : NULL, gr, prow,
-                           s, ycap, tol, val, idx, bm, ybad, narrow ? np + lane * n : NULL, nlam[lane]);
+                           s, ycap, tol, val, idx, bm, ybad, narrow ? np + lane * n : NULL, nm[lane], nlam[lane]);
         }
         if (loss) loss[r] = l;
         acc += (double)l;

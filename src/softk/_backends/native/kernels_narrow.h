@@ -1,6 +1,6 @@
-/* Narrow rows (n ≤ NARROW_MAX) of the families with f = 0 below 0: LANES rows
- * at a time, one row per vector lane.  Included by kernels_impl.h once per
- * floating type.
+/* Narrow rows (n ≤ NARROW_MAX) of the families with f = 0 below 0 and of
+ * soft top-k "exp": NARROW_LANES rows at a time, one row per vector lane.
+ * Included by kernels_impl.h once per floating type.
  *
  * A row's solve is a few rounds, each a sum over the row.  Solved one row at
  * a time (solve_zero_below), each round ends in a reduction across the
@@ -8,7 +8,7 @@
  * power), and on rows this short those cost more than the row's own
  * arithmetic.  Here the rows are transposed into columns, v[i][l] = z_l[i] −
  * max z_l, so a round is n vector operations whose sums are per lane, and
- * the scalar steps are vector operations over LANES rows at once.
+ * the scalar steps are vector operations over NARROW_LANES rows at once.
  *
  * The rounds are the row solvers' (solve_sparsemax, solve_entmax15, and for
  * entmax α Newton on h = g^{1/q} − k^{1/q} to 4 EPS), from the family's
@@ -18,24 +18,24 @@
  * solve and stays with the row code.
  */
 
-#define LANES 16
+#define NARROW_LANES 16
 #define NARROW_MAX 128
 
-typedef T FN(column)[LANES];
+typedef T FN(column)[NARROW_LANES];
 
 /* sparsemax: Michelot's rounds, λ ← (Σ_{v > λ} v − k) / #{v > λ}, until the
  * set stops shrinking (λ is then exact: it was computed from this set). */
 static int64_t FN(narrow_sparsemax)(FN(column) *v, int64_t n, T k, T *lam, int *done)
 {
-    T cprev[LANES];
-    for (int l = 0; l < LANES; l++) cprev[l] = -1;
+    T cprev[NARROW_LANES];
+    for (int l = 0; l < NARROW_LANES; l++) cprev[l] = -1;
     int64_t it = 0;
     for (; it < n + 2; it++) {
-        T s[LANES], c[LANES];
-        for (int l = 0; l < LANES; l++) s[l] = c[l] = 0;
+        T s[NARROW_LANES], c[NARROW_LANES];
+        for (int l = 0; l < NARROW_LANES; l++) s[l] = c[l] = 0;
         for (int64_t i = 0; i < n; i++) {
 #pragma omp simd
-            for (int l = 0; l < LANES; l++) {
+            for (int l = 0; l < NARROW_LANES; l++) {
                 T x = v[i][l];
                 int on = x > lam[l];
                 s[l] += on ? x : 0;
@@ -44,7 +44,7 @@ static int64_t FN(narrow_sparsemax)(FN(column) *v, int64_t n, T k, T *lam, int *
         }
         int live = 0;
 #pragma omp simd reduction(| : live)
-        for (int l = 0; l < LANES; l++) {
+        for (int l = 0; l < NARROW_LANES; l++) {
             /* c = 0 only by rounding (solve_sparsemax's guard): keep λ */
             int stop = done[l] | (c[l] == cprev[l]) | !(c[l] > 0);
             T next = (s[l] - k) / c[l];
@@ -65,14 +65,14 @@ static int64_t FN(narrow_entmax15)(FN(column) *v, int64_t n, T k, T *lam, int *d
 {
     int64_t it = 0;
     for (; it < 2 * n + 100; it++) {
-        T D[LANES], G[LANES], c[LANES], wmin[LANES];
-        for (int l = 0; l < LANES; l++) {
+        T D[NARROW_LANES], G[NARROW_LANES], c[NARROW_LANES], wmin[NARROW_LANES];
+        for (int l = 0; l < NARROW_LANES; l++) {
             D[l] = G[l] = c[l] = 0;
             wmin[l] = INFINITY;
         }
         for (int64_t i = 0; i < n; i++) {
 #pragma omp simd
-            for (int l = 0; l < LANES; l++) {
+            for (int l = 0; l < NARROW_LANES; l++) {
                 T w = v[i][l] - lam[l];
                 int on = w > 0;
                 T wo = on ? w : 0;
@@ -86,7 +86,7 @@ static int64_t FN(narrow_entmax15)(FN(column) *v, int64_t n, T k, T *lam, int *d
          * a branch, and that loop then runs scalar. */
         for (int64_t i = 0; i < n; i++) {
 #pragma omp simd
-            for (int l = 0; l < LANES; l++) {
+            for (int l = 0; l < NARROW_LANES; l++) {
                 T w = v[i][l] - lam[l];
                 T wm = w > 0 ? w : (T)INFINITY;
                 wmin[l] = wm < wmin[l] ? wm : wmin[l];
@@ -94,7 +94,7 @@ static int64_t FN(narrow_entmax15)(FN(column) *v, int64_t n, T k, T *lam, int *d
         }
         int live = 0;
 #pragma omp simd reduction(| : live)
-        for (int l = 0; l < LANES; l++) {
+        for (int l = 0; l < NARROW_LANES; l++) {
             T r = G[l] - 4 * k; /* 4 (g(λ) − k) ≥ 0 */
             T disc = D[l] * D[l] - c[l] * r;
             T dc = r / (D[l] + SQRT(disc > 0 ? disc : 0)); /* smaller root of Σ(w − δ)² = 4k */
@@ -125,14 +125,14 @@ static int64_t FN(narrow_entmax_alpha)(FN(column) *v, FN(column) *pw, int64_t n,
     T am1 = pa->am1, q = pa->q, kq = pa->kq;
     volatile T one_v = 1; /* opaque: see entmax_sums */
     T one = one_v;
-    for (int l = 0; l < LANES; l++) dl[l] = 0;
+    for (int l = 0; l < NARROW_LANES; l++) dl[l] = 0;
     int64_t it = 0;
     for (; it < 2 * n + 100; it++) {
-        T G[LANES], S[LANES];
-        for (int l = 0; l < LANES; l++) G[l] = S[l] = 0;
+        T G[NARROW_LANES], S[NARROW_LANES];
+        for (int l = 0; l < NARROW_LANES; l++) G[l] = S[l] = 0;
         for (int64_t i = 0; i < n; i++) {
 #pragma omp simd
-            for (int l = 0; l < LANES; l++) {
+            for (int l = 0; l < NARROW_LANES; l++) {
                 T w = am1 * (v[i][l] - lam[l]);
                 T on = w > 0;
                 T w1 = WPOS(w, one);
@@ -144,7 +144,7 @@ static int64_t FN(narrow_entmax_alpha)(FN(column) *v, FN(column) *pw, int64_t n,
         }
         int live = 0;
 #pragma omp simd reduction(| : live)
-        for (int l = 0; l < LANES; l++) {
+        for (int l = 0; l < NARROW_LANES; l++) {
             T g = G[l] > 0 ? G[l] : one;
             T Gq = POW(g, am1); /* G^{1/q} */
             T step = q * (Gq - kq) * (g / Gq) / S[l];
@@ -161,58 +161,122 @@ static int64_t FN(narrow_entmax_alpha)(FN(column) *v, FN(column) *pw, int64_t n,
     return it + 1;
 }
 
+/* soft top-k "exp": exp_stored's rounds per lane, on e = e^v stored in v:
+ * with t = e^λ, t ← (S − Σ_{e ≥ t} e) / (k − #{e ≥ t}) from t = S/k, until
+ * the saturated set stops growing (λ exact) or t > 1 (nothing saturates).
+ * A lane where exp_stored would give up (k or more saturated, or the
+ * saturated part over half of S) is flagged in fb[l]: narrow_rows solves
+ * that row with solve_exp, as the row code does. */
+static int64_t FN(narrow_exp)(FN(column) *v, int64_t n, T k, T *t, int *fb, int *done)
+{
+    T S[NARROW_LANES], prev[NARROW_LANES];
+    for (int l = 0; l < NARROW_LANES; l++) S[l] = prev[l] = 0;
+    for (int64_t i = 0; i < n; i++) {
+#pragma omp simd
+        for (int l = 0; l < NARROW_LANES; l++) {
+            T e = EXP(v[i][l]);
+            v[i][l] = e;
+            S[l] += e;
+        }
+    }
+    for (int l = 0; l < NARROW_LANES; l++) {
+        t[l] = S[l] / k;
+        fb[l] = 0;
+        done[l] |= !(t[l] <= 1);
+    }
+    int64_t it = 0;
+    for (; it < (int64_t)k + 3; it++) {
+        T ns[NARROW_LANES], ss[NARROW_LANES];
+        for (int l = 0; l < NARROW_LANES; l++) ns[l] = ss[l] = 0;
+        for (int64_t i = 0; i < n; i++) {
+#pragma omp simd
+            for (int l = 0; l < NARROW_LANES; l++) {
+                T e = v[i][l];
+                int on = e >= t[l];
+                ns[l] += on;
+                ss[l] += on ? e : 0;
+            }
+        }
+        int live = 0;
+#pragma omp simd reduction(| : live)
+        for (int l = 0; l < NARROW_LANES; l++) {
+            int stop = done[l] | (ns[l] == prev[l]);
+            int bail = !stop & ((ns[l] >= k) | (ss[l] > S[l] / 2));
+            T tn = (S[l] - ss[l]) / (k - ns[l]);
+            int go = !stop & !bail;
+            t[l] = go ? tn : t[l];
+            prev[l] = go ? ns[l] : prev[l];
+            fb[l] |= bail;
+            go &= tn <= 1;
+            done[l] = !go;
+            live |= go;
+        }
+        if (!live) break;
+    }
+    return it + 1;
+}
+
 /* Whether rows of n entries of family fam go to narrow_rows. */
 static inline int FN(narrow_serves)(int fam, int64_t n, const FN(zb_params) *pa)
 {
-    return fam >= 1 && fam <= 3 && n <= NARROW_MAX && !(fam == 3 && pa->q > 8);
+    return fam >= 1 && fam <= 4 && n <= NARROW_MAX && !(fam == 3 && pa->q > 8);
 }
 
-/* Rows [0, nr) of z, nr ≤ LANES, n ≤ NARROW_MAX (narrow_serves): p, and
- * when mo is not NULL each row's max in mo[l] and λ − max in lo[l]; returns
- * the largest number of rounds.  Lanes from nr on hold rows of zeros,
- * solved and not written. */
+/* Rows [0, nr) of z, nr ≤ NARROW_LANES, n ≤ NARROW_MAX (narrow_serves): p, and
+ * when mo is not NULL each row's λ as a reference entry mo[l] (the max, or
+ * for "exp" solve_exp's ref) plus lo[l]; returns the largest number of
+ * rounds.  Lanes from nr on hold rows of zeros, solved and not written. */
 static int64_t FN(narrow_rows)(int fam, const T *z, T *p, int nr, int64_t n, T k, const FN(zb_params) *pa, T *mo,
                                T *lo)
 {
     FN(column) v[NARROW_MAX], pw[NARROW_MAX];
-    T m[LANES], lam[LANES], dl[LANES], cnt[LANES];
-    int bad[LANES], conv[LANES], done[LANES];
+    T m[NARROW_LANES], lam[NARROW_LANES], dl[NARROW_LANES], cnt[NARROW_LANES];
+    int bad[NARROW_LANES], conv[NARROW_LANES], done[NARROW_LANES], fb[NARROW_LANES];
     int ni = (int)n;
-    for (int l = 0; l < LANES; l++) {
+    for (int l = 0; l < NARROW_LANES; l++) {
         m[l] = -INFINITY;
         cnt[l] = 0;
         bad[l] = 0;
     }
-    /* The transpose as plain copies, a row at a time: loaded inside the
-     * scan below, each column took a masked gather, which cost more. */
-    for (int l = 0; l < LANES; l++) {
+    /* The transpose: a whole group of float rows with AVX-512 by blocks of
+     * 16 columns (transpose16_avx512), the rest as plain copies, a row at a
+     * time (loaded inside the scan below, each column took a masked gather,
+     * which cost more). */
+    int i0 = 0;
+#if TRANSPOSE16
+    if (nr == NARROW_LANES)
+        for (; i0 + 16 <= ni; i0 += 16) transpose16_avx512(z + i0, ni, &v[i0][0], NARROW_LANES);
+#endif
+    for (int l = 0; l < NARROW_LANES; l++) {
         const T *zl = z + l * ni;
         if (l < nr)
-            for (int i = 0; i < ni; i++) v[i][l] = zl[i];
+            for (int i = i0; i < ni; i++) v[i][l] = zl[i];
         else
-            for (int i = 0; i < ni; i++) v[i][l] = 0;
+            for (int i = i0; i < ni; i++) v[i][l] = 0;
     }
     for (int i = 0; i < ni; i++) {
 #pragma omp simd
-        for (int l = 0; l < LANES; l++) {
+        for (int l = 0; l < NARROW_LANES; l++) {
             T x = v[i][l];
             m[l] = x > m[l] ? x : m[l];
             cnt[l] += x > -INFINITY;
             bad[l] |= (x != x) | (x == INFINITY);
         }
     }
-    for (int l = 0; l < LANES; l++) {
+    for (int l = 0; l < NARROW_LANES; l++) {
         conv[l] = bad[l] | (cnt[l] <= k); /* NaN, +inf, or at most k finite entries: fill_conventions */
         done[l] = conv[l];
         lam[l] = pa->lam0;
     }
     for (int i = 0; i < ni; i++) {
 #pragma omp simd
-        for (int l = 0; l < LANES; l++) v[i][l] -= m[l];
+        for (int l = 0; l < NARROW_LANES; l++) v[i][l] -= m[l];
     }
+    for (int l = 0; l < NARROW_LANES; l++) fb[l] = 0;
     int64_t it = fam == 1   ? FN(narrow_sparsemax)(v, n, k, lam, done)
                  : fam == 2 ? FN(narrow_entmax15)(v, n, k, lam, done)
-                            : FN(narrow_entmax_alpha)(v, pw, n, k, pa, lam, dl, done);
+                 : fam == 3 ? FN(narrow_entmax_alpha)(v, pw, n, k, pa, lam, dl, done)
+                            : FN(narrow_exp)(v, n, k, lam, fb, done);
     /* p = f(v − λ).  Entmax α: p at λ + δ (δ = dl, the step not taken)
      * from pw = w^q at λ to third order, as solve_entmax_alpha's last round
      * writes it: (w − aδ)^q ≈ w^q (1 − q t + c2 t² − c3 t³), t = aδ/w,
@@ -224,7 +288,7 @@ static int64_t FN(narrow_rows)(int fam, const T *z, T *p, int nr, int64_t n, T k
         T one = one_v;
         for (int i = 0; i < ni; i++) {
 #pragma omp simd
-            for (int l = 0; l < LANES; l++) {
+            for (int l = 0; l < NARROW_LANES; l++) {
                 T x = v[i][l] - lam[l];
                 T t = am1 * dl[l] / WPOS(am1 * x, one);
                 T pj = pw[i][l] * (1 + t * (t * (c2 - c3 * t) - q));
@@ -232,11 +296,22 @@ static int64_t FN(narrow_rows)(int fam, const T *z, T *p, int nr, int64_t n, T k
                 pw[i][l] = x > dl[l] ? pj : zero;
             }
         }
-        for (int l = 0; l < LANES; l++) lam[l] += dl[l];
+        for (int l = 0; l < NARROW_LANES; l++) lam[l] += dl[l];
+    } else if (fam == 4) { /* p = min(1, e/t), as exp_stored; λ − max = log t */
+        T inv[NARROW_LANES];
+        for (int l = 0; l < NARROW_LANES; l++) inv[l] = 1 / lam[l];
+        for (int i = 0; i < ni; i++) {
+#pragma omp simd
+            for (int l = 0; l < NARROW_LANES; l++) {
+                T e = v[i][l] * inv[l];
+                v[i][l] = e < 1 ? e : 1;
+            }
+        }
+        for (int l = 0; l < NARROW_LANES; l++) lam[l] = LOG(lam[l]);
     } else {
         for (int i = 0; i < ni; i++) {
 #pragma omp simd
-            for (int l = 0; l < LANES; l++) {
+            for (int l = 0; l < NARROW_LANES; l++) {
                 T u = v[i][l] - lam[l];
                 u = u > 0 ? u : 0;
                 v[i][l] = fam == 1 ? u : (T)0.25 * u * u;
@@ -244,13 +319,27 @@ static int64_t FN(narrow_rows)(int fam, const T *z, T *p, int nr, int64_t n, T k
         }
     }
     FN(column) *pv = fam == 3 ? pw : v;
+    i0 = 0; /* back to rows, as into columns; the rows below replace theirs */
+#if TRANSPOSE16
+    if (nr == NARROW_LANES)
+        for (; i0 + 16 <= ni; i0 += 16) transpose16_avx512(&pv[i0][0], NARROW_LANES, p + i0, ni);
+#endif
     for (int l = 0; l < nr; l++) {
         T *pr = p + l * n;
         if (conv[l]) {
             FN(fill_conventions)(z + l * n, pr, n, bad[l]);
             continue;
         }
-        for (int i = 0; i < ni; i++) pr[i] = pv[i][l];
+        if (fb[l]) { /* "exp" where exp_stored gives up: the row code's solve */
+            int64_t its;
+            T ref, ell = FN(solve_exp)(z + l * n, m[l], n, k, &ref, &its);
+            FN(exp_write)(z + l * n, pr, n, ref, ell);
+            m[l] = ref;
+            lam[l] = ell;
+            it = its + 1 > it ? its + 1 : it;
+            continue;
+        }
+        for (int i = i0; i < ni; i++) pr[i] = pv[i][l];
     }
     if (mo)
         for (int l = 0; l < nr; l++) {
