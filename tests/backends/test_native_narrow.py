@@ -19,7 +19,7 @@ import torch
 
 import softk
 from softk._backends import native
-from softk.threshold import ENTMAX15, EXP, SPARSEMAX, entmax_family
+from softk.threshold import ENTMAX15, EXP, SOFTMAX, SPARSEMAX, entmax_family
 
 from ..oracle import maps as oracle
 from .test_native import TOL, reference
@@ -31,8 +31,8 @@ WIDTHS = [1, 2, 3, 5, 8, 15, 16, 17, 31, 32, 33, 48, 64, 65, 100, 127, 128, 129]
 FAMILIES = [("sparsemax", SPARSEMAX), ("entmax15", ENTMAX15)] + [
     (f"entmax{a}", entmax_family(a)) for a in (1.125, 1.3, 1.5, 1.75, 2.0)
 ]
-# soft top-k "exp" takes the narrow forward too (its backward is the dense families')
-FORWARD = FAMILIES + [("exp", EXP)]
+# soft top-k "exp" and softmax take the narrow forward too (their backward is two dense passes already)
+FORWARD = FAMILIES + [("exp", EXP), ("softmax", SOFTMAX)]
 
 
 @pytest.fixture(autouse=True)
@@ -41,6 +41,8 @@ def nan_outputs(monkeypatch):
 
 
 def _ks(name, n):
+    if name == "softmax":
+        return [1, 3] if n > 3 else [1]
     return [k for k in (1, 2, 5) if k < n] or [1] if name in ("sparsemax", "exp") else [1]
 
 

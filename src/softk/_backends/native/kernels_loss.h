@@ -135,19 +135,20 @@ static T FN(fy_row)(int fam, const T *zr, int64_t n, T k, T alpha, const FN(zb_p
     if (!active) {
         FN(fill_conventions)(zr, pr, n, bad);
         ref = count > 0 && !bad ? m : 0;
+    } else if (np) { /* softmax: Σ F = k; "exp": F summed in the pass below; else F where p > 0 */
+        memcpy(pr, np, (size_t)n * sizeof(T));
+        ref = nref;
+        lam = nlam;
+        narrow = fam >= 1 && fam <= 3;
+        if (fam == 0) acc = k;
+        if (narrow)
+            for (int64_t i = 0; i < n; i++)
+                if (pr[i] > 0) acc += FN(F)(fam, (zr[i] - ref) - lam, pr[i], alpha);
     } else if (fam == 0) {
         T sum = FN(store_exp)(zr, pr, m, n);
         pm = k / sum; /* the forward's p = e·(k/Σe) */
         lam = LOG(sum) - LOG(k);
         acc = k; /* Σ F(u) = Σ p = k */
-    } else if (np) { /* p is 0 off the support: F summed where p > 0 ("exp": in the pass below) */
-        memcpy(pr, np, (size_t)n * sizeof(T));
-        ref = nref;
-        lam = nlam;
-        narrow = fam != 4;
-        if (narrow)
-            for (int64_t i = 0; i < n; i++)
-                if (pr[i] > 0) acc += FN(F)(fam, (zr[i] - ref) - lam, pr[i], alpha);
     } else if (fam == 4) {
         T thr;
         if (FN(exp_stored)(zr, pr, m, n, k, &iters, &thr))

@@ -1,5 +1,6 @@
-/* Narrow rows (n ≤ NARROW_MAX) of the families with f = 0 below 0 and of
- * soft top-k "exp": NARROW_LANES rows at a time, one row per vector lane.
+/* Narrow rows (n ≤ NARROW_MAX) of the families with f = 0 below 0, of soft
+ * top-k "exp" and of softmax: NARROW_LANES rows at a time, one row per
+ * vector lane.
  * Included by kernels_impl.h once per floating type.
  *
  * A row's solve is a few rounds, each a sum over the row.  Solved one row at
@@ -161,6 +162,21 @@ static int64_t FN(narrow_entmax_alpha)(FN(column) *v, FN(column) *pw, int64_t n,
     return it + 1;
 }
 
+/* softmax: e = e^v stored in v; t[l] = Σ e (no rounds). */
+static int64_t FN(narrow_softmax)(FN(column) *v, int64_t n, T *t)
+{
+    for (int l = 0; l < NARROW_LANES; l++) t[l] = 0;
+    for (int64_t i = 0; i < n; i++) {
+#pragma omp simd
+        for (int l = 0; l < NARROW_LANES; l++) {
+            T e = EXP(v[i][l]);
+            v[i][l] = e;
+            t[l] += e;
+        }
+    }
+    return 1;
+}
+
 /* soft top-k "exp": exp_stored's rounds per lane, on e = e^v stored in v:
  * with t = e^λ, t ← (S − Σ_{e ≥ t} e) / (k − #{e ≥ t}) from t = S/k, until
  * the saturated set stops growing (λ exact) or t > 1 (nothing saturates).
@@ -219,7 +235,7 @@ static int64_t FN(narrow_exp)(FN(column) *v, int64_t n, T k, T *t, int *fb, int 
 /* Whether rows of n entries of family fam go to narrow_rows. */
 static inline int FN(narrow_serves)(int fam, int64_t n, const FN(zb_params) *pa)
 {
-    return fam >= 1 && fam <= 4 && n <= NARROW_MAX && !(fam == 3 && pa->q > 8);
+    return fam >= 0 && fam <= 4 && n <= NARROW_MAX && !(fam == 3 && pa->q > 8);
 }
 
 /* Rows [0, nr) of z, nr ≤ NARROW_LANES, n ≤ NARROW_MAX (narrow_serves): p, and
@@ -273,7 +289,8 @@ static int64_t FN(narrow_rows)(int fam, const T *z, T *p, int nr, int64_t n, T k
         for (int l = 0; l < NARROW_LANES; l++) v[i][l] -= m[l];
     }
     for (int l = 0; l < NARROW_LANES; l++) fb[l] = 0;
-    int64_t it = fam == 1   ? FN(narrow_sparsemax)(v, n, k, lam, done)
+    int64_t it = fam == 0   ? FN(narrow_softmax)(v, n, lam)
+                 : fam == 1 ? FN(narrow_sparsemax)(v, n, k, lam, done)
                  : fam == 2 ? FN(narrow_entmax15)(v, n, k, lam, done)
                  : fam == 3 ? FN(narrow_entmax_alpha)(v, pw, n, k, pa, lam, dl, done)
                             : FN(narrow_exp)(v, n, k, lam, fb, done);
@@ -297,6 +314,14 @@ static int64_t FN(narrow_rows)(int fam, const T *z, T *p, int nr, int64_t n, T k
             }
         }
         for (int l = 0; l < NARROW_LANES; l++) lam[l] += dl[l];
+    } else if (fam == 0) { /* p = e·(k/Σe), as softk_forward; λ − max = log Σe − log k */
+        T scale[NARROW_LANES];
+        for (int l = 0; l < NARROW_LANES; l++) scale[l] = k / lam[l];
+        for (int i = 0; i < ni; i++) {
+#pragma omp simd
+            for (int l = 0; l < NARROW_LANES; l++) v[i][l] *= scale[l];
+        }
+        for (int l = 0; l < NARROW_LANES; l++) lam[l] = LOG(lam[l]) - LOG(k);
     } else if (fam == 4) { /* p = min(1, e/t), as exp_stored; λ − max = log t */
         T inv[NARROW_LANES];
         for (int l = 0; l < NARROW_LANES; l++) inv[l] = 1 / lam[l];
