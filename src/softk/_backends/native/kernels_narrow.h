@@ -232,10 +232,13 @@ static int64_t FN(narrow_exp)(FN(column) *v, int64_t n, T k, T *t, int *fb, int 
     return it + 1;
 }
 
-/* Whether rows of n entries of family fam go to narrow_rows. */
+/* Whether rows of n entries of family fam go to narrow_rows: "exp" up to
+ * half the limit (beyond, its row code, an exp per entry and rounds of
+ * compares on the stored e, is the faster), entmax α with q ≤ 8. */
 static inline int FN(narrow_serves)(int fam, int64_t n, const FN(zb_params) *pa)
 {
-    return fam >= 0 && fam <= 4 && n <= NARROW_MAX && !(fam == 3 && pa->q > 8);
+    if (fam == 4) return n <= NARROW_MAX / 2;
+    return fam >= 0 && fam <= 3 && n <= NARROW_MAX && !(fam == 3 && pa->q > 8);
 }
 
 /* Rows [0, nr) of z, nr ≤ NARROW_LANES, n ≤ NARROW_MAX (narrow_serves): p, and
