@@ -1,7 +1,8 @@
 """Narrow rows on the native backend: router and small-vocabulary widths.
 
-The forward of ``softk.sparsemax``, ``softk.entmax15`` and
-``softk.entmax(x, alpha=1.3)`` under ``softk.use_backend("native")``, and of
+The forward of ``softk.sparsemax``, ``softk.entmax15``,
+``softk.entmax(x, alpha=1.3)`` and ``softk.soft_topk(x, 2)`` (method "exp")
+under ``softk.use_backend("native")``, and of
 ``torch.softmax``, on x = ``torch.randn(ROWS, N)`` float32 with ROWS·N =
 2^20 (``--elements``), one thread, for each width N in ``--widths``; the
 providers are called in turn, round after round, and each one's minimum
@@ -28,6 +29,7 @@ MAPS = {
     "sparsemax": softk.sparsemax,
     "entmax15": softk.entmax15,
     "entmax alpha=1.3": lambda x: softk.entmax(x, alpha=1.3),
+    "soft_topk exp k=2": lambda x: softk.soft_topk(x, 2),
 }
 
 
