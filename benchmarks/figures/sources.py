@@ -67,8 +67,8 @@ def _gpu_step(result) -> list[dict]:
 
 
 CPU_OVERHEAD = Source(
-    "overhead_1thread_2026-11-25a.json", "c96f9621b6737ac2933244f571c96dedc26f0353ad762060c434da9fc922dc96",
-    "python benchmarks/cpu/overhead.py --threads 1 --json benchmarks/results/overhead_1thread_2026-11-25a.json",
+    "overhead_1thread_2026-11-29.json", "9273e86487a7c12f61d02f02cdc1d0aa9ed576dd1bd427de40ce6be79f779c65",
+    "python benchmarks/cpu/overhead.py --threads 1 --json benchmarks/results/overhead_1thread_2026-11-29.json",
     _overhead)
 CPU_ATTENTION = Source(
     "attention_cpu_1thread_2026-11-29h.json", "06d22c147072e5737df5856f292bb9bd7a742b8c67a66006298110eff674a54d",
