@@ -20,7 +20,8 @@
  */
 
 #define NARROW_LANES 16
-#define NARROW_MAX 128
+#define NARROW_MAX 256       /* the widest rows any family takes here (narrow_serves) */
+#define NARROW_ALPHA_MAX 128 /* entmax α's, the length of its buffer of powers */
 
 typedef T FN(column)[NARROW_LANES];
 
@@ -232,13 +233,17 @@ static int64_t FN(narrow_exp)(FN(column) *v, int64_t n, T k, T *t, int *fb, int 
     return it + 1;
 }
 
-/* Whether rows of n entries of family fam go to narrow_rows: "exp" up to
- * half the limit (beyond, its row code, an exp per entry and rounds of
- * compares on the stored e, is the faster), entmax α with q ≤ 8. */
+/* Whether rows of n entries of family fam go to narrow_rows: up to the
+ * width where the row code catches up, which is where its own rounds are
+ * cheap (softmax's one pass, "exp"'s compares on the stored e) or the lanes'
+ * rounds are dear (entmax α's powers, from a far starting bound), and
+ * entmax α only with q ≤ 8. */
 static inline int FN(narrow_serves)(int fam, int64_t n, const FN(zb_params) *pa)
 {
-    if (fam == 4) return n <= NARROW_MAX / 2;
-    return fam >= 0 && fam <= 3 && n <= NARROW_MAX && !(fam == 3 && pa->q > 8);
+    if (fam == 1 || fam == 2) return n <= NARROW_MAX;
+    if (fam == 3) return n <= NARROW_ALPHA_MAX && pa->q <= 8;
+    if (fam == 4) return n <= 64;
+    return fam == 0 && n <= 128;
 }
 
 /* Rows [0, nr) of z, nr ≤ NARROW_LANES, n ≤ NARROW_MAX (narrow_serves): p, and
@@ -248,7 +253,7 @@ static inline int FN(narrow_serves)(int fam, int64_t n, const FN(zb_params) *pa)
 static int64_t FN(narrow_rows)(int fam, const T *z, T *p, int nr, int64_t n, T k, const FN(zb_params) *pa, T *mo,
                                T *lo)
 {
-    FN(column) v[NARROW_MAX], pw[NARROW_MAX];
+    FN(column) v[NARROW_MAX], pw[NARROW_ALPHA_MAX];
     T m[NARROW_LANES], lam[NARROW_LANES], dl[NARROW_LANES], cnt[NARROW_LANES];
     int bad[NARROW_LANES], conv[NARROW_LANES], done[NARROW_LANES], fb[NARROW_LANES];
     int ni = (int)n;
