@@ -85,49 +85,59 @@ int FN(softk_forward)(int fam, const T *z, T *p, int64_t rows, int64_t n, double
     return 0;
 }
 
-/* d = f′(u) read off p (the same formulas as Family.d_from_p), NaN kept. */
-static inline T FN(slope)(int fam, T pi, T e)
+/* d = f′(u) read off p (the same formulas as Family.d_from_p), NaN kept:
+ * + (p − p) is 0, or NaN where p is NaN, without a branch.  Entmax α's
+ * p^{2−α} as w^q in entmax_sums (the mask multiplied; a select around the
+ * call kept loops scalar); one: an opaque 1 (see entmax_sums). */
+static inline __attribute__((always_inline)) T FN(slope)(const int fam, T pi, T e, T one)
 {
     if (fam == 0) return pi;
-    if (fam == 1) return pi > 0 ? (T)1 : (pi == pi ? (T)0 : pi);
+    if (fam == 1) return (T)(pi > 0) + (pi - pi);
     if (fam == 2) return SQRT(pi);
-    if (fam == 3) return pi > 0 ? POW(pi > 0 ? pi : 1, e) : (pi == pi ? (T)0 : pi);
+    if (fam == 3) return POWQ(WPOS(pi, one), e) * (T)(pi > 0) + (pi - pi);
     return pi < 1 ? pi : (pi == pi ? (T)0 : pi);
 }
 
-/* The backward of rows up to DENSE_BACKWARD_MAX entries of a zero-below
- * family: as the dense families', d read off p on every entry.  On
- * rows this short, finding the support first (softk_backward, below) costs
- * more than the entries it skips.  Inlined with a constant fam, so each
- * family's loops are vector loops of their own (with fam chosen inside,
- * GCC left them scalar). */
+/* The backward in two dense passes, d read off p on every entry: softmax's
+ * and "exp"'s rows, and the zero-below families' up to DENSE_BACKWARD_MAX
+ * entries (on rows this short, finding the support first, below, costs more
+ * than the entries it skips); d recomputed in the second pass.  Entmax α on
+ * rows up to DENSE_BLOCK entries: d for a block of whole rows at once in one
+ * flat loop, so that rows shorter than a vector fill it and its powers run
+ * in whole vectors (for the other families' cheap d, storing it cost more
+ * than computing it twice), then each row's sums and dx from d.  Inlined with
+ * a constant fam (dense_backward_of), so each family's loops are vector
+ * loops of their own: with fam chosen inside, GCC computed every family's
+ * slope on every entry, or left the loops scalar. */
 #define DENSE_BACKWARD_MAX 1024
-static inline __attribute__((always_inline)) T FN(dense_slope)(const int fam, T pi, T e, T one)
-{
-    /* + (p − p): 0, or NaN where p is NaN, without a branch */
-    if (fam == 1) return (T)(pi > 0) + (pi - pi);
-    if (fam == 2) return SQRT(pi);
-    /* p^{2−α} as w^q in entmax_sums (the mask multiplied; a select around
-     * the call kept the loop scalar) */
-    return POWQ(WPOS(pi, one), e) * (T)(pi > 0) + (pi - pi);
-}
-
-/* d for a block of whole rows at once, a flat loop over DENSE_BLOCK
- * entries at most (rows shorter than a vector fill it: the powers of
- * entmax α run in whole vectors), then each row's sums and dx from d. */
 #define DENSE_BLOCK 2048
 static inline __attribute__((always_inline)) void FN(dense_backward)(const int fam, const T *p, const T *g, T *dx,
-                                                                     int64_t rows, int64_t n, T inv_tau, T e)
+                                                                     int64_t rows, int64_t n, T inv_tau, T e, T one)
 {
-    volatile T one_v = 1; /* opaque: see entmax_sums */
-    T one = one_v;
+    if (fam != 3 || n > DENSE_BLOCK) {
+        for (int64_t r = 0; r < rows; r++) {
+            const T *pr = p + r * n, *gr = g + r * n;
+            T *out = dx + r * n;
+            T sd = 0, sdg = 0;
+#pragma omp simd reduction(+ : sd, sdg)
+            for (int64_t i = 0; i < n; i++) {
+                T d = FN(slope)(fam, pr[i], e, one);
+                sd += d;
+                sdg += d * gr[i];
+            }
+            T coef = sd > 0 ? sdg / sd : 0;
+#pragma omp simd
+            for (int64_t i = 0; i < n; i++) out[i] = FN(slope)(fam, pr[i], e, one) * (gr[i] - coef) * inv_tau;
+        }
+        return;
+    }
     T d[DENSE_BLOCK];
-    int64_t per = DENSE_BLOCK / n; /* n ≤ DENSE_BACKWARD_MAX ≤ DENSE_BLOCK */
+    int64_t per = DENSE_BLOCK / n;
     for (int64_t r0 = 0; r0 < rows; r0 += per) {
         int64_t nr = rows - r0 < per ? rows - r0 : per, m = nr * n;
         const T *pb = p + r0 * n;
 #pragma omp simd
-        for (int64_t i = 0; i < m; i++) d[i] = FN(dense_slope)(fam, pb[i], e, one);
+        for (int64_t i = 0; i < m; i++) d[i] = FN(slope)(fam, pb[i], e, one);
         for (int64_t r = 0; r < nr; r++) {
             const T *dr = d + r * n, *gr = g + (r0 + r) * n;
             T *out = dx + (r0 + r) * n;
@@ -144,56 +154,55 @@ static inline __attribute__((always_inline)) void FN(dense_backward)(const int f
     }
 }
 
+static void FN(dense_backward_of)(int fam, const T *p, const T *g, T *dx, int64_t rows, int64_t n, T inv_tau, T e,
+                                  T one)
+{
+    switch (fam) {
+    case 0: FN(dense_backward)(0, p, g, dx, rows, n, inv_tau, e, one); break;
+    case 1: FN(dense_backward)(1, p, g, dx, rows, n, inv_tau, e, one); break;
+    case 2: FN(dense_backward)(2, p, g, dx, rows, n, inv_tau, e, one); break;
+    case 3: FN(dense_backward)(3, p, g, dx, rows, n, inv_tau, e, one); break;
+    default: FN(dense_backward)(4, p, g, dx, rows, n, inv_tau, e, one); break;
+    }
+}
+
+/* d on a support's values dv[0..cp) in place, fam constant (see dense_backward). */
+static inline __attribute__((always_inline)) void FN(support_slopes)(const int fam, T *dv, int64_t cp, T e, T one)
+{
+#pragma omp simd
+    for (int64_t j = 0; j < cp; j++) dv[j] = FN(slope)(fam, dv[j], e, one);
+}
+
 /* Backward: dx = d ⊙ (g − Σ(d⊙g)/Σd) / τ with d = f′(u) read off p
  * (0 where Σd = 0, NaN where p is NaN).
  * Dense families (softmax, exp), and zero-below ones on rows up to
- * DENSE_BACKWARD_MAX (dense_backward): two passes, d recomputed (no d
- * buffer).  Wider rows of a zero-below family: d = 0 where p = 0, so the row
- * is read once to find the support (16-wide chunks with no nonzero are
- * skipped), the gradient row is zeroed, and only the support's g and dx are
- * touched.
- * scratch: 2 (n + PAD) slots for the zero-below families, else unused.
+ * DENSE_BACKWARD_MAX: dense_backward.  Wider rows of a zero-below family:
+ * d = 0 where p = 0, so the row is read once to find the support (16-wide
+ * chunks with no nonzero are skipped), the gradient row is zeroed, and only
+ * the support's g and dx are touched.
+ * scratch: 2 (n + PAD) slots for the wider zero-below rows, else unused.
  * Returns 0, or −1 when scratch memory could not be allocated. */
 int FN(softk_backward)(int fam, const T *p, const T *g, T *dx, int64_t rows, int64_t n,
                        double inv_taud, double alphad)
 {
     T inv_tau = (T)inv_taud, e = (T)(2 - alphad);
-    int64_t *sidx = NULL;
-    T *dv = NULL;
-    if (fam >= 1 && fam <= 3 && n <= DENSE_BACKWARD_MAX) {
-        if (fam == 1)
-            FN(dense_backward)(1, p, g, dx, rows, n, inv_tau, e);
-        else if (fam == 2)
-            FN(dense_backward)(2, p, g, dx, rows, n, inv_tau, e);
-        else
-            FN(dense_backward)(3, p, g, dx, rows, n, inv_tau, e);
+    volatile T one_v = 1; /* opaque: see entmax_sums */
+    T one = one_v;
+    if (!(fam >= 1 && fam <= 3) || n <= DENSE_BACKWARD_MAX) {
+        FN(dense_backward_of)(fam, p, g, dx, rows, n, inv_tau, e, one);
         return 0;
     }
-    if (fam >= 1 && fam <= 3) {
-        sidx = (int64_t *)malloc((size_t)(n + PAD) * sizeof(int64_t));
-        dv = (T *)malloc((size_t)(n + PAD) * sizeof(T));
-        if (!sidx || !dv) {
-            free(sidx);
-            free(dv);
-            return -1;
-        }
+    int64_t *sidx = (int64_t *)malloc((size_t)(n + PAD) * sizeof(int64_t));
+    T *dv = (T *)malloc((size_t)(n + PAD) * sizeof(T));
+    if (!sidx || !dv) {
+        free(sidx);
+        free(dv);
+        return -1;
     }
     for (int64_t r = 0; r < rows; r++) {
         const T *pr = p + r * n, *gr = g + r * n;
         T *out = dx + r * n;
         T sd = 0, sdg = 0;
-        if (!sidx) {
-#pragma omp simd reduction(+ : sd, sdg)
-            for (int64_t i = 0; i < n; i++) {
-                T d = FN(slope)(fam, pr[i], e);
-                sd += d;
-                sdg += d * gr[i];
-            }
-            T coef = sd > 0 ? sdg / sd : 0;
-#pragma omp simd
-            for (int64_t i = 0; i < n; i++) out[i] = FN(slope)(fam, pr[i], e) * (gr[i] - coef) * inv_tau;
-            continue;
-        }
         int64_t c = 0;
         for (int64_t i0 = 0; i0 < n; i0 += PAD) {
             int64_t end = i0 + PAD < n ? i0 + PAD : n;
@@ -210,8 +219,12 @@ int FN(softk_backward)(int fam, const T *p, const T *g, T *dx, int64_t rows, int
         int64_t cp = (c + PAD - 1) / PAD * PAD; /* whole vectors for pow */
         for (int64_t j = 0; j < c; j++) dv[j] = pr[sidx[j]];
         for (int64_t j = c; j < cp; j++) dv[j] = 0;
-#pragma omp simd
-        for (int64_t j = 0; j < cp; j++) dv[j] = FN(slope)(fam, dv[j], e);
+        if (fam == 1)
+            FN(support_slopes)(1, dv, cp, e, one);
+        else if (fam == 2)
+            FN(support_slopes)(2, dv, cp, e, one);
+        else
+            FN(support_slopes)(3, dv, cp, e, one);
         for (int64_t j = 0; j < c; j++) {
             sd += dv[j];
             sdg += dv[j] * gr[sidx[j]];
