@@ -303,10 +303,9 @@ static int64_t FN(narrow_rows)(int fam, const T *z, T *p, int nr, int64_t n, T k
                  : fam == 3 ? FN(narrow_entmax_alpha)(v, pw, n, k, pa, lam, dl, done)
                             : FN(narrow_exp)(v, n, k, lam, fb, done);
     /* p = f(v − λ).  Entmax α: p at λ + δ (δ = dl, the step not taken)
-     * from pw = w^q at λ to third order, as solve_entmax_alpha's last round
-     * writes it: (w − aδ)^q ≈ w^q (1 − q t + c2 t² − c3 t³), t = aδ/w,
-     * exact to rounding for δ below 4 EPS (1 + |λ|) (zb_params' dmax1 is
-     * far larger); 0 where v ≤ λ + δ. */
+     * from pw = w^q at λ (power_shifted, as solve_entmax_alpha's last round
+     * writes it), exact to rounding for δ below 4 EPS (1 + |λ|) (zb_params'
+     * dmax1 is far larger); 0 where v ≤ λ + δ. */
     if (fam == 3) {
         T am1 = pa->am1, q = pa->q, c2 = q * (q - 1) / 2, c3 = c2 * (q - 2) / 3, zero = 0;
         volatile T one_v = 1; /* opaque: see entmax_sums */
@@ -315,9 +314,7 @@ static int64_t FN(narrow_rows)(int fam, const T *z, T *p, int nr, int64_t n, T k
 #pragma omp simd
             for (int l = 0; l < NARROW_LANES; l++) {
                 T x = v[i][l] - lam[l];
-                T t = am1 * dl[l] / WPOS(am1 * x, one);
-                T pj = pw[i][l] * (1 + t * (t * (c2 - c3 * t) - q));
-                pj = pj > 0 ? pj : zero;
+                T pj = FN(power_shifted)(pw[i][l], am1 * dl[l] / WPOS(am1 * x, one), q, c2, c3);
                 pw[i][l] = x > dl[l] ? pj : zero;
             }
         }

@@ -220,6 +220,17 @@ static T FN(solve_entmax15)(T lam, T k, T *val, cidx_t *idx, int64_t *cp, int64_
     return lam;
 }
 
+/* w^q moved to (w − aδ)^q from w^q itself, to third order: w^q (1 − q t +
+ * c2 t² − c3 t³), t = aδ/w, c2 = q(q − 1)/2, c3 = c2 (q − 2)/3, clamped at
+ * 0 (t near 1 and beyond: p that small, or 0).  Exact to rounding for the
+ * steps zb_params' dmax1 allows (solve_entmax_alpha's last round, the
+ * narrow rows' write). */
+static inline T FN(power_shifted)(T wq, T t, T q, T c2, T c3)
+{
+    T pj = wq * (1 + t * (t * (c2 - c3 * t) - q));
+    return pj > 0 ? pj : (T)0;
+}
+
 /* entmax α: on h = g^{1/q} − k^{1/q}, q = 1/(α−1) ≥ 1 (convex, nearly
  * linear), Newton's step, or Halley's in the row's own solve (final = 1)
  * where q ≥ 2, until the step
@@ -305,19 +316,14 @@ static T FN(solve_entmax_alpha)(T lam, T k, const FN(zb_params) *pa, T rtol, int
         }
         if (last) {
             /* The last round: p at next = lam + step from this round's
-             * w^q to third order, (w − aδ)^q ≈ w^q (1 − q t + c2 t² − c3 t³)
-             * with t = aδ/w, c2 = q(q − 1)/2, c3 = c2 (q − 2)/3, so the
-             * final write needs no pow.  Where t ≥ 1 (v ≤ next) p is 0;
-             * where t is near 1 p is that small too (clamped at 0).
-             * Entries at or below next stay among the candidates, with
-             * p = 0. */
+             * w^q to third order (power_shifted), so the final write needs
+             * no pow.  Where t ≥ 1 (v ≤ next) p is 0.  Entries at or below
+             * next stay among the candidates, with p = 0. */
             T ad = am1 * step, c2 = q * (q - 1) / 2, c3 = c2 * (q - 2) / 3, zero = 0;
 #pragma omp simd
             for (int64_t j = 0; j < cp; j++) {
                 T v = val[j], w = am1 * (v - lam);
-                T t = ad / WPOS(w, one);
-                T pj = pw[j] * (1 + t * (t * (c2 - c3 * t) - q));
-                pj = pj > 0 ? pj : zero;
+                T pj = FN(power_shifted)(pw[j], ad / WPOS(w, one), q, c2, c3);
                 pw[j] = v > next ? pj : zero;
             }
             lam = next;
