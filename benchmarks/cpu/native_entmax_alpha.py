@@ -20,6 +20,23 @@ import torch
 import softk
 
 
+def native_minima(providers: dict, rounds: int, warmup: int = 5) -> dict:
+    """Each provider's minimum time in ms under the native backend, the
+    providers called in turn, round after round, after ``warmup`` untimed
+    calls each (the first call may compile the kernels)."""
+    best = {name: float("inf") for name in providers}
+    with softk.use_backend("native"):
+        for fn in providers.values():
+            for _ in range(warmup):
+                fn()
+        for _ in range(rounds):
+            for name, fn in providers.items():
+                t0 = time.perf_counter()
+                fn()
+                best[name] = min(best[name], time.perf_counter() - t0)
+    return {name: t * 1e3 for name, t in best.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--alpha", type=float, default=1.3)
@@ -41,17 +58,7 @@ def main() -> None:
         "sparsemax": lambda: softk.sparsemax(x),
         "torch.softmax": lambda: torch.softmax(x, -1),
     }
-    best = {name: float("inf") for name in providers}
-    with softk.use_backend("native"):
-        for fn in providers.values():  # warm up: the first call may compile the kernels
-            for _ in range(5):
-                fn()
-        for _ in range(args.rounds):
-            for name, fn in providers.items():
-                t0 = time.perf_counter()
-                fn()
-                best[name] = min(best[name], time.perf_counter() - t0)
-    ms = {name: t * 1e3 for name, t in best.items()}
+    ms = native_minima(providers, args.rounds)
     ratio = ms[f"entmax alpha={alpha}"] / ms["entmax15"]
     for name, t in ms.items():
         print(f"{name:>20}: {t:.3f} ms")

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 import torch
+from native_entmax_alpha import native_minima  # this directory is the script's, so on sys.path
 
 import softk
 
@@ -63,18 +63,7 @@ def main() -> None:
     print(f"{'rows × n':>12} " + " ".join(f"{name:>24}" for name in MAPS))
     for n in args.widths:
         x = torch.randn(args.elements // n, n)
-        calls = providers(x, args.backward)
-        best = {name: float("inf") for name in calls}
-        with softk.use_backend("native"):
-            for fn in calls.values():  # warm up: the first call may compile the kernels
-                for _ in range(3):
-                    fn()
-            for _ in range(args.rounds):
-                for name, fn in calls.items():
-                    t0 = time.perf_counter()
-                    fn()
-                    best[name] = min(best[name], time.perf_counter() - t0)
-        ms = {name: t * 1e3 for name, t in best.items()}
+        ms = native_minima(providers(x, args.backward), args.rounds, warmup=3)
         base = ms["torch.softmax"]
         cells = " ".join(f"{t:>13.3f} ms ({t / base:4.2f}x)" for t in ms.values())
         print(f"{x.shape[0]:>7} × {n:<4}{cells}", flush=True)
