@@ -66,6 +66,24 @@ def test_rows_match_oracle(rng, fused_calls, label, kind, dtype):
         assert loss[IGNORED] == 0 and (grad[IGNORED] == 0).all()
 
 
+@pytest.mark.parametrize("n", [300, 1024])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("label", ["sparsemax", "entmax15", "entmax1.3"])
+def test_wide_rows_match_oracle(rng, fused_calls, label, dtype, n):
+    """Rows wider than the narrow kernels take: the row solve, its gather of
+    the candidates and its write of p (entmax α writes whole blocks), with
+    a partial last block at n = 300, and the adversarial rows of the
+    narrow case."""
+    xn = rows(rng, dtype, n=n)
+    t = index_target(rng, n)
+    keep = t != -100
+    loss, grad = _run(torch.tensor(xn).to(dtype), torch.tensor(t), label, 1, 0.5)
+    assert fused_calls and fused_calls[-1][0] == FAMS[label][0].name
+    ref_loss, ref_grad = oracle_rows(label, xn, np.eye(n)[np.where(keep, t, 0)], keep, 1, 0.5)
+    assert_close(loss, ref_loss, dtype, atol=atol(dtype, 5))
+    assert_close(grad, ref_grad, dtype, atol=atol(dtype))
+
+
 @pytest.mark.parametrize("offset", [1e4, 1e5, 1e6])
 @pytest.mark.parametrize("tau", [1e-3, 1.0, 10.0])
 def test_far_from_the_origin(rng, offset, tau):

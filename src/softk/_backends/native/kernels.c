@@ -91,6 +91,15 @@ static inline int64_t gather_block_avx2(const float *z, int64_t i0, float m, flo
     return c;
 }
 #if defined(__AVX512F__)
+/* Which of the 16 floats at z the gather takes, z − m > lam, with v = z − m:
+ * one function for gather_block_avx512 and place_block_avx512, so that the
+ * two agree entry for entry. */
+static inline __mmask16 taken16_avx512(const float *z, __m512 vm, __m512 vl, __m512 *v)
+{
+    *v = _mm512_sub_ps(_mm512_loadu_ps(z), vm);
+    return _mm512_cmp_ps_mask(*v, vl, _CMP_GT_OQ);
+}
+
 /* The same for AVX-512: 16 entries at a time, the set lanes packed by the
  * compress instructions (into a register, then one unaligned store: a
  * compressing store to memory is slow on some cores).  Stores reach 15
@@ -101,8 +110,8 @@ static inline int64_t gather_block_avx512(const float *z, int64_t i0, float m, f
     __m512 vm = _mm512_set1_ps(m), vl = _mm512_set1_ps(lam);
     const __m512i lanes = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
     for (int g = 0; g < 32; g += 16) {
-        __m512 v = _mm512_sub_ps(_mm512_loadu_ps(z + g), vm);
-        __mmask16 mask = _mm512_cmp_ps_mask(v, vl, _CMP_GT_OQ);
+        __m512 v;
+        __mmask16 mask = taken16_avx512(z + g, vm, vl, &v);
         _mm512_storeu_ps(val + c, _mm512_maskz_compress_ps(mask, v));
         __m512i at = _mm512_add_epi32(lanes, _mm512_set1_epi32((int)(i0 + g)));
         _mm512_storeu_si512((void *)(idx + c), _mm512_maskz_compress_epi32(mask, at));
@@ -111,6 +120,26 @@ static inline int64_t gather_block_avx512(const float *z, int64_t i0, float m, f
     return c;
 }
 #define gather_block_avx2 gather_block_avx512
+
+/* The inverse of gather_block_avx512, for write_zero_below: the block's 32
+ * entries of p written whole, the candidates' p (pv[j], pv[j + 1], ... in
+ * the gather's order) at the entries the gather took (the same compare, so
+ * the same entries) and 0 at the others, 16 at a time by the expand
+ * instruction.  Loads reach 15 slots past the last candidate: pv has PAD
+ * spare slots.  Returns the new j.  Where the candidates are many (entmax α
+ * with α well below 2), a row written this way costs less than zeroing it
+ * and storing each candidate's p at its index. */
+static inline int64_t place_block_avx512(const float *z, float m, float lam, const float *pv, float *p, int64_t j)
+{
+    __m512 vm = _mm512_set1_ps(m), vl = _mm512_set1_ps(lam);
+    for (int g = 0; g < 32; g += 16) {
+        __m512 v;
+        __mmask16 mask = taken16_avx512(z + g, vm, vl, &v);
+        _mm512_storeu_ps(p + g, _mm512_maskz_expand_ps(mask, _mm512_loadu_ps(pv + j)));
+        j += __builtin_popcount((unsigned)mask);
+    }
+    return j;
+}
 
 /* 16 rows of 16 floats (src, row stride ss) stored transposed, dst[j·ds +
  * r] = src[r·ss + j]: interleaves of pairs, of pairs of pairs, then two
@@ -250,8 +279,10 @@ void softk_fastmath_f32(int which, const float *x, float *y, int64_t n, double q
 #endif
 #if defined(__AVX512F__)
 #define TRANSPOSE16 1 /* float narrow rows transpose with transpose16_avx512 */
+#define PLACE_AVX512 1 /* entmax α's float rows write p with place_block_avx512 */
 #else
 #define TRANSPOSE16 0
+#define PLACE_AVX512 0
 #endif
 #include "kernels_impl.h"
 #include "kernels_loss.h"
@@ -279,6 +310,8 @@ void softk_fastmath_f32(int which, const float *x, float *y, int64_t n, double q
 #define GATHER_AVX2 0
 #undef TRANSPOSE16
 #define TRANSPOSE16 0
+#undef PLACE_AVX512
+#define PLACE_AVX512 0
 #include "kernels_impl.h"
 #include "kernels_loss.h"
 #include "kernels_topk_ce.h"

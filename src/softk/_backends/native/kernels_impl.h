@@ -73,8 +73,9 @@ int FN(softk_forward)(int fam, const T *z, T *p, int64_t rows, int64_t n, double
         } else {
             int64_t c;
             int have_p;
-            T lam = FN(solve_zero_below)(fam, zr, bm, m, n, k, &pa, val, idx, &c, &have_p, &iters);
-            FN(write_zero_below)(fam, pr, n, lam, alpha, val, idx, c, have_p ? val + n + PAD : NULL);
+            FN(gathered) from;
+            T lam = FN(solve_zero_below)(fam, zr, bm, m, n, k, &pa, val, idx, &c, &have_p, &iters, &from);
+            FN(write_zero_below)(fam, pr, n, lam, alpha, val, idx, c, have_p ? val + n + PAD : NULL, &from);
         }
         worst = iters > worst ? iters : worst;
     }

@@ -140,15 +140,14 @@ static FN(zb_params) FN(zb_params_of)(int fam, T k, T alpha)
     return FN(zb_params_with_k)(pa, fam, k);
 }
 
-/* Relative step at which entmax α's Newton on the block maxima stops (see
- * solve_zero_below): its bound then sits within a few hundredths of the
- * subset's λ, which admits few extra candidates, each cheaper than a round. */
-#define STAGE0_RTOL 3e-2
-/* Rounds at most of sparsemax's and entmax15's solves on the block maxima:
- * their iterates climb to the subset's λ from below, so each is a bound,
- * and the rounds after these cost more than the few candidates they would
- * keep out of the gather. */
+/* Rounds at most of the solves on the block maxima (solve_zero_below):
+ * the iterates climb to the subset's λ from below, so each is a bound, and
+ * the rounds after these cost more than the few candidates they would keep
+ * out of the gather.  Entmax α's round is dearer (a power per block, then a
+ * scalar power) and its first step from the family's bound already lands
+ * near the subset's λ: it takes one. */
 #define STAGE0_ROUNDS 2
+#define STAGE0_ROUNDS_ALPHA 1
 
 /* ---------------------------------------------------------------------------
  * Families with f(u) = 0 for u ≤ 0 (sparsemax, entmax15, entmax α ≤ 2).
@@ -233,16 +232,17 @@ static inline T FN(power_shifted)(T wq, T t, T q, T c2, T c3)
 
 /* entmax α: on h = g^{1/q} − k^{1/q}, q = 1/(α−1) ≥ 1 (convex, nearly
  * linear), Newton's step, or Halley's in the row's own solve (final = 1)
- * where q ≥ 2, until the step
- * is below rtol·(1 + |λ|) (a few ulps for λ itself; looser for a lower
- * bound, see solve_zero_below) or predicted to leave λ there.  No
+ * where q ≥ 2, until the step is below 4 EPS (1 + |λ|) or predicted to
+ * leave λ there; a lower bound (final = 0, see solve_zero_below) takes
+ * STAGE0_ROUNDS_ALPHA Newton steps, each from below.  No
  * compaction (the sums mask entries at or below λ): a compaction, a store
  * per entry whose address depends on the previous compare, cost more than
  * the few entries it drops save in later rounds.  *have_p = 1 says pw[j]
  * holds candidate j's p at the λ returned. */
-static T FN(solve_entmax_alpha)(T lam, T k, const FN(zb_params) *pa, T rtol, int final, T *val, T *pw, int64_t c,
+static T FN(solve_entmax_alpha)(T lam, T k, const FN(zb_params) *pa, int final, T *val, T *pw, int64_t c,
                                 int *have_p, int64_t *itp)
 {
+    const T rtol = 4 * EPS;
     *have_p = 0;
     T am1 = pa->am1, q = pa->q, kq = pa->kq;
     volatile T one_v = 1; /* opaque: see entmax_sums */
@@ -306,11 +306,15 @@ static T FN(solve_entmax_alpha)(T lam, T k, const FN(zb_params) *pa, T rtol, int
          * prediction is below tol, next is already λ to rounding, so
          * the round that would confirm it is skipped, provided the
          * write below stays exact at this step (zb_params). */
+        if (!final && it + 1 >= STAGE0_ROUNDS_ALPHA) { /* a lower bound wants λ alone */
+            lam = next;
+            break;
+        }
         double sd = step, pred = order == 3 ? sd * sd * sd * sd : sd * sd * sd;
         double prevo = order == 3 ? prev * prev * prev : prev * prev;
-        int last = step <= tol || (prev > 0 && 16 * pred <= tol * prevo && (!final || step <= (double)kq * pa->dmax1));
+        int last = step <= tol || (prev > 0 && 16 * pred <= tol * prevo && step <= (double)kq * pa->dmax1);
         prev = step;
-        if (last && !final) { /* a subset's solve (solve_zero_below) wants λ alone */
+        if (last && !final) {
             lam = next;
             break;
         }
@@ -337,7 +341,7 @@ static T FN(solve_entmax_alpha)(T lam, T k, const FN(zb_params) *pa, T rtol, int
 }
 
 /* λ on the candidates (val, idx)[0..c): the row's own (final = 1), or a lower
- * bound from the block maxima (final = 0: STAGE0_RTOL, STAGE0_ROUNDS). */
+ * bound from the block maxima (final = 0: STAGE0_ROUNDS, STAGE0_ROUNDS_ALPHA). */
 static T FN(solve_candidates)(int fam, T lam, T k, const FN(zb_params) *pa, int final, T *val, cidx_t *idx,
                               T *pw, int64_t c, int64_t *nval, int *have_p, int64_t *iters)
 {
@@ -345,13 +349,12 @@ static T FN(solve_candidates)(int fam, T lam, T k, const FN(zb_params) *pa, int 
     *have_p = 0;
     *nval = c;
     int64_t most = final ? INT64_MAX : STAGE0_ROUNDS;
-    T rtol = final ? 4 * EPS : (T)STAGE0_RTOL;
     if (fam == 1)
         lam = FN(solve_sparsemax)(lam, k, val, idx, nval, &it, most);
     else if (fam == 2)
         lam = FN(solve_entmax15)(lam, k, val, idx, nval, &it, most);
     else
-        lam = FN(solve_entmax_alpha)(lam, k, pa, rtol, final, val, pw, c, have_p, &it);
+        lam = FN(solve_entmax_alpha)(lam, k, pa, final, val, pw, c, have_p, &it);
     if (iters) *iters += it;
     return lam;
 }
@@ -401,6 +404,14 @@ static T FN(row_scan_blocks)(const T *z, int64_t n, T *bm, int64_t *count, int *
     return m;
 }
 
+/* Where solve_zero_below's gather took the candidates from: the row z, its
+ * block maxima bm and max m, and the bound lam it compared against, so that
+ * place_candidates can put their p back by the same compares. */
+typedef struct {
+    const T *z, *bm;
+    T m, lam;
+} FN(gathered);
+
 /* λ − max(z) for a zero-below family, without sorting the row:
  * 1. the block maxima are entries of the row, and a subset's λ is a lower
  *    bound of the row's λ (fewer terms in g), so solving on them (from the
@@ -409,9 +420,10 @@ static T FN(row_scan_blocks)(const T *z, int64_t n, T *bm, int64_t *count, int *
  *    are compacted into (val, idx) and solved exactly from the bound.
  * val has 2 (n + PAD) slots, idx n + PAD.  For entmax α, *have_p = 1 says
  * that val[n + PAD + j] already holds candidate j's p (the solver's last
- * round computes it; write_zero_below then takes it). */
+ * round computes it; write_zero_below then takes it).  *from says where
+ * the candidates came from. */
 static T FN(solve_zero_below)(int fam, const T *z, const T *bm, T m, int64_t n, T k, const FN(zb_params) *pa,
-                              T *val, cidx_t *idx, int64_t *nval, int *have_p, int64_t *iters)
+                              T *val, cidx_t *idx, int64_t *nval, int *have_p, int64_t *iters, FN(gathered) *from)
 {
     T *pw = val + n + PAD;
     int dummy;
@@ -424,17 +436,21 @@ static T FN(solve_zero_below)(int fam, const T *z, const T *bm, T m, int64_t n, 
             idx[c] = (cidx_t)b;
             c += v > lam;
         }
-        /* the solves may stop early here (STAGE0_RTOL for entmax α,
-         * STAGE0_ROUNDS for sparsemax and entmax15): every iterate from the
-         * left is a lower bound, and the last digits of the subset's λ
-         * barely change which entries pass it, while each round costs a
-         * pass over the blocks (an exp and a log per block for entmax α) */
+        /* the solves stop early here (STAGE0_ROUNDS, STAGE0_ROUNDS_ALPHA):
+         * every iterate from the left is a lower bound, and the last digits
+         * of the subset's λ barely change which entries pass it, while each
+         * round costs a pass over the blocks (a power per block for entmax
+         * α) */
         T sub = FN(solve_candidates)(fam, lam, k, pa, 0, val, idx, pw, c, &c2, &dummy, iters);
         /* keep a few ulps below the subset's λ: it is exact only up to rounding */
         sub -= 16 * EPS * (1 + fabs((double)sub));
         lam = sub > lam ? sub : lam;
         c = 0;
     }
+    from->z = z;
+    from->bm = bm;
+    from->m = m;
+    from->lam = lam;
     for (int64_t b = 0; b < nb; b++) {
         if (!(bm[b] - m > lam)) continue;
         int64_t i0 = b * BLK, end = i0 + BLK < n ? i0 + BLK : n;
@@ -524,46 +540,75 @@ static void FN(entmax_near_softmax)(T lam, T am1, T *val, int64_t c, T *pw)
     for (int64_t j = 0; j < c; j++) val[j] = pw[j];
 }
 
-/* f(v − λ) on the candidates, written into a zeroed row; val[j] becomes p of
- * candidate j.  pw: entmax α's p from the solver (solve_zero_below's
- * *have_p), or NULL. */
-static void FN(write_zero_below)(int fam, T *p, int64_t n, T lam, T alpha, T *val,
-                                 const cidx_t *idx, int64_t c, const T *pw)
+/* The candidates' p, val[0..c), into the row p, 0 elsewhere.  Entmax α
+ * keeps its candidates in the gather's order (its solve does not compact
+ * them), so its float rows with AVX-512 are written block by block as the
+ * gather took them (place_block_avx512), each entry once; otherwise the row
+ * is zeroed and each candidate's p stored at its index. */
+static void FN(place_candidates)(int fam, T *p, int64_t n, const T *val, const cidx_t *idx, int64_t c,
+                                 const FN(gathered) *from)
+{
+#if PLACE_AVX512
+    if (fam == 3) {
+        const T *z = from->z;
+        T m = from->m, lam = from->lam;
+        int64_t j = 0;
+        for (int64_t i0 = 0; i0 < n; i0 += BLK) {
+            int64_t end = i0 + BLK < n ? i0 + BLK : n;
+            if (!(from->bm[i0 / BLK] - m > lam)) {
+#pragma omp simd
+                for (int64_t i = i0; i < end; i++) p[i] = 0;
+            } else if (end - i0 == BLK) {
+                j = place_block_avx512(z + i0, m, lam, val, p + i0, j);
+            } else {
+                for (int64_t i = i0; i < end; i++) { /* the gather's partial block */
+                    int on = z[i] - m > lam;
+                    p[i] = on ? val[j] : 0;
+                    j += on;
+                }
+            }
+        }
+        return;
+    }
+#else
+    (void)from;
+#endif
+    memset(p, 0, (size_t)n * sizeof(T));
+    for (int64_t j = 0; j < c; j++) p[idx[j]] = val[j];
+}
+
+/* f(v − λ) on the candidates, written into the row (place_candidates); val[j]
+ * becomes p of candidate j.  pw: entmax α's p from the solver
+ * (solve_zero_below's *have_p), or NULL. */
+static void FN(write_zero_below)(int fam, T *p, int64_t n, T lam, T alpha, T *val, const cidx_t *idx, int64_t c,
+                                 const T *pw, const FN(gathered) *from)
 {
     T am1 = alpha - 1, q = 1 / am1;
-    memset(p, 0, (size_t)n * sizeof(T));
     if (fam == 3 && q > 8) {
         FN(entmax_near_softmax)(lam, am1, val, c, val + n + PAD);
-        for (int64_t j = 0; j < c; j++) p[idx[j]] = val[j];
-        return;
-    }
-    if (fam == 3 && pw) {
-        for (int64_t j = 0; j < c; j++) {
-            val[j] = pw[j];
-            p[idx[j]] = pw[j];
-        }
-        return;
-    }
-    int64_t cp = (c + PAD - 1) / PAD * PAD; /* whole vectors, as in solve_candidates */
-    for (int64_t j = c; j < cp; j++) val[j] = lam;
-    if (fam == 3) { /* vectorised as in entmax_sums (mask multiplied, log gets 1 off support) */
-        volatile T one_v = 1;
-        T one = one_v;
+    } else if (fam == 3 && pw) {
+        for (int64_t j = 0; j < c; j++) val[j] = pw[j];
+    } else {
+        int64_t cp = (c + PAD - 1) / PAD * PAD; /* whole vectors, as in solve_candidates */
+        for (int64_t j = c; j < cp; j++) val[j] = lam;
+        if (fam == 3) { /* vectorised as in entmax_sums (mask multiplied, log gets 1 off support) */
+            volatile T one_v = 1;
+            T one = one_v;
 #pragma omp simd
-        for (int64_t j = 0; j < cp; j++) {
-            T w = am1 * (val[j] - lam);
-            T on = w > 0;
-            T w1 = w > 0 ? w : one;
-            val[j] = EXP(q * LOG(w1)) * on;
-        }
-        for (int64_t j = 0; j < c; j++) p[idx[j]] = val[j];
-        return;
-    }
+            for (int64_t j = 0; j < cp; j++) {
+                T w = am1 * (val[j] - lam);
+                T on = w > 0;
+                T w1 = w > 0 ? w : one;
+                val[j] = EXP(q * LOG(w1)) * on;
+            }
+        } else {
 #pragma omp simd
-    for (int64_t j = 0; j < cp; j++) {
-        T u = val[j] - lam;
-        u = u > 0 ? u : 0;
-        val[j] = fam == 1 ? u : (T)0.25 * u * u;
+            for (int64_t j = 0; j < cp; j++) {
+                T u = val[j] - lam;
+                u = u > 0 ? u : 0;
+                val[j] = fam == 1 ? u : (T)0.25 * u * u;
+            }
+        }
     }
-    for (int64_t j = 0; j < c; j++) p[idx[j]] = val[j];
+    FN(place_candidates)(fam, p, n, val, idx, c, from);
 }
