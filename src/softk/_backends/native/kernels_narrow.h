@@ -116,18 +116,25 @@ static int64_t FN(narrow_entmax15)(FN(column) *v, int64_t n, T k, T *lam, int *d
 
 /* entmax α (q ≤ 8): Newton on h = g^{1/q} − k^{1/q} (convex, nearly
  * linear), as solve_entmax_alpha, until the step is below 4 EPS (1 + |λ|),
- * g(λ) ≤ k (the root, to rounding) or λ stops moving.  Each round leaves
- * w^q in pw, and a lane that stops keeps the λ of its last round with the
- * step it did not take in dl[l] (0 where it stopped at the root), so that
- * narrow_rows writes p from pw without a pass of powers.  (A lane that has
- * stopped recomputes the same pw in the rounds its neighbours still take.) */
+ * or the error after it is predicted to be (from the last two steps, as
+ * solve_entmax_alpha predicts it) and power_shifted's write is exact for
+ * it, or g(λ) ≤ k (the root, to rounding) or λ stops moving.  Each round
+ * leaves w^q in pw, and a lane that stops keeps the λ of its last round
+ * with the step it did not take in dl[l] (0 where it stopped at the root),
+ * so that narrow_rows writes p from pw without a pass of powers.  (A lane
+ * that has stopped recomputes the same pw in the rounds its neighbours
+ * still take.)  Halley's step, which the row solve takes where q ≥ 2, cost
+ * more here than the round it saves in some lanes: a group takes as many
+ * rounds as its slowest lane. */
 static int64_t FN(narrow_entmax_alpha)(FN(column) *v, FN(column) *pw, int64_t n, T k, const FN(zb_params) *pa,
                                        T *lam, T *dl, int *done)
 {
     T am1 = pa->am1, q = pa->q, kq = pa->kq;
+    T lastmax = (T)((double)kq * pa->dmax1); /* the longest step power_shifted writes exactly */
     volatile T one_v = 1; /* opaque: see entmax_sums */
     T one = one_v;
-    for (int l = 0; l < NARROW_LANES; l++) dl[l] = 0;
+    T prev[NARROW_LANES]; /* each lane's previous step */
+    for (int l = 0; l < NARROW_LANES; l++) dl[l] = prev[l] = 0;
     int64_t it = 0;
     for (; it < 2 * n + 100; it++) {
         T G[NARROW_LANES], S[NARROW_LANES];
@@ -152,9 +159,12 @@ static int64_t FN(narrow_entmax_alpha)(FN(column) *v, FN(column) *pw, int64_t n,
             T step = q * (Gq - kq) * (g / Gq) / S[l];
             T next = lam[l] + step;
             T tol = 4 * EPS * (1 + (lam[l] < 0 ? -lam[l] : lam[l]));
-            int move = !done[l] & (G[l] > k) & (next > lam[l]), go = move & (step > tol);
+            T pv = prev[l];
+            int last = (step <= tol) | ((pv > 0) & (16 * step * step * step <= tol * pv * pv) & (step <= lastmax));
+            int move = !done[l] & (G[l] > k) & (next > lam[l]), go = move & !last;
             lam[l] = go ? next : lam[l];
             dl[l] = move & !go ? step : dl[l];
+            prev[l] = step;
             done[l] = !go;
             live |= go;
         }
