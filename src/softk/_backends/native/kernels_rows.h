@@ -145,9 +145,11 @@ static FN(zb_params) FN(zb_params_of)(int fam, T k, T alpha)
  * the rounds after these cost more than the few candidates they would keep
  * out of the gather.  Entmax α's round is dearer (a power per block, then a
  * scalar power) and its first step from the family's bound already lands
- * near the subset's λ: it takes one. */
+ * near the subset's λ: it takes one, and a second only where more than
+ * STAGE0_WIDE blocks are in play, whose bound then keeps whole blocks out
+ * of the gather. */
 #define STAGE0_ROUNDS 2
-#define STAGE0_ROUNDS_ALPHA 1
+#define STAGE0_WIDE 64
 
 /* ---------------------------------------------------------------------------
  * Families with f(u) = 0 for u ≤ 0 (sparsemax, entmax15, entmax α ≤ 2).
@@ -233,8 +235,8 @@ static inline T FN(power_shifted)(T wq, T t, T q, T c2, T c3)
 /* entmax α: on h = g^{1/q} − k^{1/q}, q = 1/(α−1) ≥ 1 (convex, nearly
  * linear), Newton's step, or Halley's in the row's own solve (final = 1)
  * where q ≥ 2, until the step is below 4 EPS (1 + |λ|) or predicted to
- * leave λ there; a lower bound (final = 0, see solve_zero_below) takes
- * STAGE0_ROUNDS_ALPHA Newton steps, each from below.  No
+ * leave λ there; a lower bound (final = 0, see solve_zero_below) takes one
+ * Newton step from below, or two on more than STAGE0_WIDE candidates.  No
  * compaction (the sums mask entries at or below λ): a compaction, a store
  * per entry whose address depends on the previous compare, cost more than
  * the few entries it drops save in later rounds.  *have_p = 1 says pw[j]
@@ -301,15 +303,15 @@ static T FN(solve_entmax_alpha)(T lam, T k, const FN(zb_params) *pa, int final, 
             *have_p = 1;
             break;
         }
+        if (!final && it + 1 >= (c > STAGE0_WIDE ? 2 : 1)) { /* a lower bound wants λ alone */
+            lam = next;
+            break;
+        }
         /* The error after this step is about C step^order, and C about
          * step / prev^order (the last two steps): where 16 times that
          * prediction is below tol, next is already λ to rounding, so
          * the round that would confirm it is skipped, provided the
          * write below stays exact at this step (zb_params). */
-        if (!final && it + 1 >= STAGE0_ROUNDS_ALPHA) { /* a lower bound wants λ alone */
-            lam = next;
-            break;
-        }
         double sd = step, pred = order == 3 ? sd * sd * sd * sd : sd * sd * sd;
         double prevo = order == 3 ? prev * prev * prev : prev * prev;
         int last = step <= tol || (prev > 0 && 16 * pred <= tol * prevo && step <= (double)kq * pa->dmax1);
@@ -341,7 +343,7 @@ static T FN(solve_entmax_alpha)(T lam, T k, const FN(zb_params) *pa, int final, 
 }
 
 /* λ on the candidates (val, idx)[0..c): the row's own (final = 1), or a lower
- * bound from the block maxima (final = 0: STAGE0_ROUNDS, STAGE0_ROUNDS_ALPHA). */
+ * bound from the block maxima (final = 0: STAGE0_ROUNDS, STAGE0_WIDE). */
 static T FN(solve_candidates)(int fam, T lam, T k, const FN(zb_params) *pa, int final, T *val, cidx_t *idx,
                               T *pw, int64_t c, int64_t *nval, int *have_p, int64_t *iters)
 {
@@ -405,11 +407,13 @@ static T FN(row_scan_blocks)(const T *z, int64_t n, T *bm, int64_t *count, int *
 }
 
 /* Where solve_zero_below's gather took the candidates from: the row z, its
- * block maxima bm and max m, and the bound lam it compared against, so that
- * place_candidates can put their p back by the same compares. */
+ * block maxima bm and max m, the bound lam it compared against and the
+ * number of blocks it took, so that place_candidates can put their p back
+ * by the same compares. */
 typedef struct {
     const T *z, *bm;
     T m, lam;
+    int64_t blocks;
 } FN(gathered);
 
 /* λ − max(z) for a zero-below family, without sorting the row:
@@ -436,7 +440,7 @@ static T FN(solve_zero_below)(int fam, const T *z, const T *bm, T m, int64_t n, 
             idx[c] = (cidx_t)b;
             c += v > lam;
         }
-        /* the solves stop early here (STAGE0_ROUNDS, STAGE0_ROUNDS_ALPHA):
+        /* the solves stop early here (STAGE0_ROUNDS, STAGE0_WIDE):
          * every iterate from the left is a lower bound, and the last digits
          * of the subset's λ barely change which entries pass it, while each
          * round costs a pass over the blocks (a power per block for entmax
@@ -451,8 +455,10 @@ static T FN(solve_zero_below)(int fam, const T *z, const T *bm, T m, int64_t n, 
     from->bm = bm;
     from->m = m;
     from->lam = lam;
+    from->blocks = 0;
     for (int64_t b = 0; b < nb; b++) {
         if (!(bm[b] - m > lam)) continue;
+        from->blocks++;
         int64_t i0 = b * BLK, end = i0 + BLK < n ? i0 + BLK : n;
         if (end - i0 == BLK) {
             /* A whole block: float rows with AVX2 or AVX-512 gather
@@ -540,32 +546,34 @@ static void FN(entmax_near_softmax)(T lam, T am1, T *val, int64_t c, T *pw)
     for (int64_t j = 0; j < c; j++) val[j] = pw[j];
 }
 
-/* The candidates' p, val[0..c), into the row p, 0 elsewhere.  Entmax α
- * keeps its candidates in the gather's order (its solve does not compact
- * them), so its float rows with AVX-512 are written block by block as the
- * gather took them (place_block_avx512), each entry once; otherwise the row
- * is zeroed and each candidate's p stored at its index. */
+/* The candidates' p, val[0..c), into the row p, 0 elsewhere: the row
+ * zeroed, then each candidate's p stored at its index, or, where the
+ * candidates are many (PLACE_DENSE a block taken on average: entmax α with
+ * α well below 2), the blocks the gather took written whole by the inverse
+ * of its AVX-512 gather (place_block_avx512), which costs less than that
+ * many single stores.  Only entmax α keeps its candidates in the gather's
+ * order (its solve does not compact them), and only float rows with
+ * AVX-512 gather that way. */
+#define PLACE_DENSE 8
 static void FN(place_candidates)(int fam, T *p, int64_t n, const T *val, const cidx_t *idx, int64_t c,
                                  const FN(gathered) *from)
 {
+    memset(p, 0, (size_t)n * sizeof(T));
 #if PLACE_AVX512
-    if (fam == 3) {
+    if (fam == 3 && c >= PLACE_DENSE * from->blocks) {
         const T *z = from->z;
         T m = from->m, lam = from->lam;
         int64_t j = 0;
         for (int64_t i0 = 0; i0 < n; i0 += BLK) {
-            int64_t end = i0 + BLK < n ? i0 + BLK : n;
-            if (!(from->bm[i0 / BLK] - m > lam)) {
-#pragma omp simd
-                for (int64_t i = i0; i < end; i++) p[i] = 0;
-            } else if (end - i0 == BLK) {
+            if (!(from->bm[i0 / BLK] - m > lam)) continue;
+            if (i0 + BLK <= n) {
                 j = place_block_avx512(z + i0, m, lam, val, p + i0, j);
-            } else {
-                for (int64_t i = i0; i < end; i++) { /* the gather's partial block */
-                    int on = z[i] - m > lam;
-                    p[i] = on ? val[j] : 0;
-                    j += on;
-                }
+                continue;
+            }
+            for (int64_t i = i0; i < n; i++) { /* the gather's partial block */
+                int on = z[i] - m > lam;
+                p[i] = on ? val[j] : 0;
+                j += on;
             }
         }
         return;
@@ -573,7 +581,6 @@ static void FN(place_candidates)(int fam, T *p, int64_t n, const T *val, const c
 #else
     (void)from;
 #endif
-    memset(p, 0, (size_t)n * sizeof(T));
     for (int64_t j = 0; j < c; j++) p[idx[j]] = val[j];
 }
 
