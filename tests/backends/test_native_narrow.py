@@ -27,8 +27,8 @@ from .test_native import TOL, reference
 pytestmark = pytest.mark.skipif(not softk._backends.registry.native_available(), reason="needs a C compiler")
 
 # Widths to one past each family's narrow limit (64 for "exp", 128 for
-# softmax and entmax α, 256 for sparsemax and entmax15), where the row code
-# takes over.
+# softmax and entmax α > 1.25, 256 for sparsemax, entmax15 and entmax α ≤
+# 1.25), where the row code takes over.
 WIDTHS = [1, 2, 3, 5, 8, 15, 16, 17, 31, 32, 33, 48, 64, 65, 100, 127, 128, 129, 200, 256, 257]
 FAMILIES = [("sparsemax", SPARSEMAX), ("entmax15", ENTMAX15)] + [
     (f"entmax{a}", entmax_family(a)) for a in (1.125, 1.3, 1.5, 1.75, 2.0)

@@ -21,7 +21,9 @@
 
 #define NARROW_LANES 16
 #define NARROW_MAX 256       /* the widest rows any family takes here (narrow_serves) */
-#define NARROW_ALPHA_MAX 128 /* entmax α's, the length of its buffer of powers */
+#define NARROW_ALPHA_MAX 256 /* entmax α's where q ≥ NARROW_DENSE_Q, the length of its buffer of powers */
+#define NARROW_ALPHA_SPARSE 128 /* entmax α's where q < NARROW_DENSE_Q */
+#define NARROW_DENSE_Q 4
 
 typedef T FN(column)[NARROW_LANES];
 
@@ -247,11 +249,14 @@ static int64_t FN(narrow_exp)(FN(column) *v, int64_t n, T k, T *t, int *fb, int 
  * width where the row code catches up, which is where its own rounds are
  * cheap (softmax's one pass, "exp"'s compares on the stored e) or the lanes'
  * rounds are dear (entmax α's powers, from a far starting bound), and
- * entmax α only with q ≤ 8. */
+ * entmax α only with q ≤ 8.  The lanes' rounds take a power per entry, the
+ * row solve's one per candidate: where q ≥ NARROW_DENSE_Q (α ≤ 1.25) the
+ * supports are dense, the row solve has about as many candidates as
+ * entries, and the lanes keep ahead to twice the width. */
 static inline int FN(narrow_serves)(int fam, int64_t n, const FN(zb_params) *pa)
 {
     if (fam == 1 || fam == 2) return n <= NARROW_MAX;
-    if (fam == 3) return n <= NARROW_ALPHA_MAX && pa->q <= 8;
+    if (fam == 3) return n <= (pa->q >= NARROW_DENSE_Q ? NARROW_ALPHA_MAX : NARROW_ALPHA_SPARSE) && pa->q <= 8;
     if (fam == 4) return n <= 64;
     return fam == 0 && n <= 128;
 }
