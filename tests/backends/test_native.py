@@ -184,6 +184,19 @@ def test_solver_rounds_stay_few(rng):
         assert rounds <= limits.get(name, 16), (name, rounds)
 
 
+@pytest.mark.parametrize("alpha", [1.15, 1.3])
+def test_alpha_rows_take_three_rounds(alpha):
+    """A float α-entmax row of 1024 N(0, 1) entries: one round on the block
+    maxima, then two on its candidates, the first with rough powers whose
+    step is pulled back by their error bound, the second landing on λ and
+    writing p.  A pull-back far larger than the error (which costs the
+    second round its last-step status) leaves no row at three."""
+    x = torch.randn(64, 1024, generator=torch.Generator().manual_seed(0))
+    family = entmax_family(alpha)
+    rounds = [native.forward(family, x[i : i + 1], 1, return_iters=True)[1] for i in range(64)]
+    assert min(rounds) == 3 and sum(r == 3 for r in rounds) >= 0.8 * len(rounds), rounds
+
+
 def test_threads_do_not_change_results(rng):
     x = torch.tensor(rng.normal(size=(257, 600)), dtype=torch.float32)
     g = torch.randn(257, 600, dtype=torch.float32)

@@ -247,12 +247,44 @@ static inline float fast_powf(float w, float q)
     return fast_exp2f(q * fast_log2f(w));
 }
 
-/* The functions above on n floats, for the tests (which: 0 log2, 1 exp2, 2 w^q). */
+/* w^q for w ≥ FLT_MIN within ROUGH_REL(q) relative wherever the result is
+ * normal (|q| ≤ 6), for a round whose sums only choose the next λ
+ * (solve_entmax_alpha's first): log2 as f P(f) on fast_log2f's reduced
+ * mantissa, P of degree 5 fitted to 2.2e-6 absolute (no division), and 2^y
+ * by a degree-4 polynomial fitted to 2.6e-6 relative.  The error is the
+ * log's fit times |q| ln 2, the rounding of y = q log2 w (up to 2^-24 |y|,
+ * |y| ≤ 126) times ln 2, and the exp's fit: ROUGH_REL bounds it with a
+ * margin, and tests/backends/test_native_fastmath.py measures it. */
+#define ROUGH_REL(q) (2e-6 * fabs((double)(q)) + 1e-5)
+static inline float rough_powf(float w, float q)
+{
+    int32_t i = f2i(w) - 0x3f3504f3;
+    int32_t e = i >> 23;
+    float f = i2f(f2i(w) - (e << 23)) - 1.0f;
+    float P = fmaf(fmaf(fmaf(fmaf(fmaf(-0.2065851092f, f, 0.3221529722f), f, -0.3674909472f), f, 0.4793482125f), f,
+                        -0.7211318016f),
+                   f, 1.4427134991f);
+    float y = q * fmaf(f, P, (float)e);
+    float t = y + 12582912.0f; /* as in fast_exp2f */
+    int32_t n = f2i(t) - 0x4b400000;
+    float g = y - (t - 12582912.0f);
+    n = n > -127 ? n : -127;
+    n = n < 128 ? n : 128;
+    float E = fmaf(fmaf(fmaf(fmaf(0.0095702754f, g, 0.0559178814f), g, 0.2402474135f), g, 0.6931217909f), g,
+                   0.9999992847f);
+    return E * i2f((n + 127) << 23);
+}
+
+/* The functions above on n floats, for the tests (which: 0 log2, 1 exp2,
+ * 2 w^q, 3 rough w^q). */
 void softk_fastmath_f32(int which, const float *x, float *y, int64_t n, double q)
 {
     float qf = (float)q;
     for (int64_t i = 0; i < n; i++)
-        y[i] = which == 0 ? fast_log2f(x[i]) : which == 1 ? fast_exp2f(x[i]) : fast_powf(x[i], qf);
+        y[i] = which == 0   ? fast_log2f(x[i])
+               : which == 1 ? fast_exp2f(x[i])
+               : which == 2 ? fast_powf(x[i], qf)
+                            : rough_powf(x[i], qf);
 }
 
 /* Candidate buffers are processed in whole chunks of PAD entries (one or two
@@ -271,6 +303,8 @@ void softk_fastmath_f32(int which, const float *x, float *y, int64_t n, double q
 #define SQRT sqrtf
 #define EPS FLT_EPSILON
 #define POWQ(w, q) fast_powf((w), (q))
+#define ROUGH(w, q) rough_powf((w), (q)) /* the first round of the α row solve (solve_entmax_alpha) */
+#define ROUGH_FIRST 1
 #define WPOS(w, one) fast_wposf(w)
 #if defined(__AVX2__)
 #define GATHER_AVX2 1 /* float rows gather with gather_block_avx2 */
@@ -295,6 +329,8 @@ void softk_fastmath_f32(int which, const float *x, float *y, int64_t n, double q
 #undef SQRT
 #undef EPS
 #undef POWQ
+#undef ROUGH
+#undef ROUGH_FIRST
 #undef WPOS
 
 #define T double
@@ -305,6 +341,8 @@ void softk_fastmath_f32(int which, const float *x, float *y, int64_t n, double q
 #define SQRT sqrt
 #define EPS DBL_EPSILON
 #define POWQ(w, q) exp((q) * log(w))
+#define ROUGH(w, q) POWQ(w, q)
+#define ROUGH_FIRST 0 /* a rough round's pulled-back step would cost double rows a round (see solve_entmax_alpha) */
 #define WPOS(w, one) ((w) > 0 ? (w) : (one))
 #undef GATHER_AVX2
 #define GATHER_AVX2 0

@@ -76,8 +76,10 @@ static void FN(entmax_sums)(const T *val, int64_t cp, T lam, T am1, T q, T *pw, 
 
 /* entmax_sums with R = Σ w^{q−2} too, for Halley's step (q ≥ 2, so w^{q−2}
  * stays bounded at the support's edge): w^{q−2} as POWQ, then w^{q−1} and
- * w^q by multiplying by w (no division), each a rounding more. */
-static void FN(entmax_sums3)(const T *val, int64_t cp, T lam, T am1, T q, T *pw, T *Gp, T *Sp, T *Rp)
+ * w^q by multiplying by w (no division), each a rounding more.  With rough
+ * set, w^{q−2} is ROUGH's and pw is not written (entmax_sums3_rough). */
+static inline __attribute__((always_inline)) void FN(entmax_sums3_body)(const T *val, int64_t cp, T lam, T am1, T q,
+                                                                       T *pw, T *Gp, T *Sp, T *Rp, int rough)
 {
     volatile T one_v = 1; /* opaque: see entmax_sums */
     T one = one_v;
@@ -87,9 +89,9 @@ static void FN(entmax_sums3)(const T *val, int64_t cp, T lam, T am1, T q, T *pw,
         T w = am1 * (val[j] - lam);
         T on = w > 0;
         T w1 = WPOS(w, one);
-        T w2 = POWQ(w1, q - 2) * on;
+        T w2 = (rough ? ROUGH(w1, q - 2) : POWQ(w1, q - 2)) * on;
         T w3 = w2 * w1, wq = w3 * w1;
-        pw[j] = wq;
+        if (!rough) pw[j] = wq;
         G += wq;
         S += w3;
         R += w2;
@@ -97,6 +99,19 @@ static void FN(entmax_sums3)(const T *val, int64_t cp, T lam, T am1, T q, T *pw,
     *Gp = G;
     *Sp = S;
     *Rp = R;
+}
+
+/* The two, each its own function with rough a constant: with rough read in
+ * the loop GCC computed both powers, and inlined into the solver both
+ * loops made its code slower. */
+static void FN(entmax_sums3)(const T *val, int64_t cp, T lam, T am1, T q, T *pw, T *Gp, T *Sp, T *Rp)
+{
+    FN(entmax_sums3_body)(val, cp, lam, am1, q, pw, Gp, Sp, Rp, 0);
+}
+
+static void FN(entmax_sums3_rough)(const T *val, int64_t cp, T lam, T am1, T q, T *Gp, T *Sp, T *Rp)
+{
+    FN(entmax_sums3_body)(val, cp, lam, am1, q, NULL, Gp, Sp, Rp, 1);
 }
 
 /* What the solvers need of α and k, found once per call rather than per row
@@ -236,7 +251,18 @@ static inline T FN(power_shifted)(T wq, T t, T q, T c2, T c3)
  * linear), Newton's step, or Halley's in the row's own solve (final = 1)
  * where q ≥ 2, until the step is below 4 EPS (1 + |λ|) or predicted to
  * leave λ there; a lower bound (final = 0, see solve_zero_below) takes one
- * Newton step from below, or two on more than STAGE0_WIDE candidates.  No
+ * Newton step from below, or two on more than STAGE0_WIDE candidates.
+ * The row's own solve is two rounds of powers where it goes well: one from
+ * the bound, one that lands on λ and whose powers, shifted, are p.  The
+ * first only chooses where the second is taken, so for float (ROUGH_FIRST,
+ * 2 ≤ q ≤ 8) its powers are rough_powf's, and its step is pulled back by
+ * four times their error's effect on it (ε G/S + 2 ε step, ε = ROUGH_REL),
+ * to stay a lower bound; a row already within that of its root at the
+ * bound goes to the exact rounds.  Every round after is exact, and a step
+ * that lands past the root anyway is undone by them (below), so the rough
+ * round's error reaches neither λ nor p.  (For double, whose last step
+ * must be below 1e-8 of k^{1/q} for the write to be exact, the pulled-back
+ * step would cost a round.)  No
  * compaction (the sums mask entries at or below λ): a compaction, a store
  * per entry whose address depends on the previous compare, cost more than
  * the few entries it drops save in later rounds.  *have_p = 1 says pw[j]
@@ -252,6 +278,8 @@ static T FN(solve_entmax_alpha)(T lam, T k, const FN(zb_params) *pa, int final, 
     double prev = 0; /* the previous round's step */
     T lo = lam;      /* the last λ known to lie at or below the root */
     int halley = final && q >= 2;
+    int rough = halley && ROUGH_FIRST && q <= 8;
+    T rough_rel = (T)(4 * ROUGH_REL(q - 2)); /* w^{q−2} is the power taken */
     /* Whole vectors only: a scalar call in the loop's remainder costs as much
      * as a vector one, so pad with −inf (w < 0, masked); val has PAD spare
      * slots. */
@@ -261,10 +289,14 @@ static T FN(solve_entmax_alpha)(T lam, T k, const FN(zb_params) *pa, int final, 
         /* G = Σw^q, S = Σw^{q−1} = −dG/dλ (a·q = 1), R = Σw^{q−2}
          * (Halley only), w = (α−1)(v − λ) > 0 */
         T G = 0, S = 0, R = 0;
-        if (halley)
+        int r = rough && it == 0; /* the rough round */
+        if (r)
+            FN(entmax_sums3_rough)(val, cp, lam, am1, q, &G, &S, &R);
+        else if (halley)
             FN(entmax_sums3)(val, cp, lam, am1, q, pw, &G, &S, &R);
         else
             FN(entmax_sums)(val, cp, lam, am1, q, pw, &G, &S);
+        if (r && !(G > k * (1 + rough_rel))) continue; /* near the root: the exact rounds from here */
         double tol = rtol * (1 + fabs((double)lam));
         T Gq = POW(G, am1); /* G^{1/q}; G^{1−1/q} = G / G^{1/q}: one scalar pow a round */
         T step = q * (Gq - kq) * (G / Gq) / S; /* Newton's */
@@ -299,6 +331,12 @@ static T FN(solve_entmax_alpha)(T lam, T k, const FN(zb_params) *pa, int final, 
             }
         }
         T next = lam + step;
+        if (r) {
+            next -= rough_rel * (G / S + 2 * step);
+            lam = next > lam ? next : lam;
+            prev = step;
+            continue;
+        }
         if (!(next > lam)) {
             *have_p = 1;
             break;
