@@ -258,7 +258,9 @@ static inline T FN(power_shifted)(T wq, T t, T q, T c2, T c3)
  * 2 ≤ q ≤ 8) its powers are rough_powf's, and its step is pulled back by
  * four times their error's effect on it (ε G/S + 2 ε step, ε = ROUGH_REL),
  * to stay a lower bound; a row already within that of its root at the
- * bound goes to the exact rounds.  Every round after is exact, and a step
+ * bound goes to the exact rounds, and one of at most 2 PAD candidates
+ * (peaked rows, whose bound is often the root) takes no rough round, which
+ * would save it less than the exact round it may add.  Every round after is exact, and a step
  * that lands past the root anyway is undone by them (below), so the rough
  * round's error reaches neither λ nor p.  (For double, whose last step
  * must be below 1e-8 of k^{1/q} for the write to be exact, the pulled-back
@@ -278,7 +280,7 @@ static T FN(solve_entmax_alpha)(T lam, T k, const FN(zb_params) *pa, int final, 
     double prev = 0; /* the previous round's step */
     T lo = lam;      /* the last λ known to lie at or below the root */
     int halley = final && q >= 2;
-    int rough = halley && ROUGH_FIRST && q <= 8;
+    int rough = halley && ROUGH_FIRST && q <= 8 && c > 2 * PAD;
     T rough_rel = (T)(4 * ROUGH_REL(q - 2)); /* w^{q−2} is the power taken */
     /* Whole vectors only: a scalar call in the loop's remainder costs as much
      * as a vector one, so pad with −inf (w < 0, masked); val has PAD spare
