@@ -257,14 +257,14 @@ static inline T FN(power_shifted)(T wq, T t, T q, T c2, T c3)
  * first only chooses where the second is taken, so for float (ROUGH_FIRST,
  * 2 ≤ q ≤ 8) its powers are rough_powf's, and its step is pulled back by
  * four times their error's effect on it (ε G/S + 2 ε step, ε = ROUGH_REL),
- * to stay a lower bound; a row already within that of its root at the
+ * to stay a lower bound.  A row already within that of its root at the
  * bound goes to the exact rounds, and one of at most 2 PAD candidates
  * (peaked rows, whose bound is often the root) takes no rough round, which
- * would save it less than the exact round it may add.  Every round after is exact, and a step
- * that lands past the root anyway is undone by them (below), so the rough
- * round's error reaches neither λ nor p.  (For double, whose last step
- * must be below 1e-8 of k^{1/q} for the write to be exact, the pulled-back
- * step would cost a round.)  No
+ * would save it less than the exact round it may add.  Every round after
+ * is exact, and a step that lands past the root anyway is undone by them
+ * (below), so the rough round's error reaches neither λ nor p.  (For
+ * double, whose last step must be below 1e-8 of k^{1/q} for the write to
+ * be exact, the pulled-back step would cost a round.)  No
  * compaction (the sums mask entries at or below λ): a compaction, a store
  * per entry whose address depends on the previous compare, cost more than
  * the few entries it drops save in later rounds.  *have_p = 1 says pw[j]
