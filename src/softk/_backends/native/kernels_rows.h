@@ -262,9 +262,10 @@ static inline T FN(power_shifted)(T wq, T t, T q, T c2, T c3)
  * (peaked rows, whose bound is often the root) takes no rough round, which
  * would save it less than the exact round it may add.  Every round after
  * is exact, and a step that lands past the root anyway is undone by them
- * (below), so the rough round's error reaches neither λ nor p.  (For
- * double, whose last step must be below 1e-8 of k^{1/q} for the write to
- * be exact, the pulled-back step would cost a round.)  No
+ * (below), so the rough round's error reaches neither λ nor p.  (Double
+ * rows keep exact rounds: their third-order write is exact only for far
+ * shorter last steps, zb_params' dmax1 about 1e-8 at α = 1.3, than the
+ * pulled-back step leaves, which would cost them a round.)  No
  * compaction (the sums mask entries at or below λ): a compaction, a store
  * per entry whose address depends on the previous compare, cost more than
  * the few entries it drops save in later rounds.  *have_p = 1 says pw[j]
