@@ -71,9 +71,9 @@ def test_rows_match_oracle(rng, fused_calls, label, kind, dtype):
 @pytest.mark.parametrize("label", ["sparsemax", "entmax15", "entmax1.3"])
 def test_wide_rows_match_oracle(rng, fused_calls, label, dtype, n):
     """Rows wider than the narrow kernels take: the row solve, its gather of
-    the candidates and its write of p (entmax α writes whole blocks), with
-    a partial last block at n = 300, and the adversarial rows of the
-    narrow case."""
+    the candidates and its write of p (entmax α writes whole blocks where its
+    candidates are dense, as in the row of small scores), with a partial last
+    block at n = 300, and the adversarial rows of the narrow case."""
     xn = rows(rng, dtype, n=n)
     t = index_target(rng, n)
     keep = t != -100
