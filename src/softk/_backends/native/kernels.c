@@ -197,6 +197,35 @@ static inline float i2f(int32_t i)
     return x;
 }
 
+/* For normal x > 0: f and e with x = 2^e (1 + f), 1 + f in [√½, √2), f
+ * exact (fast_log2f, rough_powf). */
+static inline float log2_reduce(float x, int32_t *e)
+{
+    int32_t i = f2i(x) - 0x3f3504f3; /* bits of √½: 1 + f lands in [√½, √2) */
+    *e = i >> 23;
+    return i2f(f2i(x) - (*e << 23)) - 1.0f;
+}
+
+/* For |y| < 2^22: f and n with y = n + f, n = round(y), |f| ≤ ½, n then
+ * clamped to [−127, 128], so that pow2i(n) is 0 at −127 and inf at 128
+ * (fast_exp2f, rough_powf).  The clamp is on the integer: float selects
+ * there kept GCC from vectorising. */
+static inline float exp2_reduce(float y, int32_t *n)
+{
+    float t = y + 12582912.0f; /* 1.5·2^23: rounds y to an integer in t's low bits */
+    int32_t k = f2i(t) - 0x4b400000;
+    float f = y - (t - 12582912.0f);
+    k = k > -127 ? k : -127;
+    *n = k < 128 ? k : 128;
+    return f;
+}
+
+/* 2^n from its bits, n in [−127, 128] (exp2_reduce) */
+static inline float pow2i(int32_t n)
+{
+    return i2f((n + 127) << 23);
+}
+
 /* log2 x for normal x > 0: x = 2^e (1 + f) with 1 + f in [√½, √2), and
  * log(1 + f) = f + c, c = s (f²/2 + R(s²)) − f²/2, s = f/(2 + f), R the
  * float log's polynomial from fdlibm: f is exact and c is small (|c| < f/5),
@@ -204,9 +233,8 @@ static inline float i2f(int32_t i)
  * with 1/ln 2 split in two, then + e: under 1 ulp in all. */
 static inline float fast_log2f(float x)
 {
-    int32_t i = f2i(x) - 0x3f3504f3; /* bits of √½: 1 + f lands in [√½, √2) */
-    int32_t e = i >> 23;
-    float f = i2f(f2i(x) - (e << 23)) - 1.0f;
+    int32_t e;
+    float f = log2_reduce(x, &e);
     float s = f / (2.0f + f), z = s * s, hf = 0.5f * f * f;
     float R = z * fmaf(fmaf(fmaf(0.24279078841f, z, 0.28498786688f), z, 0.40000972152f), z, 0.66666662693f);
     float c = fmaf(s, hf + R, -hf);
@@ -214,21 +242,17 @@ static inline float fast_log2f(float x)
     return (float)e + fmaf(f, ivln2hi, fmaf(c, ivln2hi, fmaf(f, ivln2lo, c * ivln2lo)));
 }
 
-/* 2^y for |y| < 2^22: y = n + f, n = round(y), |f| ≤ ½,
- * 2^f = 1 + f P(f) with P fitted to 1e-8 relative; 2^n is built from its
- * bits with n clamped to [−127, 128] (−127 gives 0, 128 gives inf).  The
- * clamp is on the integer: float selects there kept GCC from vectorising. */
+/* 2^y for |y| < 2^22: y = n + f (exp2_reduce), 2^f = 1 + f P(f) with P
+ * fitted to 1e-8 relative, times 2^n (pow2i: 0 below 2^-126, inf from
+ * 2^127.5). */
 static inline float fast_exp2f(float y)
 {
-    float t = y + 12582912.0f; /* 1.5·2^23: rounds y to an integer in t's low bits */
-    int32_t n = f2i(t) - 0x4b400000;
-    float f = y - (t - 12582912.0f);
-    n = n > -127 ? n : -127;
-    n = n < 128 ? n : 128;
+    int32_t n;
+    float f = exp2_reduce(y, &n);
     float P = fmaf(fmaf(fmaf(fmaf(fmaf(0.00015370710752904415f, f, 0.001339985290542245f), f,
                                   0.009618373587727547f), f, 0.05550329014658928f), f, 0.24022647738456726f),
                    f, 0.6931471824645996f);
-    return fmaf(f, P, 1.0f) * i2f((n + 127) << 23);
+    return fmaf(f, P, 1.0f) * pow2i(n);
 }
 
 /* max(w, FLT_MIN) as an integer max of the bits (floats ≥ 0 order as their
@@ -258,21 +282,15 @@ static inline float fast_powf(float w, float q)
 #define ROUGH_REL(q) (2e-6 * fabs((double)(q)) + 1e-5)
 static inline float rough_powf(float w, float q)
 {
-    int32_t i = f2i(w) - 0x3f3504f3;
-    int32_t e = i >> 23;
-    float f = i2f(f2i(w) - (e << 23)) - 1.0f;
+    int32_t e, n;
+    float f = log2_reduce(w, &e);
     float P = fmaf(fmaf(fmaf(fmaf(fmaf(-0.2065851092f, f, 0.3221529722f), f, -0.3674909472f), f, 0.4793482125f), f,
                         -0.7211318016f),
                    f, 1.4427134991f);
-    float y = q * fmaf(f, P, (float)e);
-    float t = y + 12582912.0f; /* as in fast_exp2f */
-    int32_t n = f2i(t) - 0x4b400000;
-    float g = y - (t - 12582912.0f);
-    n = n > -127 ? n : -127;
-    n = n < 128 ? n : 128;
+    float g = exp2_reduce(q * fmaf(f, P, (float)e), &n);
     float E = fmaf(fmaf(fmaf(fmaf(0.0095702754f, g, 0.0559178814f), g, 0.2402474135f), g, 0.6931217909f), g,
                    0.9999992847f);
-    return E * i2f((n + 127) << 23);
+    return E * pow2i(n);
 }
 
 /* The functions above on n floats, for the tests (which: 0 log2, 1 exp2,

@@ -199,15 +199,8 @@ static int64_t FN(narrow_softmax)(FN(column) *v, int64_t n, T *t)
 static int64_t FN(narrow_exp)(FN(column) *v, int64_t n, T k, T *t, int *fb, int *done)
 {
     T S[NARROW_LANES], prev[NARROW_LANES];
-    for (int l = 0; l < NARROW_LANES; l++) S[l] = prev[l] = 0;
-    for (int64_t i = 0; i < n; i++) {
-#pragma omp simd
-        for (int l = 0; l < NARROW_LANES; l++) {
-            T e = EXP(v[i][l]);
-            v[i][l] = e;
-            S[l] += e;
-        }
-    }
+    FN(narrow_softmax)(v, n, S); /* e = e^v in v, S = Σ e */
+    for (int l = 0; l < NARROW_LANES; l++) prev[l] = 0;
     for (int l = 0; l < NARROW_LANES; l++) {
         t[l] = S[l] / k;
         fb[l] = 0;
@@ -319,8 +312,8 @@ static int64_t FN(narrow_rows)(int fam, const T *z, T *p, int nr, int64_t n, T k
                             : FN(narrow_exp)(v, n, k, lam, fb, done);
     /* p = f(v − λ).  Entmax α: p at λ + δ (δ = dl, the step not taken)
      * from pw = w^q at λ (power_shifted, as solve_entmax_alpha's last round
-     * writes it), exact to rounding for δ below 4 EPS (1 + |λ|) (zb_params'
-     * dmax1 is far larger); 0 where v ≤ λ + δ. */
+     * writes it), exact to rounding for δ up to k^{1/q} dmax1 (zb_params),
+     * the longest step a lane stops with; 0 where v ≤ λ + δ. */
     if (fam == 3) {
         T am1 = pa->am1, q = pa->q, c2 = q * (q - 1) / 2, c3 = c2 * (q - 2) / 3, zero = 0;
         volatile T one_v = 1; /* opaque: see entmax_sums */
