@@ -27,6 +27,24 @@
 
 typedef T FN(column)[NARROW_LANES];
 
+/* Per lane, the count c[l] and sum s[l] of the entries above t[l] (at or
+ * above where inclusive, a constant at each call): Michelot's sets for
+ * sparsemax, the saturated sets for "exp". */
+static inline __attribute__((always_inline)) void FN(lane_count_sum)(FN(column) *v, int64_t n, const T *t,
+                                                                     const int inclusive, T *c, T *s)
+{
+    for (int l = 0; l < NARROW_LANES; l++) s[l] = c[l] = 0;
+    for (int64_t i = 0; i < n; i++) {
+#pragma omp simd
+        for (int l = 0; l < NARROW_LANES; l++) {
+            T x = v[i][l];
+            int on = inclusive ? x >= t[l] : x > t[l];
+            s[l] += on ? x : 0;
+            c[l] += on;
+        }
+    }
+}
+
 /* sparsemax: Michelot's rounds, λ ← (Σ_{v > λ} v − k) / #{v > λ}, until the
  * set stops shrinking (λ is then exact: it was computed from this set). */
 static int64_t FN(narrow_sparsemax)(FN(column) *v, int64_t n, T k, T *lam, int *done)
@@ -36,16 +54,7 @@ static int64_t FN(narrow_sparsemax)(FN(column) *v, int64_t n, T k, T *lam, int *
     int64_t it = 0;
     for (; it < n + 2; it++) {
         T s[NARROW_LANES], c[NARROW_LANES];
-        for (int l = 0; l < NARROW_LANES; l++) s[l] = c[l] = 0;
-        for (int64_t i = 0; i < n; i++) {
-#pragma omp simd
-            for (int l = 0; l < NARROW_LANES; l++) {
-                T x = v[i][l];
-                int on = x > lam[l];
-                s[l] += on ? x : 0;
-                c[l] += on;
-            }
-        }
+        FN(lane_count_sum)(v, n, lam, 0, c, s);
         int live = 0;
 #pragma omp simd reduction(| : live)
         for (int l = 0; l < NARROW_LANES; l++) {
@@ -209,16 +218,7 @@ static int64_t FN(narrow_exp)(FN(column) *v, int64_t n, T k, T *t, int *fb, int 
     int64_t it = 0;
     for (; it < (int64_t)k + 3; it++) {
         T ns[NARROW_LANES], ss[NARROW_LANES];
-        for (int l = 0; l < NARROW_LANES; l++) ns[l] = ss[l] = 0;
-        for (int64_t i = 0; i < n; i++) {
-#pragma omp simd
-            for (int l = 0; l < NARROW_LANES; l++) {
-                T e = v[i][l];
-                int on = e >= t[l];
-                ns[l] += on;
-                ss[l] += on ? e : 0;
-            }
-        }
+        FN(lane_count_sum)(v, n, t, 1, ns, ss);
         int live = 0;
 #pragma omp simd reduction(| : live)
         for (int l = 0; l < NARROW_LANES; l++) {
