@@ -44,7 +44,7 @@ WIDE_OPS = [
 ]
 ROUTER_WIDTHS = [16, 64, 128, 256, 512]
 ROUTER_ENTRIES = 2**25
-ROUTER_OPS = ["softmax", "sparsemax", "soft_topk_exp_k2", "route_top2"]
+ROUTER_OPS = ["softmax", "sparsemax", "entmax15", "soft_topk_exp_k2", "route_top2"]
 LOSS_SHAPES = [(8192, 32768, "bfloat16"), (2048, 131072, "bfloat16")]
 LOSS_OPS = ["cross_entropy", "sparsemax_loss", "entmax15_loss", "softmax_loss"]
 

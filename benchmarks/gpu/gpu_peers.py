@@ -155,8 +155,9 @@ SERVES = {
     "softmax_loss": ("softk",),
 }
 SERVES.update({op: ("softk",) for op in SOFT_TOPK_OPS})
-# A router row is a MoE gate: AdaSplash's sparsemax is the only peer kernel listed there.
-ROUTER_SERVES = {"softmax": ("torch",), "sparsemax": ("softk", "adasplash"), "soft_topk_exp_k2": ("softk",), "route_top2": ("torch", "softk")}
+# A router row is a MoE gate: AdaSplash's row kernels are the only peer kernels listed there.
+ROUTER_SERVES = {"softmax": ("torch",), "sparsemax": ("softk", "adasplash"), "entmax15": ("softk", "adasplash"),
+                 "soft_topk_exp_k2": ("softk",), "route_top2": ("torch", "softk")}
 
 
 def impls_for(group: str, op: str) -> tuple[str, ...]:

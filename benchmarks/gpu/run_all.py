@@ -71,7 +71,7 @@ SPEED_CASES = r"^(wide/[^/]+/(8192x32768/bfloat16|32768x1024|65536x128)|router/|
 # name, script, share of the budget, arguments on a GPU, arguments for --dry-run; "{json}" is the stage's JSON path.
 STAGES = [
     ("correctness", "gpu_correctness.py", 0.26,
-     ["--no-peers", "--widths", "5", "1000", "3000", "8192", "70001", "--dtypes", "float32", "bfloat16", "--json", "{json}"],
+     ["--no-peers", "--widths", "5", "300", "1000", "3000", "8192", "70001", "--dtypes", "float32", "bfloat16", "--json", "{json}"],
      ["--device", "cpu", "--quick", "--no-peers", "--families", "sparsemax", "--widths", "5", "--dtypes", "float32", "--warm-jobs", "0",
       "--json", "{json}"]),
     ("attention_check", "attention_check.py", 0.08, ["--json", "{json}"],

@@ -6,11 +6,13 @@ Run (CUDA GPU, repository root)::
     TRITON_INTERPRET=1 PYTHONPATH=src python benchmarks/gpu/tune.py --device cpu --quick   # a dry run
 
 For each shape of ``SHAPES`` (the widths of BENCHMARKS.md's GPU targets) it
-times the forward kernel (sparsemax, entmax15) and the backward kernel
-(sparsemax) of ``softk._backends.triton.function`` under every launch
-configuration of ``configs`` — on chip or looped, the block, the warps and
-the rows per program — with ``triton.testing.do_bench`` (median, L2
-flushed), next to ``torch.softmax`` forward and backward at the same shape.
+times the lean forward (sparsemax, entmax15, soft top-k exp at k = 2) under
+every launch setting of ``lean_configs`` — rows per program and warps, or
+above ``LEAN_MAX`` the loop's block and warps — and the backward kernel
+(sparsemax) of ``softk._backends.triton.function`` under every configuration
+of ``configs`` — on chip or looped, the block, the warps and the rows per
+program — with ``triton.testing.do_bench`` (median, L2 flushed), next to
+``torch.softmax`` forward and backward at the same shape.
 The configuration the launcher picks today is marked ``default``; the
 report gives, per (shape, kernel), the fastest configuration and both as
 multiples of torch.
@@ -36,18 +38,36 @@ if os.path.join(ROOT, "src") not in sys.path:
 
 # name: (rows, width, dtype)
 SHAPES = {
+    "router16": (2**25 // 16, 16, "bfloat16"),
     "router64": (2**25 // 64, 64, "bfloat16"),
     "router256": (2**25 // 256, 256, "bfloat16"),
     "w128": (65536, 128, "float32"),
     "w1024": (32768, 1024, "float32"),
-    "w2048": (16384, 2048, "float32"),
     "w4096": (8192, 4096, "float32"),
     "w8192": (16384, 8192, "float32"),
     "w32768": (8192, 32768, "bfloat16"),
 }
 # --quick: on chip in tiles of rows, on chip a row alone, looped (forward and backward); a program's worth of rows each
 QUICK = {"router64": (16, 64, "float32"), "w1024": (2, 1024, "float32"), "w16384": (1, 16384, "float32")}
-KERNELS = [("fwd", "sparsemax"), ("fwd", "entmax15"), ("bwd", "sparsemax")]
+KERNELS = [("fwd", "sparsemax"), ("fwd", "entmax15"), ("fwd", "exp"), ("bwd", "sparsemax")]
+# the k of each forward: the smooth top-k at a router's k
+K = {"exp": 2.0}
+
+
+def lean_configs(n: int):
+    """(rows per program, warps) to try at width ``n`` for the lean forward:
+    tiles of 256–2048 entries (or the row alone, when wider), 4–16 entries per
+    thread; above ``LEAN_MAX`` (block, warps): blocks of 1024–4096, 4–16
+    entries per thread."""
+    from softk._backends.triton.function import LEAN_MAX, ROWS_MAX
+
+    blk = max(16, 1 << (n - 1).bit_length())
+    if n > LEAN_MAX:
+        out = [(b, b // (32 * e)) for b in (1024, 2048, 4096) for e in (4, 8, 16)]
+    else:
+        out = [(t // blk, t // (32 * e)) for t in sorted({256, 512, 1024, 2048, blk}) for e in (4, 8, 16)
+               if t >= blk and t // blk <= ROWS_MAX]
+    return [c for c in dict.fromkeys(out) if 1 <= c[1] <= 16]
 
 
 def configs(n: int, kind: str = "fwd"):
@@ -73,15 +93,32 @@ def _launch(kind, fam_name, x, g, cfg):
     from softk.threshold.families import KERNEL_IDS
 
     fam = KERNEL_IDS[fam_name]
-    saved = fn._config
+    saved, saved_lean = fn._config, fn._lean_config
     if cfg is not None:
         fn._config = lambda n, onchip, block, rows=None, backward=False: cfg
+        fn._lean_config = lambda n, fam: cfg
     try:
         if kind == "fwd":
-            return fn.forward_rows(x, fam, 1.0, 1.0, 1.5)
+            return fn.forward_rows(x, fam, K.get(fam_name, 1.0), 1.0, 1.5)
         return fn.backward_rows(x, g, fam, 1.0, 1.5)
     finally:
-        fn._config = saved
+        fn._config, fn._lean_config = saved, saved_lean
+
+
+def _lean(fn, n, kind, fam_name):
+    """Whether this kernel at width ``n`` is a lean forward (else the general kernel)."""
+    return kind == "fwd" and fn.takes_lean(fn.FAMILY_IDS[fam_name], n, 1.5)
+
+
+def _default(fn, n, kind, fam_name):
+    """The configuration the launcher picks today."""
+    if _lean(fn, n, kind, fam_name):
+        return fn._lean_config(n, fn.FAMILY_IDS[fam_name])
+    return fn._config(n, None, None, backward=kind == "bwd")
+
+
+def _tried(fn, n, kind, fam_name):
+    return lean_configs(n) if _lean(fn, n, kind, fam_name) else configs(n, kind)
 
 
 def _inputs(rows, n, dtype, device):
@@ -138,8 +175,8 @@ def main(argv=None) -> int:
     plan = []  # (shape, kind, fam, cfg or None for the default)
     for name, (rows, n, dtype) in shapes.items():
         for kind, fam in KERNELS:
-            default = fn._config(n, None, None, backward=kind == "bwd")
-            tried = [c for c in configs(n, kind) if c != default]
+            default = _default(fn, n, kind, fam)
+            tried = [c for c in _tried(fn, n, kind, fam) if c != default]
             if args.quick:  # two of them: the widest blocks, the fewest steps for the interpreter
                 tried = tried[-2:]
             plan += [(name, kind, fam, cfg) for cfg in [None] + tried]
@@ -181,7 +218,7 @@ def main(argv=None) -> int:
             if time.monotonic() - t0 > args.budget_s:
                 rows_out.append({"shape": name, "kernel": f"{kind}-{fam}", "config": cfg, "status": "skipped: time budget"})
                 continue
-            default = fn._config(n, None, None, backward=kind == "bwd")
+            default = _default(fn, n, kind, fam)
             row = {"shape": name, "rows": rows, "n": n, "dtype": dtype, "kernel": f"{kind}-{fam}",
                    "config": list(cfg or default), "default": cfg is None, "torch_ms": ref[kind]}
             try:

@@ -40,7 +40,7 @@ META = {"device": "fake GPU", "torch": "t", "triton": "tr", "date": "2026-11-23"
 def test_case_list_builds_with_the_issue_shapes():
     cases = gpu_cases.build_cases()
     keys = [c.key for c in cases]
-    assert len(keys) == len(set(keys)) == 5 * 8 + 5 * 4 + 2 * 4
+    assert len(keys) == len(set(keys)) == 5 * 8 + 5 * 5 + 2 * 4
     assert {(c.rows, c.cols, c.dtype) for c in cases if c.group == "wide"} == set(gpu_cases.WIDE_SHAPES)
     assert {c.cols for c in cases if c.group == "router"} == {16, 64, 128, 256, 512}
     assert all(c.rows * c.cols == 2**25 and c.dtype == "bfloat16" for c in cases if c.group == "router")
@@ -49,7 +49,7 @@ def test_case_list_builds_with_the_issue_shapes():
         first = [c for c in cases if c.group == group][0]
         assert first.is_baseline
     quick = gpu_cases.build_cases(quick=True)
-    assert len(quick) == 8 + 4 + 4 and set(quick) <= set(cases)
+    assert len(quick) == 8 + 5 + 4 and set(quick) <= set(cases)
 
 
 def test_only_keeps_the_baseline_of_each_selected_shape():
@@ -360,7 +360,7 @@ def test_list_needs_no_gpu():
     r = _run("gpu.py", "--list", "--only", "router/")
     assert r.returncode == 0
     lines = r.stdout.strip().splitlines()
-    assert len(lines) == 20 and lines[0] == "router/softmax/2097152x16/bfloat16 torch"
+    assert len(lines) == 25 and lines[0] == "router/softmax/2097152x16/bfloat16 torch"
 
 
 def test_parallel_warm_workers_run_every_item(tmp_path):

@@ -250,6 +250,17 @@ def takes_lean(fam: int, n: int, alpha: float) -> bool:
     return fam != FAMILY_IDS["entmax"] or (serves(fam, alpha) and not needs_anchor(alpha) and alpha <= 2)
 
 
+def _lean_config(n: int, fam: int) -> tuple[int, int]:
+    """The lean forward's launch setting at width ``n``: (rows per program,
+    warps) up to :data:`LEAN_MAX` entries, (block, warps) above, where a
+    program loops over its row.  ``benchmarks/gpu/tune.py`` sweeps it."""
+    if n > LEAN_MAX:
+        return LOOP_BLOCK, LOOP_BLOCK // 512
+    blk = _pow2(n)
+    rpp = max(1, min(ROWS_MAX, TILE // blk))
+    return rpp, max(1, min(16, rpp * blk // 256))
+
+
 def lean_forward_rows(rows: Tensor, fam: int, k: float, tau: float, alpha: float = 1.5, *,
                       return_passes: bool = False, rows_per_program: int | None = None, out: Tensor | None = None):
     """p for contiguous ``rows`` (r, n) through the lean forward (and with
@@ -259,18 +270,19 @@ def lean_forward_rows(rows: Tensor, fam: int, k: float, tau: float, alpha: float
     its = torch.zeros(r, dtype=torch.int32, device=rows.device) if return_passes else _placeholder(rows.device)
     if r:
         blk = _pow2(n)
-        rpp = rows_per_program or max(1, min(ROWS_MAX, TILE // blk))
+        rpp, warps = _lean_config(n, fam)
+        if rows_per_program is not None and n <= LEAN_MAX:
+            rpp, warps = rows_per_program, max(1, min(16, rows_per_program * blk // 256))
         if rpp & (rpp - 1):
             raise ValueError(f"rows_per_program must be a power of two, got {rpp}")
-        warps = max(1, min(16, rpp * blk // 256))
         if n > LEAN_MAX:  # two reads: the lane maxima, then the candidates into a buffer
             slots = LEAN_WIDE_SLOTS
             sz = torch.empty((r, slots), dtype=torch.float32, device=rows.device)
             si = torch.empty((r, slots), dtype=torch.int32, device=rows.device)
             lean_wide_fwd_kernel[(r,)](
-                rows, out, its, sz, si, r, n, float(k), 1.0 / tau, float(alpha) - 1.0, FAM=fam, BLOCK=LOOP_BLOCK,
+                rows, out, its, sz, si, r, n, float(k), 1.0 / tau, float(alpha) - 1.0, FAM=fam, BLOCK=rpp,
                 C=slots, BIG=False, NEWTON_CAP=NEWTON_CAP, MAXIT=MAXIT, WRITE_ITS=return_passes,
-                num_warps=LOOP_BLOCK // 512)
+                num_warps=warps)
             return (out, its) if return_passes else out
         if fam in LEAN_TOPK:
             lean_topk_fwd_kernel[(triton.cdiv(r, rpp),)](
