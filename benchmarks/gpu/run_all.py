@@ -33,12 +33,17 @@ attention           ``attention.py``: attention against SDPA (flash, efficient),
 attention_sparse    ``attention.py`` on local inputs (q, k sharing a positional code:
                     most 64 × 64 tiles exactly zero) at L = 4096 and 16384, where
                     the zeros must pay
+host                ``host_overhead.py``: the host's time to issue one call of
+                    each map and loss (torch's and softk's) on a tiny input,
+                    forward and forward + backward: what do_bench times on top
+                    of a kernel shorter than it
 moe                 ``moe_router.py``: an OLMoE-shaped mixture-of-experts layer with
                     its router swapped (sparsemax, 1.5-entmax, a target count):
                     time and the experts run
 ==================  ====================================================================
 
-``--wheels DIR`` installs the peers' wheels found there (``pip download
+``--stage-budget NAME=SECONDS`` gives a stage its own time; the stages
+without one share what is left of ``--budget-s``.  ``--wheels DIR`` installs the peers' wheels found there (``pip download
 --no-deps entmax adasplash liger-kernel cut-cross-entropy``) into a private folder first, with
 no network.  The output folder gets three files: ``run_all.json`` (the
 device, versions, date, and every stage's exit status, time and JSON),
@@ -96,6 +101,8 @@ STAGES = [
       "--maps", "softmax", "sparsemax", "entmax15", "--json", "{json}"],
      ["--smoke", "--lengths", "64", "--maps", "softmax", "sparsemax", "--modes", "fwd", "fwdbwd", "--causal", "no", "yes",
       "--sharpness", "0.5", "--locality", "1", "--json", "{json}"]),
+    ("host", "host_overhead.py", 0.03, ["--profile", "--json", "{json}", "--md", "{md}"],
+     ["--device", "cpu", "--calls", "5", "--repeats", "1", "--profile", "--json", "{json}", "--md", "{md}"]),
     ("moe", "moe_router.py", 0.04, ["--device", "cuda", "--size", "olmoe", "--json", "{json}", "--md", "{md}"],
      ["--device", "cpu", "--size", "tiny", "--steps", "1", "--warmup", "0", "--json", "{json}", "--md", "{md}"]),
 ]
@@ -219,14 +226,34 @@ def summary(meta, stages) -> str:
     return "\n".join(lines)
 
 
+def stage_budget(chosen, i: int, left: float, fixed: dict) -> float:
+    """Seconds for stage ``chosen[i]`` with ``left`` seconds of the run to go:
+    its own from ``fixed`` (``--stage-budget``), else its share of what the
+    stages after it with their own time leave (at least 20 s)."""
+    name, _, frac = chosen[i][:3]
+    if name in fixed:
+        return fixed[name]
+    left -= sum(fixed.get(s[0], 0.0) for s in chosen[i + 1:])
+    rest = sum(s[2] for s in chosen[i:] if s[0] not in fixed)
+    return max(20.0, left * frac / rest)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="folder for run_all.json, summary.md and log.txt")
     ap.add_argument("--budget-s", type=float, default=440.0, help="the whole run (default 440 s); each stage gets its share")
     ap.add_argument("--wheels", metavar="DIR", help="install the peers' wheels in DIR first (no network)")
     ap.add_argument("--only", nargs="+", choices=[s[0] for s in STAGES], help="run these stages only")
+    ap.add_argument("--stage-budget", nargs="+", default=[], metavar="NAME=SECONDS",
+                    help="a stage's own time instead of its share of what is left (the others share the rest)")
     ap.add_argument("--dry-run", action="store_true", help="every stage on the CPU at tiny sizes (Triton in its interpreter)")
     args = ap.parse_args(argv)
+    fixed = {}
+    for item in args.stage_budget:
+        name, _, secs = item.partition("=")
+        if name not in [s[0] for s in STAGES] or not secs.replace(".", "", 1).isdigit():
+            ap.error(f"--stage-budget takes NAME=SECONDS with NAME a stage, got {item!r}")
+        fixed[name] = float(secs)
     os.makedirs(args.out, exist_ok=True)
     log_path = os.path.join(args.out, "log.txt")
     open(log_path, "w").close()
@@ -258,9 +285,7 @@ def main(argv=None) -> int:
     stages, work = {}, tempfile.mkdtemp(prefix="softk-run-all-")
     t_end = time.monotonic() + args.budget_s
     for i, (name, script, frac, gpu_argv, dry_argv) in enumerate(chosen):
-        left = t_end - time.monotonic()
-        rest = sum(s[2] for s in chosen[i:])
-        budget = max(20.0, left * frac / rest) if not args.dry_run else 600.0
+        budget = 600.0 if args.dry_run else stage_budget(chosen, i, t_end - time.monotonic(), fixed)
         paths_ = {"json": os.path.join(work, f"{name}.json"), "md": os.path.join(work, f"{name}.md")}
         argv_ = [a.format(**paths_) for a in (dry_argv if args.dry_run else gpu_argv)]
         if name in BUDGET_FLAG:  # the stage stops starting work at 85 % of its share; the kill comes after it all

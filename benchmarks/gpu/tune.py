@@ -11,8 +11,10 @@ every launch setting of ``lean_configs`` — rows per program and warps, or
 above ``LEAN_MAX`` the loop's block and warps — and the backward kernel
 (sparsemax) of ``softk._backends.triton.function`` under every configuration
 of ``configs`` — on chip or looped, the block, the warps and the rows per
-program — with ``triton.testing.do_bench`` (median, L2 flushed), next to
-``torch.softmax`` forward and backward at the same shape.
+program — and so the fused loss kernel (softmax and sparsemax, class-index
+targets, from ``LOSS_MIN_N`` entries), with ``triton.testing.do_bench``
+(median, L2 flushed), next to ``torch.softmax`` forward and backward at the
+same shape (``F.cross_entropy`` forward + backward for the loss).
 The configuration the launcher picks today is marked ``default``; the
 report gives, per (shape, kernel), the fastest configuration and both as
 multiples of torch.
@@ -49,9 +51,17 @@ SHAPES = {
 }
 # --quick: on chip in tiles of rows, on chip a row alone, looped (forward and backward); a program's worth of rows each
 QUICK = {"router64": (16, 64, "float32"), "w1024": (2, 1024, "float32"), "w16384": (1, 16384, "float32")}
-KERNELS = [("fwd", "sparsemax"), ("fwd", "entmax15"), ("fwd", "exp"), ("bwd", "sparsemax")]
+KERNELS = [("fwd", "sparsemax"), ("fwd", "entmax15"), ("fwd", "exp"), ("bwd", "sparsemax"), ("loss", "softmax"),
+           ("loss", "sparsemax")]
+# the fused loss (class-index targets, the gradient written) on the widths a vocabulary has
+LOSS_MIN_N = 1024
 # the k of each forward: the smooth top-k at a router's k
 K = {"exp": 2.0}
+
+
+def kernels_for(n: int):
+    """The (kind, family) pairs swept at width ``n``."""
+    return [(kind, fam) for kind, fam in KERNELS if kind != "loss" or n >= LOSS_MIN_N]
 
 
 def lean_configs(n: int):
@@ -89,20 +99,27 @@ def configs(n: int, kind: str = "fwd"):
 
 def _launch(kind, fam_name, x, g, cfg):
     """One launch of a kernel under a forced configuration (None: the launcher's own)."""
+    import torch
+
     from softk._backends.triton import function as fn
     from softk.threshold.families import KERNEL_IDS
 
+    from softk._backends.triton import loss
+
     fam = KERNEL_IDS[fam_name]
-    saved, saved_lean = fn._config, fn._lean_config
+    saved, saved_lean, saved_loss = fn._config, fn._lean_config, loss._config
     if cfg is not None:
-        fn._config = lambda n, onchip, block, rows=None, backward=False: cfg
+        fn._config = loss._config = lambda n, onchip, block, rows=None, backward=False: cfg
         fn._lean_config = lambda n, fam: cfg
     try:
         if kind == "fwd":
             return fn.forward_rows(x, fam, K.get(fam_name, 1.0), 1.0, 1.5)
+        if kind == "loss":  # g: the class indices, one per row
+            scale = torch.full((1,), 1.0 / x.shape[0], device=x.device)
+            return loss.fenchel_young_fused_rows(x, g, scale, fam, 1.0, 1.0, 1.5)
         return fn.backward_rows(x, g, fam, 1.0, 1.5)
     finally:
-        fn._config, fn._lean_config = saved, saved_lean
+        fn._config, fn._lean_config, loss._config = saved, saved_lean, saved_loss
 
 
 def _lean(fn, n, kind, fam_name):
@@ -129,11 +146,20 @@ def _inputs(rows, n, dtype, device):
     return x, torch.randn(rows, n, generator=gen, device=device).to(x.dtype)
 
 
+def _targets(rows, n, device):
+    import torch
+
+    return torch.randint(0, n, (rows,), generator=torch.Generator(device=device).manual_seed(1), device=device)
+
+
 def _compile_one(item):
     """Child process: compile one (shape, kernel, config) on a small batch of rows of the same width."""
     name, kind, fam, cfg, device, shapes = item
     rows, n, dtype = shapes[name]
     x, g = _inputs(min(rows, 32), n, dtype, device)
+    if kind == "loss":
+        _launch("loss", fam, x, _targets(x.shape[0], n, device), tuple(cfg) if cfg else None)
+        return True
     p = _launch("fwd", fam, x, None, tuple(cfg) if cfg else None)
     if kind == "bwd":
         _launch("bwd", fam, p, g, tuple(cfg) if cfg else None)
@@ -174,7 +200,7 @@ def main(argv=None) -> int:
     shapes = QUICK if args.quick else {k: v for k, v in SHAPES.items() if not args.only or k in args.only}
     plan = []  # (shape, kind, fam, cfg or None for the default)
     for name, (rows, n, dtype) in shapes.items():
-        for kind, fam in KERNELS:
+        for kind, fam in kernels_for(n):
             default = _default(fn, n, kind, fam)
             tried = [c for c in _tried(fn, n, kind, fam) if c != default]
             if args.quick:  # two of them: the widest blocks, the fewest steps for the interpreter
@@ -211,6 +237,10 @@ def main(argv=None) -> int:
         ref = {"fwd": timer(lambda: torch.softmax(x, -1))}
         y = torch.softmax(x, -1)
         ref["bwd"] = timer(lambda: torch._softmax_backward_data(g, y, -1, x.dtype))
+        tg = _targets(rows, n, args.device)
+        xl = x.detach().requires_grad_(True)
+        # the loss kernel against F.cross_entropy forward + backward (it writes the gradient in its one call)
+        ref["loss"] = timer(lambda: torch.nn.functional.cross_entropy(xl, tg).backward())
         p = {fam: fn.forward_rows(x, fn.FAMILY_IDS[fam], 1.0, 1.0, 1.5) for fam in ("sparsemax", "entmax15")}
         for s, kind, fam, cfg in plan:
             if s != name:
@@ -222,14 +252,19 @@ def main(argv=None) -> int:
             row = {"shape": name, "rows": rows, "n": n, "dtype": dtype, "kernel": f"{kind}-{fam}",
                    "config": list(cfg or default), "default": cfg is None, "torch_ms": ref[kind]}
             try:
-                call = (lambda: _launch(kind, fam, x, None, cfg)) if kind == "fwd" else (lambda: _launch(kind, fam, p[fam], g, cfg))
+                if kind == "fwd":
+                    call = lambda: _launch(kind, fam, x, None, cfg)  # noqa: E731
+                elif kind == "loss":
+                    call = lambda: _launch(kind, fam, x, tg, cfg)  # noqa: E731
+                else:
+                    call = lambda: _launch(kind, fam, p[fam], g, cfg)  # noqa: E731
                 row["ms"] = timer(call)
                 row["x_torch"] = row["ms"] / ref[kind]
             except Exception as exc:  # noqa: BLE001 - a row that says why
                 row["status"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
             rows_out.append(row)
         write()
-        x = g = p = None  # free the shape before the next one
+        x = g = p = xl = tg = None  # free the shape before the next one
         if args.device == "cuda":
             torch.cuda.empty_cache()
     write()

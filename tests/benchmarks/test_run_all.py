@@ -23,6 +23,7 @@ from ..paths import REPO
 BENCH = os.path.join(str(REPO), "benchmarks", "gpu")
 sys.path.insert(0, BENCH)
 
+import host_overhead  # noqa: E402
 import run_all  # noqa: E402
 import tune  # noqa: E402
 
@@ -46,6 +47,18 @@ def test_every_stage_has_a_script_and_a_share():
     for name, script, share, gpu_argv, dry_argv in run_all.STAGES:
         assert os.path.exists(os.path.join(BENCH, script)), script
         assert 0 < share < 1 and "{json}" in gpu_argv and "{json}" in dry_argv, name
+
+
+def test_a_stage_budget_is_kept_and_the_rest_shared():
+    chosen = [s for s in run_all.STAGES if s[0] in ("correctness", "speed", "host")]
+    shares = {s[0]: s[2] for s in chosen}
+    fixed = {"speed": 100.0}
+    # correctness shares with host what speed's own 100 s leave of 400
+    expect = 300.0 * shares["correctness"] / (shares["correctness"] + shares["host"])
+    assert run_all.stage_budget(chosen, 0, 400.0, fixed) == pytest.approx(expect)
+    assert run_all.stage_budget(chosen, 1, 5.0, fixed) == 100.0  # its own time, whatever is left
+    assert run_all.stage_budget(chosen, 2, 50.0, fixed) == 50.0  # the last shared stage takes the rest
+    assert run_all.stage_budget(chosen, 2, 1.0, {}) == 20.0  # never under 20 s
 
 
 def test_summary_renders_each_section_from_its_json():
@@ -120,11 +133,14 @@ STAGE_CHECKS = {
     "attention_check": lambda r: all(c["backend"] == "triton" for c in r["cases"])  # the device's kernels, interpreted
     and {c["map"] for c in r["cases"]} == {"softmax", "sparsemax", "entmax15", "entmax"}
     and {c["kind"] for c in r["cases"]} == {"normal", "masked_row", "offset"},
-    "tune": lambda r: all("ms" in row for row in r["rows"]) and len(r["best"]) == len(tune.QUICK) * len(tune.KERNELS),
+    "tune": lambda r: all("ms" in row for row in r["rows"]) and len(r["best"]) == sum(len(tune.kernels_for(n)) for _, n, _ in tune.QUICK.values())
+    and {b["kernel"] for b in r["best"]} == {f"{kind}-{fam}" for kind, fam in tune.KERNELS},
     "fused_linear": _fused_linear,
     "e2e": _e2e,
     "attention": _attention,
     "attention_sparse": _attention,
+    "host": lambda r: {(row["impl"], row["op"]) for row in r["rows"]} == set(host_overhead.OPS)
+    and all(row["us"] > 0 for row in r["rows"]) and len(r["rows"]) == 2 * len(host_overhead.OPS),
     "moe": lambda r: [row["variant"] for row in r["rows"]][:2] == ["own", "control"]
     and all(0 < row["live_per_token"] <= r["meta"]["shape"]["top_k"] for row in r["rows"]),
 }

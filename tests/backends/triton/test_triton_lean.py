@@ -223,7 +223,11 @@ dtypes = ("*fp32", "*bf16", "*fp16")
 sig = {"X": "", "Y": "", "ITS": "*i32", "SZ": "*fp32", "SI": "*i32", "R": "i32", "n": "i32", "k": "fp32",
        "inv_tau": "fp32", "am1": "fp32"}
 # (ROWS, BLOCK, COMPACT, GROUP, warps): router rows, a compacted row, a whole row searched from the groups' bound
-variants = [(8, 64, False, 0, 2), (1, 1024, True, LEAN_GROUP, 4), (1, 8192, False, LEAN_GROUP, 16)]
+# in the launch settings the launcher ships (_lean_config)
+from softk._backends.triton.function import _lean_config
+variants = [(*_lean_config(64, 1), 64, False, 0), (*_lean_config(1024, 1), 1024, True, LEAN_GROUP),
+            (*_lean_config(8192, 1), 8192, False, LEAN_GROUP)]
+variants = [(rows, blk, compact, group, warps) for rows, warps, blk, compact, group in variants]
 built = 0
 for fam in (1, 2, 3):
     for i, (rows, blk, compact, group, warps) in enumerate(variants):
@@ -236,20 +240,22 @@ from softk._backends.triton.lean_topk import lean_topk_fwd_kernel
 from softk._backends.triton.function import LEAN_TOPK_IT, NEWTON_CAP
 sig = {"X": "", "Y": "", "ITS": "*i32", "R": "i32", "n": "i32", "k": "fp32", "inv_tau": "fp32"}
 for fam in (4, 5, 6):
-    for i, (rows, blk, warps) in enumerate([(8, 64, 2), (1, 8192, 16)]):
+    for i, (rows, blk, warps) in enumerate([(*_lean_config(64, fam)[:1], 64, _lean_config(64, fam)[1]),
+                                            (*_lean_config(8192, fam)[:1], 8192, _lean_config(8192, fam)[1])]):
         ty = dtypes[(fam + i) % 3]
         build(lean_topk_fwd_kernel, dict(sig, X=ty, Y=ty), dict(FAM=fam, ROWS=rows, BLOCK=blk, LEAN_IT=LEAN_TOPK_IT,
               NEWTON_CAP=NEWTON_CAP, MAXIT=MAXIT, WRITE_ITS=i == 0), warps)
         built += 1
 assert built == 15, built
 from softk._backends.triton.lean_wide import lean_wide_fwd_kernel
-from softk._backends.triton.function import LEAN_WIDE_SLOTS, LOOP_BLOCK
+from softk._backends.triton.function import LEAN_WIDE_SLOTS
 sig = {"X": "", "Y": "", "ITS": "*i32", "SZ": "*fp32", "SI": "*i32", "R": "i32", "n": "i32", "k": "fp32",
        "inv_tau": "fp32", "am1": "fp32"}
 for fam in (1, 2, 3):
     ty = dtypes[fam % 3]
-    build(lean_wide_fwd_kernel, dict(sig, X=ty, Y=ty), dict(FAM=fam, BLOCK=LOOP_BLOCK, C=LEAN_WIDE_SLOTS, BIG=False,
-          NEWTON_CAP=NEWTON_CAP, MAXIT=MAXIT, WRITE_ITS=fam == 1), LOOP_BLOCK // 512)
+    block, warps = _lean_config(70001, fam)
+    build(lean_wide_fwd_kernel, dict(sig, X=ty, Y=ty), dict(FAM=fam, BLOCK=block, C=LEAN_WIDE_SLOTS, BIG=False,
+          NEWTON_CAP=NEWTON_CAP, MAXIT=MAXIT, WRITE_ITS=fam == 1), warps)
     built += 1
 assert built == 18, built
 print("OK")

@@ -110,11 +110,12 @@ def _entmax_flags(fam: int, alpha: float):
 _PLACEHOLDERS: dict = {}
 
 
-def _placeholder(device) -> Tensor:
-    """An int32 buffer per device, passed where the kernel writes nothing."""
-    buf = _PLACEHOLDERS.get(device)
+def _placeholder(device, dtype=torch.int32) -> Tensor:
+    """A one-element buffer per device and dtype, passed where the kernel
+    reads and writes nothing."""
+    buf = _PLACEHOLDERS.get((device, dtype))
     if buf is None:
-        buf = _PLACEHOLDERS[device] = torch.zeros(1, dtype=torch.int32, device=device)
+        buf = _PLACEHOLDERS[(device, dtype)] = torch.zeros(1, dtype=dtype, device=device)
     return buf
 
 
@@ -231,6 +232,9 @@ LEAN_COMPACT_ALPHA = 1.5
 # Rows wider than LEAN_MAX (:mod:`.lean_wide`): a buffer of LEAN_WIDE_SLOTS
 # candidates per row, wide enough for α-entmax's supports at α = 1.3.
 LEAN_WIDE_SLOTS = 1024
+LEAN_WIDE_BLOCK = 1024
+# The lean forward's tile of narrow rows (several rows a program, one warp).
+LEAN_TILE = 256
 
 
 # The smooth top-k maps' lean forward (:mod:`.lean_topk`): the lean sweeps a
@@ -253,12 +257,19 @@ def takes_lean(fam: int, n: int, alpha: float) -> bool:
 def _lean_config(n: int, fam: int) -> tuple[int, int]:
     """The lean forward's launch setting at width ``n``: (rows per program,
     warps) up to :data:`LEAN_MAX` entries, (block, warps) above, where a
-    program loops over its row.  ``benchmarks/gpu/tune.py`` sweeps it."""
+    program loops over its row.
+
+    The search is a chain of row reductions, so it wants few warps: one warp
+    on tiles of :data:`LEAN_TILE` entries (8 a thread) while rows fit in one,
+    16 entries a thread for a row alone; a looped row takes blocks of
+    :data:`LEAN_WIDE_BLOCK` entries, 4 a thread.  ``benchmarks/gpu/tune.py``
+    sweeps the alternatives (BENCHMARKS.md has the sweep)."""
     if n > LEAN_MAX:
-        return LOOP_BLOCK, LOOP_BLOCK // 512
+        return LEAN_WIDE_BLOCK, LEAN_WIDE_BLOCK // 128
     blk = _pow2(n)
-    rpp = max(1, min(ROWS_MAX, TILE // blk))
-    return rpp, max(1, min(16, rpp * blk // 256))
+    if blk <= LEAN_TILE:
+        return LEAN_TILE // blk, 1
+    return 1, min(16, blk // 512)
 
 
 def lean_forward_rows(rows: Tensor, fam: int, k: float, tau: float, alpha: float = 1.5, *,
@@ -272,7 +283,7 @@ def lean_forward_rows(rows: Tensor, fam: int, k: float, tau: float, alpha: float
         blk = _pow2(n)
         rpp, warps = _lean_config(n, fam)
         if rows_per_program is not None and n <= LEAN_MAX:
-            rpp, warps = rows_per_program, max(1, min(16, rows_per_program * blk // 256))
+            rpp, warps = rows_per_program, max(1, min(16, rows_per_program * blk // 512))
         if rpp & (rpp - 1):
             raise ValueError(f"rows_per_program must be a power of two, got {rpp}")
         if n > LEAN_MAX:  # two reads: the lane maxima, then the candidates into a buffer
@@ -292,8 +303,11 @@ def lean_forward_rows(rows: Tensor, fam: int, k: float, tau: float, alpha: float
         grouped = blk >= 4 * LEAN_SLOTS
         compact = grouped and (fam != FAMILY_IDS["entmax"] or alpha >= LEAN_COMPACT_ALPHA)
         slots = LEAN_SLOTS if compact else 1
-        sz = torch.empty((r, slots), dtype=torch.float32, device=rows.device)
-        si = torch.empty((r, slots), dtype=torch.int32, device=rows.device)
+        if compact:
+            sz = torch.empty((r, slots), dtype=torch.float32, device=rows.device)
+            si = torch.empty((r, slots), dtype=torch.int32, device=rows.device)
+        else:  # the kernel touches no buffer
+            sz, si = _placeholder(rows.device, torch.float32), _placeholder(rows.device)
         lean_fwd_kernel[(triton.cdiv(r, rpp),)](
             rows, out, its, sz, si, r, n, float(k), 1.0 / tau, float(alpha) - 1.0,
             FAM=fam, ROWS=rpp, BLOCK=blk, COUNT=k > 1, COMPACT=compact, GROUP=LEAN_GROUP if grouped else 0, C=slots, MAXIT=MAXIT,
