@@ -15,6 +15,8 @@ float32), ``--calls`` calls in a row with no synchronisation between them,
 then one; the wall time over the calls is the host's time per call, as long
 as each call's kernels are shorter than it (they are, on 8 × 64 entries).
 Forward (no_grad) and forward + backward, median of ``--repeats``.
+``--device cpu --stub-kernels`` times the same calls on the Triton route with
+every launch a no-op: softk's own host path, on a machine without a GPU.
 ``--profile`` adds torch.profiler's table of forward + backward at the
 shapes of ``PROFILED`` (the speed table's narrow rows, where do_bench's
 times are furthest above the kernels').
@@ -52,6 +54,28 @@ def per_call_us(call, sync, calls: int, repeats: int) -> float:
         sync()
         times.append((time.perf_counter() - t0) / calls * 1e6)
     return statistics.median(times)
+
+
+class _NoLaunch:
+    """A Triton kernel whose launch does nothing: ``kernel[grid](...)``."""
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
+def stub_triton_kernels() -> int:
+    """Put a :class:`_NoLaunch` in place of every Triton kernel the map and
+    loss launchers call, so that a CPU run (``TRITON_INTERPRET=1``, backend
+    "triton") times softk's own host path to the launch; how many."""
+    from softk._backends.triton import function, loss, softmax
+
+    done = 0
+    for mod in (function, softmax, loss):
+        for name in dir(mod):
+            if name.endswith("_kernel") and hasattr(getattr(mod, name), "run"):
+                setattr(mod, name, _NoLaunch())
+                done += 1
+    return done
 
 
 def measure(device: str, rows: int, cols: int, calls: int, repeats: int) -> list[dict]:
@@ -150,9 +174,16 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--profile", action="store_true", help="also profile forward + backward at the shapes of PROFILED")
+    ap.add_argument("--stub-kernels", action="store_true",
+                    help="on the CPU: the Triton route with every launch a no-op (softk's own host path; sets "
+                         "TRITON_INTERPRET=1 and SOFTK_BACKEND=triton)")
     ap.add_argument("--json", metavar="PATH")
     ap.add_argument("--md", metavar="PATH")
     args = ap.parse_args(argv)
+    if args.stub_kernels:
+        if args.device != "cpu":
+            ap.error("--stub-kernels runs on the CPU (--device cpu)")
+        os.environ.update(TRITON_INTERPRET="1", SOFTK_BACKEND="triton")
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -161,6 +192,8 @@ def main(argv=None) -> int:
     from gpu import meta_info
 
     meta = {**meta_info(args.device), "shape": f"{args.rows}x{args.cols}", "calls": args.calls, "repeats": args.repeats}
+    if args.stub_kernels:
+        meta["device"] += f", Triton route, {stub_triton_kernels()} kernels stubbed"
     rows = measure(args.device, args.rows, args.cols, args.calls, args.repeats)
     md = markdown(rows, meta)
     if args.profile:

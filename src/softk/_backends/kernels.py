@@ -102,9 +102,16 @@ def _threshold_triton(x, family):
     missing = _triton_installed()
     if missing or family.alpha_value is None:
         return missing
-    from .triton.function import ALPHA_MAX, serves  # an α the float32 kernels cannot keep exact
+    global _triton_alpha
+    if _triton_alpha is None:  # imported on the first call (importing triton costs seconds)
+        from .triton.function import ALPHA_MAX, serves  # an α the float32 kernels cannot keep exact
 
-    return None if serves(family.kernel, family.alpha_value) else f"alpha outside (1, {ALPHA_MAX:g}]"
+        _triton_alpha = ALPHA_MAX, serves
+    alpha_max, serves = _triton_alpha
+    return None if serves(family.kernel, family.alpha_value) else f"alpha outside (1, {alpha_max:g}]"
+
+
+_triton_alpha = None
 
 
 def _compute_probe(x):

@@ -129,7 +129,7 @@ def fenchel_young_loss(
     if kernel is not None:
         t = target if by_index else target.movedim(cdim, -1)
         return fused_fenchel_young(x, t, family, k, tau, reduction, ignore_index, kernel.backend,
-                                   lambda: _check_values(input, target, family, k, ignore_index))
+                                   lambda: _check_values(input, target, family, k, ignore_index, index=False))
     index, keep, y = _check_values(input, target, family, k, ignore_index)
     if x.numel() == 0:
         loss = x.to(compute_dtype(x.dtype)).sum(-1) * 0
@@ -140,12 +140,15 @@ def fenchel_young_loss(
     return reduce(loss, keep, reduction).to(input.dtype)
 
 
-def _check_values(input: Tensor, target: Tensor, family: Family, k, ignore_index: int):
+def _check_values(input: Tensor, target: Tensor, family: Family, k, ignore_index: int, index: bool = True):
     """The value checks of the target (shapes already checked): (index, keep, None)
-    for class indices, (None, None, y with classes last) for a dense target."""
+    for class indices (``index`` False: only the checks, (None, keep, None)),
+    (None, None, y with classes last) for a dense target."""
     if not target.is_floating_point():
-        index, keep = tg.index_target(input, target, ignore_index)
-        return index, keep, None
+        if not index:
+            return None, tg.check_index_values(input, target, ignore_index), None
+        idx, keep = tg.index_target(input, target, ignore_index)
+        return idx, keep, None
     row_k = isinstance(k, Tensor)
     y = tg.distribution_target(input, target, k.squeeze(-1) if row_k else k, family.capped)
     return None, None, y.movedim(0 if input.dim() == 1 else 1, -1)

@@ -194,16 +194,23 @@ def index_target(input: Tensor, target: Tensor, ignore_index: int, name: str = "
     ValueError, on another device a device-side assertion
     (:func:`softk._validate.require`, no host sync).
     """
+    target = target.to(input.device)
+    keep = check_index_values(input, target, ignore_index, name)
+    return torch.where(keep, target, 0).long(), keep
+
+
+def check_index_values(input: Tensor, target: Tensor, ignore_index: int, name: str = "target") -> Tensor:
+    """The checks of :func:`index_target` (``target`` on ``input``'s device)
+    without the index it builds; returns ``keep``."""
     check_index_shape(input, target, name)
     n_classes = input.shape[class_dim(input)]
-    target = target.to(input.device)
     keep = target != ignore_index
     bad = keep & ((target < 0) | (target >= n_classes))
     require(~bad, lambda: (
         f"{name} holds class index {int(target[bad].reshape(-1)[0])}, outside [0, {n_classes}) "
         f"for an input with {n_classes} classes (and not ignore_index={ignore_index})"
     ))
-    return torch.where(keep, target, 0).long(), keep
+    return keep
 
 
 def check_distribution_shape(input: Tensor, target: Tensor, name: str = "target") -> None:

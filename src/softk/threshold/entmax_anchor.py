@@ -90,6 +90,8 @@ def needs_anchor(alpha) -> bool:
     (β = 1/(α−1) > 8 multiplies w's rounding) or above 2 (support entries
     with w = p^{α−1} ≪ p sit below λ's grid).  For 1.125 ≤ α ≤ 2 the error
     of f(s − λ) is β·eps·(1 + |log p|) at most, the same as the anchor form's."""
+    if isinstance(alpha, (int, float)):  # (a float is a double: the same test as below, no tensor made)
+        return alpha - 1 < 0.125 or alpha - 1 > 1
     a = torch.as_tensor(alpha, dtype=torch.float64) - 1
     return bool(((a < 0.125) | (a > 1)).any())
 

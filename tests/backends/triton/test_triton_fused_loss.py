@@ -187,6 +187,17 @@ def test_half_mean_gradient_is_rounded_once_and_all_ignored_mean_is_nan(rng):
     assert torch.isnan(loss) and (x.grad == 0).all()
 
 
+@pytest.mark.parametrize("bad", [7, -1, 100])
+def test_a_class_index_out_of_range_is_refused_on_the_fused_route(rng, bad):
+    # the fused route checks the class indices without building the index:
+    # out of [0, n) and not ignore_index (−100 here) is softk's ValueError
+    x = torch.tensor(rng.normal(size=(4, 7)), dtype=torch.float32)
+    with softk.use_backend("triton"):
+        assert torch.isfinite(fenchel_young_loss(x, torch.tensor([0, -100, 6, 2]), FAMS["sparsemax"][0]))
+        with pytest.raises(ValueError, match=rf"target holds class index {bad}, outside \[0, 7\)"):
+            fenchel_young_loss(x, torch.tensor([0, bad, 6, -100]), FAMS["sparsemax"][0])
+
+
 @pytest.mark.parametrize("label, kind", [("entmax15", "dense"), ("exp", "index"), ("sigmoid", "dense"),
                                          ("sparse", "index")])
 @pytest.mark.slow

@@ -8,11 +8,19 @@ from __future__ import annotations
 
 import torch
 
-from ..._validate import mean_of, mean_scale
 from . import loss as _launcher
 
 # the kernel reads the target as it is: the caller checks it first
 CHECKS_TARGET = False
+_ONES: dict = {}
+
+
+def _one(device) -> torch.Tensor:
+    """A one-element float32 1 on ``device``, made once (the kernel only reads it)."""
+    buf = _ONES.get(device)
+    if buf is None:
+        buf = _ONES[device] = torch.ones(1, dtype=torch.float32, device=device)
+    return buf
 
 
 def fenchel_young(x, target, k_rows, family, k, tau, reduction, ignore_index, want_grad, check):
@@ -21,22 +29,25 @@ def fenchel_young(x, target, k_rows, family, k, tau, reduction, ignore_index, wa
     of ``x``; one k for every row (``k_rows`` is None: the kernel serves no
     other), the target checked by the caller (``check`` is unused)."""
     n = x.shape[-1]
-    dense = target.is_floating_point()
-    rows_t = target.reshape(-1, n) if dense else torch.where(target != ignore_index, target, -1).reshape(-1)
-    rows_t = rows_t.contiguous()
-    kept = rows_t.shape[0]
-    if not dense:  # no host sync: the count stays on the device
-        kept = (rows_t >= 0).sum().float()
-    scale = torch.ones(1, dtype=torch.float32, device=x.device)
-    if reduction == "mean":  # 1/#kept, 0 with no kept row (the mean's zero gradients)
-        scale = mean_scale(scale, torch.as_tensor(kept, dtype=torch.float32, device=x.device))
-    loss, grad = _launcher.fenchel_young_fused_rows(x.reshape(-1, n).contiguous(), rows_t, scale, family.kernel, k, tau,
-                                          family.alpha_value, want_grad=want_grad)
-    if want_grad:
+    rows = x if x.dim() == 2 and x.is_contiguous() else x.reshape(-1, n).contiguous()
+    if target.is_floating_point():
+        rows_t, kept = target.reshape(-1, n).contiguous(), rows.shape[0]
+        scale = _one(x.device) if reduction != "mean" or kept <= 1 else torch.full((1,), 1.0 / kept, device=x.device)
+    else:  # ignored rows as −1; no host sync: the count stays on the device
+        keep = target != ignore_index
+        rows_t, kept = torch.where(keep, target, -1).reshape(-1), keep.sum()
+        # 1/#kept for the mean (inf with no kept row: the kernel writes 0 on an ignored row, never 0·inf)
+        scale = kept.reciprocal().float().reshape(1) if reduction == "mean" else _one(x.device)
+    loss, grad = _launcher.fenchel_young_fused_rows(rows, rows_t, scale, family.kernel, k, tau, family.alpha_value,
+                                                    want_grad=want_grad)
+    if want_grad and grad.shape != x.shape:
         grad = grad.view(x.shape)
-    # the reductions of softk._validate.reduce, on the same float32 rows
+    # the reductions of softk._validate.reduce, on the same float32 rows: the
+    # mean over no kept row is 0/0, NaN, as in torch
     if reduction == "none":
         out = loss.view(x.shape[:-1])
+    elif reduction == "sum":
+        out = loss.sum()
     else:
-        out = loss.sum() if reduction == "sum" else mean_of(loss.sum(), kept)
+        out = loss.sum() / kept
     return out.to(x.dtype), grad

@@ -42,6 +42,7 @@ import triton
 import triton.language as tl
 
 from .attention_tiles import _dot
+from .grid import cdiv
 
 # Block sizes: a first choice of tensor-core tile, not tuned
 # (benchmarks/gpu/fused_live_tiles.py times the tiles against the dense
@@ -129,10 +130,6 @@ def _grad_w_kernel(G, X, GW, GB, tiles, C, V, H,
         tl.store(at_b, tl.load(at_b, mask=keep_b, other=0.0) + acc_b, mask=keep_b)
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def products(g: Tensor, weight: Tensor, xc: Tensor, gx: Tensor | None, gw: Tensor | None, gb: Tensor | None,
              *, max_share: float | None = None, block_v: int = BLOCK_V, block_c: int = BLOCK_C,
              block_h: int = BLOCK_H) -> bool:
@@ -156,16 +153,16 @@ def products(g: Tensor, weight: Tensor, xc: Tensor, gx: Tensor | None, gw: Tenso
     tiles = live_tiles(g, block_v)
     n = tiles.numel()
     share = MAX_LIVE_SHARE if max_share is None else max_share
-    if n > share * _cdiv(v, block_v):
+    if n > share * cdiv(v, block_v):
         return False
     if gx is not None and c and h:
-        _grad_x_kernel[(_cdiv(c, block_c), _cdiv(h, block_h))](
+        _grad_x_kernel[(cdiv(c, block_c), cdiv(h, block_h))](
             g, weight, gx, tiles, n, c, v, h, g.stride(0), g.stride(1), weight.stride(0), weight.stride(1),
             gx.stride(0), gx.stride(1), WIDEN=g.dtype != weight.dtype,
             BLOCK_C=block_c, BLOCK_V=block_v, BLOCK_H=block_h)
     if (gw is not None or gb is not None) and n and c:
         has_w = gw is not None and h > 0
-        hb = _cdiv(h, block_h) if has_w else 1
+        hb = cdiv(h, block_h) if has_w else 1
         if has_w or gb is not None:
             ref_w = gw if gw is not None else gb  # a placeholder pointer where the kernel writes no ∇W
             _grad_w_kernel[(n, hb)](

@@ -6,10 +6,10 @@ blocks of ``LOOP_BLOCK``; narrow rows several to a program)."""
 from __future__ import annotations
 
 import torch
-import triton
 from torch import Tensor
 
 from .function import LEAN_SIMPLEX, MAXIT, NEWTON_CAP, _config, _entmax_flags
+from .grid import cdiv
 from .loss_kernel import fenchel_young_fwd_kernel
 from ...threshold.families import KERNEL_IDS
 
@@ -33,7 +33,7 @@ def fenchel_young_fused_rows(x: Tensor, target: Tensor, scale: Tensor, fam: int,
     if r:
         oc, blk, warps, rpp = _config(n, onchip, block, rows_per_program)
         am1, big, anchor = _entmax_flags(fam, alpha)
-        fenchel_young_fwd_kernel[(triton.cdiv(r, rpp),)](
+        fenchel_young_fwd_kernel[(cdiv(r, rpp),)](
             x, target, grad if want_grad else x, loss, scale, r, n, float(k), 1.0 / tau, am1,
             FAM=fam, ROWS=rpp, BLOCK=blk, ONCHIP=oc, BIG=big, PROBE=fam >= KERNEL_IDS["exp"] or big, ANCHOR=anchor,
             NEWTON_CAP=NEWTON_CAP, MAXIT=MAXIT, DENSE=dense, WANT_GRAD=want_grad,

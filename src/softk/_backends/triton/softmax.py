@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .grid import cdiv
 from .softmax_kernels import softmax_bwd_kernel, softmax_fwd_kernel
 
 SINGLE_MAX = 16384
@@ -44,10 +45,6 @@ def _new(like: Tensor, shape=None) -> Tensor:
     return torch.empty(like.shape if shape is None else shape, dtype=like.dtype, device=like.device)
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def config(n: int, r: int, block: int | None = None):
     """(single, BLOCK, ROWS, warps) for r rows of n entries; ``block``
     forces the looped variant with that block (tests use it on small rows)."""
@@ -64,7 +61,7 @@ def _launch_fwd(rows: Tensor, out: Tensor, g: Tensor | None, tau: float, mode: i
     r, n = rows.shape
     if r:
         single, blk, nrows, warps = config(n, r, block)
-        softmax_fwd_kernel[(_cdiv(r, nrows),)](
+        softmax_fwd_kernel[(cdiv(r, nrows),)](
             rows, out, rows if g is None else g, r, n, 1.0 / tau, float(tau),
             OUT=mode, ROWS=nrows, BLOCK=blk, SINGLE=single, num_warps=warps,
         )
@@ -97,7 +94,7 @@ def softmax_backward_rows(y: Tensor, g: Tensor, tau: float = 1.0, *, log: bool =
     r, n = y.shape
     if r:
         single, blk, nrows, warps = config(n, r, block)
-        softmax_bwd_kernel[(_cdiv(r, nrows),)](
+        softmax_bwd_kernel[(cdiv(r, nrows),)](
             y, g, dx, r, n, 1.0 / tau, LOG=log, ROWS=nrows, BLOCK=blk, SINGLE=single, num_warps=warps,
         )
     return dx

@@ -13,17 +13,25 @@ from ...threshold.families import Family
 from . import function, softmax
 
 
+def _rows(t: Tensor) -> Tensor:
+    # a contiguous (r, n) tensor is its own rows: no view to make (a router's
+    # (tokens, experts) scores; each torch call costs host time per launch)
+    return t if t.dim() == 2 and t.is_contiguous() else t.contiguous().view(-1, t.shape[-1])
+
+
 def forward(family: Family, x: Tensor, k: int, tau: float) -> Tensor:
-    rows = x.contiguous().view(-1, x.shape[-1])
+    rows = _rows(x)
     if family.kernel == 0 and k == 1:
-        return softmax.softmax_rows(rows, tau).view(x.shape)
-    # family.kernel is not None: the dispatcher gives this kernel only the families with an id
-    return function.forward_rows(rows, family.kernel, k, tau, family.alpha_value).view(x.shape)  # type: ignore[arg-type]
+        out = softmax.softmax_rows(rows, tau)
+    else:  # family.kernel is not None: the dispatcher gives this kernel only the families with an id
+        out = function.forward_rows(rows, family.kernel, k, tau, family.alpha_value)  # type: ignore[arg-type]
+    return out if x.dim() == 2 else out.view(x.shape)
 
 
 def backward(family: Family, p: Tensor, g: Tensor, tau: float) -> Tensor:
-    n = p.shape[-1]
-    p_rows, g_rows = p.contiguous().view(-1, n), g.to(p.dtype).contiguous().view(-1, n)
+    p_rows, g_rows = _rows(p), _rows(g if g.dtype == p.dtype else g.to(p.dtype))
     if family.kernel == 0:  # softmax (k = 1 always)
-        return softmax.softmax_backward_rows(p_rows, g_rows, tau).view(p.shape)
-    return function.backward_rows(p_rows, g_rows, family.kernel, tau, family.alpha_value).view(p.shape)  # type: ignore[arg-type]
+        dx = softmax.softmax_backward_rows(p_rows, g_rows, tau)
+    else:
+        dx = function.backward_rows(p_rows, g_rows, family.kernel, tau, family.alpha_value)  # type: ignore[arg-type]
+    return dx if p.dim() == 2 else dx.view(p.shape)
