@@ -194,12 +194,14 @@ def test_fused_loss_rows_do_not_depend_on_their_neighbours(rng, name, fam, alpha
 
 def test_launcher_rows_per_program():
     # narrow on-chip rows share a program: a tile of TILE entries in the
-    # forward, BWD_TILE in the backward; from the tile's width up, one row
+    # forward, BWD_NARROW_TILE (rows under 1024) or BWD_TILE in the backward;
+    # from the tile's width up, one row
     for backward, tile, top in ((False, tf.TILE, tf.ONCHIP_MAX), (True, tf.BWD_TILE, tf.BWD_ONCHIP_MAX)):
         for n in (n for n in (1, 16, 64, 100, 256, 1000, 1024, 2048, top) if n <= top):
             onchip, blk, warps, got = tf._config(n, None, None, backward=backward)
             assert onchip and blk == max(16, 1 << (n - 1).bit_length()), n
-            assert got == max(1, min(tf.ROWS_MAX, tile // blk)) and 32 * warps <= max(32, got * blk), n
+            t = tf.BWD_NARROW_TILE if backward and blk < 1024 else tile
+            assert got == max(1, min(tf.ROWS_MAX, t // blk)) and 32 * warps <= max(32, got * blk), n
         onchip, blk, warps, rows = tf._config(top + 1, None, None, backward=backward)  # the looped variant: one row
         assert not onchip and rows == 1 and blk == (tf.BWD_LOOP_BLOCK if backward else tf.SHORT_BLOCK)
     assert tf._config(tf.SHORT_MAX, None, None)[1] == tf.SHORT_BLOCK and tf._config(tf.SHORT_MAX + 1, None, None)[1] == tf.LOOP_BLOCK

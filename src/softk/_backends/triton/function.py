@@ -29,18 +29,19 @@ their own launch settings (:func:`_config`), chosen from the sweep of
   (:mod:`.lean_wide`) are read twice, one row per program in blocks of
   :data:`LOOP_BLOCK`; exp, sigmoid and laplace top-k up to :data:`LEAN_MAX`
   (:mod:`.lean_topk`) once.
-* Backward.  On chip up to :data:`BWD_ONCHIP_MAX` entries, narrow rows in
-  tiles of :data:`BWD_TILE` entries; wider rows loop over blocks of
+* Backward.  On chip up to :data:`BWD_ONCHIP_MAX` entries, rows narrower
+  than 1024 in tiles of :data:`BWD_NARROW_TILE` entries at 8 a thread, the
+  others in tiles of :data:`BWD_TILE`; wider rows loop over blocks of
   :data:`BWD_LOOP_BLOCK` at 32 warps.
 """
 
 from __future__ import annotations
 
 import torch
-import triton
 from torch import Tensor
 
 from .kernels import threshold_bwd_kernel, threshold_fwd_kernel
+from .grid import cdiv
 from .lean import lean_fwd_kernel
 from .lean_topk import lean_topk_fwd_kernel
 from .lean_wide import lean_wide_fwd_kernel
@@ -60,6 +61,7 @@ LOOP_BLOCK = 2048
 # The backward: on chip up to BWD_ONCHIP_MAX, tiles of BWD_TILE, else blocks of BWD_LOOP_BLOCK.
 BWD_ONCHIP_MAX = 8192
 BWD_TILE = 2048
+BWD_NARROW_TILE = 512  # rows narrower than 1024: tiles of 512 entries at 2 warps
 BWD_LOOP_BLOCK = 4096
 # Newton-type steps allowed before the search falls back to pure bisection,
 # and the hard cap on search passes (bisection then has MAXIT - NEWTON_CAP
@@ -131,19 +133,21 @@ def _config(n: int, onchip: bool | None, block: int | None, rows: int | None = N
     >>> _config(64, None, None), _config(1024, None, None), _config(3000, None, None), _config(32768, None, None)
     ((True, 64, 2, 8), (True, 1024, 1, 1), (False, 512, 2, 1), (False, 2048, 4, 1))
     >>> _config(64, None, None, backward=True), _config(32768, None, None, backward=True)
-    ((True, 64, 16, 32), (False, 4096, 32, 1))
+    ((True, 64, 2, 8), (False, 4096, 32, 1))
     """
     on_max, tile = (BWD_ONCHIP_MAX, BWD_TILE) if backward else (ONCHIP_MAX, TILE)
     if onchip is None:
         onchip = n <= on_max
     if onchip:
         blk = _pow2(n)
+        if backward and blk < 1024:
+            tile = BWD_NARROW_TILE
         rows = rows or max(1, min(ROWS_MAX, tile // blk))
-        if backward:  # 4 entries per thread (see the module docstring)
+        if backward:  # 4 entries per thread, 8 in tiles of narrow rows (see the module docstring)
             if rows == 1:
                 warps = 4 if blk <= 512 else 8 if blk <= 2048 else 16
             else:
-                warps = min(16, max(4, rows * blk // 128)) if blk < 1024 else 8
+                warps = max(1, min(16, rows * blk // 256)) if blk < 1024 else 8
         else:  # 8 entries per thread in a tile of rows; a row alone: one warp per 1024 entries
             warps = max(1, min(16, rows * blk // 256)) if rows > 1 else max(1, min(16, blk // 1024))
     elif backward:
@@ -195,7 +199,7 @@ def forward_rows(rows: Tensor, fam: int, k: float, tau: float, alpha: float = 1.
     if r:
         oc, blk, warps, rpp = _config(n, onchip, block, rows_per_program)
         am1, big, anchor = _entmax_flags(fam, alpha)
-        threshold_fwd_kernel[(triton.cdiv(r, rpp),)](
+        threshold_fwd_kernel[(cdiv(r, rpp),)](
             rows, out, its, r, n, float(k), 1.0 / tau, am1,
             FAM=fam, ROWS=rpp, BLOCK=blk, ONCHIP=oc, BIG=big, PROBE=fam >= FAMILY_IDS["exp"] or big, ANCHOR=anchor,
             NEWTON_CAP=NEWTON_CAP, MAXIT=MAXIT, WRITE_ITS=return_passes, num_warps=warps,
@@ -213,7 +217,7 @@ def backward_rows(p: Tensor, g: Tensor, fam: int, tau: float, alpha: float = 1.5
     if r:
         oc, blk, warps, rpp = _config(n, onchip, block, rows_per_program, backward=True)
         am1, big, _ = _entmax_flags(fam, alpha)
-        threshold_bwd_kernel[(triton.cdiv(r, rpp),)](p, g, dx, r, n, 1.0 / tau, am1, FAM=fam, ROWS=rpp,
+        threshold_bwd_kernel[(cdiv(r, rpp),)](p, g, dx, r, n, 1.0 / tau, am1, FAM=fam, ROWS=rpp,
                                                      BLOCK=blk, ONCHIP=oc, LOGD=big, num_warps=warps)
     return dx
 
@@ -262,11 +266,17 @@ def _lean_config(n: int, fam: int) -> tuple[int, int]:
     The search is a chain of row reductions, so it wants few warps: one warp
     on tiles of :data:`LEAN_TILE` entries (8 a thread) while rows fit in one,
     16 entries a thread for a row alone; a looped row takes blocks of
-    :data:`LEAN_WIDE_BLOCK` entries, 4 a thread.  ``benchmarks/gpu/tune.py``
+    :data:`LEAN_WIDE_BLOCK` entries, 4 a thread.  α-entmax was timed at
+    α = 1.3 only, where (below :data:`LEAN_COMPACT_ALPHA`) it searches its
+    whole row and fewer warps were slower: every α keeps tiles of
+    :data:`TILE` entries, 8 a thread.  ``benchmarks/gpu/tune.py``
     sweeps the alternatives (BENCHMARKS.md has the sweep)."""
     if n > LEAN_MAX:
         return LEAN_WIDE_BLOCK, LEAN_WIDE_BLOCK // 128
     blk = _pow2(n)
+    if fam == FAMILY_IDS["entmax"]:
+        rpp = max(1, min(ROWS_MAX, TILE // blk))
+        return rpp, max(1, min(16, rpp * blk // 256))
     if blk <= LEAN_TILE:
         return LEAN_TILE // blk, 1
     return 1, min(16, blk // 512)
@@ -296,7 +306,7 @@ def lean_forward_rows(rows: Tensor, fam: int, k: float, tau: float, alpha: float
                 num_warps=warps)
             return (out, its) if return_passes else out
         if fam in LEAN_TOPK:
-            lean_topk_fwd_kernel[(triton.cdiv(r, rpp),)](
+            lean_topk_fwd_kernel[(cdiv(r, rpp),)](
                 rows, out, its, r, n, float(k), 1.0 / tau, FAM=fam, ROWS=rpp, BLOCK=blk, LEAN_IT=LEAN_TOPK_IT,
                 NEWTON_CAP=NEWTON_CAP, MAXIT=MAXIT, WRITE_ITS=return_passes, num_warps=warps)
             return (out, its) if return_passes else out
@@ -308,7 +318,7 @@ def lean_forward_rows(rows: Tensor, fam: int, k: float, tau: float, alpha: float
             si = torch.empty((r, slots), dtype=torch.int32, device=rows.device)
         else:  # the kernel touches no buffer
             sz, si = _placeholder(rows.device, torch.float32), _placeholder(rows.device)
-        lean_fwd_kernel[(triton.cdiv(r, rpp),)](
+        lean_fwd_kernel[(cdiv(r, rpp),)](
             rows, out, its, sz, si, r, n, float(k), 1.0 / tau, float(alpha) - 1.0,
             FAM=fam, ROWS=rpp, BLOCK=blk, COUNT=k > 1, COMPACT=compact, GROUP=LEAN_GROUP if grouped else 0, C=slots, MAXIT=MAXIT,
             WRITE_ITS=return_passes, num_warps=warps,
