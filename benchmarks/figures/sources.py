@@ -76,11 +76,14 @@ CPU_ATTENTION = Source(
     "--json benchmarks/results/attention_cpu_1thread_2026-11-29h.json",
     _cpu_attention)
 
-# the latest GPU run; each of its stages is a script of benchmarks/gpu/
+# the latest GPU run of the fused linear losses, the training step and attention; each of its stages is a script of benchmarks/gpu/
 GPU_RUN = ("python3 benchmarks/gpu/run_all.py --out $OUT --budget-s 500 --wheels .whl "
            "--only correctness attention_check edges speed fused_linear e2e attention")
 GPU_FILE, GPU_SHA = "gpu_h200_run3_2026-11-27.json", "79d21932161bba3a3c857fda56ff1f2f8d77f14ced0e417203be65ea12248602"
-GPU_MAPS = Source(GPU_FILE, GPU_SHA, GPU_RUN + "  # stage: gpu.py", _gpu("speed", _gpu_maps))
+# the maps' table: the latest run whose speed stage reached every shape (the lean kernels' first settings)
+GPU_MAPS_RUN = "python3 benchmarks/gpu/run_all.py --out $OUT --budget-s 380 --wheels .whl --only correctness tune speed"
+GPU_MAPS_FILE, GPU_MAPS_SHA = "gpu_h200_run4_2026-11-29.json", "ddf2da264171beaa6dcc2e8d7443c8b4249ded7f9b6ce50707b472242e88c2ce"
+GPU_MAPS = Source(GPU_MAPS_FILE, GPU_MAPS_SHA, GPU_MAPS_RUN + "  # stage: gpu.py", _gpu("speed", _gpu_maps))
 GPU_FUSED_LINEAR = Source(GPU_FILE, GPU_SHA, GPU_RUN + "  # stage: fused_linear.py",
                           _gpu("fused_linear", lambda result: result["rows"]))
 GPU_STEP = Source(GPU_FILE, GPU_SHA, GPU_RUN + "  # stage: e2e_step.py", _gpu("e2e", _gpu_step))
