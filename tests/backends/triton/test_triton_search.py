@@ -288,7 +288,7 @@ variants = [_config(ONCHIP_MAX, None, None), _config(ONCHIP_MAX + 1, None, None)
 bwd_variants = [_config(n, None, None, backward=True) for n in (BWD_ONCHIP_MAX, BWD_ONCHIP_MAX + 1, 64)]
 assert [v[0] for v in variants] == [v[0] for v in bwd_variants] == [True, False, True]
 assert variants[1][1] == SHORT_BLOCK and bwd_variants[1][1] == BWD_LOOP_BLOCK
-assert [v[3] for v in variants] == [1, 1, 8] and [v[3] for v in bwd_variants] == [1, 1, 32]
+assert [v[3] for v in variants] == [1, 1, 8] and [v[3] for v in bwd_variants] == [1, 1, 8]
 fwd = {"X": "", "Y": "", "ITS": "*i32", "R": "i32", "n": "i32", "k": "fp32", "inv_tau": "fp32", "am1": "fp32"}
 bwd = {"P": "", "G": "", "DX": "", "R": "i32", "n": "i32", "inv_tau": "fp32", "am1": "fp32"}
 built = 0
