@@ -24,10 +24,11 @@ their own launch settings (:func:`_config`), chosen from the sweep of
   counts of ``tests/backends/triton/test_triton_passes.py`` hold at it).
 * The lean forward (:mod:`.lean`) of sparsemax, entmax15 and α-entmax for
   1.125 ≤ α ≤ 2 holds rows of up to :data:`LEAN_MAX` entries in registers,
-  several narrow rows per program as above; its search runs on a buffer of
+  narrow rows in tiles of :data:`LEAN_TILE` entries on one warp (the
+  settings of :func:`_lean_config`); its search runs on a buffer of
   the row's candidates, so it reads the row once.  Wider rows of those maps
   (:mod:`.lean_wide`) are read twice, one row per program in blocks of
-  :data:`LOOP_BLOCK`; exp, sigmoid and laplace top-k up to :data:`LEAN_MAX`
+  :data:`LEAN_WIDE_BLOCK`; exp, sigmoid and laplace top-k up to :data:`LEAN_MAX`
   (:mod:`.lean_topk`) once.
 * Backward.  On chip up to :data:`BWD_ONCHIP_MAX` entries, rows narrower
   than 1024 in tiles of :data:`BWD_NARROW_TILE` entries at 8 a thread, the
