@@ -3,14 +3,15 @@ counted by the kernel itself (``return_passes``) in the interpreter, over the
 row distributions of the precision targets: normal, normal×10, uniform, lognormal, and
 rounded scores (ties) with every 7th entry masked.
 
-Targets, met: ≤ 3 passes for sparsemax and α-entmax at α = 3, ≤ 4 for
-entmax15, sigmoid and laplace (k = 64).  α = 3 takes the anchor form (α
-outside [1.125, 2]); its passes are the anchor's Newton from the lane
-maxima's anchor, with no search of the row where the lanes hold its support.
-entmax15's fourth pass is on the uniform row, whose support overflows the
-candidate buffer: the blocks of 1024 entries that the H200 sweep chose (1.5
-times faster than 2048 on normal rows, BENCHMARKS.md, runs 4 and 5) give a
-weaker start than 2048 lanes did (3 passes there); its other rows take 1."""
+Targets, met: ≤ 3 passes for sparsemax, entmax15 and α-entmax at α = 3,
+≤ 4 for sigmoid and laplace (k = 64), and ≤ 4 for entmax15 on the uniform
+row.  α = 3 takes the anchor form (α outside [1.125, 2]); its passes are
+the anchor's Newton from the lane maxima's anchor, with no search of the
+row where the lanes hold its support.  entmax15's uniform row has a
+support that overflows the candidate buffer: the blocks of 1024 entries
+that the H200 sweep chose (1.5 times faster than 2048 on normal rows,
+BENCHMARKS.md, run 4) give a weaker start than 2048 lanes did (3 passes
+there)."""
 
 import numpy as np
 import pytest
@@ -21,8 +22,10 @@ from softk._backends.triton.function import FAMILY_IDS, forward_rows
 N = 16384
 KINDS = ["normal", "normal x10", "uniform", "lognormal", "ties + mask"]
 # family, k, alpha, the most passes any row may take
-TARGETS = [("sparsemax", 1, 2.0, 3), ("entmax15", 1, 1.5, 4), ("sigmoid", 64, 1.5, 4), ("laplace", 64, 1.5, 4),
+TARGETS = [("sparsemax", 1, 2.0, 3), ("entmax15", 1, 1.5, 3), ("sigmoid", 64, 1.5, 4), ("laplace", 64, 1.5, 4),
            ("entmax", 1, 3.0, 3)]
+# (family, row kind): its own most, where it is above the family's
+EXCEPT = {("entmax15", "uniform"): 4}
 
 
 def _row(kind: str, rng) -> torch.Tensor:
@@ -48,4 +51,4 @@ def test_passes_per_row_at_16384(fam, k, alpha, most):
         x = _row(kind, rng)
         p, passes = forward_rows(x, FAMILY_IDS[fam], k, 1.0, alpha, return_passes=True)
         assert abs(p.double().sum().item() - k) < 1e-3 * k, kind  # a real answer, not an early exit
-        assert passes.max().item() <= most, f"{fam} on {kind}: {passes.tolist()} passes"
+        assert passes.max().item() <= EXCEPT.get((fam, kind), most), f"{fam} on {kind}: {passes.tolist()} passes"

@@ -9,18 +9,10 @@ from __future__ import annotations
 import torch
 
 from . import loss as _launcher
+from .launch import constant, rows
 
 # the kernel reads the target as it is: the caller checks it first
 CHECKS_TARGET = False
-_ONES: dict = {}
-
-
-def _one(device) -> torch.Tensor:
-    """A one-element float32 1 on ``device``, made once (the kernel only reads it)."""
-    buf = _ONES.get(device)
-    if buf is None:
-        buf = _ONES[device] = torch.ones(1, dtype=torch.float32, device=device)
-    return buf
 
 
 def fenchel_young(x, target, k_rows, family, k, tau, reduction, ignore_index, want_grad, check):
@@ -29,16 +21,17 @@ def fenchel_young(x, target, k_rows, family, k, tau, reduction, ignore_index, wa
     of ``x``; one k for every row (``k_rows`` is None: the kernel serves no
     other), the target checked by the caller (``check`` is unused)."""
     n = x.shape[-1]
-    rows = x if x.dim() == 2 and x.is_contiguous() else x.reshape(-1, n).contiguous()
+    x_rows = rows(x)
     if target.is_floating_point():
-        rows_t, kept = target.reshape(-1, n).contiguous(), rows.shape[0]
-        scale = _one(x.device) if reduction != "mean" or kept <= 1 else torch.full((1,), 1.0 / kept, device=x.device)
+        rows_t, kept = target.reshape(-1, n).contiguous(), x_rows.shape[0]
+        one = reduction != "mean" or kept <= 1
+        scale = constant(x.device, torch.float32, 1.0) if one else torch.full((1,), 1.0 / kept, device=x.device)
     else:  # ignored rows as −1; no host sync: the count stays on the device
         keep = target != ignore_index
         rows_t, kept = torch.where(keep, target, -1).reshape(-1), keep.sum()
         # 1/#kept for the mean (inf with no kept row: the kernel writes 0 on an ignored row, never 0·inf)
-        scale = kept.reciprocal().float().reshape(1) if reduction == "mean" else _one(x.device)
-    loss, grad = _launcher.fenchel_young_fused_rows(rows, rows_t, scale, family.kernel, k, tau, family.alpha_value,
+        scale = kept.reciprocal().float().reshape(1) if reduction == "mean" else constant(x.device, torch.float32, 1.0)
+    loss, grad = _launcher.fenchel_young_fused_rows(x_rows, rows_t, scale, family.kernel, k, tau, family.alpha_value,
                                                     want_grad=want_grad)
     if want_grad and grad.shape != x.shape:
         grad = grad.view(x.shape)

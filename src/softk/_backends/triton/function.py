@@ -42,7 +42,7 @@ import torch
 from torch import Tensor
 
 from .kernels import threshold_bwd_kernel, threshold_fwd_kernel
-from .grid import cdiv
+from .launch import cdiv, constant
 from .lean import lean_fwd_kernel
 from .lean_topk import lean_topk_fwd_kernel
 from .lean_wide import lean_wide_fwd_kernel
@@ -110,16 +110,9 @@ def _entmax_flags(fam: int, alpha: float):
     return am1, alpha > 2, (2 if am1 < NEAR_ONE else 1) if needs_anchor(alpha) else 0
 
 
-_PLACEHOLDERS: dict = {}
-
-
 def _placeholder(device, dtype=torch.int32) -> Tensor:
-    """A one-element buffer per device and dtype, passed where the kernel
-    reads and writes nothing."""
-    buf = _PLACEHOLDERS.get((device, dtype))
-    if buf is None:
-        buf = _PLACEHOLDERS[(device, dtype)] = torch.zeros(1, dtype=dtype, device=device)
-    return buf
+    """A one-element buffer, passed where the kernel reads and writes nothing."""
+    return constant(device, dtype, 0)
 
 
 def _pow2(n: int) -> int:
@@ -291,21 +284,22 @@ def lean_forward_rows(rows: Tensor, fam: int, k: float, tau: float, alpha: float
     r, n = rows.shape
     its = torch.zeros(r, dtype=torch.int32, device=rows.device) if return_passes else _placeholder(rows.device)
     if r:
-        blk = _pow2(n)
-        rpp, warps = _lean_config(n, fam)
-        if rows_per_program is not None and n <= LEAN_MAX:
-            rpp, warps = rows_per_program, max(1, min(16, rows_per_program * blk // 512))
-        if rpp & (rpp - 1):
-            raise ValueError(f"rows_per_program must be a power of two, got {rpp}")
         if n > LEAN_MAX:  # two reads: the lane maxima, then the candidates into a buffer
+            block, warps = _lean_config(n, fam)
             slots = LEAN_WIDE_SLOTS
             sz = torch.empty((r, slots), dtype=torch.float32, device=rows.device)
             si = torch.empty((r, slots), dtype=torch.int32, device=rows.device)
             lean_wide_fwd_kernel[(r,)](
-                rows, out, its, sz, si, r, n, float(k), 1.0 / tau, float(alpha) - 1.0, FAM=fam, BLOCK=rpp,
+                rows, out, its, sz, si, r, n, float(k), 1.0 / tau, float(alpha) - 1.0, FAM=fam, BLOCK=block,
                 C=slots, BIG=False, NEWTON_CAP=NEWTON_CAP, MAXIT=MAXIT, WRITE_ITS=return_passes,
                 num_warps=warps)
             return (out, its) if return_passes else out
+        blk = _pow2(n)
+        rpp, warps = _lean_config(n, fam)
+        if rows_per_program is not None:
+            rpp, warps = rows_per_program, max(1, min(16, rows_per_program * blk // 512))
+        if rpp & (rpp - 1):
+            raise ValueError(f"rows_per_program must be a power of two, got {rpp}")
         if fam in LEAN_TOPK:
             lean_topk_fwd_kernel[(cdiv(r, rpp),)](
                 rows, out, its, r, n, float(k), 1.0 / tau, FAM=fam, ROWS=rpp, BLOCK=blk, LEAN_IT=LEAN_TOPK_IT,

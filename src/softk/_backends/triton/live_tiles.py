@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 
 from .attention_tiles import _dot
-from .grid import cdiv
+from .launch import cdiv
 
 # Block sizes: a first choice of tensor-core tile, not tuned
 # (benchmarks/gpu/fused_live_tiles.py times the tiles against the dense

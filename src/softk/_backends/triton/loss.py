@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from .function import LEAN_SIMPLEX, MAXIT, NEWTON_CAP, _config, _entmax_flags
-from .grid import cdiv
+from .launch import cdiv
 from .loss_kernel import fenchel_young_fwd_kernel
 from ...threshold.families import KERNEL_IDS
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .grid import cdiv
+from .launch import cdiv
 from .softmax_kernels import softmax_bwd_kernel, softmax_fwd_kernel
 
 SINGLE_MAX = 16384

@@ -11,25 +11,20 @@ from torch import Tensor
 
 from ...threshold.families import Family
 from . import function, softmax
-
-
-def _rows(t: Tensor) -> Tensor:
-    # a contiguous (r, n) tensor is its own rows: no view to make (a router's
-    # (tokens, experts) scores; each torch call costs host time per launch)
-    return t if t.dim() == 2 and t.is_contiguous() else t.contiguous().view(-1, t.shape[-1])
+from .launch import rows
 
 
 def forward(family: Family, x: Tensor, k: int, tau: float) -> Tensor:
-    rows = _rows(x)
+    x_rows = rows(x)
     if family.kernel == 0 and k == 1:
-        out = softmax.softmax_rows(rows, tau)
+        out = softmax.softmax_rows(x_rows, tau)
     else:  # family.kernel is not None: the dispatcher gives this kernel only the families with an id
-        out = function.forward_rows(rows, family.kernel, k, tau, family.alpha_value)  # type: ignore[arg-type]
+        out = function.forward_rows(x_rows, family.kernel, k, tau, family.alpha_value)  # type: ignore[arg-type]
     return out if x.dim() == 2 else out.view(x.shape)
 
 
 def backward(family: Family, p: Tensor, g: Tensor, tau: float) -> Tensor:
-    p_rows, g_rows = _rows(p), _rows(g if g.dtype == p.dtype else g.to(p.dtype))
+    p_rows, g_rows = rows(p), rows(g if g.dtype == p.dtype else g.to(p.dtype))
     if family.kernel == 0:  # softmax (k = 1 always)
         dx = softmax.softmax_backward_rows(p_rows, g_rows, tau)
     else:
