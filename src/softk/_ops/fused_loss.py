@@ -28,6 +28,12 @@ how it is met:
 Half inputs: Triton reads them as they are; the CPU kernels convert them to
 float32 once (as the unfused CPU path does) and the saved gradient is
 converted back to the input's dtype.
+
+:func:`softk.losses.cross_entropy` takes this op too, for half scores with
+class indices on Triton (softmax's loss with a one-hot target is
+cross-entropy), with ``ce_rows``: torch's conventions for rows with no
+finite score and for ignored NaN rows, in the kernel and in the double
+backward's recomputed gradient.
 """
 
 from __future__ import annotations
@@ -47,21 +53,22 @@ from ..threshold.rows import compute_dtype
 from .._validate import mean_scale
 
 # ---------------------------------------------------------------- the kernels
-def _kernel(x, target, k_rows, family, k, tau, reduction, ignore_index, backend, want_grad, check=True):
+def _kernel(x, target, k_rows, family, k, tau, reduction, ignore_index, ce_rows, backend, want_grad, check=True):
     """(the reduced loss in x's dtype, the gradient s·(p − y) shaped like x or empty)."""
     return kernels.get("fenchel_young", backend).impl.fenchel_young(x, target, k_rows, family, k, tau, reduction,
-                                                                    ignore_index, want_grad, check)
+                                                                    ignore_index, want_grad, check, ce_rows)
 
 
 def _op_kernel(x: Tensor, target: Tensor, k_rows: Optional[Tensor], name: str, alpha: float, k: int, tau: float,
-               reduction: str, ignore_index: int, backend: str, want_grad: bool) -> tuple[Tensor, Tensor]:
+               reduction: str, ignore_index: int, ce_rows: bool, backend: str,
+               want_grad: bool) -> tuple[Tensor, Tensor]:
     # On the library path the caller has checked the target in Python.
-    out, grad = _kernel(x, target, k_rows, family_by_key(name, alpha), k, tau, reduction, ignore_index, backend,
-                        want_grad, False)
+    out, grad = _kernel(x, target, k_rows, family_by_key(name, alpha), k, tau, reduction, ignore_index, ce_rows,
+                        backend, want_grad, False)
     return out, grad if want_grad else x.new_empty(0)  # an op's outputs are its own
 
 
-def _fake(x, target, k_rows, name, alpha, k, tau, reduction, ignore_index, backend, want_grad):
+def _fake(x, target, k_rows, name, alpha, k, tau, reduction, ignore_index, ce_rows, backend, want_grad):
     out = x.new_empty(x.shape[:-1] if reduction == "none" else ())
     return out, torch.empty_like(x) if want_grad else x.new_empty(0)
 
@@ -77,20 +84,26 @@ def _library():
 
 
 # ------------------------------------------------------- the autograd contract
-def recomputed_grad(x, target, k_rows, family, k, tau, reduction, ignore_index, backend) -> Tensor:
+def recomputed_grad(x, target, k_rows, family, k, tau, reduction, ignore_index, ce_rows, backend) -> Tensor:
     """s·(p − y) as differentiable tensor code through the map's contract
-    (double backward: its derivative is the map's Jacobian)."""
+    (double backward: its derivative is the map's Jacobian); with
+    ``ce_rows``, torch's cross-entropy's: p = torch.softmax (NaN on a row
+    with no finite score), and an ignored row's p − y times 0 (NaN on a NaN
+    row), as torch's log-softmax backward gives them."""
     from .op import apply_rows
 
     xc = x.to(compute_dtype(x.dtype))
-    p = apply_rows(xc, family, k if k_rows is None else k_rows.to(xc.dtype), tau, backend)
+    if ce_rows:
+        p = torch.softmax(xc / tau, -1)
+    else:
+        p = apply_rows(xc, family, k if k_rows is None else k_rows.to(xc.dtype), tau, backend)
     if target.is_floating_point():
         diff = p - target.to(xc.dtype)
         kept = diff[..., 0].numel()
     else:
         keep = target != ignore_index
         y = torch.zeros_like(p).scatter_(-1, torch.where(keep, target, 0).long().unsqueeze(-1), 1.0)
-        diff = torch.where(keep.unsqueeze(-1), p - y, 0.0)
+        diff = (p - y) * keep.unsqueeze(-1) if ce_rows else torch.where(keep.unsqueeze(-1), p - y, 0.0)
         kept = keep.sum()
     return mean_scale(diff / tau, kept) if reduction == "mean" else diff / tau
 
@@ -102,23 +115,23 @@ class _FusedFenchelYoung(torch.autograd.Function):
     marks ignored rows) or dense rows shaped like x."""
 
     @staticmethod
-    def forward(x, target, k_rows, family, k, tau, reduction, ignore_index, backend, want_grad):
+    def forward(x, target, k_rows, family, k, tau, reduction, ignore_index, ce_rows, backend, want_grad):
         name, alpha = family_key(family)
-        return fused_op(x, target, k_rows, name, alpha, k, tau, reduction, ignore_index, backend, want_grad)
+        return fused_op(x, target, k_rows, name, alpha, k, tau, reduction, ignore_index, ce_rows, backend, want_grad)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        x, target, k_rows, family, k, tau, reduction, ignore_index, backend, _ = inputs
+        x, target, k_rows, family, k, tau, reduction, ignore_index, ce_rows, backend, _ = inputs
         ctx.mark_non_differentiable(output[1])
         ctx.set_materialize_grads(False)  # no zero buffer for the gradient output's (absent) gradient
         ctx.save_for_backward(x, target, k_rows, output[1])
         if forward_ad._current_level >= 0:
             ctx.save_for_forward(output[1])
-        ctx.args = family, k, tau, reduction, ignore_index, backend
+        ctx.args = family, k, tau, reduction, ignore_index, ce_rows, backend
 
     @staticmethod
     def backward(ctx, g, _):
-        nothing = (None,) * 9
+        nothing = (None,) * 10
         if g is None:
             return (None, *nothing)
         x, target, k_rows, grad = ctx.saved_tensors
@@ -151,7 +164,7 @@ _PATHS = _lean.Paths(_FusedFenchelYoungJvp, _kernel, lambda x, target, k_rows, *
 
 
 def fused_fenchel_young(x: Tensor, target: Tensor, family: Family, k, tau: float, reduction: str,
-                        ignore_index: int, backend: str, check_target) -> Tensor:
+                        ignore_index: int, backend: str, check_target, ce_rows: bool = False) -> Tensor:
     """The reduced loss in x's dtype through the fused kernel on ``backend``
     (the one :func:`softk._backends.dispatch.pick` gave for op
     "fenchel_young").  ``x`` holds rows (classes last); ``target`` is dense
@@ -164,10 +177,13 @@ def fused_fenchel_young(x: Tensor, target: Tensor, family: Family, k, tau: float
     own pass (``CHECKS_TARGET``: the CPU kernel, on the eager path, for
     class indices or a dense target in the rows' compute dtype) calls it only
     once it has found a bad one (:class:`BadTarget`); every other call checks
-    first."""
+    first.  ``ce_rows``: the rows of torch's cross-entropy (softmax with
+    class indices, on a kernel whose module says ``CROSS_ENTROPY``): a row
+    with no finite score is NaN, and a NaN row's gradient NaN even where
+    its class index is ignored."""
     k_rows = k if isinstance(k, Tensor) else None
     args = (x, target, k_rows, family, 1 if k_rows is not None else int(k), float(tau), reduction, ignore_index,
-            backend)
+            ce_rows, backend)
     if not _lean.eager(x, target, k_rows):
         check_target()
         want = torch.is_grad_enabled() and x.requires_grad if _lean.compiling() else _lean.tracked(x)

@@ -18,7 +18,10 @@ assertion, see :mod:`softk.losses.targets`); a probability target must be a
 distribution (>= 0, rows summing to 1); and
 ``ignore_index`` may not be set together with a probability target (torch
 ignores it there).  Half-precision input is computed in float32 and the result
-returned in the input dtype.  A row whose scores are all ``-inf`` gives NaN,
+returned in the input dtype; with class indices (no class weights, no label
+smoothing) on a backend whose fused softmax loss kernel reads half input as
+it is (Triton), that kernel computes the loss and its gradient in one pass,
+with no float32 copy of the logits.  A row whose scores are all ``-inf`` gives NaN,
 as in torch (it has no distribution to score).
 
 Masked scores (``-inf``) with a probability target: the formula sums
@@ -41,6 +44,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import _dtensor
+from .._backends import dispatch
+from .._ops.fused_loss import fused_fenchel_young
+from ..threshold.families import SOFTMAX
 
 
 from .._validate import check_smoothing, require
@@ -154,6 +160,10 @@ def cross_entropy(
         target = tg.distribution_target(input, target, 1, capped=False)
         if target.dtype != ct:
             target = target.to(ct)
+    if by_index and dtype != ct and weight is None and label_smoothing == 0.0:
+        out = _fused_half(input, target, cdim, tau, reduction, ignore_index)
+        if out is not None:
+            return out
     x = input if dtype == ct else input.to(ct)
     if tau != 1.0:
         x = x / tau
@@ -166,6 +176,23 @@ def cross_entropy(
             tg.index_target(input, target, ignore_index)  # softk's message for an index out of range
         raise
     return out if dtype == ct else out.to(dtype)
+
+
+def _fused_half(input: Tensor, target: Tensor, cdim: int, tau: float, reduction: str, ignore_index: int):
+    """Half-precision scores with class indices, where the fused softmax
+    loss kernel reads them as they are (its module says ``CROSS_ENTROPY``:
+    Triton): the loss and its gradient in one kernel, in float32 registers,
+    with cross-entropy's rows, and no float32 copy of the logits (the tensor
+    path's ``input.to(float32)``, 4 bytes an entry beside the input's 2, then
+    log-softmax's output and its backward's).  For one-hot targets the
+    softmax Fenchel–Young loss is cross-entropy: lse(x/τ) − x_t/τ, gradient
+    (softmax(x/τ) − e_t)/τ.  None where no such kernel serves."""
+    x = input if cdim == input.dim() - 1 else input.movedim(cdim, -1)
+    kernel = dispatch.pick("fenchel_young", x, SOFTMAX, 1)
+    if kernel is None or not kernel.impl.CROSS_ENTROPY:
+        return None
+    return fused_fenchel_young(x, target, SOFTMAX, 1, tau, reduction, ignore_index, kernel.backend,
+                               lambda: tg.check_index_values(input, target, ignore_index), ce_rows=True)
 
 
 def ce_in_place(ignore_index: int, tau: float):

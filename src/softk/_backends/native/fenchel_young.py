@@ -1,8 +1,8 @@
 """The compiled CPU kernel of the fused Fenchel–Young loss, in the interface
 every fused loss kernel has (:mod:`softk._backends.kernels`, op
 "fenchel_young"): ``fenchel_young(x, target, k_rows, family, k, tau,
-reduction, ignore_index, want_grad, check)`` on rows (classes last) ->
-(the reduced loss in x's dtype, its gradient shaped like x)."""
+reduction, ignore_index, want_grad, check, ce_rows)`` on rows (classes last)
+-> (the reduced loss in x's dtype, its gradient shaped like x)."""
 
 from __future__ import annotations
 
@@ -17,13 +17,19 @@ _NO_GRAD = torch.empty(0)  # the gradient output when none is wanted
 
 # the kernel checks the target's values in its pass (check=True) and raises BadTarget
 CHECKS_TARGET = True
+# torch's cross-entropy keeps torch's own kernel on the CPU (this one would
+# convert half inputs to float32 as that path does, and has no ce_rows)
+CROSS_ENTROPY = False
 
 
-def fenchel_young(x, target, k_rows, family, k, tau, reduction, ignore_index, want_grad, check):
+def fenchel_young(x, target, k_rows, family, k, tau, reduction, ignore_index, want_grad, check, ce_rows=False):
     """(the reduced loss in x's dtype, the gradient s·(p − y) shaped like x, or
     an empty tensor without ``want_grad``) from the compiled CPU kernel on the
     rows of ``x`` (half inputs in float32); ``check``: let the kernel check a
-    dense target in its pass (it raises :class:`BadTarget`)."""
+    dense target in its pass (it raises :class:`BadTarget`).  ``ce_rows``
+    is never set here (``CROSS_ENTROPY`` is False)."""
+    if ce_rows:
+        raise NotImplementedError("the CPU loss kernel keeps the Fenchel–Young rows only (CROSS_ENTROPY is False)")
     n = x.shape[-1]
     ct = torch.float64 if x.dtype == torch.float64 else torch.float32  # the compute dtype
     z = x if tau == 1.0 and x.dtype == ct else scaled_rows(x, tau, family, k if k_rows is None else k_rows,

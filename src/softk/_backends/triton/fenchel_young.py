@@ -1,8 +1,8 @@
 """The Triton kernel of the fused Fenchel–Young loss, in the interface every
 fused loss kernel has (:mod:`softk._backends.kernels`, op "fenchel_young"):
 ``fenchel_young(x, target, k_rows, family, k, tau, reduction, ignore_index,
-want_grad, check)`` on rows (classes last) -> (the reduced loss in x's
-dtype, its gradient shaped like x)."""
+want_grad, check, ce_rows)`` on rows (classes last) -> (the reduced loss in
+x's dtype, its gradient shaped like x)."""
 
 from __future__ import annotations
 
@@ -13,13 +13,19 @@ from .launch import constant, rows
 
 # the kernel reads the target as it is: the caller checks it first
 CHECKS_TARGET = False
+# it serves torch's cross-entropy (softmax, class indices) on half inputs:
+# it reads them as they are (no float32 copy of the logits) and keeps
+# cross-entropy's rows when asked (ce_rows)
+CROSS_ENTROPY = True
 
 
-def fenchel_young(x, target, k_rows, family, k, tau, reduction, ignore_index, want_grad, check):
+def fenchel_young(x, target, k_rows, family, k, tau, reduction, ignore_index, want_grad, check, ce_rows=False):
     """(the reduced loss in x's dtype, the gradient s·(p − y) shaped like x, or
     an empty tensor without ``want_grad``) from the Triton kernel on the rows
     of ``x``; one k for every row (``k_rows`` is None: the kernel serves no
-    other), the target checked by the caller (``check`` is unused)."""
+    other), the target checked by the caller (``check`` is unused);
+    ``ce_rows``: torch's cross-entropy's rows (a row with no finite score is
+    NaN; see :mod:`.loss_kernel`)."""
     n = x.shape[-1]
     x_rows = rows(x)
     if target.is_floating_point():
@@ -32,7 +38,7 @@ def fenchel_young(x, target, k_rows, family, k, tau, reduction, ignore_index, wa
         # 1/#kept for the mean (inf with no kept row: the kernel writes 0 on an ignored row, never 0·inf)
         scale = kept.reciprocal().float().reshape(1) if reduction == "mean" else constant(x.device, torch.float32, 1.0)
     loss, grad = _launcher.fenchel_young_fused_rows(x_rows, rows_t, scale, family.kernel, k, tau, family.alpha_value,
-                                                    want_grad=want_grad)
+                                                    want_grad=want_grad, ce_rows=ce_rows)
     if want_grad and grad.shape != x.shape:
         grad = grad.view(x.shape)
     # the reductions of softk._validate.reduce, on the same float32 rows: the

@@ -16,7 +16,7 @@ from ...threshold.families import KERNEL_IDS
 
 def fenchel_young_fused_rows(x: Tensor, target: Tensor, scale: Tensor, fam: int, k: float, tau: float,
                              alpha: float = 1.5, *, want_grad: bool = True, onchip: bool | None = None,
-                             block: int | None = None, rows_per_program: int | None = None):
+                             block: int | None = None, rows_per_program: int | None = None, ce_rows: bool = False):
     """(loss per row in float32 (r,), gradient scale·(p − y)/τ in x's dtype (r, n),
     or an empty tensor without ``want_grad``).
 
@@ -24,7 +24,8 @@ def fenchel_young_fused_rows(x: Tensor, target: Tensor, scale: Tensor, fam: int,
     class indices (r,) with −1 for ignored rows.  ``scale``: a one-element
     float32 tensor folded into the gradient (1/#kept rows for the mean).
     ``onchip``/``block``/``rows_per_program`` override the automatic choice,
-    as for the forward.
+    as for the forward.  ``ce_rows``: the rows of torch's cross-entropy
+    (softmax, class indices; see :mod:`.loss_kernel`).
     """
     r, n = x.shape
     dense = target.dim() == 2
@@ -37,6 +38,7 @@ def fenchel_young_fused_rows(x: Tensor, target: Tensor, scale: Tensor, fam: int,
             x, target, grad if want_grad else x, loss, scale, r, n, float(k), 1.0 / tau, am1,
             FAM=fam, ROWS=rpp, BLOCK=blk, ONCHIP=oc, BIG=big, PROBE=fam >= KERNEL_IDS["exp"] or big, ANCHOR=anchor,
             NEWTON_CAP=NEWTON_CAP, MAXIT=MAXIT, DENSE=dense, WANT_GRAD=want_grad,
-            LEAN=oc and onchip is None and fam in LEAN_SIMPLEX and not (big or anchor), num_warps=warps,
+            LEAN=oc and onchip is None and fam in LEAN_SIMPLEX and not (big or anchor), CE_ROWS=ce_rows,
+            num_warps=warps,
         )
     return loss, grad
