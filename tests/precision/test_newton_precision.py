@@ -343,3 +343,22 @@ def test_sigmoid_rows_that_cycled_stop_early(seed):
     with softk.use_backend("torch"):
         out = softk.soft_topk(torch.tensor(row), 1, method="sigmoid").numpy()
     np.testing.assert_allclose(out, ref, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("tau", [1e-8, 1e-6])
+def test_sigmoid_at_a_tiny_tau_leaves_the_entry_it_starts_on(dtype, tau):
+    """At τ = 1e-8 a row of small integers is z/τ ~ 1e8, whose float32 ulp is
+    8, while σ rises from 0 to 1 within a few units of u: where the bracket's
+    midpoint lands on an entry (p = ½ there, Σp = k + ½), Newton's step from
+    it rounds to nothing, and λ must still move (by bisection) to where Σp = k."""
+    rng = np.random.default_rng(7)
+    rows = [([0.0, 1.0, 2.0], 1), ([5.0, 3.0, 4.0], 1), ([0.0, 1.0, 2.0, 3.0], 2), ([0.0, 3.0, 1.0, 1.0, 2.0], 2),
+            ([0.0, 3.6e-1, 7.2e-1], 1), (list(rng.integers(-3, 4, size=17).astype(float)), 3)]
+    eps = torch.finfo(dtype).eps
+    for row, k in rows:
+        x = torch.tensor(row, dtype=dtype)
+        with softk.use_backend("torch"):
+            out = softk.soft_topk(x, k, tau=tau, method="sigmoid").double().numpy()
+        ref, _ = sigmoid_exact((x / tau).double().numpy(), k)  # the scores as the solver sees them
+        np.testing.assert_allclose(out, ref, rtol=0, atol=4 * eps, err_msg=f"{row}, k={k}")

@@ -110,7 +110,13 @@ def _newton_shifted(family: Family, s: Tensor, k: int, lo: Tensor, hi: Tensor, a
         that of its exact value to first order (|Δp_i| = f'_i |Δλ| ≤ |Δg|);
       * or the step is at most 2 ulps of λ': λ' is at its own resolution
         (rows where rounding in the sum keeps |g − k| above 4·eps·k);
-      * or the step lands on a bracket end already evaluated (a cycle).
+      * or the step lands on a bracket end already evaluated (a cycle) and
+        no float lies strictly between the bracket's ends.  Where one does,
+        the row bisects instead: a Newton step below the resolution of λ'
+        is not a root where g is a staircase at that resolution (sigmoid at
+        τ = 1e-8: z/τ ~ 1e8, whose ulp is 8, while σ goes from 0 to 1 within
+        a few units of u), and the midpoint of a wide bracket may well be
+        one (g = k exactly on the flat between two far-apart entries).
     """
     eps = torch.finfo(s.dtype).eps
     n = s.shape[-1]
@@ -148,12 +154,12 @@ def _newton_shifted(family: Family, s: Tensor, k: int, lo: Tensor, hi: Tensor, a
         # τ, |λ'| ~ 1e7) Newton's steps are 1 ulp of λ' while Σp is still
         # visibly off; such rows go on (or stop on a revisit).
         tiny = (torch.abs(new - lam) <= 2 * eps * torch.abs(lam)) & (torch.abs(r) <= 2 * n * eps * k)
-        done = (
-            (torch.abs(r) <= 4 * eps * k)
-            | tiny
-            | revisit
-            | ~active
-        )
+        converged = (torch.abs(r) <= 4 * eps * k) | tiny | ~active
+        # a revisit bisects where a float lies strictly inside the bracket
+        mid = 0.5 * (lo + hi)
+        bisect = revisit & (mid != lo) & (mid != hi) & ~converged
+        new = torch.where(bisect, mid, new)
+        done = converged | (revisit & ~bisect)
         lam = torch.where(r == 0, lam, new)
         if bool(done.all()):
             break
