@@ -317,14 +317,16 @@ def test_compile_and_vmap_run_the_kernels(rng, monkeypatch):
 # ------------------------------------------------------- a build for a GPU
 _COMPILE = r"""
 from softk._backends.triton.softmax import SINGLE_MAX, config
-from softk._backends.triton.softmax_kernels import softmax_bwd_kernel, softmax_fwd_kernel
+from softk._backends.triton.softmax_kernels import softmax_bwd_kernel, softmax_fwd_kernel, softmax_index_loss_kernel
 
-# every OUT mode and both backward kernels at the launcher's settings for a
-# 1-wide and a 64-wide row (many rows per program), the widest single-read
-# row and a looped one; the dtypes take turns
+# every OUT mode, both backward kernels and the loss with class indices (with
+# and without the gradient, with and without cross-entropy's rows) at the
+# launcher's settings for a 1-wide and a 64-wide row (many rows per program),
+# the widest single-read row and a looped one; the dtypes take turns
 dtypes = ("*fp32", "*bf16", "*fp16")
 fwd = {"X": "", "Y": "", "G": "", "R": "i32", "n": "i32", "inv_tau": "fp32", "tau": "fp32"}
 bwd = {"Y": "", "G": "", "DX": "", "R": "i32", "n": "i32", "inv_tau": "fp32"}
+loss = {"X": "", "T": "*i64", "GR": "", "LOSS": "*fp32", "SCALE": "*fp32", "R": "i32", "n": "i32", "inv_tau": "fp32"}
 shapes = [(1, 4096), (64, 4096), (SINGLE_MAX, 64), (SINGLE_MAX + 1, 64)]
 assert [config(n, r)[0] for n, r in shapes] == [True, True, True, False]
 built = 0
@@ -338,7 +340,12 @@ for i, (n, r) in enumerate(shapes):
         ty = dtypes[(i + log + 1) % 3]
         build(softmax_bwd_kernel, dict(bwd, Y=ty, G=ty, DX=ty), dict(LOG=log, ROWS=rows, BLOCK=blk, SINGLE=single), warps)
         built += 1
-assert built == 24, built
+    for want, ce in ((True, True), (True, False), (False, i % 2 == 0)):
+        ty = dtypes[(i + want + ce) % 3]
+        build(softmax_index_loss_kernel, dict(loss, X=ty, GR=ty), dict(ROWS=rows, BLOCK=blk, SINGLE=single, WANT_GRAD=want,
+              CE_ROWS=ce), warps)
+        built += 1
+assert built == 36, built
 print("OK")
 """
 

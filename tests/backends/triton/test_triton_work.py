@@ -115,3 +115,26 @@ def test_fused_loss_takes_the_lean_search(rows, fam, alpha):
         loss_g, grad_g = fenchel_young_fused_rows(x, t, torch.ones(1), FAMILY_IDS[fam], 1, 1.0, alpha, onchip=True)
     assert torch.allclose(loss, loss_g, rtol=1e-5, atol=1e-6) and torch.allclose(grad, grad_g, atol=1e-6)
     assert lean.alu < 0.7 * general.alu, lean.alu / general.alu
+
+
+@pytest.mark.parametrize("n", sorted(ROWS))
+def test_cross_entropy_costs_softmax_plus_a_few_operations(rows, softmax_work, n):
+    # softmax's fused loss with class indices (cross-entropy) runs the softmax
+    # kernel's passes: its element-wise work is softmax's plus the gradient's
+    # few operations (a compare with t, a subtraction, a scale, a select),
+    # and it reads a row as often as softmax does (once up to 16384 entries);
+    # the general loss kernel issued 70–82 operations an entry
+    from softk._backends.triton.loss import fenchel_young_fused_rows
+
+    x = rows[n]
+    t = torch.randint(0, n, (x.shape[0],), generator=torch.Generator().manual_seed(3))
+    with count() as w:
+        loss, grad = fenchel_young_fused_rows(x, t, torch.ones(1), FAMILY_IDS["softmax"], 1, 1.0)
+    lse = torch.logsumexp(x.double(), -1)
+    assert torch.allclose(loss.double(), lse - x.double().gather(1, t[:, None])[:, 0], rtol=1e-5, atol=1e-5)
+    extra = _per_element(w, x) - _per_element(softmax_work[n], x)
+    assert extra <= 8, f"n = {n}: {extra:.1f} operations an entry beyond softmax's"
+    assert w.launches == 1
+    # + per row its class index (int64) and x_t, and the one float of SCALE per program (at most a row each)
+    assert w.load_bytes <= softmax_work[n].load_bytes + 16 * x.shape[0]
+    assert w.store_bytes <= softmax_work[n].store_bytes + 4 * x.shape[0]  # + the loss of each row

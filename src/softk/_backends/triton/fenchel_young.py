@@ -25,7 +25,7 @@ def fenchel_young(x, target, k_rows, family, k, tau, reduction, ignore_index, wa
     of ``x``; one k for every row (``k_rows`` is None: the kernel serves no
     other), the target checked by the caller (``check`` is unused);
     ``ce_rows``: torch's cross-entropy's rows (a row with no finite score is
-    NaN; see :mod:`.loss_kernel`)."""
+    NaN; see :func:`.softmax_kernels.softmax_index_loss_kernel`)."""
     n = x.shape[-1]
     x_rows = rows(x)
     if target.is_floating_point():

@@ -30,11 +30,6 @@ Row conventions, as on the unfused path: a target weighting a masked
 NaN or +inf gives NaN and a NaN gradient; exact L ≥ 0, so rounding below 0 is
 clamped.  An ignored row (class index −1 here; the caller maps
 ``ignore_index`` to it) skips the search and writes loss 0 and gradient 0.
-With ``CE_ROWS`` (cross-entropy on this kernel, softmax with class indices)
-the rows follow ``torch.nn.functional.cross_entropy`` instead: a row with no
-finite score is NaN, as a NaN row is, and a NaN row's gradient is NaN even
-where its class index is ignored (its loss stays 0), as torch's log-softmax
-backward leaves it.
 
 Memory, beyond the input and the target: the gradient, one buffer shaped
 like the input in the input's dtype (``SCALE`` is folded into it: 1/#kept
@@ -107,8 +102,7 @@ def _psi(y, FAM: tl.constexpr, am1):
 
 @triton.jit
 def _loss_block(T, G, base, rmask, cols, n, z, c, t, A, ell, psi1, am1, scale, active, broken, keep, tgt,
-                FAM: tl.constexpr, DENSE: tl.constexpr, WANT_GRAD: tl.constexpr, ANCHOR: tl.constexpr,
-                CE_ROWS: tl.constexpr):
+                FAM: tl.constexpr, DENSE: tl.constexpr, WANT_GRAD: tl.constexpr, ANCHOR: tl.constexpr):
     """One block of the last pass: the block's terms of L (per lane), and
     the gradient scale·(p − y)/τ stored (``scale`` includes 1/τ).  With
     ``ANCHOR`` p comes from the anchor entry A and its log-probability ℓ
@@ -133,10 +127,7 @@ def _loss_block(T, G, base, rmask, cols, n, z, c, t, A, ell, psi1, am1, scale, a
         y = (cols == tgt).to(tl.float32)
         term -= tl.where(cols == tgt, u, 0.0)
     if WANT_GRAD:
-        live = keep
-        if CE_ROWS:  # a NaN row's gradient is NaN, ignored or not
-            live = keep | broken
-        gr = tl.where(live, (p - y) * scale, 0.0)
+        gr = tl.where(keep, (p - y) * scale, 0.0)
         tl.store(G + base + cols, gr.to(G.dtype.element_ty), mask=mask)
     return term, tl.where(cols == tgt, p, 0.0)
 
@@ -146,7 +137,7 @@ def fenchel_young_fwd_kernel(X, T, G, LOSS, SCALE, R, n, k, inv_tau, am1,
                              FAM: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, ONCHIP: tl.constexpr,
                              BIG: tl.constexpr, PROBE: tl.constexpr, ANCHOR: tl.constexpr,
                              NEWTON_CAP: tl.constexpr, MAXIT: tl.constexpr, DENSE: tl.constexpr,
-                             WANT_GRAD: tl.constexpr, LEAN: tl.constexpr, CE_ROWS: tl.constexpr):
+                             WANT_GRAD: tl.constexpr, LEAN: tl.constexpr):
     """Per row: LOSS[row] = L (float32) and, with WANT_GRAD, G = SCALE·(p − y)/τ
     in G's dtype.  T is the dense target (R, n) when DENSE, else the class
     index per row (int64, −1 for an ignored row)."""
@@ -164,8 +155,6 @@ def fenchel_young_fwd_kernel(X, T, G, LOSS, SCALE, R, n, k, inv_tau, am1,
     # ---- pass 1 (raw x), the frame and the λ search, as in the forward kernel
     xrow, lanes, xmax, xmin, m, broken, lseS = _row_stats(xr, rmask, n, inv_tau, FAM == SOFTMAX or FAM == EXP,
                                                           ROWS, BLOCK, ONCHIP)
-    if CE_ROWS:  # torch's cross-entropy: no finite score is a NaN row
-        broken = broken | (m == 0)
     active = (m > k) & (~broken)
     search = active & keep  # an ignored row is not searched
     m = tl.where(search, m, k + 1.0)
@@ -195,8 +184,7 @@ def fenchel_young_fwd_kernel(X, T, G, LOSS, SCALE, R, n, k, inv_tau, am1,
     scale = tl.load(SCALE) * inv_tau
     if ONCHIP:
         acc, pt = _loss_block(T, G, base, rmask, _cols(0, BLOCK), n, _frame_z(xrow, ref, inv_tau, FAM), c, t, A,
-                              ell, psi1, am1, scale, active, broken, keep, tgt, FAM, DENSE, WANT_GRAD, ANCHOR,
-                              CE_ROWS)
+                              ell, psi1, am1, scale, active, broken, keep, tgt, FAM, DENSE, WANT_GRAD, ANCHOR)
     else:
         acc = tl.zeros([ROWS, BLOCK], tl.float32)
         pt = tl.zeros([ROWS, BLOCK], tl.float32)
@@ -204,7 +192,7 @@ def fenchel_young_fwd_kernel(X, T, G, LOSS, SCALE, R, n, k, inv_tau, am1,
             cols = _cols(start, BLOCK)
             z = _load_frame_z(xr, rmask, cols, n, ref, inv_tau, FAM)
             a_blk, p_blk = _loss_block(T, G, base, rmask, cols, n, z, c, t, A, ell, psi1, am1, scale, active, broken,
-                                       keep, tgt, FAM, DENSE, WANT_GRAD, ANCHOR, CE_ROWS)
+                                       keep, tgt, FAM, DENSE, WANT_GRAD, ANCHOR)
             acc += a_blk
             pt += p_blk
     loss = tl.sum(acc, 1, keep_dims=True)

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from .launch import cdiv
-from .softmax_kernels import softmax_bwd_kernel, softmax_fwd_kernel
+from .softmax_kernels import softmax_bwd_kernel, softmax_fwd_kernel, softmax_index_loss_kernel
 
 SINGLE_MAX = 16384
 LOOP_BLOCK = 4096
@@ -66,6 +66,29 @@ def _launch_fwd(rows: Tensor, out: Tensor, g: Tensor | None, tau: float, mode: i
             OUT=mode, ROWS=nrows, BLOCK=blk, SINGLE=single, num_warps=warps,
         )
     return out
+
+
+def index_loss_rows(x: Tensor, target: Tensor, scale: Tensor, tau: float, *, want_grad: bool, ce_rows: bool,
+                    block: int | None = None, rows_per_program: int | None = None):
+    """Softmax's fused loss with class indices (cross-entropy) on contiguous
+    (r, n) ``x``: (loss per row in float32 (r,), gradient scale·(p − e_t)/τ in
+    x's dtype (r, n), or an empty tensor without ``want_grad``), ``target``
+    (r,) with −1 on ignored rows, ``scale`` one float32 (see
+    :func:`softk._backends.triton.loss.fenchel_young_fused_rows`).  The
+    tiles of :func:`config`; ``block`` forces the looped variant and
+    ``rows_per_program`` the rows of a tile (tests)."""
+    r, n = x.shape
+    loss = torch.empty(r, dtype=torch.float32, device=x.device)
+    grad = torch.empty_like(x) if want_grad else torch.empty(0, dtype=x.dtype, device=x.device)
+    if r:
+        single, blk, rows, warps = config(n, r, block)
+        if rows_per_program:
+            rows, warps = rows_per_program, max(1, min(16, rows_per_program * blk // 512))
+        softmax_index_loss_kernel[(cdiv(r, rows),)](
+            x, target, grad if want_grad else x, loss, scale, r, n, 1.0 / tau,
+            ROWS=rows, BLOCK=blk, SINGLE=single, WANT_GRAD=want_grad, CE_ROWS=ce_rows, num_warps=warps,
+        )
+    return loss, grad
 
 
 def softmax_rows(rows: Tensor, tau: float = 1.0, *, log: bool = False, block: int | None = None) -> Tensor:

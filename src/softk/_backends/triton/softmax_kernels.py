@@ -160,3 +160,71 @@ def softmax_bwd_kernel(Y, G, DX, R, n, inv_tau,
         for start in range(0, n, BLOCK):
             y, g, t, h = _bwd_terms(Y, G, base, start + cols, n, rmask, LOG)
             _bwd_store(DX, base, start + cols, n, rmask, y, g, s, has, inv_tau, LOG)
+
+
+@triton.jit
+def _store_index_grad(GR, base, cols, n, rmask, e, S, tgt, scale, live, broken):
+    # scale·(p − e_t) on a row that counts (0 elsewhere), NaN on broken rows
+    p = tl.where(broken, float("nan"), e / tl.where(S > 0, S, 1.0))
+    gr = tl.where(live, (p - (cols == tgt).to(tl.float32)) * scale, 0.0)
+    tl.store(GR + base + cols, gr.to(GR.dtype.element_ty), mask=rmask & (cols < n))
+
+
+@triton.jit
+def softmax_index_loss_kernel(X, T, GR, LOSS, SCALE, R, n, inv_tau, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+                              SINGLE: tl.constexpr, WANT_GRAD: tl.constexpr, CE_ROWS: tl.constexpr):
+    """Softmax's Fenchel–Young loss with class indices, which is
+    cross-entropy: per row LOSS = log Σ_i e^{u_i} − u_t with u = (x − max x)/τ
+    (T holds t, −1 on an ignored row: loss 0, gradient 0), and with
+    ``WANT_GRAD`` GR = SCALE·(p − e_t)/τ, in GR's dtype.  The passes of
+    softmax_fwd_kernel (one read of a row of at most BLOCK entries, else two)
+    and one load of x_t: no per-entry term of the loss, whose Σ_i F(u_i) is
+    Σp = 1 here.
+
+    Rows, as the generic loss kernel (:mod:`.loss_kernel`) keeps them: NaN
+    or +inf in the row gives NaN (loss and gradient); a masked (−inf)
+    target class gives +inf; a row with no finite score gives +inf, and
+    p = 0 in its gradient.  With ``CE_ROWS``, torch's cross-entropy's: a
+    row with no finite score is NaN too, and a NaN row's gradient is NaN
+    even where its class index is ignored."""
+    rows, base, rmask, cols = _tile(tl.program_id(0), R, n, ROWS, BLOCK)
+    tgt = tl.load(T + rows, mask=rmask, other=-1).to(tl.int64)
+    keep = tgt >= 0
+    if SINGLE:
+        x = _load(X, base, cols, n, rmask, float("-inf"))
+        bad = _broken(x)
+        M = tl.max(x, 1, keep_dims=True)
+        sh = _finite_or_zero(M)
+        e = tl.exp(_scaled(x, sh, inv_tau))
+        S = tl.sum(e, 1, keep_dims=True)
+    else:
+        M = tl.full([ROWS, 1], float("-inf"), tl.float32)
+        bad = tl.zeros([ROWS, 1], tl.float32)
+        acc = tl.zeros([ROWS, BLOCK], tl.float32)
+        for start in range(0, n, BLOCK):
+            x = _load(X, base, start + cols, n, rmask, float("-inf"))
+            bad = tl.maximum(bad, _broken(x))
+            M, acc = _lse_step(M, acc, x, inv_tau)
+        sh = _finite_or_zero(M)
+        S = tl.sum(acc, 1, keep_dims=True)
+    xt = tl.load(X + base + tl.where(keep, tgt, 0), mask=rmask & keep, other=0.0).to(tl.float32)
+    empty = M == float("-inf")
+    broken = bad > 0
+    if CE_ROWS:
+        broken = broken | empty
+    loss = tl.log(tl.where(S > 0, S, 1.0)) - _scaled(xt, sh, inv_tau)
+    loss = tl.where(loss < 0, 0.0, loss)  # exact L ≥ 0: only rounding goes below
+    loss = tl.where(broken, float("nan"), tl.where(empty, float("inf"), loss))
+    tl.store(LOSS + rows, tl.where(keep, loss, 0.0), mask=rmask)
+    if WANT_GRAD:
+        scale = tl.load(SCALE) * inv_tau
+        live = keep
+        if CE_ROWS:
+            live = keep | broken
+        if SINGLE:
+            _store_index_grad(GR, base, cols, n, rmask, e, S, tgt, scale, live, broken)
+        else:
+            for start in range(0, n, BLOCK):
+                x = _load(X, base, start + cols, n, rmask, float("-inf"))
+                e = tl.exp(_scaled(x, sh, inv_tau))
+                _store_index_grad(GR, base, start + cols, n, rmask, e, S, tgt, scale, live, broken)
