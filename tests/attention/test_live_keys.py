@@ -126,3 +126,19 @@ def test_softcap_through_live_keys_is_the_reference(monkeypatch, spy, name, alph
     assert spy and all(live is not None for live in spy)
     for x, y in zip(*res):
         torch.testing.assert_close(x, y, atol=1e-10, rtol=1e-9)
+
+
+@pytest.mark.parametrize("name, alpha", [("sparsemax", None), ("entmax15", None), ("entmax", 1.3)])
+@pytest.mark.parametrize("L", [1, 20])
+def test_no_live_key_at_all_takes_the_dense_products(spy, name, alpha, L):
+    # every query row fully masked: p = 0 everywhere, no group has a live
+    # key, and the output and every gradient are 0, as on the reference backend
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 2, n, e, generator=g, requires_grad=True) for n, e in ((L, 4), (3, 4), (3, 8)))
+    mask = torch.zeros(L, 3, dtype=torch.bool)
+    with softk.use_backend("native"):
+        out = softk.scaled_dot_product_attention(q, k, v, attn_mask=mask, map=name, alpha=alpha)
+    grads = torch.autograd.grad((out * torch.randn(out.shape, generator=g)).sum(), (q, k, v))
+    assert spy and all(live is None for live in spy)
+    for t in (out, *grads):
+        assert torch.equal(t, torch.zeros_like(t))

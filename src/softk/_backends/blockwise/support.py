@@ -80,8 +80,9 @@ class Live:
     @classmethod
     def of(cls, p: Tensor, sparse: bool, share: float | None = None) -> "Live | None":
         """The live keys of p's groups, or None where the dense products run:
-        the softmax, or a group with more than ``share``·S live keys
-        (LIVE_SHARE by default)."""
+        the softmax, a group with more than ``share``·S live keys
+        (LIVE_SHARE by default), or no live key at all (every row fully
+        masked: p = 0, and the dense products give the zeros)."""
         if not sparse or p.numel() == 0:
             return None
         B, Hkv, R, S = p.shape
@@ -96,7 +97,7 @@ class Live:
         live = p.reshape(B, Hkv, R // g, g, S).amax(-2) != 0
         count = live.sum(-1, keepdim=True)
         U = int(count.max())
-        if U > limit:
+        if U > limit or U == 0:
             return None
         # a stable partition of 0..S−1 per group: the live keys first, the rest after, each in order
         order = live.cumsum(-1)
