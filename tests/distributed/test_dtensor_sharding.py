@@ -71,14 +71,14 @@ def checks(mesh):
         # the fused loss: per row, summed, averaged
         loss_ref, grad_ref = sparsemax_loss_ref(x, y)
         args = (None, "sparsemax", 2.0, 1, 1.0)
-        loss, grad = ops.fenchel_young_fused(dt(x, pl), dt(y, pl), *args, "none", -100, "native", True)
+        loss, grad = ops.fenchel_young_fused(dt(x, pl), dt(y, pl), *args, "none", -100, False, "native", True)
         same(loss, loss_ref, pl, f"loss 'none' on {pl}")
         same(grad, grad_ref, pl, f"loss gradient on {pl}")
-        loss, grad = ops.fenchel_young_fused(dt(x, pl), dt(y, pl), *args, "sum", -100, "native", True)
+        loss, grad = ops.fenchel_young_fused(dt(x, pl), dt(y, pl), *args, "sum", -100, False, "native", True)
         same(loss, loss_ref.sum(), [Partial("sum")] if pl == [Shard(0)] else pl, f"loss 'sum' on {pl}")
         same(grad, grad_ref, pl, f"'sum' gradient on {pl}")
         # a shard's mean is not the mean: the rows are replicated first
-        loss, grad = ops.fenchel_young_fused(dt(x, pl), dt(y, pl), *args, "mean", -100, "native", True)
+        loss, grad = ops.fenchel_young_fused(dt(x, pl), dt(y, pl), *args, "mean", -100, False, "native", True)
         same(loss, loss_ref.mean(), [Replicate()], f"loss 'mean' on {pl}")
         same(grad, grad_ref / 5, [Replicate()], f"'mean' gradient on {pl}")
 
@@ -91,7 +91,7 @@ def checks(mesh):
     p = ops.threshold(dt(x, [Shard(1)]), "sparsemax", 2.0, 1, 1.0, "torch")
     same(p, p_ref, [Replicate()], "threshold on Shard(-1)")
     loss, _ = ops.fenchel_young_fused(dt(x, [Shard(1)]), dt(y, [Replicate()]), None, "sparsemax", 2.0, 1, 1.0,
-                                      "none", -100, "native", True)
+                                      "none", -100, False, "native", True)
     same(loss, sparsemax_loss_ref(x, y)[0], [Replicate()], "loss on Shard(-1)")
 
 
