@@ -22,12 +22,12 @@ from . import lean as _lean
 from .._backends import dispatch
 from .family_keys import family_by_key, family_key
 from ..threshold.rows import compute_dtype, scaled_rows
-from .._backends.torch.threshold import map_rows, slope, vjp
+from .._backends.torch.threshold import map_rows, output, slope, vjp
 
 
 def _kernel(x: Tensor, k: Tensor, family, tau: float) -> Tensor:
     kc = k.to(compute_dtype(x.dtype))
-    return map_rows(family, scaled_rows(x, tau, family, kc), kc).to(x.dtype)
+    return output(family, map_rows(family, scaled_rows(x, tau, family, kc), kc), x.dtype)
 
 
 def _rowk(x: Tensor, k: Tensor, name: str, alpha: float, tau: float) -> Tensor:

@@ -68,6 +68,9 @@ class Family:
     # be mapped later from (z_max, f⁻¹(p_max)) alone (the fused loss's walk
     # over vocabulary blocks).  None where no such inverse is used.
     f_inv: Optional[Callable[[Tensor], Tensor]] = None
+    # p as the maps write it, where that differs from f (which the solvers
+    # sum): exp keeps its entries below saturation below 1.  None: f.
+    written: Optional[Callable[[Tensor], Tensor]] = None
     if TYPE_CHECKING:  # set by __post_init__ (object.__setattr__: the class is frozen), not a field
         _kernels: tuple[Optional[int], bool, Optional[float]] = field(init=False)
 
@@ -84,6 +87,10 @@ class Family:
         # a tensor α is read when asked (a value check of a batch, say), never here
         alpha_value = 1.5 if self.alpha is None else None if isinstance(self.alpha, Tensor) else float(self.alpha)
         object.__setattr__(self, "_kernels", (kernel, native, alpha_value))
+
+    def p(self, u: Tensor) -> Tensor:
+        """The map's output at u = z − λ: ``written``, or f."""
+        return (self.written or self.f)(u)
 
     @property
     def kernel(self) -> Optional[int]:
@@ -126,6 +133,23 @@ def _knots_at_z(z: Tensor) -> Tensor:
 
 
 # ---------------------------------------------------------------- exp: min(1, e^u)
+def below_one(dtype: torch.dtype) -> float:
+    """The largest float of ``dtype`` below 1."""
+    return 1.0 - torch.finfo(dtype).eps / 2
+
+
+def _exp_written(u: Tensor) -> Tensor:
+    # p = 1 only where u > 0 (saturated, f′ = 0), below 1 where u ≤ 0: the
+    # top entry of a row whose others lie far below has u ≈ −e^{−gap}, which
+    # λ's rounding makes 0 and e^u rounds to 1, while f′ there is 1; the
+    # backward reads f′ off p (d_from_p), where a 1 would zero the whole
+    # row's gradient (at k = 1 this map is softmax, which never saturates).
+    # An error of at most one ulp below 1.  (The solvers sum f itself: at
+    # u = 0, g must count the 1.)
+    e = torch.exp(torch.clamp(u, max=0.0))
+    return torch.where(u <= 0, torch.clamp(e, max=below_one(u.dtype)), e)
+
+
 def _exp_closed_form(z: Tensor, k: int, t: Tensor) -> Tensor:
     # Entries with z >= λ are saturated at 1; the rest are e^{z-λ}:
     #   n_sat + e^{-λ} Σ_unsat e^z = k  =>  λ = lse(z_unsat) - log(k - n_sat)
@@ -137,13 +161,14 @@ def _exp_closed_form(z: Tensor, k: int, t: Tensor) -> Tensor:
 EXP = Family(
     name="exp",
     f=lambda u: torch.exp(torch.clamp(u, max=0.0)),
-    df=lambda u: torch.where(u < 0, torch.exp(torch.clamp(u, max=0.0)), 0.0),
+    df=lambda u: torch.where(u <= 0, torch.exp(torch.clamp(u, max=0.0)), 0.0),
     d_from_p=lambda p: torch.where(p < 1, p, 0.0),
     F=lambda u: torch.where(u <= 0, torch.exp(torch.clamp(u, max=0.0)), 1.0 + u),
     psi=lambda p: _xlogx(p) - p,
     capped=True,
     knots=_knots_at_z,
     closed_form=_exp_closed_form,
+    written=_exp_written,
 )
 
 

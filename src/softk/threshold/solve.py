@@ -212,7 +212,7 @@ def solve_probs(family: Family, z: Tensor, k: int, active: Tensor, lower=None):
     if family.name == "entmax" and needs_anchor(family.alpha):
         # λ's float grid is too coarse for α-entmax at large α and near α = 1
         return entmax_probs(family.alpha, s, lam, active), lam + ref
-    return family.f(s - lam), lam + ref
+    return family.p(s - lam), lam + ref
 
 
 def solve_lambda(family: Family, z: Tensor, k: int, active: Tensor, lower=None) -> Tensor:

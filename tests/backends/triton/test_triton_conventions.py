@@ -7,13 +7,14 @@ the looped variant, the anchor form and the log-slope backward.
 The kink.  f = min(e^u, 1) (exp) has f′ = 1 on the left of u = 0 and 0 on
 the right.  Every backend reads d = f′ off the saved p with
 ``Family.d_from_p``: d = p where p < 1 and 0 where p = 1, the saturated
-side.  An entry within eps/2 (relative) of the kink has p = 1.0 in float32
-and is saturated there, while float64 may still hold p = 1 − 3e-9 < 1 and
-take the left side: on exp k = 3, τ = 0.05 with integer ties, dx then
-differs between float32 and float64 by the whole of its scale, on the torch
-backend, the native one and the Triton one alike (the "49 %", measured
-against the float64 torch backend).  In float32 the three agree; that is what
-is checked here, with the saturated-side value written out by hand.
+side.  So every backend writes p = 1 only where u > 0, and an entry at
+u ≤ 0 as at most the largest float below 1 (``Family.written``): an entry
+1.5e-9 left of the kink, p = 1 − 3e-9, which rounding to nearest makes 1.0
+in float32, takes the left side (d = p) in float32 as in float64.  (It was
+read as saturated in float32, where dx then differed from float64's by the
+whole of its scale, and the top entry of a k = 1 row whose others lie far
+below, which never saturates, zeroed its row's gradient.)  The backends
+agree; that is checked here, with the values written out by hand.
 """
 
 from __future__ import annotations
@@ -48,21 +49,27 @@ def test_integer_ties_at_the_kink_match_the_torch_backend_in_float32():
             assert ((dk - dt).abs() <= 4e-6 * scale).all(), (k, tau)
 
 
-def test_saturated_side_by_hand():
-    # exp, k = 3, τ = 0.05 on [2, 0, 1, 3, 2]: the two 2's sit 1.5e-9 below
-    # the kink (p = 1 − 3e-9 in float64), p = 1.0 in float32: saturated,
-    # d = 0; the only unsaturated entries are the 0 and the 1, with d = p
+@pytest.mark.parametrize("backend", ["triton", "torch", "native"])
+def test_the_sides_of_the_kink_by_hand(backend):
+    # exp, k = 3, τ = 0.05 on [2, 0, 1, 3, 2]: the 3 is saturated (u = 20),
+    # the two 2's sit 1.5e-9 left of the kink (p = 1 − 3e-9 in float64),
+    # written as float32's largest float below 1: d = p there, as for the 0
+    # and the 1, and d = 0 on the 3 alone
     x = torch.tensor([[2.0, 0.0, 1.0, 3.0, 2.0]])
     g = torch.tensor([[0.5, 1.0, -2.0, 0.25, 1.5]])
-    p, dx = _grad(x, g, 3, 0.05, "triton")
-    assert p[0, [0, 3, 4]].tolist() == [1.0, 1.0, 1.0]
-    d = np.array([0.0, p[0, 1].item(), p[0, 2].item(), 0.0, 0.0])
+    p, dx = _grad(x, g, 3, 0.05, backend)
+    below_one = 1 - np.finfo(np.float32).eps / 2
+    assert p[0, [0, 3, 4]].tolist() == [below_one, 1.0, below_one]
+    d = np.array([p[0, 0].item(), p[0, 1].item(), p[0, 2].item(), 0.0, p[0, 4].item()])
     gbar = (d * g.numpy()[0]).sum() / d.sum()
     want = d * (g.numpy()[0] - gbar) / 0.05
-    # float32 rounding of g − ḡ; 0 exactly on the saturated entries (d = 0)
+    # float32 rounding of g − ḡ; 0 exactly on the saturated entry (d = 0)
     tol = 4 * np.finfo(np.float32).eps * d * (np.abs(g.numpy()[0]) + abs(gbar)) / 0.05
     assert np.all(np.abs(dx[0].numpy() - want) <= tol)
-    assert np.all(dx[0, [0, 3, 4]].numpy() == 0) and dx[0, 1] != 0
+    assert dx[0, 3] == 0 and abs(dx[0, 0]) > 9  # (0.5 − 1)/τ and (1.5 − 1)/τ: ±10
+    # the float64 map's own gradient, p = 1 − 3e-9 on the 2's
+    p64, dx64 = _grad(x.double(), g.double(), 3, 0.05, "torch")
+    assert np.allclose(dx[0].numpy(), dx64[0].numpy(), rtol=1e-5, atol=1e-6)
 
 
 # ------------------------------------------------------ NaN-prefilled outputs

@@ -49,15 +49,21 @@ static T FN(solve_exp)(const T *z, T m, int64_t n, T k, T *ref, int64_t *iters)
     return lam;
 }
 
-/* p = min(1, e^{(z − ref) − ℓ}) from solve_exp's λ = ref + ℓ.  Not inlined:
- * the forward and the fused loss (kernels_loss.h) run the same vector code,
- * so their p agree to the bit. */
+/* p = min(1, e^{(z − ref) − ℓ}) from solve_exp's λ = ref + ℓ; p = 1 only
+ * where u > 0 (saturated, f′ = 0), at most BELOW_ONE where u ≤ 0.  The top
+ * entry of a row whose others lie far below has u ≈ −e^{−gap}, which λ's
+ * rounding makes 0 and e^u rounds to 1, while f′ there is 1: the backward
+ * reads f′ off p, and a 1 would zero the whole row's gradient (at k = 1
+ * this map is softmax, which never saturates).  Not inlined: the forward
+ * and the fused loss (kernels_loss.h) run the same vector code, so their p
+ * agree to the bit. */
+#define BELOW_ONE (1 - EPS / 2) /* the largest T below 1 */
 static __attribute__((noinline)) void FN(exp_write)(const T *z, T *p, int64_t n, T ref, T lam)
 {
 #pragma omp simd
     for (int64_t i = 0; i < n; i++) {
-        T e = EXP((z[i] - ref) - lam);
-        p[i] = e < 1 ? e : 1;
+        T u = (z[i] - ref) - lam, e = EXP(u);
+        p[i] = u <= 0 ? (e < BELOW_ONE ? e : BELOW_ONE) : 1;
     }
 }
 
@@ -104,9 +110,9 @@ static int FN(exp_stored)(const T *z, T *p, T m, int64_t n, T k, int64_t *iters,
     }
     T inv = 1 / t;
 #pragma omp simd
-    for (int64_t i = 0; i < n; i++) {
+    for (int64_t i = 0; i < n; i++) { /* 1 only above t (u > 0), as in exp_write */
         T e = p[i] * inv;
-        p[i] = e < 1 ? e : 1;
+        p[i] = p[i] <= t ? (e < BELOW_ONE ? e : BELOW_ONE) : 1;
     }
     if (thr) *thr = t;
     return 1;

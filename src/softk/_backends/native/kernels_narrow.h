@@ -335,14 +335,14 @@ static int64_t FN(narrow_rows)(int fam, const T *z, T *p, int nr, int64_t n, T k
             for (int l = 0; l < NARROW_LANES; l++) v[i][l] *= scale[l];
         }
         for (int l = 0; l < NARROW_LANES; l++) lam[l] = LOG(lam[l]) - LOG(k);
-    } else if (fam == 4) { /* p = min(1, e/t), as exp_stored; λ − max = log t */
+    } else if (fam == 4) { /* p = min(1, e/t), 1 only above t, as exp_stored; λ − max = log t */
         T inv[NARROW_LANES];
         for (int l = 0; l < NARROW_LANES; l++) inv[l] = 1 / lam[l];
         for (int i = 0; i < ni; i++) {
 #pragma omp simd
             for (int l = 0; l < NARROW_LANES; l++) {
                 T e = v[i][l] * inv[l];
-                v[i][l] = e < 1 ? e : 1;
+                v[i][l] = v[i][l] <= lam[l] ? (e < BELOW_ONE ? e : BELOW_ONE) : 1;
             }
         }
         for (int l = 0; l < NARROW_LANES; l++) lam[l] = LOG(lam[l]);

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ...threshold.families import EXP, SOFTMAX, Family
+from ...threshold.families import EXP, SOFTMAX, Family, below_one
 from ...threshold.rows import compute_dtype, fill_rows, row_status, scaled_rows
 from ...threshold.entmax_anchor import entmax_probs, needs_anchor
 from ...threshold.fast_paths import solve_exp_pooled, solve_exp_topk, solve_on_candidates
@@ -45,11 +45,11 @@ def _on_candidates(family: Family, z: Tensor, k: int):
         return fill_rows(z, entmax_probs(family.alpha, torch.where(active, z, 0.0), lam, active), active, broken)
     if idx is not None:
         # f(z − λ) = 0 off the candidates: write only the candidates.
-        vals = torch.where(valid, family.f(z.gather(-1, idx) - lam), 0.0)
+        vals = torch.where(valid, family.p(z.gather(-1, idx) - lam), 0.0)
         p = torch.zeros_like(z).scatter_add_(-1, idx, vals)  # padding slots add 0
         return fill_rows(z, p, active, broken)
     zs = z if bool(active.all()) else torch.where(active, z, 0.0)
-    return fill_rows(z, family.f(zs - lam), active, broken)
+    return fill_rows(z, family.p(zs - lam), active, broken)
 
 
 def _general(family: Family, z: Tensor, k) -> Tensor:
@@ -80,7 +80,7 @@ def map_rows(family: Family, z: Tensor, k) -> Tensor:
         if found is not None:
             lam, active, broken = found
             zs = z if bool(active.all()) else torch.where(active, z, 0.0)
-            return fill_rows(z, family.f(zs - lam), active, broken)
+            return fill_rows(z, family.p(zs - lam), active, broken)
     return _general(family, z, k)
 
 
@@ -142,7 +142,17 @@ def vjp(family: Family, p: Tensor, g: Tensor, tau: float) -> Tensor:
 def forward(family: Family, x: Tensor, k: int, tau: float) -> Tensor:
     """p = f((x − max)/τ − λ), Σp = k, on the rows of ``x`` (the map's
     dimension last), in ``x.dtype``: every kernel's forward."""
-    return map_rows(family, scaled_rows(x, tau, family, k), k).to(x.dtype)
+    return output(family, map_rows(family, scaled_rows(x, tau, family, k), k), x.dtype)
+
+
+def output(family: Family, p: Tensor, dtype: torch.dtype) -> Tensor:
+    """p (compute dtype) in ``dtype``; the exp family's entries below 1 stay
+    below 1 (rounding to nearest may give 1, which reads as saturated: see
+    its f)."""
+    out = p.to(dtype)
+    if family is EXP and out.dtype != p.dtype:
+        out = torch.where((p < 1) & (out == 1), below_one(dtype), out)
+    return out
 
 
 def backward(family: Family, p: Tensor, g: Tensor, tau: float) -> Tensor:

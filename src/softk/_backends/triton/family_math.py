@@ -51,6 +51,24 @@ def _f(u, FAM: tl.constexpr, am1):
 
 
 @triton.jit
+def _written(p, u, Y, FAM: tl.constexpr):
+    """p = f(u) as the maps store it in Y's dtype (``Family.written``): the
+    exp family's entries at u ≤ 0 at most the largest float of that dtype
+    below 1, which the store's rounding to nearest could make 1 (read as
+    saturated, f′ = 0, by the backward)."""
+    if FAM == EXP:
+        ty = Y.dtype.element_ty
+        if ty == tl.bfloat16:
+            b = 0.99609375  # 1 − 2^-8
+        elif ty == tl.float16:
+            b = 0.99951171875  # 1 − 2^-11
+        else:
+            b = 0.999999940395355224609375  # 1 − 2^-24 (float32 registers)
+        p = tl.where(u <= 0, tl.minimum(p, b), p)
+    return p
+
+
+@triton.jit
 def _d_from_p(p, FAM: tl.constexpr, am1):
     if FAM == SOFTMAX:
         d = p

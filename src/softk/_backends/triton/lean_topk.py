@@ -28,7 +28,7 @@ rows pay a few lean sweeps.
 import triton
 import triton.language as tl
 
-from .family_math import _f
+from .family_math import _f, _written
 from .frame import FAR, _solve
 from .ids import EXP, LAPLACE
 from .passes import _write_p
@@ -125,7 +125,7 @@ def lean_topk_fwd_kernel(X, Y, ITS, R, n, k, inv_tau,
         _write_p(xr, yr, rmask & fb, x, n, fref, inv_tau, c, t, 1.0, fb, broken, FAM, BLOCK, True)
     # ---- the write of the other rows: p, or the row conventions (NaN on a
     # broken row, 1 on the finite entries of a row with at most k of them)
-    p = _f(z - lam, FAM, 1.0)
+    p = _written(_f(z - lam, FAM, 1.0), z - lam, Y, FAM)
     if tl.min(tl.min((active | (~rmask)).to(tl.int32), 1), 0) == 0:
         p = tl.where(active, p, tl.where(broken, float("nan"), tl.where(x > float("-inf"), 1.0, 0.0)))
     tl.store(yr + cols, p.to(Y.dtype.element_ty), mask=inb & (~fb))

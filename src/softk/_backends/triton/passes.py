@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from .ids import ENTMAX15
-from .family_math import _acc, _f, _fin, _init, _red
+from .family_math import _acc, _f, _fin, _init, _red, _written
 from .prelude import _cols, _frame_z, _load_frame_z, _load_x
 
 
@@ -62,7 +62,8 @@ def _store_p(yr, rmask, cols, n, x, z, c, t, am1, active, broken, FAM: tl.conste
     # NaN where the row holds a NaN or +inf, else 1 on the finite entries
     # (≤ k of them) and 0 on the masked ones.  Finite is read off the raw x:
     # a finite entry whose z overflows to −inf is still an entry of the row.
-    p = tl.where(z > float("-inf"), _f((z - c) - t, FAM, am1), 0.0)
+    u = (z - c) - t
+    p = tl.where(z > float("-inf"), _written(_f(u, FAM, am1), u, yr, FAM), 0.0)
     filled = tl.where(broken, float("nan"), tl.where(x > float("-inf"), 1.0, 0.0))
     p = tl.where(active, p, filled)
     tl.store(yr + cols, p.to(yr.dtype.element_ty), mask=rmask & (cols < n))
