@@ -75,9 +75,11 @@ def _store_out(Y, G, rows, base, cols, n, rmask, u, e, S, bad, OUT: tl.constexpr
 
 
 @triton.jit
-def softmax_fwd_kernel(X, Y, G, R, n, inv_tau, tau,
-                       OUT: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, SINGLE: tl.constexpr):
-    rows, base, rmask, cols = _tile(tl.program_id(0), R, n, ROWS, BLOCK)
+def _pass1(X, base, cols, n, rmask, inv_tau, ROWS: tl.constexpr, BLOCK: tl.constexpr, SINGLE: tl.constexpr):
+    """The first pass over the rows: (bad, M, sh, u, e, S), per row whether
+    it holds a NaN or +inf, its maximum M, the shift sh (M, 0 on rows with no
+    finite entry) and S = Σ e^{(x − sh)/τ}; with ``SINGLE`` also the block's
+    u = (x − sh)/τ and e = e^u, kept for the write (0 otherwise)."""
     if SINGLE:
         x = _load(X, base, cols, n, rmask, float("-inf"))
         bad = _broken(x)
@@ -87,7 +89,7 @@ def softmax_fwd_kernel(X, Y, G, R, n, inv_tau, tau,
         e = tl.exp(u)  # masked lanes: e^{-inf} = 0
         S = tl.sum(e, 1, keep_dims=True)
     else:
-        # pass 1: running max M per row, lane sums kept relative to it
+        # running max M per row, lane sums kept relative to it
         M = tl.full([ROWS, 1], float("-inf"), tl.float32)
         bad = tl.zeros([ROWS, 1], tl.float32)
         acc = tl.zeros([ROWS, BLOCK], tl.float32)
@@ -97,6 +99,16 @@ def softmax_fwd_kernel(X, Y, G, R, n, inv_tau, tau,
             M, acc = _lse_step(M, acc, x, inv_tau)
         sh = _finite_or_zero(M)
         S = tl.sum(acc, 1, keep_dims=True)
+        u = 0.0
+        e = 0.0
+    return bad, M, sh, u, e, S
+
+
+@triton.jit
+def softmax_fwd_kernel(X, Y, G, R, n, inv_tau, tau,
+                       OUT: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, SINGLE: tl.constexpr):
+    rows, base, rmask, cols = _tile(tl.program_id(0), R, n, ROWS, BLOCK)
+    bad, M, sh, u, e, S = _pass1(X, base, cols, n, rmask, inv_tau, ROWS, BLOCK, SINGLE)
     if OUT == 2:
         lse = tl.where(M == float("-inf"), float("-inf"), sh + tau * tl.log(tl.where(S > 0, S, 1.0)))
         lse = tl.where(bad > 0, float("nan"), lse)
@@ -108,8 +120,8 @@ def softmax_fwd_kernel(X, Y, G, R, n, inv_tau, tau,
         # pass 2: re-read x and write
         for start in range(0, n, BLOCK):
             x = _load(X, base, start + cols, n, rmask, float("-inf"))
-            u = _scaled(x, sh, inv_tau)
-            _store_out(Y, G, rows, base, start + cols, n, rmask, u, tl.exp(u), S, bad, OUT)
+            ub = _scaled(x, sh, inv_tau)  # (not u: _pass1's u is a scalar here, and a loop keeps a name's type)
+            _store_out(Y, G, rows, base, start + cols, n, rmask, ub, tl.exp(ub), S, bad, OUT)
 
 
 @triton.jit
@@ -190,23 +202,7 @@ def softmax_index_loss_kernel(X, T, GR, LOSS, SCALE, R, n, inv_tau, ROWS: tl.con
     rows, base, rmask, cols = _tile(tl.program_id(0), R, n, ROWS, BLOCK)
     tgt = tl.load(T + rows, mask=rmask, other=-1).to(tl.int64)
     keep = tgt >= 0
-    if SINGLE:
-        x = _load(X, base, cols, n, rmask, float("-inf"))
-        bad = _broken(x)
-        M = tl.max(x, 1, keep_dims=True)
-        sh = _finite_or_zero(M)
-        e = tl.exp(_scaled(x, sh, inv_tau))
-        S = tl.sum(e, 1, keep_dims=True)
-    else:
-        M = tl.full([ROWS, 1], float("-inf"), tl.float32)
-        bad = tl.zeros([ROWS, 1], tl.float32)
-        acc = tl.zeros([ROWS, BLOCK], tl.float32)
-        for start in range(0, n, BLOCK):
-            x = _load(X, base, start + cols, n, rmask, float("-inf"))
-            bad = tl.maximum(bad, _broken(x))
-            M, acc = _lse_step(M, acc, x, inv_tau)
-        sh = _finite_or_zero(M)
-        S = tl.sum(acc, 1, keep_dims=True)
+    bad, M, sh, _, e, S = _pass1(X, base, cols, n, rmask, inv_tau, ROWS, BLOCK, SINGLE)
     xt = tl.load(X + base + tl.where(keep, tgt, 0), mask=rmask & keep, other=0.0).to(tl.float32)
     empty = M == float("-inf")
     broken = bad > 0
@@ -226,5 +222,5 @@ def softmax_index_loss_kernel(X, T, GR, LOSS, SCALE, R, n, inv_tau, ROWS: tl.con
         else:
             for start in range(0, n, BLOCK):
                 x = _load(X, base, start + cols, n, rmask, float("-inf"))
-                e = tl.exp(_scaled(x, sh, inv_tau))
-                _store_index_grad(GR, base, start + cols, n, rmask, e, S, tgt, scale, live, broken)
+                eb = tl.exp(_scaled(x, sh, inv_tau))  # (not e: see softmax_fwd_kernel's pass 2)
+                _store_index_grad(GR, base, start + cols, n, rmask, eb, S, tgt, scale, live, broken)
