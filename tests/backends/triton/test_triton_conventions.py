@@ -72,6 +72,26 @@ def test_the_sides_of_the_kink_by_hand(backend):
     assert np.allclose(dx[0].numpy(), dx64[0].numpy(), rtol=1e-5, atol=1e-6)
 
 
+
+@pytest.mark.parametrize("backend", ["triton", "torch", "native"])
+@pytest.mark.parametrize("x, k, tau", [([200.0, 400.0, 0.0, 0.0, -200.0], 4, 1.0), ([2.0, 0.0, 0.0, -2.0], 3, 1e-3),
+                                       ([2.0, 0.0, 0.0, -2.0] + [-3.0] * 300, 3, 1e-3)])
+def test_ties_at_the_kth_place_with_a_gap_below_are_not_saturated(backend, x, k, tau):
+    # the tied entries sit just left of the kink (p = 1 − e^{−gap}·…, slope
+    # 1): fewer than k entries saturate on a row with more than k.  In
+    # float32, Σp = k all along a flat of λ below them, where a search may
+    # stop; they are written below 1 and keep the gradient ±½/τ
+    xt = torch.tensor([x])
+    g = torch.zeros_like(xt)
+    g[0, 2] = 1.0
+    p, dx = _grad(xt, g, k, tau, backend)
+    below_one = 1 - np.finfo(np.float32).eps / 2
+    assert p[0, 2].item() == p[0, 1 if x[1] == 0.0 else 3].item() == below_one
+    assert (p[0] == 1.0).sum() == k - 2
+    tied = [2, 1] if x[1] == 0.0 else [2, 3]
+    want = 0.5 / tau
+    assert abs(dx[0, tied[0]].item() - want) <= 4e-6 * want and abs(dx[0, tied[1]].item() + want) <= 4e-6 * want
+
 # ------------------------------------------------------ NaN-prefilled outputs
 def _nan(like):
     return torch.full_like(like, float("nan"))

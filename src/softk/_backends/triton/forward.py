@@ -53,4 +53,4 @@ def threshold_fwd_kernel(X, Y, ITS, R, n, k, inv_tau, am1,
     if ANCHOR:
         _write_p_anchor(xr, yr, rmask, xrow, n, ref, inv_tau, A, ell, am1, active, broken, BLOCK, ONCHIP)
     else:
-        _write_p(xr, yr, rmask, xrow, n, ref, inv_tau, c, t, am1, active, broken, FAM, BLOCK, ONCHIP)
+        _write_p(xr, yr, rmask, xrow, n, ref, inv_tau, c, t, am1, k, active, broken, FAM, BLOCK, ONCHIP)

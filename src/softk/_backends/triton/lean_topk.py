@@ -122,10 +122,10 @@ def lean_topk_fwd_kernel(X, Y, ITS, R, n, k, inv_tau,
         fref, c, t, its = _solve(xr, rmask, x, x, n, inv_tau, xmax, xmin, m, S0, fb, k, 1.0,
                                  FAM, ROWS, BLOCK, True, False, True, NEWTON_CAP, MAXIT)
         it += its
-        _write_p(xr, yr, rmask & fb, x, n, fref, inv_tau, c, t, 1.0, fb, broken, FAM, BLOCK, True)
+        _write_p(xr, yr, rmask & fb, x, n, fref, inv_tau, c, t, 1.0, k, fb, broken, FAM, BLOCK, True)
     # ---- the write of the other rows: p, or the row conventions (NaN on a
     # broken row, 1 on the finite entries of a row with at most k of them)
-    p = _written(_f(z - lam, FAM, 1.0), z - lam, Y, FAM)
+    p = _written(_f(z - lam, FAM, 1.0), z - lam, 0.0, Y, FAM)  # λ from the closed form
     if tl.min(tl.min((active | (~rmask)).to(tl.int32), 1), 0) == 0:
         p = tl.where(active, p, tl.where(broken, float("nan"), tl.where(x > float("-inf"), 1.0, 0.0)))
     tl.store(yr + cols, p.to(Y.dtype.element_ty), mask=inb & (~fb))

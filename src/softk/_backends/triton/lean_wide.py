@@ -104,6 +104,6 @@ def lean_wide_fwd_kernel(X, Y, ITS, SZ, SI, R, n, k, inv_tau, am1,
                 xmin = tl.minimum(xmin, tl.min(tl.where(x > float("-inf"), x, float("inf")), 1, keep_dims=True))
             gref, c, t, it = _solve(xr, rmask, 0.0, lanes, n, inv_tau, xmax, xmin, m, tl.zeros([1, 1], tl.float32),
                                     search, k, am1, FAM, 1, BLOCK, False, BIG, BIG, NEWTON_CAP, MAXIT)
-        _write_p(xr, yr, rmask, 0.0, n, gref, inv_tau, c, t, am1, search, broken, FAM, BLOCK, False)
+        _write_p(xr, yr, rmask, 0.0, n, gref, inv_tau, c, t, am1, k, search, broken, FAM, BLOCK, False)
     if WRITE_ITS:
         tl.store(ITS + rows, it, mask=rmask)

@@ -18,9 +18,9 @@ through the prelude: z = (x − ref)/τ in the row's frame ``ref``
 import triton
 import triton.language as tl
 
-from .ids import ENTMAX15
+from .ids import ENTMAX15, EXP
 from .family_math import _acc, _f, _fin, _init, _red, _written
-from .prelude import _cols, _frame_z, _load_frame_z, _load_x
+from .prelude import EPS, _cols, _frame_z, _load_frame_z, _load_x
 
 
 # --------------------------------------------------------- a search pass
@@ -57,27 +57,52 @@ def _search_pass(xr, rmask, xrow, n, ref, inv_tau, c, t, qc, qt, cc, ct, k, am1,
 
 # -------------------------------------------------------------- last pass
 @triton.jit
-def _store_p(yr, rmask, cols, n, x, z, c, t, am1, active, broken, FAM: tl.constexpr):
+def _store_p(yr, rmask, cols, n, x, z, c, t, am1, active, broken, cut, FAM: tl.constexpr):
     # p = f(z − λ) on a searched row; on the others the row conventions:
     # NaN where the row holds a NaN or +inf, else 1 on the finite entries
     # (≤ k of them) and 0 on the masked ones.  Finite is read off the raw x:
     # a finite entry whose z overflows to −inf is still an entry of the row.
+    # (cut: see _exp_cut)
     u = (z - c) - t
-    p = tl.where(z > float("-inf"), _written(_f(u, FAM, am1), u, yr, FAM), 0.0)
+    p = tl.where(z > float("-inf"), _written(_f(u, FAM, am1), u, cut, yr, FAM), 0.0)
     filled = tl.where(broken, float("nan"), tl.where(x > float("-inf"), 1.0, 0.0))
     p = tl.where(active, p, filled)
     tl.store(yr + cols, p.to(yr.dtype.element_ty), mask=rmask & (cols < n))
 
 
 @triton.jit
-def _write_p(xr, yr, rmask, xrow, n, ref, inv_tau, c, t, am1, active, broken,
+def _exp_cut(z, c, t, k, tol):
+    """For soft top-k exp on a row in registers: the u up to which entries
+    are written unsaturated, below 1 (``_written``).  Fewer than k entries
+    saturate on a row with more than k finite entries (the rest has mass),
+    but where that mass is below the rounding of Σp, g(λ) = k in float32
+    all along a flat of λ, and the search may stop on it below the k-th
+    entry, saturating it with u well above 0: where k entries or more have
+    u > tol, the lowest of them (ties at the k-th place) are the ones below
+    the root, with p = 1 − tiny and slope 1.  Else ``tol``."""
+    u = (z - c) - t
+    sat = u > tol
+    lo = tl.min(tl.where(sat, u, float("inf")), 1, keep_dims=True)
+    return tl.where(tl.sum(sat.to(tl.float32), 1, keep_dims=True) >= k, lo, tol)
+
+
+@triton.jit
+def _write_p(xr, yr, rmask, xrow, n, ref, inv_tau, c, t, am1, k, active, broken,
              FAM: tl.constexpr, BLOCK: tl.constexpr, ONCHIP: tl.constexpr):
-    """The last pass: p at λ = c + t ([ROWS, 1] columns) in the frame ``ref``."""
+    """The last pass: p at λ = c + t ([ROWS, 1] columns) in the frame ``ref``.
+    Soft top-k exp writes an entry within λ's resolution of the kink (the
+    search's stopping tolerance for the capped families, search.py) as
+    unsaturated, below 1, and on a row in registers one that a flat of g
+    left above λ (``_exp_cut``)."""
+    tol = 4.0 * EPS * (tl.abs(c + t) + 1.0)
     if ONCHIP:
-        _store_p(yr, rmask, _cols(0, BLOCK), n, xrow, _frame_z(xrow, ref, inv_tau, FAM), c, t, am1, active, broken,
-                 FAM)
+        z = _frame_z(xrow, ref, inv_tau, FAM)
+        cut = tol
+        if FAM == EXP:
+            cut = _exp_cut(z, c, t, k, tol)
+        _store_p(yr, rmask, _cols(0, BLOCK), n, xrow, z, c, t, am1, active, broken, cut, FAM)
     else:
         for start in range(0, n, BLOCK):
             cols = _cols(start, BLOCK)
             x = _load_x(xr, rmask, cols, n)
-            _store_p(yr, rmask, cols, n, x, _frame_z(x, ref, inv_tau, FAM), c, t, am1, active, broken, FAM)
+            _store_p(yr, rmask, cols, n, x, _frame_z(x, ref, inv_tau, FAM), c, t, am1, active, broken, tol, FAM)
