@@ -49,8 +49,7 @@ import triton.language as tl
 
 from .family_math import _log1p
 from .frame import _lane_start, _solve
-from .prelude import _cols, _finite_or_zero, _load_x, _load_z, _scaled
-from .search import EPS
+from .prelude import EPS, _cols, _finite_or_zero, _load_x, _load_z, _scaled
 
 TINY = tl.constexpr(1.1754943508222875e-38)  # the smallest normal float32
 TRIAL_MOVES = tl.constexpr(2)  # anchor moves allowed from the lanes' anchor

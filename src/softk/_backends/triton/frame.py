@@ -57,8 +57,8 @@ import triton
 import triton.language as tl
 
 from .ids import EXP, SOFTMAX
-from .prelude import _cols, _finite_or_zero, _frame_z, _load_x
-from .search import EPS, _find_lambda
+from .prelude import EPS, _cols, _finite_or_zero, _frame_z, _load_x
+from .search import _find_lambda
 
 FAR = tl.constexpr(8.0)
 # 2^23 = FAR/(8 eps): a λ this far from its frame is known to FAR units of

@@ -20,7 +20,7 @@ import triton.language as tl
 
 from .ids import ENTMAX15, EXP
 from .family_math import _acc, _f, _fin, _init, _red, _written
-from .prelude import EPS, _cols, _frame_z, _load_frame_z, _load_x
+from .prelude import _cols, _frame_z, _lam_tol, _load_frame_z, _load_x
 
 
 # --------------------------------------------------------- a search pass
@@ -91,10 +91,9 @@ def _write_p(xr, yr, rmask, xrow, n, ref, inv_tau, c, t, am1, k, active, broken,
              FAM: tl.constexpr, BLOCK: tl.constexpr, ONCHIP: tl.constexpr):
     """The last pass: p at λ = c + t ([ROWS, 1] columns) in the frame ``ref``.
     Soft top-k exp writes an entry within λ's resolution of the kink (the
-    search's stopping tolerance for the capped families, search.py) as
-    unsaturated, below 1, and on a row in registers one that a flat of g
-    left above λ (``_exp_cut``)."""
-    tol = 4.0 * EPS * (tl.abs(c + t) + 1.0)
+    search's stopping tolerance, ``_lam_tol``) as unsaturated, below 1, and
+    on a row in registers one that a flat of g left above λ (``_exp_cut``)."""
+    tol = _lam_tol(c + t, FAM)
     if ONCHIP:
         z = _frame_z(xrow, ref, inv_tau, FAM)
         cut = tol

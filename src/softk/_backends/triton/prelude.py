@@ -24,6 +24,14 @@ EPS = tl.constexpr(1.1920928955078125e-07)  # float32 machine epsilon
 
 
 @triton.jit
+def _lam_tol(lam, FAM: tl.constexpr):
+    # λ's resolution in the search (its stopping tolerance): a few ulps of the
+    # data's scale around λ, of λ in the frame, and of the unit width of f
+    # for the capped families
+    return 4.0 * EPS * (tl.abs(lam) + (1.0 if FAM >= EXP else 0.0))
+
+
+@triton.jit
 def _cols(start, BLOCK: tl.constexpr):
     # the lane offsets of one block, as a [1, BLOCK] row (broadcast over rows)
     return start + tl.arange(0, BLOCK)[None, :]

@@ -25,7 +25,7 @@ import triton.language as tl
 
 from .ids import ENTMAX, ENTMAX15, EXP, LAPLACE, SIGMOID, SPARSE, SPARSEMAX
 from .passes import _search_pass
-from .prelude import EPS
+from .prelude import _lam_tol
 
 
 @triton.jit
@@ -236,9 +236,7 @@ def _find_lambda(xr, rmask, xrow, n, ref, inv_tau, zmax, zmin, m, lz, active, k,
                                   FAM, ROWS, BLOCK, ONCHIP, PROBE)
         it += run.to(tl.int32)  # rows that have stopped keep their count
         lamX = c + t
-        # a few ulps of the data's scale around λ: of λ in the frame, and of
-        # the unit width of f for the capped families
-        tol = 4.0 * EPS * (tl.abs(lamX) + (1.0 if FAM >= EXP else 0.0))
+        tol = _lam_tol(lamX, FAM)
         lo, hi, hlo_, hhi_, side = _tighten(lo, hi, hlo_, hhi_, side, lamX, X, qc, qt, Q, qv, PROBE, BIG)
         mid = 0.5 * (lo + hi)
         # Newton proposals (from λ and from the probe); the best one
