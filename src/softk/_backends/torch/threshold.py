@@ -148,7 +148,7 @@ def forward(family: Family, x: Tensor, k: int, tau: float) -> Tensor:
 def output(family: Family, p: Tensor, dtype: torch.dtype) -> Tensor:
     """p (compute dtype) in ``dtype``; the exp family's entries below 1 stay
     below 1 (rounding to nearest may give 1, which reads as saturated: see
-    its f)."""
+    ``Family.written``, which keeps them below 1 in the compute dtype)."""
     out = p.to(dtype)
     if family is EXP and out.dtype != p.dtype:
         out = torch.where((p < 1) & (out == 1), below_one(dtype), out)

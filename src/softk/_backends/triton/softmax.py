@@ -45,14 +45,15 @@ def _new(like: Tensor, shape=None) -> Tensor:
     return torch.empty(like.shape if shape is None else shape, dtype=like.dtype, device=like.device)
 
 
-def config(n: int, r: int, block: int | None = None):
+def config(n: int, r: int, block: int | None = None, rows: int | None = None):
     """(single, BLOCK, ROWS, warps) for r rows of n entries; ``block``
-    forces the looped variant with that block (tests use it on small rows)."""
+    forces the looped variant with that block and ``rows`` the rows of a
+    tile (tests use them on small rows)."""
     if block is None and n <= SINGLE_MAX:
         single, blk = True, max(4, _pow2(n))
     else:
         single, blk = False, block or LOOP_BLOCK
-    rows = max(1, min(TILE // blk, _pow2(max(r, 1))))
+    rows = rows or max(1, min(TILE // blk, _pow2(max(r, 1))))
     warps = max(1, min(16, rows * blk // 512))
     return single, blk, rows, warps
 
@@ -81,9 +82,7 @@ def index_loss_rows(x: Tensor, target: Tensor, scale: Tensor, tau: float, *, wan
     loss = torch.empty(r, dtype=torch.float32, device=x.device)
     grad = torch.empty_like(x) if want_grad else torch.empty(0, dtype=x.dtype, device=x.device)
     if r:
-        single, blk, rows, warps = config(n, r, block)
-        if rows_per_program:
-            rows, warps = rows_per_program, max(1, min(16, rows_per_program * blk // 512))
+        single, blk, rows, warps = config(n, r, block, rows_per_program)
         softmax_index_loss_kernel[(cdiv(r, rows),)](
             x, target, grad if want_grad else x, loss, scale, r, n, 1.0 / tau,
             ROWS=rows, BLOCK=blk, SINGLE=single, WANT_GRAD=want_grad, CE_ROWS=ce_rows, num_warps=warps,
