@@ -71,6 +71,13 @@ class Family:
     # p as the maps write it, where that differs from f (which the solvers
     # sum): exp keeps its entries below saturation below 1.  None: f.
     written: Optional[Callable[[Tensor], Tensor]] = None
+    # (g(λ) − k, its scale) at u = z − λ, for a Newton family where the plain
+    # Σf(u) − k loses what decides λ: with entries near 1 the sum's rounding
+    # (an ulp of k) swamps the mass of the entries near 0, so Σf = k holds on
+    # a whole flat of λ and their p are off by any factor.  The scale is the
+    # magnitude of the terms whose rounding r carries (Newton stops at a few
+    # ulps of it).  None: Σf(u) − k, scale k.
+    residual: Optional[Callable[[Tensor, object], tuple]] = None
     if TYPE_CHECKING:  # set by __post_init__ (object.__setattr__: the class is frozen), not a field
         _kernels: tuple[Optional[int], bool, Optional[float]] = field(init=False)
 
@@ -349,6 +356,16 @@ def _sigmoid_bracket(z: Tensor, k: int, finite: Tensor) -> tuple:
     return zmin - r, zmax - r
 
 
+def _sigmoid_residual(u: Tensor, k) -> tuple:
+    # Σσ(u) − k = A − B − (k − c), A = Σ_{u<0} σ(u), B = Σ_{u≥0} σ(−u) and
+    # c = #{u ≥ 0} (σ(u) = 1 − σ(−u)): k − c is exact, and A and B keep their
+    # relative precision however far the entries lie from λ.
+    up = u >= 0
+    a = _sum(torch.sigmoid(torch.where(up, NEG_INF, u)))
+    b = _sum(torch.sigmoid(torch.where(up, -u, NEG_INF)))
+    return (a - b) - (k - _sum(up.to(u.dtype))), a + b
+
+
 def sigmoid_family() -> Family:
     return Family(
         name="sigmoid",
@@ -359,6 +376,7 @@ def sigmoid_family() -> Family:
         psi=lambda p: _xlogx(p) + _xlogx(1 - p),
         capped=True,
         bracket=_sigmoid_bracket,
+        residual=_sigmoid_residual,
     )
 
 

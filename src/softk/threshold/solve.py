@@ -105,9 +105,14 @@ def _newton_shifted(family: Family, s: Tensor, k: int, lo: Tensor, hi: Tensor, a
     one relative to the z − λ that make p; the caller adds the row maximum
     back, rounding once.  (A tolerance relative to |λ| leaves λ several ulps
     of λ' away from the root when |λ| is large next to the spread: offset
-    scores, or wide ties where z − λ is tiny.)  A row stops when
-      * |g(λ') − k| ≤ 4·eps·k: Σp is k to a few ulps, so every p_i is within
-        that of its exact value to first order (|Δp_i| = f'_i |Δλ| ≤ |Δg|);
+    scores, or wide ties where z − λ is tiny.)  The residual r = g(λ') − k
+    and its scale are the family's ``residual`` where it has one (sigmoid:
+    two tails' sums, each exact to its own ulps, where Σf's rounding to an
+    ulp of k would leave the entries near 0 off by any factor), else
+    Σf − k and k.  A row stops when
+      * |r| ≤ 4·eps·scale: Σp is k to a few ulps of the scale, so every p_i
+        is within that of its exact value to first order
+        (|Δp_i| = f'_i |Δλ| ≤ |Δg|);
       * or the step is at most 2 ulps of λ': λ' is at its own resolution
         (rows where rounding in the sum keeps |g − k| above 4·eps·k);
       * or the step lands on a bracket end already evaluated (a cycle) and
@@ -126,8 +131,11 @@ def _newton_shifted(family: Family, s: Tensor, k: int, lo: Tensor, hi: Tensor, a
     hi_seen = torch.zeros_like(lam, dtype=torch.bool)
     for _ in range(_MAX_ITER):
         u = s - lam
-        gl = family.f(u).sum(-1, keepdim=True)
-        r = gl - k
+        if family.residual is None:
+            gl = family.f(u).sum(-1, keepdim=True)
+            r, scale = gl - k, k
+        else:
+            r, scale = family.residual(u, k)
         slope = family.df(u).sum(-1, keepdim=True)  # = -g'(λ) >= 0
         lo = torch.where(r > 0, lam, lo)
         hi = torch.where(r <= 0, lam, hi)
@@ -153,8 +161,8 @@ def _newton_shifted(family: Family, s: Tensor, k: int, lo: Tensor, hi: Tensor, a
         # the rounding of a sum of n terms: on an exponential tail of g (tiny
         # τ, |λ'| ~ 1e7) Newton's steps are 1 ulp of λ' while Σp is still
         # visibly off; such rows go on (or stop on a revisit).
-        tiny = (torch.abs(new - lam) <= 2 * eps * torch.abs(lam)) & (torch.abs(r) <= 2 * n * eps * k)
-        converged = (torch.abs(r) <= 4 * eps * k) | tiny | ~active
+        tiny = (torch.abs(new - lam) <= 2 * eps * torch.abs(lam)) & (torch.abs(r) <= 2 * n * eps * scale)
+        converged = (torch.abs(r) <= 4 * eps * scale) | tiny | ~active
         # a revisit bisects where a float lies strictly inside the bracket
         mid = 0.5 * (lo + hi)
         bisect = revisit & (mid != lo) & (mid != hi) & ~converged
