@@ -1,9 +1,22 @@
 r"""Soft top-k "sigmoid" and "laplace" where p nears 1, against mpmath.
 
-The forward: with entries near 1, Σp's rounding (an ulp of k) can be more
-than the whole mass of the entries near 0, so Σp = k holds on a flat of λ
-and a λ anywhere on it leaves their p off by any factor.  Sigmoid's search
-on the tensor path sums the two tails apart (``Family.residual``).
+Their slope there is f′(u) ≈ 1 − p (sigmoid: σ(u)σ(−u); laplace: ½e^{−|u|}),
+which p's rounding loses: p = 1 − 4e-5 holds 1 − p to 2 % in bfloat16, and
+once p rounds to 1 nothing of it is left.  Read off p, that zeroed the
+whole row's gradient where every entry lies far from λ: sigmoid, k = 1, on
+[0, −40] gave dx = 0 for −log p₂, whose exact gradient is ±½.  The backward
+of these families forms u = (x − x_j)/τ + f⁻¹(p_j) from the input instead,
+anchored at an entry with p_j ≤ ½ (``Family.slope_from_x``).
+
+Each entry's gradient is checked against its own error scale,
+d_i (|g_i| + |ḡ|): an entry near 1 has a tiny d_i, so a check against the
+row's largest gradient would not see it lose all its digits.
+
+The forward on the same rows: with entries near 1, Σp's rounding (an ulp of
+k) can be more than the whole mass of the entries near 0, so Σp = k holds on
+a flat of λ, and a λ anywhere on it leaves their p off by any factor.
+Sigmoid's search on the tensor path sums the two tails apart
+(``Family.residual``).
 """
 
 from __future__ import annotations
@@ -14,6 +27,7 @@ import pytest
 import torch
 
 import softk
+from softk._backends.triton.function import FAMILY_IDS, backward_rows
 
 mpmath.mp.dps = 60
 # the forward's search on rows this far apart takes log 0 and 0/0 in lanes it
@@ -62,6 +76,15 @@ def _ref(fam, x, k, tau):
     return p, d
 
 
+def _ref_vjp(d, g, tau):
+    """(d (g − ḡ)/τ, d (|g| + |ḡ|)/τ): the gradient and each entry's error scale."""
+    g = [mpmath.mpf(float(v)) for v in g]
+    gbar = sum(di * gi for di, gi in zip(d, g)) / sum(d)
+    want = np.array([float(di * (gi - gbar) / tau) for di, gi in zip(d, g)])
+    scale = np.array([float(di * (abs(gi) + abs(gbar)) / tau) for di, gi in zip(d, g)])
+    return want, scale
+
+
 ROWS = [
     ([0.0, -40.0], 1, 1.0),  # p₁ = 1 − 4e-18: 1 in float32
     ([0.0, -20.0], 1, 1.0),  # p₁ = 1 − 4.5e-5: 1 in bfloat16
@@ -70,26 +93,154 @@ ROWS = [
     ([0.0, float("-inf"), -40.0], 1, 1.0),  # a masked entry
     ([0.3, 0.0, -0.2], 2, 1.0),  # every p above ½: the smallest is the anchor
 ]
+# below ½ every entry keeps its relative precision: p's own rounding
+# (the bfloat16 output's 2⁻⁸) and u's, a few ulps of the largest |u| (float32)
+TOL = {torch.float64: 1e-12, torch.float32: 1e-6, torch.bfloat16: 2.0**-6}
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
-@pytest.mark.parametrize("fam", FAMS)
-@pytest.mark.parametrize("row, k, tau", ROWS)
+def _run(fam, backend, x, k, tau, g=None):
+    xx = x.clone().requires_grad_()
+    with softk.use_backend(backend):
+        p = softk.soft_topk(xx, k, tau=tau, method=fam)
+    if g is None:  # −log of the smallest finite entry
+        j = int(torch.where(torch.isfinite(x), p.detach().double(), 2.0).argmin())
+        g = torch.zeros(len(x), dtype=torch.float64)
+        g[j] = -1 / p[j].detach().double()
+    p.backward(g.to(p.dtype))
+    return xx.grad.double().numpy(), g.numpy()
+
+
+def _check(dx, want, scale, u_max, dtype):
+    tol = TOL[dtype] * (1 + (u_max if dtype == torch.float32 else 0))
+    err = np.abs(dx - want)
+    assert np.all(err <= tol * scale + 1e-300), (dx, want, err / np.maximum(scale, 1e-300))
+
+
+def _case(backend, dtype, fam, row, k, tau):
+    """(x, the reference's (p, d) on x's rounded scores, twice the largest |z|)."""
+    if backend == "triton" and dtype == torch.float64:
+        pytest.skip("the Triton kernels compute in float32 and take no float64")
+    x = torch.tensor(row, dtype=dtype)
+    xs = x.double().numpy()
+    return x, _ref(fam, xs, k, tau), float(np.abs(xs[np.isfinite(xs)]).max() / tau) * 2
+
+
+CASES = [pytest.mark.parametrize("backend", BACKENDS),
+         pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16]),
+         pytest.mark.parametrize("fam", FAMS),
+         pytest.mark.parametrize("row, k, tau", ROWS)]
+
+
+def _cases(test):
+    for mark in CASES:
+        test = mark(test)
+    return test
+
+
+@_cases
+def test_every_entry_keeps_its_gradient_near_p_one(backend, dtype, fam, row, k, tau):
+    x, (_, d), u_max = _case(backend, dtype, fam, row, k, tau)
+    # the loss −log p_j of the smallest entry, then a spread of gradients
+    dx, g = _run(fam, backend, x, k, tau)
+    want, scale = _ref_vjp(d, g, tau)
+    assert np.abs(want).max() > 0.1 / tau  # an O(1) gradient, which p = 1 zeroed
+    _check(dx, want, scale, u_max, dtype)
+    g = torch.linspace(-1.0, 2.0, len(row), dtype=torch.float64) ** 3
+    dx, g = _run(fam, backend, x, k, tau, g)
+    _check(dx, *_ref_vjp(d, g, tau), u_max, dtype)
+
+
+@_cases
 def test_entries_near_zero_keep_their_relative_precision(backend, dtype, fam, row, k, tau):
     # The forward, on the same rows: where the entries near 1 make Σp's
     # rounding (an ulp of k) larger than the mass near 0, Σp = k holds on a
     # whole flat of λ, and a λ anywhere on it put those p off by any factor
     # (3.2× for the −30 of [3, 2.5, −30, −35] in float32): every p_i here is
     # within a few ulps of u of its value, relative to itself
-    if backend == "triton" and dtype == torch.float64:
-        pytest.skip("the Triton kernels compute in float32 and take no float64")
-    x = torch.tensor(row, dtype=dtype)
-    xs = x.double().numpy()
-    want = np.array([float(v) for v in _ref(fam, xs, k, tau)[0]])
+    x, (p_ref, _), u_max = _case(backend, dtype, fam, row, k, tau)
+    want = np.array([float(v) for v in p_ref])
     with softk.use_backend(backend):
         got = softk.soft_topk(x, k, tau=tau, method=fam).double().numpy()
-    u_max = float(np.abs(xs[np.isfinite(xs)]).max() / tau) * 2
     # (bfloat16: an ulp, up to 2⁻⁷ of p; Triton's interpreter truncates its stores)
     tol = {torch.float64: 1e-13 * (1 + u_max), torch.float32: 1e-6 * (1 + u_max), torch.bfloat16: 2.0**-7}[dtype]
     assert np.all(np.abs(got - want) <= tol * want), (got, want)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fam", FAMS)
+def test_a_row_past_the_on_chip_backward(backend, fam):
+    # 8193 entries: the Triton backward's looped variant (one read for the
+    # anchor, two for the sums and dx); the top two entries near 1 and 0
+    row = [0.0, -20.0] + [-30.0] * 8191
+    x = torch.tensor(row, dtype=torch.float32)
+    _, d = _ref(fam, x.double().numpy(), 2, 1.0)
+    g = torch.zeros(len(row), dtype=torch.float64)
+    g[:3] = torch.tensor([1.0, -2.0, 0.5])
+    dx, g = _run(fam, backend, x, 2, 1.0, g)
+    want, scale = _ref_vjp(d, g, 1.0)
+    _check(dx, want, scale, 60.0, torch.float32)
+
+
+@pytest.mark.parametrize("fam", FAMS)
+def test_forward_mode_and_a_graph_built_backward(fam):
+    # jvp and create_graph=True take the differentiable formula (x tracked)
+    x = torch.tensor([0.0, -40.0], dtype=torch.float32)
+    _, d = _ref(fam, x.double().numpy(), 1, 1.0)
+    v = torch.tensor([1.0, -1.0])
+    want, scale = _ref_vjp(d, v.double(), 1.0)  # J is symmetric: J·v = vjp(v)
+    _, jv = torch.func.jvp(lambda t: softk.soft_topk(t, 1, method=fam), (x,), (v,))
+    _check(jv.double().numpy(), want, scale, 40.0, torch.float32)
+    xx = x.clone().requires_grad_()
+    p = softk.soft_topk(xx, 1, method=fam)
+    (dx,) = torch.autograd.grad(-torch.log(p[1]), xx, create_graph=True)
+    np.testing.assert_allclose(dx.detach().numpy(), [0.5, -0.5], rtol=1e-6)  # L = a + log 2 (laplace), softplus(a) (sigmoid)
+
+
+
+def _exact_grad(fam, x):
+    """∇(−log p_last) at the mpf scores x (k = 1, τ = 1), in 60 digits."""
+    lam = _lam(fam, x, [1] * len(x), 1)
+    p = [_f(fam, v - lam) for v in x]
+    d = [_df(fam, v - lam) for v in x]
+    g = [0] * (len(x) - 1) + [-1 / p[-1]]
+    gbar = sum(di * gi for di, gi in zip(d, g)) / sum(d)
+    return [di * (gi - gbar) for di, gi in zip(d, g)]
+
+
+@pytest.mark.parametrize("fam", FAMS)
+def test_second_derivatives_through_the_anchor(fam):
+    # through the anchor's p_j, u moves with λ: a row of three, where the
+    # Hessian of −log p₃ tells it (a symmetric row of two does not), in
+    # float64 against central differences of the exact gradient (h = 1e-20)
+    row = [0.0, -3.0, -9.0]
+    xx = torch.tensor(row, dtype=torch.float64, requires_grad=True)
+    p = softk.soft_topk(xx, 1, method=fam)
+    (dx,) = torch.autograd.grad(-torch.log(p[2]), xx, create_graph=True)
+    (h0,) = torch.autograd.grad(dx[0], xx)
+    h = mpmath.mpf("1e-20")
+    want = []
+    for i in range(3):
+        up = [mpmath.mpf(v) + (h if j == i else 0) for j, v in enumerate(row)]
+        dn = [mpmath.mpf(v) - (h if j == i else 0) for j, v in enumerate(row)]
+        want.append(float((_exact_grad(fam, up)[0] - _exact_grad(fam, dn)[0]) / (2 * h)))
+    # (laplace: −log p₃ is linear in x where p₃ < ½ and the others above, so
+    # its Hessian is ~0, up to the rounding of O(1) terms)
+    np.testing.assert_allclose(h0.numpy(), want, rtol=1e-9, atol=1e-14)
+
+
+@pytest.mark.parametrize("fam", FAMS)
+def test_the_derivative_in_a_per_row_budget(fam):
+    # ∂p/∂k = d/Σd: ½ each on [0, −40] (both slopes e^{−20}-small and equal)
+    x = torch.tensor([[0.0, -40.0]])
+    k = torch.tensor([[1.0]], requires_grad=True)
+    p = softk.soft_topk(x, k, method=fam)
+    p[0, 1].backward()
+    assert k.grad.item() == pytest.approx(0.5, rel=1e-6)
+
+
+def test_the_triton_backward_asks_for_the_input():
+    p = torch.full((1, 4), 0.5)
+    with pytest.raises(ValueError, match="x is required"):
+        backward_rows(p, p, FAMILY_IDS["sigmoid"], 1.0)
+    with pytest.raises(ValueError, match="x is not taken"):
+        backward_rows(p, p, FAMILY_IDS["exp"], 1.0, x=p)

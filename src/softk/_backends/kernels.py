@@ -17,6 +17,7 @@ The ops:
 op                   what a kernel computes                                       fallback
 ===================  ===========================================================  =========
 ``threshold``        p = f(x/τ − λ), Σp = k on rows, and its backward from p      torch
+                     (and x, for ``Family.slope_from_x``)
 ``fenchel_young``    the Fenchel–Young loss and its gradient, one pass per row    —
 ``log_softmax``      log softmax(x/τ) and τ·logsumexp(x/τ) on rows                —
 ``topk_softmax_ce``  Su's top-k softmax cross-entropy and its gradient            —

@@ -4,7 +4,8 @@ r"""The one autograd contract of every threshold map, on every backend.
 ``dim``.  The kernel is picked once (:func:`softk._backends.dispatch.pick`,
 op "threshold") and its backend name travels with the call, so the backward
 runs where the forward ran: the kernel's ``forward(family, x, k, τ)`` and
-``backward(family, p, g, τ)`` (:mod:`softk._backends.kernels`).
+``backward(family, p, g, τ, x)`` (:mod:`softk._backends.kernels`; x, the
+input, for the families with ``Family.slope_from_x``, else None).
 
 What PyTorch expects of a library op, and how it is met:
 
@@ -20,7 +21,9 @@ What PyTorch expects of a library op, and how it is met:
   direction, never the ctypes call or the Triton launch (Inductor therefore
   never re-types a Triton kernel's scalars).
 * reverse mode: the backward is d ⊙ (g − Σ(d⊙g)/Σd)/τ from the saved output
-  (the backend's kernel when no graph is being built);
+  (the backend's kernel when no graph is being built); the families whose
+  slope p cannot give near p = 1 (``Family.slope_from_x``: sigmoid,
+  laplace) save their input too, and the backward forms d from it;
 * double backward: when a graph is being built (``create_graph=True``) the
   backward is the same formula written as differentiable tensor code
   (:func:`softk._backends.torch.threshold.vjp`), whose inputs p and g are tracked,
@@ -34,6 +37,8 @@ What PyTorch expects of a library op, and how it is met:
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import Tensor
 
@@ -43,6 +48,7 @@ from .._backends.torch.threshold import vjp
 from ..threshold.families import Family
 from .family_keys import family_by_key, family_key
 from .per_row_k import apply_rows_k
+from .saved import save, saved
 from ..threshold.rows import empty_like_result
 
 
@@ -52,9 +58,11 @@ def _threshold(x: Tensor, name: str, alpha: float, k: int, tau: float, backend: 
     return kernels.get("threshold", backend).impl.forward(family_by_key(name, alpha), x, k, tau)
 
 
-def _threshold_backward(p: Tensor, g: Tensor, name: str, alpha: float, tau: float, backend: str) -> Tensor:
-    """∂L/∂x from the saved output ``p`` and the incoming gradient ``g``."""
-    return kernels.get("threshold", backend).impl.backward(family_by_key(name, alpha), p, g, tau)
+def _threshold_backward(p: Tensor, g: Tensor, name: str, alpha: float, tau: float, backend: str,
+                        x: Optional[Tensor] = None) -> Tensor:
+    """∂L/∂x from the saved output ``p``, the incoming gradient ``g`` and,
+    for the families with ``slope_from_x``, the saved input ``x``."""
+    return kernels.get("threshold", backend).impl.backward(family_by_key(name, alpha), p, g, tau, x=x)
 
 
 threshold_op = threshold_backward_op = None  # softk::threshold(_backward), defined by _library()
@@ -72,13 +80,13 @@ def _kernel(x, family, k, tau, backend):
     return kernels.get("threshold", backend).impl.forward(family, x, k, tau)
 
 
-def _backward_kernel(p, g, family, tau, backend):
-    return kernels.get("threshold", backend).impl.backward(family, p, g, tau)
+def _backward_kernel(p, g, family, tau, backend, x):
+    return kernels.get("threshold", backend).impl.backward(family, p, g, tau, x=x)
 
 
-def _backward_library(p, g, family, tau, backend):
+def _backward_library(p, g, family, tau, backend, x):
     name, alpha = family_key(family)
-    return threshold_backward_op(p, g, name, alpha, tau, backend)
+    return threshold_backward_op(p, g, name, alpha, tau, backend, x)
 
 
 class _Threshold(torch.autograd.Function):
@@ -91,19 +99,19 @@ class _Threshold(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        _, family, _, tau, backend = inputs
-        ctx.save_for_backward(output)
-        ctx.save_for_forward(output)
+        x, family, _, tau, backend = inputs
+        save(ctx, family, x, output)
         ctx.family, ctx.tau, ctx.backend = family, tau, backend
 
     @staticmethod
     def backward(ctx, g):
-        (p,) = ctx.saved_tensors
+        p, x = saved(ctx)
         if torch.is_grad_enabled():
             # A graph is being built: differentiable tensor code (double backward).
-            dx = vjp(ctx.family, p, g.to(p.dtype), ctx.tau)
+            dx = vjp(ctx.family, p, g.to(p.dtype), ctx.tau, x)
         else:
-            dx = _lean.call((p, g), _backward_kernel, _backward_library, _library, p, g, ctx.family, ctx.tau, ctx.backend)
+            dx = _lean.call((p, g), _backward_kernel, _backward_library, _library, p, g, ctx.family, ctx.tau,
+                            ctx.backend, x)
         return dx, None, None, None, None
 
 
@@ -112,8 +120,8 @@ class _ThresholdJvp(_Threshold):
     # path uses the parent (forward-mode AD is not used under compile).
     @staticmethod
     def jvp(ctx, v, *_):
-        (p,) = ctx.saved_tensors
-        return vjp(ctx.family, p, v.to(p.dtype), ctx.tau)
+        p, x = saved(ctx)
+        return vjp(ctx.family, p, v.to(p.dtype), ctx.tau, x)
 
 
 _PATHS = _lean.Paths(_ThresholdJvp, _kernel, lambda x, *_: (x,), compiled=_Threshold, register=_library)

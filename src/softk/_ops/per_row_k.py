@@ -22,7 +22,8 @@ from . import lean as _lean
 from .._backends import dispatch
 from .family_keys import family_by_key, family_key
 from ..threshold.rows import compute_dtype, scaled_rows
-from .._backends.torch.threshold import map_rows, output, slope, vjp
+from .._backends.torch.threshold import anchored_slope, map_rows, output, slope, vjp
+from .saved import save, saved
 
 
 def _kernel(x: Tensor, k: Tensor, family, tau: float) -> Tensor:
@@ -44,8 +45,8 @@ def _library():
     threshold_rowk_op = _lean.custom_op("softk::threshold_rowk", _rowk)
 
 
-def _dp_dk(family, p: Tensor) -> Tensor:
-    d = slope(family, p)
+def _dp_dk(family, p: Tensor, x, tau: float) -> Tensor:
+    d = anchored_slope(family, p, x.to(p.dtype), tau) if family.slope_from_x else slope(family, p)
     sd = d.sum(-1, keepdim=True)
     return torch.where(sd > 0, d / torch.where(sd > 0, sd, 1.0), 0.0)
 
@@ -60,29 +61,28 @@ class _ThresholdRowK(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        _, _, family, tau = inputs
-        ctx.save_for_backward(output)
-        ctx.save_for_forward(output)
+        x, _, family, tau = inputs
+        save(ctx, family, x, output)
         ctx.family, ctx.tau = family, tau
 
     @staticmethod
     def backward(ctx, g):
-        (p,) = ctx.saved_tensors
+        p, x = saved(ctx)
         g = g.to(p.dtype)
-        dx = vjp(ctx.family, p, g, ctx.tau)
+        dx = vjp(ctx.family, p, g, ctx.tau, x)
         dk = None
         if ctx.needs_input_grad[1]:
-            dk = (g * _dp_dk(ctx.family, p)).sum(-1, keepdim=True)
+            dk = (g * _dp_dk(ctx.family, p, x, ctx.tau)).sum(-1, keepdim=True)
         return dx, dk, None, None
 
 
 class _ThresholdRowKJvp(_ThresholdRowK):
     @staticmethod
     def jvp(ctx, vx, vk, *_):
-        (p,) = ctx.saved_tensors
-        out = vjp(ctx.family, p, vx.to(p.dtype), ctx.tau) if vx is not None else torch.zeros_like(p)
+        p, x = saved(ctx)
+        out = vjp(ctx.family, p, vx.to(p.dtype), ctx.tau, x) if vx is not None else torch.zeros_like(p)
         if vk is not None:
-            out = out + vk.to(p.dtype) * _dp_dk(ctx.family, p)
+            out = out + vk.to(p.dtype) * _dp_dk(ctx.family, p, x, ctx.tau)
         return out
 
 

@@ -8,7 +8,7 @@ is described by a :class:`Family`:
 
 * ``f`` and its derivative ``df`` (the map and the slope used by Newton),
 * ``d_from_p``: the same slope written through the output ``p = f(u)``, so the
-  backward pass needs only the saved output,
+  backward pass needs only the saved output (but for ``slope_from_x``, below),
 * ``F`` with ``F' = f`` and ``F(-inf) = 0``: the potential
   :math:`\Phi(z) = \sum_i F(z_i-\lambda) + k\lambda` whose gradient is ``p``,
 * ``psi``, the convex conjugate of ``F``: :math:`\Omega(p) = \sum_i \psi(p_i)` is the
@@ -62,15 +62,24 @@ class Family:
     # has λ = z − unit (attention rows with a single key).  A number, or for a
     # tensor α one per row; None where no such offset is used.
     unit: object = None
-    # The inverse of f on its support, u = f⁻¹(p) for p > 0, for the simplex
+    # The inverse of f on its support, u = f⁻¹(p) for p > 0.  For the simplex
     # maps (k = 1): with the row's largest entry p_max at u_max,
     # λ = z_max − f⁻¹(p_max) is the row's threshold, so a block of the row can
     # be mapped later from (z_max, f⁻¹(p_max)) alone (the fused loss's walk
-    # over vocabulary blocks).  None where no such inverse is used.
+    # over vocabulary blocks).  For ``slope_from_x``, below: the anchor of
+    # the backward's u.  None where no such inverse is used.
     f_inv: Optional[Callable[[Tensor], Tensor]] = None
     # p as the maps write it, where that differs from f (which the solvers
     # sum): exp keeps its entries below saturation below 1.  None: f.
     written: Optional[Callable[[Tensor], Tensor]] = None
+    # True when f′ cannot be read off p where p nears 1: for sigmoid and
+    # laplace f′ ≈ 1 − p there, which p's rounding loses (all of it once p
+    # rounds to 1, and with it the whole row's gradient when every entry lies
+    # far from λ).  Their backward reads the input too, and forms
+    # u = (x − x_j)/τ + f⁻¹(p_j) anchored at an entry j with p_j ≤ ½, where
+    # f⁻¹ (``f_inv``, which these families set) is well conditioned; then
+    # d = df(u) (softk._backends.torch.threshold.anchored_slope).
+    slope_from_x: bool = False
     # (g(λ) − k, its scale) at u = z − λ, for a Newton family where the plain
     # Σf(u) − k loses what decides λ: with entries near 1 the sum's rounding
     # (an ulp of k) swamps the mass of the entries near 0, so Σf = k holds on
@@ -240,6 +249,8 @@ LAPLACE = Family(
     capped=True,
     knots=_knots_at_z,
     closed_form=_laplace_closed_form,
+    f_inv=lambda p: torch.where(p <= 0.5, torch.log(2 * p), -torch.log(2 * (1 - p))),
+    slope_from_x=True,
 )
 
 
@@ -376,6 +387,8 @@ def sigmoid_family() -> Family:
         psi=lambda p: _xlogx(p) + _xlogx(1 - p),
         capped=True,
         bracket=_sigmoid_bracket,
+        f_inv=torch.logit,
+        slope_from_x=True,
         residual=_sigmoid_residual,
     )
 

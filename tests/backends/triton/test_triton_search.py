@@ -12,7 +12,7 @@ import torch
 from . import gpu_build
 
 from softk._backends.triton import function as tf
-from softk._backends.triton.function import FAMILY_IDS, backward_rows, forward_rows
+from softk._backends.triton.function import FAMILY_IDS, FROM_X, backward_rows, forward_rows
 
 from ...oracle import maps as oracle
 
@@ -269,15 +269,17 @@ def test_backward_loop_variant_matches_oracle_jacobian(rng, fam):
     k = 1 if fam in UNCAPPED else 3
     xn = _f32(rng.normal(size=40) * 2)
     g = rng.normal(size=40)
-    p = forward_rows(torch.tensor(xn[None], dtype=torch.float32), FAMILY_IDS[fam], k, 1.0, ALPHA, onchip=False, block=16)
-    dx = backward_rows(p, torch.tensor(g[None], dtype=torch.float32), FAMILY_IDS[fam], 1.0, ALPHA, onchip=False, block=16)
+    x = torch.tensor(xn[None], dtype=torch.float32)
+    p = forward_rows(x, FAMILY_IDS[fam], k, 1.0, ALPHA, onchip=False, block=16)
+    dx = backward_rows(p, torch.tensor(g[None], dtype=torch.float32), FAMILY_IDS[fam], 1.0, ALPHA, onchip=False, block=16,
+                       x=x if FAMILY_IDS[fam] in FROM_X else None)
     jac = oracle.numerical_jacobian(lambda r: _oracle(fam, r[None], k)[0], xn, eps=1e-5)
     np.testing.assert_allclose(dx[0].double().numpy(), jac.T @ g, rtol=0, atol=5e-4)
 
 
 _COMPILE = r"""
-from softk._backends.triton.function import (BWD_LOOP_BLOCK, BWD_ONCHIP_MAX, MAXIT, NEWTON_CAP, ONCHIP_MAX, SHORT_BLOCK,
-                                             _config)
+from softk._backends.triton.function import (BWD_LOOP_BLOCK, BWD_ONCHIP_MAX, FROM_X, MAXIT, NEWTON_CAP, ONCHIP_MAX,
+                                             SHORT_BLOCK, _config)
 from softk._backends.triton.kernels import threshold_bwd_kernel, threshold_fwd_kernel
 
 # every family (α > 2 as well) in three variants, at the launcher's settings
@@ -290,7 +292,7 @@ assert [v[0] for v in variants] == [v[0] for v in bwd_variants] == [True, False,
 assert variants[1][1] == SHORT_BLOCK and bwd_variants[1][1] == BWD_LOOP_BLOCK
 assert [v[3] for v in variants] == [1, 1, 8] and [v[3] for v in bwd_variants] == [1, 1, 8]
 fwd = {"X": "", "Y": "", "ITS": "*i32", "R": "i32", "n": "i32", "k": "fp32", "inv_tau": "fp32", "am1": "fp32"}
-bwd = {"P": "", "G": "", "DX": "", "R": "i32", "n": "i32", "inv_tau": "fp32", "am1": "fp32"}
+bwd = {"P": "", "X": "", "G": "", "DX": "", "R": "i32", "n": "i32", "inv_tau": "fp32", "am1": "fp32"}
 built = 0
 for fam in range(8):
     for i, (onchip, blk, warps, rows) in enumerate(variants):
@@ -303,8 +305,8 @@ for fam in range(8):
         onchip, blk, warps, rows = bwd_variants[i]
         for logd in ((False, True) if fam == 3 else (False,)):  # α > 2: the log-slope backward
             ty = dtypes[(fam + i + 1 + logd) % 3]
-            build(threshold_bwd_kernel, dict(bwd, P=ty, G=ty, DX=ty), dict(FAM=fam, ROWS=rows, BLOCK=blk, ONCHIP=onchip,
-                  LOGD=logd), warps)
+            build(threshold_bwd_kernel, dict(bwd, P=ty, X=ty, G=ty, DX=ty), dict(FAM=fam, ROWS=rows, BLOCK=blk,
+                  ONCHIP=onchip, LOGD=logd, FROM_X=fam in FROM_X), warps)
             built += 1
 assert built == 57, built
 print("OK")

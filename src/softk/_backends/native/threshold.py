@@ -1,6 +1,6 @@
 """The compiled CPU kernel of the threshold maps, in the interface every
 threshold kernel has (:mod:`softk._backends.kernels`): ``forward(family, x,
-k, tau)`` and ``backward(family, p, g, tau)`` on rows of float32/float64 CPU
+k, tau)`` and ``backward(family, p, g, tau, x=None)`` on rows of float32/float64 CPU
 tensors, and :func:`serves`, what it runs."""
 
 from __future__ import annotations
@@ -48,6 +48,10 @@ def forward(family: Family, x: Tensor, k: int, tau: float, out: Tensor | None = 
     return _forward(family, x if tau == 1.0 else scaled_rows(x, tau, family, k), k, out=out)
 
 
-def backward(family: Family, p: Tensor, g: Tensor, tau: float, out: Tensor | None = None) -> Tensor:
-    """d ⊙ (g − Σ(d⊙g)/Σd)/τ from the saved output ``p``; ``out`` as in :func:`forward`."""
+def backward(family: Family, p: Tensor, g: Tensor, tau: float, out: Tensor | None = None, *,
+             x: Tensor | None = None) -> Tensor:
+    """d ⊙ (g − Σ(d⊙g)/Σd)/τ from the saved output ``p``; ``out`` as in
+    :func:`forward`.  ``x`` (the input, which the families with
+    ``Family.slope_from_x`` read) is never needed: none of them is served here."""
+    assert not family.slope_from_x, family.name
     return _backward(family, p, g, tau, out=out)

@@ -4,7 +4,8 @@ Forward:  p = f(z − λ) with Σ p = k along the last dimension
 (:func:`map_rows`, z already scaled and shifted by
 :func:`softk.threshold.rows.scaled_rows`; :func:`forward` does both for the
 dispatcher).  Backward (implicit function theorem), with d = f'(z − λ) read
-off the saved output and g the incoming gradient:
+off the saved output (for sigmoid and laplace, formed from the input as well:
+:func:`anchored_slope`) and g the incoming gradient:
 
 .. math::  \partial L/\partial x = \bigl(d\odot g - d\,\textstyle\sum(d\odot g)/\sum d\bigr)/\tau
 
@@ -94,6 +95,30 @@ def slope(family: Family, p: Tensor) -> Tensor:
     return torch.where(pos, family.d_from_p(torch.where(pos, p, 0.5)), torch.where(p != p, p, 0.0))
 
 
+def anchored_slope(family: Family, p: Tensor, x: Tensor, tau: float) -> Tensor:
+    r"""d = f′(u) for the families whose slope p cannot give near p = 1
+    (``Family.slope_from_x``): u from the input ``x`` (on p's rows, in p's
+    dtype), anchored at an entry j of the row,
+
+    .. math:: u_i = (x_i - x_j)/\tau + f^{-1}(p_j).
+
+    j is the largest p ≤ ½, where p keeps its relative precision and an
+    error of an ulp in p_j moves u by about as much (which entry of them
+    hardly matters; the largest stays clear of subnormals); on a row with
+    every p above ½, the smallest, whose 1 − p is the largest.  0 on a row
+    with no p strictly between 0 and 1 (the map is locally constant as far
+    as the dtype can tell), NaN where p is NaN.  Differentiable in p and x
+    with the exact second derivative: through p_j, u_i moves by λ's own
+    derivative."""
+    key = torch.where((p > 0) & (p <= 0.5), p, torch.where((p > 0.5) & (p < 1), -p, -2.0))
+    j = key.argmax(-1, keepdim=True)
+    inside = key.gather(-1, j) > -1.5
+    u0 = family.f_inv(torch.where(inside, p.gather(-1, j), 0.5))  # type: ignore[misc]  # set where slope_from_x is
+    diff = x - x.gather(-1, j)
+    u = torch.where(inside, (diff if tau == 1.0 else diff / tau) + u0, 0.0)  # (no NaN from −inf − −inf in its derivative)
+    return torch.where(p != p, p, torch.where(inside, family.df(u), 0.0))
+
+
 def vjp_from_slope(d: Tensor, g: Tensor, tau: float) -> Tensor:
     """d⊙(g − Σ(d⊙g)/Σd)/τ on the last dimension, 0 where Σd = 0."""
     sd = d.sum(-1, keepdim=True)
@@ -128,13 +153,18 @@ def vjp_from_log_slope(logd: Tensor, g: Tensor, tau) -> Tensor:
     return out if isinstance(tau, float) and tau == 1.0 else out / tau
 
 
-def vjp(family: Family, p: Tensor, g: Tensor, tau: float) -> Tensor:
-    """The backward of every threshold map (differentiable in p and g)."""
+def vjp(family: Family, p: Tensor, g: Tensor, tau: float, x: Tensor | None = None) -> Tensor:
+    """The backward of every threshold map (differentiable in p, g and ``x``,
+    the input, which the families with ``slope_from_x`` need and the others
+    ignore)."""
     if family.name == "entmax" and bool(torch.any(torch.as_tensor(family.alpha) > 2)):
         logp = torch.log(torch.where(p > 0, p, 1.0))
         a = family.alpha.to(p.dtype) if isinstance(family.alpha, Tensor) else family.alpha
         logd = torch.where(p > 0, (2 - a) * logp, torch.where(p != p, p, float("-inf")))  # type: ignore[operator]  # α: a number or tensor
         return vjp_from_log_slope(logd, g, tau)
+    if family.slope_from_x:
+        assert x is not None, f"the {family.name} map's backward reads its input"
+        return vjp_from_slope(anchored_slope(family, p, x if x.dtype == p.dtype else x.to(p.dtype), tau), g, tau)
     return vjp_from_slope(slope(family, p), g, tau)
 
 
@@ -155,10 +185,11 @@ def output(family: Family, p: Tensor, dtype: torch.dtype) -> Tensor:
     return out
 
 
-def backward(family: Family, p: Tensor, g: Tensor, tau: float) -> Tensor:
-    """d ⊙ (g − Σ(d⊙g)/Σd)/τ from the saved output, in the compute dtype
-    (half inputs: float32), returned in p's dtype: every kernel's backward."""
+def backward(family: Family, p: Tensor, g: Tensor, tau: float, x: Tensor | None = None) -> Tensor:
+    """d ⊙ (g − Σ(d⊙g)/Σd)/τ from the saved output (and, for the families
+    with ``slope_from_x``, the input ``x``), in the compute dtype (half
+    inputs: float32), returned in p's dtype: every kernel's backward."""
     ct = compute_dtype(p.dtype)
     if p.dtype == ct:
-        return vjp(family, p, g if g.dtype == ct else g.to(ct), tau)
-    return vjp(family, p.to(ct), g.to(ct), tau).to(p.dtype)
+        return vjp(family, p, g if g.dtype == ct else g.to(ct), tau, x)
+    return vjp(family, p.to(ct), g.to(ct), tau, x).to(p.dtype)

@@ -15,12 +15,19 @@ with log d = (2 − α) log p, w = d/Σd and m the entry of largest d,
 
 divided by τ; no cancellation, and exact where d overflows only because the
 Jacobian itself does.  Three reads of p and g on looped rows, one on chip.
+
+``FROM_X`` (the families with ``Family.slope_from_x``: sigmoid and laplace,
+whose f′ ≈ 1 − p near p = 1 is lost to p's rounding) reads the input x as
+well and forms d = f′(u) from u = (x − x_j)/τ + f⁻¹(p_j), j the row's
+largest p ≤ ½ (:func:`softk._backends.torch.threshold.anchored_slope`): one
+read of p, x and g on chip; on looped rows one more read of p and x first,
+for the anchor.
 """
 
 import triton
 import triton.language as tl
 
-from .family_math import _d_from_p
+from .family_math import _d_from_p, _df, _f_inv
 
 IBIG = tl.constexpr(2147483647)
 
@@ -141,14 +148,99 @@ def _bwd_logd(P, G, DX, base, rmask, n, inv_tau, am1, ROWS: tl.constexpr, BLOCK:
             _store_dx_logd(DX, base, rmask, cols, n, logd, g, gm, S1, dm, idx, ok, bad, inv_tau)
 
 
+# ---------------------------------------------- slope from the input
 @triton.jit
-def threshold_bwd_kernel(P, G, DX, R, n, inv_tau, am1, FAM: tl.constexpr, ROWS: tl.constexpr,
-                         BLOCK: tl.constexpr, ONCHIP: tl.constexpr, LOGD: tl.constexpr):
+def _load_pxm(P, X, base, rmask, cols, n):
+    # p, x (−inf past the row: d = 0 there) and the key by which the anchor
+    # is chosen: the largest p ≤ ½, else the smallest p above ½; −2 (never
+    # the anchor) at p = 0, 1 or NaN
+    mask = rmask & (cols < n)
+    p = tl.load(P + base + cols, mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(X + base + cols, mask=mask, other=float("-inf")).to(tl.float32)
+    return p, x, tl.where((p > 0) & (p <= 0.5), p, tl.where((p > 0.5) & (p < 1.0), -p, -2.0))
+
+
+@triton.jit
+def _anchor(bm, bp, bx, bi, FAM: tl.constexpr):
+    # the row's anchor (the lowest index among ties): whether it lies
+    # strictly inside (0, 1), f⁻¹(p_j) and x_j, as [ROWS, 1] columns
+    M = tl.max(bm, 1, keep_dims=True)
+    idx = tl.min(tl.where(bm == M, bi, IBIG), 1, keep_dims=True)
+    at = (bi == idx) & (bm == M)
+    pj = tl.sum(tl.where(at, bp, 0.0), 1, keep_dims=True)
+    xj = tl.sum(tl.where(at, bx, 0.0), 1, keep_dims=True)
+    inside = M > -1.5
+    # (x_j = 0 off such rows, where it may be −inf: no −inf − −inf below)
+    return inside, _f_inv(tl.where(inside, pj, 0.5), FAM), tl.where(inside, xj, 0.0)
+
+
+@triton.jit
+def _slope_x(p, x, inside, c, xj, inv_tau, FAM: tl.constexpr):
+    # d = f′(u), u = (x − x_j)/τ + f⁻¹(p_j); 0 on a row with no p inside
+    # (0, 1), NaN where p is
+    u = tl.where(inside, (x - xj) * inv_tau + c, 0.0)
+    return tl.where(p != p, p, tl.where(inside, _df(u, FAM), 0.0))
+
+
+@triton.jit
+def _load_g(G, base, rmask, cols, n):
+    return tl.load(G + base + cols, mask=rmask & (cols < n), other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _bwd_from_x(P, X, G, DX, base, rmask, n, inv_tau, FAM: tl.constexpr, ROWS: tl.constexpr,
+                BLOCK: tl.constexpr, ONCHIP: tl.constexpr):
+    if ONCHIP:
+        cols = tl.arange(0, BLOCK)[None, :]
+        p, x, m = _load_pxm(P, X, base, rmask, cols, n)
+        inside, c, xj = _anchor(m, p, x, cols + tl.zeros_like(m).to(tl.int32), FAM)
+        d = _slope_x(p, x, inside, c, xj, inv_tau, FAM)
+        g = _load_g(G, base, rmask, cols, n)
+        _store_dx(DX, base, rmask, cols, n, d, g, _coef(d * g, d), inv_tau)
+    else:
+        # read 1: the anchor (per lane, then per row)
+        bm = tl.full([ROWS, BLOCK], -3.0, tl.float32)
+        bp = tl.zeros([ROWS, BLOCK], tl.float32)
+        bx = tl.zeros([ROWS, BLOCK], tl.float32)
+        bi = tl.zeros([ROWS, BLOCK], tl.int32) + IBIG
+        for start in range(0, n, BLOCK):
+            cols = start + tl.arange(0, BLOCK)[None, :]
+            p, x, m = _load_pxm(P, X, base, rmask, cols, n)
+            upd = m > bm
+            bm = tl.where(upd, m, bm)
+            bp = tl.where(upd, p, bp)
+            bx = tl.where(upd, x, bx)
+            bi = tl.where(upd, cols + tl.zeros_like(bi), bi)
+        inside, c, xj = _anchor(bm, bp, bx, bi, FAM)
+        # read 2: the two sums; read 3: dx
+        sdg = tl.zeros([ROWS, BLOCK], tl.float32)
+        sd = tl.zeros([ROWS, BLOCK], tl.float32)
+        for start in range(0, n, BLOCK):
+            cols = start + tl.arange(0, BLOCK)[None, :]
+            p, x, _ = _load_pxm(P, X, base, rmask, cols, n)
+            d = _slope_x(p, x, inside, c, xj, inv_tau, FAM)
+            g = _load_g(G, base, rmask, cols, n)
+            sdg += d * g
+            sd += d
+        coef = _coef(sdg, sd)
+        for start in range(0, n, BLOCK):
+            cols = start + tl.arange(0, BLOCK)[None, :]
+            p, x, _ = _load_pxm(P, X, base, rmask, cols, n)
+            d = _slope_x(p, x, inside, c, xj, inv_tau, FAM)
+            _store_dx(DX, base, rmask, cols, n, d, _load_g(G, base, rmask, cols, n), coef, inv_tau)
+
+
+@triton.jit
+def threshold_bwd_kernel(P, X, G, DX, R, n, inv_tau, am1, FAM: tl.constexpr, ROWS: tl.constexpr,
+                         BLOCK: tl.constexpr, ONCHIP: tl.constexpr, LOGD: tl.constexpr,
+                         FROM_X: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]  # [ROWS, 1]
     rmask = rows < R
     base = rows * n
     if LOGD:
         _bwd_logd(P, G, DX, base, rmask, n, inv_tau, am1, ROWS, BLOCK, ONCHIP)
+    elif FROM_X:
+        _bwd_from_x(P, X, G, DX, base, rmask, n, inv_tau, FAM, ROWS, BLOCK, ONCHIP)
     elif ONCHIP:
         cols = tl.arange(0, BLOCK)[None, :]
         d, g = _load_d_g(P, G, base, rmask, cols, n, am1, FAM)

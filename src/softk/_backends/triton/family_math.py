@@ -2,8 +2,9 @@ r"""Per-family arithmetic of the Triton kernels, on float32 entries.
 
 ``_f`` is the map f(u), ``_d_from_p`` is f′(u) read off p = f(u) (the same
 formulas as ``Family.d_from_p``; entmax's α enters as ``am1`` = α − 1,
-passed as such so that α near 1 keeps its relative precision), and ``_init``/``_acc``/``_red``/``_fin``
-are the sums over a row that the λ search evaluates at one point λ = c + t
+passed as such so that α near 1 keeps its relative precision), ``_f_inv``
+and ``_df`` form f′ from u for the families with ``Family.slope_from_x``,
+and ``_init``/``_acc``/``_red``/``_fin`` are the sums over a row that the λ search evaluates at one point λ = c + t
 (see :mod:`softk._backends.triton.search`).  Every function branches on the constexpr
 family id ``FAM``, compared with the named ids of :mod:`.ids` (the values of
 :data:`softk.threshold.families.KERNEL_IDS`), so a compiled kernel holds one
@@ -89,6 +90,29 @@ def _d_from_p(p, FAM: tl.constexpr, am1):
         d = tl.minimum(p, 1.0 - p)
     else:
         d = tl.where((p > 0) & (p < 1), 1.0, 0.0)
+    return d
+
+
+@triton.jit
+def _f_inv(p, FAM: tl.constexpr):
+    """u = f⁻¹(p) for 0 < p < 1, of the families whose backward anchors u at
+    an entry near p = ½ (``Family.f_inv`` of sigmoid and laplace)."""
+    if FAM == SIGMOID:
+        u = tl.log(p / (1.0 - p))
+    else:
+        u = tl.where(p <= 0.5, tl.log(2.0 * p), -tl.log(2.0 * (1.0 - p)))
+    return u
+
+
+@triton.jit
+def _df(u, FAM: tl.constexpr):
+    """f′(u) of sigmoid and laplace (``Family.df``), from e^{−|u|}, which
+    keeps its relative precision on both sides of λ."""
+    e = tl.exp(-tl.abs(u))
+    if FAM == SIGMOID:
+        d = e / ((1.0 + e) * (1.0 + e))
+    else:
+        d = 0.5 * e
     return d
 
 

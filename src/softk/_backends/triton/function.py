@@ -49,6 +49,10 @@ from .lean_wide import lean_wide_fwd_kernel
 
 from ...threshold.entmax_anchor import NEAR_ONE, needs_anchor
 from ...threshold.families import KERNEL_IDS as FAMILY_IDS  # one table for every backend
+from ...threshold.families import by_name
+
+# The kernel ids whose backward forms the slope from the input (Family.slope_from_x).
+FROM_X = frozenset(i for name, i in FAMILY_IDS.items() if by_name(name).slope_from_x)
 
 # The forward: on chip up to ONCHIP_MAX entries, narrow rows in tiles of
 # TILE entries (at most ROWS_MAX rows); wider ones in blocks of SHORT_BLOCK
@@ -202,17 +206,22 @@ def forward_rows(rows: Tensor, fam: int, k: float, tau: float, alpha: float = 1.
 
 
 def backward_rows(p: Tensor, g: Tensor, fam: int, tau: float, alpha: float = 1.5, *,
-                  onchip: bool | None = None, block: int | None = None,
+                  x: Tensor | None = None, onchip: bool | None = None, block: int | None = None,
                   rows_per_program: int | None = None, out: Tensor | None = None) -> Tensor:
     """∂L/∂x for contiguous (r, n) ``p`` (the saved output) and ``g``,
-    written into ``out`` when given."""
+    written into ``out`` when given; ``x``, the input (contiguous, p's
+    dtype), for the families whose slope is formed from it
+    (``Family.slope_from_x``: sigmoid and laplace)."""
+    if (fam in FROM_X) != (x is not None):
+        raise ValueError(f"backward_rows: x is {'required' if fam in FROM_X else 'not taken'} for family id {fam}")
     dx = _out(out, p)
     r, n = p.shape
     if r:
         oc, blk, warps, rpp = _config(n, onchip, block, rows_per_program, backward=True)
         am1, big, _ = _entmax_flags(fam, alpha)
-        threshold_bwd_kernel[(cdiv(r, rpp),)](p, g, dx, r, n, 1.0 / tau, am1, FAM=fam, ROWS=rpp,
-                                                     BLOCK=blk, ONCHIP=oc, LOGD=big, num_warps=warps)
+        threshold_bwd_kernel[(cdiv(r, rpp),)](p, p if x is None else x, g, dx, r, n, 1.0 / tau, am1, FAM=fam,
+                                              ROWS=rpp, BLOCK=blk, ONCHIP=oc, LOGD=big, FROM_X=x is not None,
+                                              num_warps=warps)
     return dx
 
 

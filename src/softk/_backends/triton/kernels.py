@@ -85,6 +85,8 @@ the arithmetic of a plain pass, not twice the memory traffic.
 Backward: Σ d·g and Σ d, then d (g − Σdg/Σd)/τ, with d = f'(u) read off the
 saved p (the same formulas as ``Family.d_from_p``); one read of p and g for
 on-chip rows, two otherwise; the same ROWS rows per program as the forward.
+Sigmoid and laplace (``Family.slope_from_x``) read the input x as well and
+form d = f′(u) from it (:mod:`.backward`).
 
 Family ids: 0 softmax, 1 sparsemax, 2 entmax15, 3 entmax α, 4 exp (soft top-k),
 5 sigmoid, 6 laplace, 7 sparse (capped simplex).
