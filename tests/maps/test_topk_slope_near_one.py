@@ -168,17 +168,24 @@ def test_entries_near_zero_keep_their_relative_precision(backend, dtype, fam, ro
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("fam", FAMS)
-def test_a_row_past_the_on_chip_backward(backend, fam):
+def test_rows_past_the_on_chip_backward(backend, fam):
     # 8193 entries: the Triton backward's looped variant (one read for the
-    # anchor, two for the sums and dx); the top two entries near 1 and 0
+    # anchor, two for the sums and dx); the top two entries near 1 and 0;
+    # with it a row holding a NaN (dx NaN, all of it) and a fully masked
+    # one (dx 0)
     row = [0.0, -20.0] + [-30.0] * 8191
-    x = torch.tensor(row, dtype=torch.float32)
-    _, d = _ref(fam, x.double().numpy(), 2, 1.0)
-    g = torch.zeros(len(row), dtype=torch.float64)
-    g[:3] = torch.tensor([1.0, -2.0, 0.5])
-    dx, g = _run(fam, backend, x, 2, 1.0, g)
-    want, scale = _ref_vjp(d, g, 1.0)
-    _check(dx, want, scale, 60.0, torch.float32)
+    x = torch.tensor([row, row, [float("-inf")] * len(row)], dtype=torch.float32)
+    x[1, 5] = float("nan")
+    g = torch.zeros(x.shape, dtype=torch.float64)
+    g[:, :3] = torch.tensor([1.0, -2.0, 0.5])
+    xx = x.clone().requires_grad_()
+    with softk.use_backend(backend):
+        softk.soft_topk(xx, 2, method=fam).backward(g.float())
+    _, d = _ref(fam, x[0].double().numpy(), 2, 1.0)
+    want, scale = _ref_vjp(d, g[0], 1.0)
+    _check(xx.grad[0].double().numpy(), want, scale, 60.0, torch.float32)
+    assert torch.isnan(xx.grad[1]).all()
+    assert torch.equal(xx.grad[2], torch.zeros(len(row)))
 
 
 @pytest.mark.parametrize("fam", FAMS)

@@ -20,8 +20,8 @@ Jacobian itself does.  Three reads of p and g on looped rows, one on chip.
 whose f′ ≈ 1 − p near p = 1 is lost to p's rounding) reads the input x as
 well and forms d = f′(u) from u = (x − x_j)/τ + f⁻¹(p_j), j the row's
 largest p ≤ ½ (:func:`softk._backends.torch.threshold.anchored_slope`): one
-read of p, x and g on chip; on looped rows one more read of p and x first,
-for the anchor.
+read of p, x and g on chip; on looped rows a read of p and x for the anchor,
+then two of x and g, as the other families read p and g.
 """
 
 import triton
@@ -156,7 +156,7 @@ def _load_pxm(P, X, base, rmask, cols, n):
     # the anchor) at p = 0, 1 or NaN
     mask = rmask & (cols < n)
     p = tl.load(P + base + cols, mask=mask, other=0.0).to(tl.float32)
-    x = tl.load(X + base + cols, mask=mask, other=float("-inf")).to(tl.float32)
+    x = _load_x(X, base, rmask, cols, n)
     return p, x, tl.where((p > 0) & (p <= 0.5), p, tl.where((p > 0.5) & (p < 1.0), -p, -2.0))
 
 
@@ -175,11 +175,17 @@ def _anchor(bm, bp, bx, bi, FAM: tl.constexpr):
 
 
 @triton.jit
-def _slope_x(p, x, inside, c, xj, inv_tau, FAM: tl.constexpr):
+def _load_x(X, base, rmask, cols, n):
+    return tl.load(X + base + cols, mask=rmask & (cols < n), other=float("-inf")).to(tl.float32)
+
+
+@triton.jit
+def _slope_x(x, inside, c, xj, inv_tau, bad, FAM: tl.constexpr):
     # d = f′(u), u = (x − x_j)/τ + f⁻¹(p_j); 0 on a row with no p inside
-    # (0, 1), NaN where p is
+    # (0, 1); NaN on a row whose p is NaN (``bad``: a NaN or +inf score), so
+    # that its sums and its whole dx are NaN
     u = tl.where(inside, (x - xj) * inv_tau + c, 0.0)
-    return tl.where(p != p, p, tl.where(inside, _df(u, FAM), 0.0))
+    return tl.where(bad, float("nan"), tl.where(inside, _df(u, FAM), 0.0))
 
 
 @triton.jit
@@ -194,7 +200,7 @@ def _bwd_from_x(P, X, G, DX, base, rmask, n, inv_tau, FAM: tl.constexpr, ROWS: t
         cols = tl.arange(0, BLOCK)[None, :]
         p, x, m = _load_pxm(P, X, base, rmask, cols, n)
         inside, c, xj = _anchor(m, p, x, cols + tl.zeros_like(m).to(tl.int32), FAM)
-        d = _slope_x(p, x, inside, c, xj, inv_tau, FAM)
+        d = _slope_x(x, inside, c, xj, inv_tau, p != p, FAM)
         g = _load_g(G, base, rmask, cols, n)
         _store_dx(DX, base, rmask, cols, n, d, g, _coef(d * g, d), inv_tau)
     else:
@@ -203,30 +209,31 @@ def _bwd_from_x(P, X, G, DX, base, rmask, n, inv_tau, FAM: tl.constexpr, ROWS: t
         bp = tl.zeros([ROWS, BLOCK], tl.float32)
         bx = tl.zeros([ROWS, BLOCK], tl.float32)
         bi = tl.zeros([ROWS, BLOCK], tl.int32) + IBIG
+        badl = tl.zeros([ROWS, BLOCK], tl.float32)
         for start in range(0, n, BLOCK):
             cols = start + tl.arange(0, BLOCK)[None, :]
             p, x, m = _load_pxm(P, X, base, rmask, cols, n)
+            badl = tl.maximum(badl, (p != p).to(tl.float32))
             upd = m > bm
             bm = tl.where(upd, m, bm)
             bp = tl.where(upd, p, bp)
             bx = tl.where(upd, x, bx)
             bi = tl.where(upd, cols + tl.zeros_like(bi), bi)
         inside, c, xj = _anchor(bm, bp, bx, bi, FAM)
+        bad = tl.max(badl, 1, keep_dims=True) > 0
         # read 2: the two sums; read 3: dx
         sdg = tl.zeros([ROWS, BLOCK], tl.float32)
         sd = tl.zeros([ROWS, BLOCK], tl.float32)
         for start in range(0, n, BLOCK):
             cols = start + tl.arange(0, BLOCK)[None, :]
-            p, x, _ = _load_pxm(P, X, base, rmask, cols, n)
-            d = _slope_x(p, x, inside, c, xj, inv_tau, FAM)
+            d = _slope_x(_load_x(X, base, rmask, cols, n), inside, c, xj, inv_tau, bad, FAM)
             g = _load_g(G, base, rmask, cols, n)
             sdg += d * g
             sd += d
         coef = _coef(sdg, sd)
         for start in range(0, n, BLOCK):
             cols = start + tl.arange(0, BLOCK)[None, :]
-            p, x, _ = _load_pxm(P, X, base, rmask, cols, n)
-            d = _slope_x(p, x, inside, c, xj, inv_tau, FAM)
+            d = _slope_x(_load_x(X, base, rmask, cols, n), inside, c, xj, inv_tau, bad, FAM)
             _store_dx(DX, base, rmask, cols, n, d, _load_g(G, base, rmask, cols, n), coef, inv_tau)
 
 
