@@ -49,12 +49,21 @@ def _df(fam, u):
     return e / (1 + e) ** 2 if fam == "sigmoid" else e / 2
 
 
+def _excess(fam, z, counts, k, lam):
+    """Σ c_i f(z_i − λ) − k, summed as the tail below λ less the tail above
+    (f(u) = 1 − f(−u)), so that e^{−150} next to 1 is not lost to the
+    working precision."""
+    below = sum(c * _f(fam, zi - lam) for zi, c in zip(z, counts) if zi < lam)
+    above = sum(c * _f(fam, lam - zi) for zi, c in zip(z, counts) if zi >= lam)
+    return below - above - (k - sum(c for zi, c in zip(z, counts) if zi >= lam))
+
+
 def _lam(fam, z, counts, k):
     """λ with Σ c_i f(z_i − λ) = k: bisection in 60 digits."""
     lo, hi = min(z) - 200, max(z) + 200
     for _ in range(400):
         mid = (lo + hi) / 2
-        if sum(c * _f(fam, zi - mid) for zi, c in zip(z, counts)) > k:
+        if _excess(fam, z, counts, k, mid) > 0:
             lo = mid
         else:
             hi = mid
@@ -164,6 +173,22 @@ def test_entries_near_zero_keep_their_relative_precision(backend, dtype, fam, ro
     # (bfloat16: an ulp, up to 2⁻⁷ of p; Triton's interpreter truncates its stores)
     tol = {torch.float64: 1e-13 * (1 + u_max), torch.float32: 1e-6 * (1 + u_max), torch.bfloat16: 2.0**-7}[dtype]
     assert np.all(np.abs(got - want) <= tol * want), (got, want)
+
+
+@pytest.mark.parametrize("row, k, tau", [
+    ([0.0, -300.0, -1000.0], 1, 1.0),  # p₂ = e^{−150}
+    ([0.0, -800.0, -1600.0], 1, 1.0),  # p₂ = e^{−400}
+    ([10.0, 0.0, -300.0, -1000.0], 2, 1.0),
+    ([0.0, -0.62, -0.08, -0.54], 1, 0.01),  # p₃ = e^{−400} at τ = 0.01
+])
+def test_sigmoid_entries_far_below_in_float64(row, k, tau):
+    # Newton on the difference of the two tails moves one unit of u a step
+    # where every entry is far from λ, and ran out of steps before e^{−150};
+    # on their log-ratio it takes a few
+    x = torch.tensor(row, dtype=torch.float64)
+    want = np.array([float(v) for v in _ref("sigmoid", x.numpy(), k, tau)[0]])
+    got = softk.soft_topk(x, k, tau=tau, method="sigmoid").numpy()
+    assert np.all(np.abs(got - want) <= 1e-12 * want), (got, want)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

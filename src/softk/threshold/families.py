@@ -80,12 +80,12 @@ class Family:
     # f⁻¹ (``f_inv``, which these families set) is well conditioned; then
     # d = df(u) (softk._backends.torch.threshold.anchored_slope).
     slope_from_x: bool = False
-    # (g(λ) − k, its scale) at u = z − λ, for a Newton family where the plain
-    # Σf(u) − k loses what decides λ: with entries near 1 the sum's rounding
-    # (an ulp of k) swamps the mass of the entries near 0, so Σf = k holds on
-    # a whole flat of λ and their p are off by any factor.  The scale is the
-    # magnitude of the terms whose rounding r carries (Newton stops at a few
-    # ulps of it).  None: Σf(u) − k, scale k.
+    # (r, −r′, scale) at u = z − λ: Newton's function for λ, for a family
+    # whose plain Σf(u) − k loses what decides λ: with entries near 1 the
+    # sum's rounding (an ulp of k) swamps the mass of the entries near 0, so
+    # Σf = k holds on a whole flat of λ and their p are off by any factor.
+    # r has the sign of g(λ) − k; the scale is what r's rounding is relative
+    # to (Newton stops at a few ulps of it).  None: Σf(u) − k, Σf′(u), k.
     residual: Optional[Callable[[Tensor, object], tuple]] = None
     if TYPE_CHECKING:  # set by __post_init__ (object.__setattr__: the class is frozen), not a field
         _kernels: tuple[Optional[int], bool, Optional[float]] = field(init=False)
@@ -368,13 +368,24 @@ def _sigmoid_bracket(z: Tensor, k: int, finite: Tensor) -> tuple:
 
 
 def _sigmoid_residual(u: Tensor, k) -> tuple:
-    # Σσ(u) − k = A − B − (k − c), A = Σ_{u<0} σ(u), B = Σ_{u≥0} σ(−u) and
-    # c = #{u ≥ 0} (σ(u) = 1 − σ(−u)): k − c is exact, and A and B keep their
-    # relative precision however far the entries lie from λ.
+    # Σσ(u) = k is A − B = k − c, with the two tails A = Σ_{u<0} σ(u) and
+    # B = Σ_{u≥0} σ(−u) (σ(u) = 1 − σ(−u)) and c = #{u ≥ 0}: k − c is exact,
+    # and A and B keep their relative precision however far the entries lie
+    # from λ.  Newton runs on r = log(A + a) − log(B + b), a − b = c − k with
+    # a, b ≥ 0: on the tails A ≈ Σe^{u} and B ≈ Σe^{−u}, so r is nearly
+    # linear in λ (Newton on A − B itself moves one unit of u a step there).
     up = u >= 0
-    a = _sum(torch.sigmoid(torch.where(up, NEG_INF, u)))
-    b = _sum(torch.sigmoid(torch.where(up, -u, NEG_INF)))
-    return (a - b) - (k - _sum(up.to(u.dtype))), a + b
+    e = torch.exp(-torch.abs(u))
+    t = e / (1 + e)  # σ(−|u|): each entry's share of its tail
+    d = t * (1 - t)  # f′(u)
+    c = _sum(up.to(u.dtype))
+    tail_a = _sum(torch.where(up, 0.0, t)) + torch.clamp(c - k, min=0.0)
+    tail_b = _sum(torch.where(up, t, 0.0)) + torch.clamp(k - c, min=0.0)
+    r = torch.log(tail_a) - torch.log(tail_b)
+    r = torch.where(r == r, r, 0.0)  # both tails empty: Σσ = c = k exactly
+    slope = (torch.where(tail_a > 0, _sum(torch.where(up, 0.0, d)) / tail_a, 0.0)
+             + torch.where(tail_b > 0, _sum(torch.where(up, d, 0.0)) / tail_b, 0.0))
+    return r, slope, 1.0
 
 
 def sigmoid_family() -> Family:

@@ -105,11 +105,12 @@ def _newton_shifted(family: Family, s: Tensor, k: int, lo: Tensor, hi: Tensor, a
     one relative to the z − λ that make p; the caller adds the row maximum
     back, rounding once.  (A tolerance relative to |λ| leaves λ several ulps
     of λ' away from the root when |λ| is large next to the spread: offset
-    scores, or wide ties where z − λ is tiny.)  The residual r = g(λ') − k
-    and its scale are the family's ``residual`` where it has one (sigmoid:
-    two tails' sums, each exact to its own ulps, where Σf's rounding to an
-    ulp of k would leave the entries near 0 off by any factor), else
-    Σf − k and k.  A row stops when
+    scores, or wide ties where z − λ is tiny.)  Newton's function r (with
+    the sign of g(λ') − k), its slope −r′ and the scale r's rounding is
+    relative to are the family's ``residual`` where it has one (sigmoid: the
+    log-ratio of the two tails' sums, each exact to its own ulps, where Σf's
+    rounding to an ulp of k would leave the entries near 0 off by any
+    factor), else Σf − k, Σf′ and k.  A row stops when
       * |r| ≤ 4·eps·scale: Σp is k to a few ulps of the scale, so every p_i
         is within that of its exact value to first order
         (|Δp_i| = f'_i |Δλ| ≤ |Δg|);
@@ -131,20 +132,21 @@ def _newton_shifted(family: Family, s: Tensor, k: int, lo: Tensor, hi: Tensor, a
     hi_seen = torch.zeros_like(lam, dtype=torch.bool)
     for _ in range(_MAX_ITER):
         u = s - lam
-        if family.residual is None:
+        if family.residual is not None:
+            r, slope, scale = family.residual(u, k)
+            step = lam + r / slope
+        else:
             gl = family.f(u).sum(-1, keepdim=True)
             r, scale = gl - k, k
-        else:
-            r, scale = family.residual(u, k)
-        slope = family.df(u).sum(-1, keepdim=True)  # = -g'(λ) >= 0
+            slope = family.df(u).sum(-1, keepdim=True)  # = -g'(λ) >= 0
+            if q is None:
+                step = lam + r / slope
+            else:  # Newton on h = g^(1/q) − k^(1/q):  Δλ = q (g^(1/q) − k^(1/q)) g^(1−1/q) / slope
+                step = lam + q * (gl ** (1 / q) - k ** (1 / q)) * gl ** (1 - 1 / q) / slope
         lo = torch.where(r > 0, lam, lo)
         hi = torch.where(r <= 0, lam, hi)
         lo_seen = lo_seen | (r > 0)
         hi_seen = hi_seen | (r <= 0)
-        if q is None:
-            step = lam + r / slope
-        else:  # Newton on h = g^(1/q) − k^(1/q):  Δλ = q (g^(1/q) − k^(1/q)) g^(1−1/q) / slope
-            step = lam + q * (gl ** (1 / q) - k ** (1 / q)) * gl ** (1 - 1 / q) / slope
         inside = (slope > 0) & (step >= lo) & (step <= hi)
         # A step past the bracket's upper end, while that end is still the
         # family's bound, goes to the bound itself: for α-entmax with α > 2
