@@ -104,7 +104,7 @@ ROWS = [
 ]
 # below ½ every entry keeps its relative precision: p's own rounding
 # (the bfloat16 output's 2⁻⁸) and u's, a few ulps of the largest |u| (float32)
-TOL = {torch.float64: 1e-12, torch.float32: 1e-6, torch.bfloat16: 2.0**-6}
+TOL = {torch.float64: 1e-12, torch.float32: 1e-6, torch.bfloat16: 2.0**-6, torch.float16: 2.0**-8}
 
 
 def _run(fam, backend, x, k, tau, g=None):
@@ -122,7 +122,8 @@ def _run(fam, backend, x, k, tau, g=None):
 def _check(dx, want, scale, u_max, dtype):
     tol = TOL[dtype] * (1 + (u_max if dtype == torch.float32 else 0))
     err = np.abs(dx - want)
-    assert np.all(err <= tol * scale + 1e-300), (dx, want, err / np.maximum(scale, 1e-300))
+    floor = torch.finfo(dtype).tiny * torch.finfo(dtype).eps  # a gradient among the subnormals: their spacing
+    assert np.all(err <= tol * scale + floor), (dx, want, err / np.maximum(scale, 1e-300))
 
 
 def _case(backend, dtype, fam, row, k, tau):
@@ -258,6 +259,36 @@ def test_second_derivatives_through_the_anchor(fam):
     # (laplace: −log p₃ is linear in x where p₃ < ½ and the others above, so
     # its Hessian is ~0, up to the rounding of O(1) terms)
     np.testing.assert_allclose(h0.numpy(), want, rtol=1e-9, atol=1e-14)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype, row", [
+    (torch.float32, [0.0, 0.0, -101.3]),  # p₃ = 1e-44, subnormal
+    (torch.float16, [0.0, 0.0, -16.0]),  # p₃ = 1e-7, 2 subnormal ulps of float16
+])
+def test_a_subnormal_p_is_not_the_anchor(backend, dtype, row):
+    # k = 1.5: the two top entries at p = ¾, which give u to the dtype's
+    # precision, and one subnormal p ≤ ½, which gives it to a few digits
+    x = torch.tensor(row, dtype=dtype)
+    _, d = _ref("laplace", x.double().numpy(), 1.5, 1.0)
+    g = torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64)
+    dx, g = _run("laplace", backend, x, 1.5, 1.0, g)
+    want, scale = _ref_vjp(d, g, 1.0)
+    _check(dx, want, scale, 0.0, dtype)
+
+
+@pytest.mark.parametrize("fam", FAMS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_per_row_budget_in_half_precision(fam, dtype):
+    # the per-row k's backward forms the slope in float32, as every other path
+    x = torch.tensor([[45.25, -99.5]], dtype=dtype)
+    _, d = _ref(fam, x[0].double().numpy(), 1, 2.0)
+    g = torch.tensor([1.0, 0.0], dtype=torch.float64)
+    want, scale = _ref_vjp(d, g, 2.0)
+    xx = x.clone().requires_grad_()
+    p = softk.soft_topk(xx, torch.ones(1, 1, dtype=dtype), tau=2.0, method=fam)
+    p.backward(g[None].to(dtype))
+    _check(xx.grad[0].double().numpy(), want, scale, 145.0, dtype)
 
 
 @pytest.mark.parametrize("fam", FAMS)

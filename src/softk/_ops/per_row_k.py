@@ -22,7 +22,7 @@ from . import lean as _lean
 from .._backends import dispatch
 from .family_keys import family_by_key, family_key
 from ..threshold.rows import compute_dtype, scaled_rows
-from .._backends.torch.threshold import anchored_slope, map_rows, output, slope, vjp
+from .._backends.torch.threshold import map_rows, output, row_slope, vjp
 from .saved import save, saved
 
 
@@ -46,9 +46,9 @@ def _library():
 
 
 def _dp_dk(family, p: Tensor, x, tau: float) -> Tensor:
-    d = anchored_slope(family, p, x.to(p.dtype), tau) if family.slope_from_x else slope(family, p)
+    d = row_slope(family, p, x, tau)
     sd = d.sum(-1, keepdim=True)
-    return torch.where(sd > 0, d / torch.where(sd > 0, sd, 1.0), 0.0)
+    return torch.where(sd > 0, d / torch.where(sd > 0, sd, 1.0), 0.0).to(p.dtype)
 
 
 class _ThresholdRowK(torch.autograd.Function):

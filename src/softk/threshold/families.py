@@ -76,8 +76,8 @@ class Family:
     # laplace f′ ≈ 1 − p there, which p's rounding loses (all of it once p
     # rounds to 1, and with it the whole row's gradient when every entry lies
     # far from λ).  Their backward reads the input too, and forms
-    # u = (x − x_j)/τ + f⁻¹(p_j) anchored at an entry j with p_j ≤ ½, where
-    # f⁻¹ (``f_inv``, which these families set) is well conditioned; then
+    # u = (x − x_j)/τ + f⁻¹(p_j) anchored at an entry j where f⁻¹ (``f_inv``,
+    # which these families set) is well conditioned, p_j ≤ ½ above all; then
     # d = df(u) (softk._backends.torch.threshold.anchored_slope).
     slope_from_x: bool = False
     # (r, −r′, scale) at u = z − λ: Newton's function for λ, for a family

@@ -95,28 +95,43 @@ def slope(family: Family, p: Tensor) -> Tensor:
     return torch.where(pos, family.d_from_p(torch.where(pos, p, 0.5)), torch.where(p != p, p, 0.0))
 
 
-def anchored_slope(family: Family, p: Tensor, x: Tensor, tau: float) -> Tensor:
+def anchored_slope(family: Family, p: Tensor, x: Tensor, tau: float, tiny: float | None = None) -> Tensor:
     r"""d = f′(u) for the families whose slope p cannot give near p = 1
     (``Family.slope_from_x``): u from the input ``x`` (on p's rows, in p's
     dtype), anchored at an entry j of the row,
 
     .. math:: u_i = (x_i - x_j)/\tau + f^{-1}(p_j).
 
-    j is the largest p ≤ ½, where p keeps its relative precision and an
-    error of an ulp in p_j moves u by about as much (which entry of them
-    hardly matters; the largest stays clear of subnormals); on a row with
-    every p above ½, the smallest, whose 1 − p is the largest.  0 on a row
+    j is the entry whose p_j gives u to the most digits (an error δ in p_j
+    moves u by δ/p_j below ½ and by δ/(1 − p_j) above): the largest p ≤ ½
+    of the normal floats, whose relative error is an ulp; else the best of
+    the entries above ½, which keep (1 − p)/ulp of their digits, and the
+    subnormal ones, which keep p/``tiny`` of them (``tiny``: the smallest
+    normal float of the dtype p was stored in; default p's).  0 on a row
     with no p strictly between 0 and 1 (the map is locally constant as far
     as the dtype can tell), NaN where p is NaN.  Differentiable in p and x
     with the exact second derivative: through p_j, u_i moves by λ's own
     derivative."""
-    key = torch.where((p > 0) & (p <= 0.5), p, torch.where((p > 0.5) & (p < 1), -p, -2.0))
+    tiny = torch.finfo(p.dtype).tiny if tiny is None else tiny
+    key = torch.where(p > 0.5, 1 - p, torch.where(p >= tiny, 1 + p, p / tiny))
+    key = torch.where((p > 0) & (p < 1), key, -1.0)  # 0, 1 and NaN are never the anchor
     j = key.argmax(-1, keepdim=True)
-    inside = key.gather(-1, j) > -1.5
+    inside = key.gather(-1, j) > 0
     u0 = family.f_inv(torch.where(inside, p.gather(-1, j), 0.5))  # type: ignore[misc]  # set where slope_from_x is
     diff = x - x.gather(-1, j)
     u = torch.where(inside, (diff if tau == 1.0 else diff / tau) + u0, 0.0)  # (no NaN from −inf − −inf in its derivative)
     return torch.where(p != p, p, torch.where(inside, family.df(u), 0.0))
+
+
+def row_slope(family: Family, p: Tensor, x: Tensor | None, tau: float) -> Tensor:
+    """d = f′(z − λ) on p's rows in the compute dtype (half p: float32): read
+    off p (:func:`slope`), or formed from the input ``x`` for the families
+    with ``Family.slope_from_x`` (:func:`anchored_slope`)."""
+    ct = compute_dtype(p.dtype)
+    if not family.slope_from_x:
+        return slope(family, p.to(ct))
+    assert x is not None, f"the {family.name} map's backward reads its input"
+    return anchored_slope(family, p.to(ct), x.to(ct), tau, torch.finfo(p.dtype).tiny)
 
 
 def vjp_from_slope(d: Tensor, g: Tensor, tau: float) -> Tensor:
@@ -154,18 +169,19 @@ def vjp_from_log_slope(logd: Tensor, g: Tensor, tau) -> Tensor:
 
 
 def vjp(family: Family, p: Tensor, g: Tensor, tau: float, x: Tensor | None = None) -> Tensor:
-    """The backward of every threshold map (differentiable in p, g and ``x``,
+    """The backward of every threshold map, in the compute dtype (half p:
+    float32) and returned in p's dtype (differentiable in p, g and ``x``,
     the input, which the families with ``slope_from_x`` need and the others
     ignore)."""
+    ct = compute_dtype(p.dtype)
+    gc = g if g.dtype == ct else g.to(ct)
     if family.name == "entmax" and bool(torch.any(torch.as_tensor(family.alpha) > 2)):
-        logp = torch.log(torch.where(p > 0, p, 1.0))
-        a = family.alpha.to(p.dtype) if isinstance(family.alpha, Tensor) else family.alpha
-        logd = torch.where(p > 0, (2 - a) * logp, torch.where(p != p, p, float("-inf")))  # type: ignore[operator]  # α: a number or tensor
-        return vjp_from_log_slope(logd, g, tau)
-    if family.slope_from_x:
-        assert x is not None, f"the {family.name} map's backward reads its input"
-        return vjp_from_slope(anchored_slope(family, p, x if x.dtype == p.dtype else x.to(p.dtype), tau), g, tau)
-    return vjp_from_slope(slope(family, p), g, tau)
+        pc = p.to(ct)
+        logp = torch.log(torch.where(pc > 0, pc, 1.0))
+        a = family.alpha.to(ct) if isinstance(family.alpha, Tensor) else family.alpha
+        logd = torch.where(pc > 0, (2 - a) * logp, torch.where(pc != pc, pc, float("-inf")))  # type: ignore[operator]  # α: a number or tensor
+        return vjp_from_log_slope(logd, gc, tau).to(p.dtype)
+    return vjp_from_slope(row_slope(family, p, x, tau), gc, tau).to(p.dtype)
 
 
 # ----------------------------------------------------------- the kernel's interface
@@ -189,7 +205,4 @@ def backward(family: Family, p: Tensor, g: Tensor, tau: float, x: Tensor | None 
     """d ⊙ (g − Σ(d⊙g)/Σd)/τ from the saved output (and, for the families
     with ``slope_from_x``, the input ``x``), in the compute dtype (half
     inputs: float32), returned in p's dtype: every kernel's backward."""
-    ct = compute_dtype(p.dtype)
-    if p.dtype == ct:
-        return vjp(family, p, g if g.dtype == ct else g.to(ct), tau, x)
-    return vjp(family, p.to(ct), g.to(ct), tau, x).to(p.dtype)
+    return vjp(family, p, g, tau, x)

@@ -18,8 +18,9 @@ Jacobian itself does.  Three reads of p and g on looped rows, one on chip.
 
 ``FROM_X`` (the families with ``Family.slope_from_x``: sigmoid and laplace,
 whose f′ ≈ 1 − p near p = 1 is lost to p's rounding) reads the input x as
-well and forms d = f′(u) from u = (x − x_j)/τ + f⁻¹(p_j), j the row's
-largest p ≤ ½ (:func:`softk._backends.torch.threshold.anchored_slope`): one
+well and forms d = f′(u) from u = (x − x_j)/τ + f⁻¹(p_j), j the entry
+whose p_j holds u best, a normal p ≤ ½ where the row has one
+(:func:`softk._backends.torch.threshold.anchored_slope`): one
 read of p, x and g on chip; on looped rows a read of p and x for the anchor,
 then two of x and g, as the other families read p and g.
 """
@@ -152,12 +153,18 @@ def _bwd_logd(P, G, DX, base, rmask, n, inv_tau, am1, ROWS: tl.constexpr, BLOCK:
 @triton.jit
 def _load_pxm(P, X, base, rmask, cols, n):
     # p, x (−inf past the row: d = 0 there) and the key by which the anchor
-    # is chosen: the largest p ≤ ½, else the smallest p above ½; −2 (never
-    # the anchor) at p = 0, 1 or NaN
+    # is chosen (torch.threshold.anchored_slope): 1 + p for a normal p ≤ ½,
+    # 1 − p above ½, p/tiny for a subnormal p (tiny: P's dtype's smallest
+    # normal); −1 (never the anchor) at p = 0, 1 or NaN
     mask = rmask & (cols < n)
     p = tl.load(P + base + cols, mask=mask, other=0.0).to(tl.float32)
     x = _load_x(X, base, rmask, cols, n)
-    return p, x, tl.where((p > 0) & (p <= 0.5), p, tl.where((p > 0.5) & (p < 1.0), -p, -2.0))
+    if P.dtype.element_ty == tl.float16:
+        tiny = 6.103515625e-05  # 2^-14
+    else:
+        tiny = 1.1754943508222875e-38  # 2^-126: float32 and bfloat16
+    key = tl.where(p > 0.5, 1.0 - p, tl.where(p >= tiny, 1.0 + p, p * (1.0 / tiny)))
+    return p, x, tl.where((p > 0) & (p < 1.0), key, -1.0)
 
 
 @triton.jit
@@ -169,7 +176,7 @@ def _anchor(bm, bp, bx, bi, FAM: tl.constexpr):
     at = (bi == idx) & (bm == M)
     pj = tl.sum(tl.where(at, bp, 0.0), 1, keep_dims=True)
     xj = tl.sum(tl.where(at, bx, 0.0), 1, keep_dims=True)
-    inside = M > -1.5
+    inside = M > 0
     # (x_j = 0 off such rows, where it may be −inf: no −inf − −inf below)
     return inside, _f_inv(tl.where(inside, pj, 0.5), FAM), tl.where(inside, xj, 0.0)
 
@@ -205,7 +212,7 @@ def _bwd_from_x(P, X, G, DX, base, rmask, n, inv_tau, FAM: tl.constexpr, ROWS: t
         _store_dx(DX, base, rmask, cols, n, d, g, _coef(d * g, d), inv_tau)
     else:
         # read 1: the anchor (per lane, then per row)
-        bm = tl.full([ROWS, BLOCK], -3.0, tl.float32)
+        bm = tl.full([ROWS, BLOCK], -2.0, tl.float32)
         bp = tl.zeros([ROWS, BLOCK], tl.float32)
         bx = tl.zeros([ROWS, BLOCK], tl.float32)
         bi = tl.zeros([ROWS, BLOCK], tl.int32) + IBIG
