@@ -375,10 +375,9 @@ def _sigmoid_residual(u: Tensor, k) -> tuple:
     # a, b ≥ 0: on the tails A ≈ Σe^{u} and B ≈ Σe^{−u}, so r is nearly
     # linear in λ (Newton on A − B itself moves one unit of u a step there).
     up = u >= 0
-    e = torch.exp(-torch.abs(u))
-    t = e / (1 + e)  # σ(−|u|): each entry's share of its tail
+    t = torch.sigmoid(-torch.abs(u))  # σ(−|u|): each entry's share of its tail
     d = t * (1 - t)  # f′(u)
-    c = _sum(up.to(u.dtype))
+    c = up.sum(-1, keepdim=True).to(u.dtype)
     tail_a = _sum(torch.where(up, 0.0, t)) + torch.clamp(c - k, min=0.0)
     tail_b = _sum(torch.where(up, t, 0.0)) + torch.clamp(k - c, min=0.0)
     r = torch.log(tail_a) - torch.log(tail_b)
