@@ -16,6 +16,7 @@ compile, vmap and friends see.
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import torch
@@ -90,12 +91,35 @@ def _front(t, bdim, size: int):
     return t.expand(size, *t.shape) if bdim is None else t.movedim(bdim, 0)
 
 
+def _laid_out_like_first(kernel):
+    """``kernel`` whose output has the layout of ``empty_like`` of its first
+    argument, which the default fake kernel promises: a compiled graph reads
+    the output by the fake's strides.  A kernel that writes contiguous rows
+    (Triton's) for a permuted input (a map along a dimension other than the
+    last, moved last) has its output copied into that layout."""
+
+    @functools.wraps(kernel)
+    def run(first, *args):
+        out = kernel(first, *args)
+        if first.is_contiguous() and out.is_contiguous():
+            return out
+        like = torch.empty_like(first)
+        return out if like.stride() == out.stride() else like.copy_(out)
+
+    return run
+
+
 def custom_op(name: str, kernel, fake=None):
     """``torch.library.custom_op(name, kernel)`` with a fake kernel (default:
-    ``empty_like`` of the first argument) and the vmap rule of an op that
-    acts on the last dimension of its tensors: every batch dimension moves to
-    the front (an unbatched tensor is expanded) and the op runs once."""
-    op = torch.library.custom_op(name, kernel, mutates_args=())
+    ``empty_like`` of the first argument, and the kernel's output laid out
+    so) and the vmap rule of an op that acts on the last dimension of its
+    tensors: every batch dimension moves to the front (an unbatched tensor is
+    expanded) and the op runs once."""
+    if fake is None:  # the schema from the kernel itself (its annotations name its module's types)
+        schema = torch.library.infer_schema(kernel, mutates_args=())
+        op = torch.library.custom_op(name, _laid_out_like_first(kernel), mutates_args=(), schema=schema)
+    else:
+        op = torch.library.custom_op(name, kernel, mutates_args=())
     op.register_fake(fake or (lambda first, *_: torch.empty_like(first)))
 
     def rule(info, in_dims, *args):

@@ -137,6 +137,33 @@ def test_compiled_graph_runs_the_triton_kernels(rng):
     assert torch.isfinite(x.grad).all()
 
 
+@pytest.mark.parametrize("method", ["exp", "sigmoid"])
+@pytest.mark.parametrize("layout", ["dim0", "transposed"])
+def test_compiled_graph_along_a_dimension_not_last(rng, method, layout):
+    """The kernels write contiguous rows; along dim 0 (or on a transposed
+    input) the rows are a permuted view, whose layout the op's fake kernel
+    (``empty_like``) keeps: the compiled graph reads the output by the fake's
+    strides, and got it transposed until the op laid it out so."""
+    torch._dynamo.reset()
+    xn = rng.normal(size=(17, 3)).astype(np.float32).astype(np.float64)
+    g = torch.tensor(rng.normal(size=(17, 3)), dtype=torch.float32)
+
+    def fn(t):
+        return softk.soft_topk(t, 2, dim=0, method=method) if layout == "dim0" else \
+            softk.soft_topk(t.t(), 2, method=method).t()
+
+    outs = []
+    for compiled in (False, True):
+        x = torch.tensor(xn, dtype=torch.float32, requires_grad=True)
+        with softk.use_backend("triton"):
+            out = (torch.compile(fn, fullgraph=True) if compiled else fn)(x)
+            out.backward(g)
+        outs.append((out.detach(), x.grad))
+    want = oracle.soft_topk(xn.T, 2, method=method).T
+    np.testing.assert_allclose(outs[1][0].double().numpy(), want, atol=2e-6)
+    assert torch.equal(outs[1][0], outs[0][0]) and torch.equal(outs[1][1], outs[0][1])
+
+
 def test_jvp_and_vmap_on_triton(rng):
     xn = rng.normal(size=(3, 7)).astype(np.float32).astype(np.float64)
     v = rng.normal(size=7)
