@@ -277,6 +277,27 @@ def test_a_subnormal_p_is_not_the_anchor(backend, dtype, row):
     _check(dx, want, scale, 0.0, dtype)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fam", FAMS)
+@pytest.mark.parametrize("dtype, n, k", [
+    (torch.bfloat16, 100, 99),  # 1 − p ≈ 0.01: a bfloat16 p holds it to ~30 %
+    (torch.float32, 2, 2 - 2.0**-10),  # 1 − p ≈ 5e-4: a float32 p holds it to ~1e-4
+    (torch.float32, 8193, 8192.5),  # the looped backward; 1 − p ≈ 6e-5
+])
+def test_rows_whose_every_p_is_above_one_half(backend, fam, dtype, n, k):
+    # No p ≤ ½ to anchor on: u from the smallest p is only as good as its
+    # 1 − p, and the backward refines it by Newton on Σf(u) = k over the
+    # tails, which x gives to full precision
+    x = torch.zeros(n, dtype=dtype)
+    x[::7] = 0.5
+    x[1] = -0.3
+    _, d = _ref(fam, x.double().numpy(), k, 1.0)
+    g = torch.zeros(n, dtype=torch.float64)
+    g[:3] = torch.tensor([1.0, -0.5, 0.25])[:n]
+    dx, g = _run(fam, backend, x, k, 1.0, g)
+    _check(dx, *_ref_vjp(d, g, 1.0), 1.0, dtype)
+
+
 @pytest.mark.parametrize("fam", FAMS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_per_row_budget_in_half_precision(fam, dtype):

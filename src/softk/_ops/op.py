@@ -59,10 +59,11 @@ def _threshold(x: Tensor, name: str, alpha: float, k: int, tau: float, backend: 
 
 
 def _threshold_backward(p: Tensor, g: Tensor, name: str, alpha: float, tau: float, backend: str,
-                        x: Optional[Tensor] = None) -> Tensor:
+                        x: Optional[Tensor] = None, k: Optional[float] = None) -> Tensor:
     """∂L/∂x from the saved output ``p``, the incoming gradient ``g`` and,
-    for the families with ``slope_from_x``, the saved input ``x``."""
-    return kernels.get("threshold", backend).impl.backward(family_by_key(name, alpha), p, g, tau, x=x)
+    for the families with ``slope_from_x``, the saved input ``x`` and the
+    budget ``k``."""
+    return kernels.get("threshold", backend).impl.backward(family_by_key(name, alpha), p, g, tau, x=x, k=k)
 
 
 threshold_op = threshold_backward_op = None  # softk::threshold(_backward), defined by _library()
@@ -80,13 +81,13 @@ def _kernel(x, family, k, tau, backend):
     return kernels.get("threshold", backend).impl.forward(family, x, k, tau)
 
 
-def _backward_kernel(p, g, family, tau, backend, x):
-    return kernels.get("threshold", backend).impl.backward(family, p, g, tau, x=x)
+def _backward_kernel(p, g, family, tau, backend, x, k):
+    return kernels.get("threshold", backend).impl.backward(family, p, g, tau, x=x, k=k)
 
 
-def _backward_library(p, g, family, tau, backend, x):
+def _backward_library(p, g, family, tau, backend, x, k):
     name, alpha = family_key(family)
-    return threshold_backward_op(p, g, name, alpha, tau, backend, x)
+    return threshold_backward_op(p, g, name, alpha, tau, backend, x, None if k is None else float(k))
 
 
 class _Threshold(torch.autograd.Function):
@@ -99,19 +100,19 @@ class _Threshold(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        x, family, _, tau, backend = inputs
+        x, family, k, tau, backend = inputs
         save(ctx, family, x, output)
-        ctx.family, ctx.tau, ctx.backend = family, tau, backend
+        ctx.family, ctx.k, ctx.tau, ctx.backend = family, k, tau, backend
 
     @staticmethod
     def backward(ctx, g):
         p, x = saved(ctx)
         if torch.is_grad_enabled():
             # A graph is being built: differentiable tensor code (double backward).
-            dx = vjp(ctx.family, p, g.to(p.dtype), ctx.tau, x)
+            dx = vjp(ctx.family, p, g.to(p.dtype), ctx.tau, x, ctx.k)
         else:
             dx = _lean.call((p, g), _backward_kernel, _backward_library, _library, p, g, ctx.family, ctx.tau,
-                            ctx.backend, x)
+                            ctx.backend, x, ctx.k)
         return dx, None, None, None, None
 
 
@@ -121,7 +122,7 @@ class _ThresholdJvp(_Threshold):
     @staticmethod
     def jvp(ctx, v, *_):
         p, x = saved(ctx)
-        return vjp(ctx.family, p, v.to(p.dtype), ctx.tau, x)
+        return vjp(ctx.family, p, v.to(p.dtype), ctx.tau, x, ctx.k)
 
 
 _PATHS = _lean.Paths(_ThresholdJvp, _kernel, lambda x, *_: (x,), compiled=_Threshold, register=_library)

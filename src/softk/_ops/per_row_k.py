@@ -45,8 +45,8 @@ def _library():
     threshold_rowk_op = _lean.custom_op("softk::threshold_rowk", _rowk)
 
 
-def _dp_dk(family, p: Tensor, x, tau: float) -> Tensor:
-    d = row_slope(family, p, x, tau)
+def _dp_dk(family, p: Tensor, x, tau: float, k) -> Tensor:
+    d = row_slope(family, p, x, tau, k)
     sd = d.sum(-1, keepdim=True)
     return torch.where(sd > 0, d / torch.where(sd > 0, sd, 1.0), 0.0).to(p.dtype)
 
@@ -61,18 +61,18 @@ class _ThresholdRowK(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        x, _, family, tau = inputs
+        x, k, family, tau = inputs
         save(ctx, family, x, output)
-        ctx.family, ctx.tau = family, tau
+        ctx.family, ctx.k, ctx.tau = family, k, tau
 
     @staticmethod
     def backward(ctx, g):
         p, x = saved(ctx)
         g = g.to(p.dtype)
-        dx = vjp(ctx.family, p, g, ctx.tau, x)
+        dx = vjp(ctx.family, p, g, ctx.tau, x, ctx.k)
         dk = None
         if ctx.needs_input_grad[1]:
-            dk = (g * _dp_dk(ctx.family, p, x, ctx.tau)).sum(-1, keepdim=True)
+            dk = (g * _dp_dk(ctx.family, p, x, ctx.tau, ctx.k)).sum(-1, keepdim=True)
         return dx, dk, None, None
 
 
@@ -80,9 +80,9 @@ class _ThresholdRowKJvp(_ThresholdRowK):
     @staticmethod
     def jvp(ctx, vx, vk, *_):
         p, x = saved(ctx)
-        out = vjp(ctx.family, p, vx.to(p.dtype), ctx.tau, x) if vx is not None else torch.zeros_like(p)
+        out = vjp(ctx.family, p, vx.to(p.dtype), ctx.tau, x, ctx.k) if vx is not None else torch.zeros_like(p)
         if vk is not None:
-            out = out + vk.to(p.dtype) * _dp_dk(ctx.family, p, x, ctx.tau)
+            out = out + vk.to(p.dtype) * _dp_dk(ctx.family, p, x, ctx.tau, ctx.k)
         return out
 
 

@@ -80,12 +80,15 @@ class Family:
     # which these families set) is well conditioned, p_j ≤ ½ above all; then
     # d = df(u) (softk._backends.torch.threshold.anchored_slope).
     slope_from_x: bool = False
-    # (r, −r′, scale) at u = z − λ: Newton's function for λ, for a family
-    # whose plain Σf(u) − k loses what decides λ: with entries near 1 the
-    # sum's rounding (an ulp of k) swamps the mass of the entries near 0, so
-    # Σf = k holds on a whole flat of λ and their p are off by any factor.
-    # r has the sign of g(λ) − k; the scale is what r's rounding is relative
-    # to (Newton stops at a few ulps of it).  None: Σf(u) − k, Σf′(u), k.
+    # (r, −r′, scale) at u = z − λ: Newton's function for λ, where the plain
+    # Σf(u) − k loses what decides λ: with entries near 1 the sum's rounding
+    # (an ulp of k) swamps the mass of the entries near 0, so Σf = k holds
+    # on a whole flat of λ and their p are off by any factor.  r has the
+    # sign of g(λ) − k; the scale is what r's rounding is relative to
+    # (Newton stops at a few ulps of it).  The λ search uses it (sigmoid;
+    # laplace has a closed form), and so does the backward's anchor on a row
+    # whose every p lies above ½ (``slope_from_x``).  None: Σf(u) − k,
+    # Σf′(u), k.
     residual: Optional[Callable[[Tensor, object], tuple]] = None
     if TYPE_CHECKING:  # set by __post_init__ (object.__setattr__: the class is frozen), not a field
         _kernels: tuple[Optional[int], bool, Optional[float]] = field(init=False)
@@ -204,6 +207,38 @@ SOFTMAX = Family(
 )
 
 
+# ------------------------------------------ the two tails of f(u) + f(−u) = 1
+def _tails_residual(tail: Callable[[Tensor], tuple]) -> Callable[[Tensor, object], tuple]:
+    """Newton's function for λ (``Family.residual``) of a map with
+    f(u) + f(−u) = 1 (sigmoid, laplace), from ``tail(u)`` = (f(−|u|), f′(u)).
+
+    Σf(u) = k is A − B = k − c, with the two tails A = Σ_{u<0} f(u) and
+    B = Σ_{u≥0} f(−u) and c = #{u ≥ 0}: k − c is exact, and A and B keep
+    their relative precision however far the entries lie from λ.  Newton
+    runs on r = log(A + a) − log(B + b), a − b = c − k with a, b ≥ 0: on
+    the tails A and B are about sums of exponentials, so r is nearly linear
+    in λ (Newton on A − B itself moves one unit of u a step there)."""
+
+    def residual(u: Tensor, k) -> tuple:
+        up = u >= 0
+        t, d = tail(u)  # each entry's share of its tail, and f′
+        c = up.sum(-1, keepdim=True).to(u.dtype)
+        tail_a = _sum(torch.where(up, 0.0, t)) + torch.clamp(c - k, min=0.0)
+        tail_b = _sum(torch.where(up, t, 0.0)) + torch.clamp(k - c, min=0.0)
+        r = torch.log(tail_a) - torch.log(tail_b)
+        r = torch.where(r == r, r, 0.0)  # both tails empty: Σf = c = k exactly
+        slope = (torch.where(tail_a > 0, _sum(torch.where(up, 0.0, d)) / tail_a, 0.0)
+                 + torch.where(tail_b > 0, _sum(torch.where(up, d, 0.0)) / tail_b, 0.0))
+        return r, slope, 1.0
+
+    return residual
+
+
+def _laplace_tail(u: Tensor) -> tuple:
+    t = 0.5 * torch.exp(-torch.abs(u))  # e^{−|u|}/2 = f′(u)
+    return t, t
+
+
 # ------------------------------------ laplace: Laplace CDF, 1 - e^{-u}/2 | e^{u}/2
 def _log_c_plus_hypot(c: Tensor, s: Tensor) -> Tensor:
     # log(c + sqrt(c^2 + e^s)) for c >= 0 without overflow or cancellation.
@@ -251,6 +286,7 @@ LAPLACE = Family(
     closed_form=_laplace_closed_form,
     f_inv=lambda p: torch.where(p <= 0.5, torch.log(2 * p), -torch.log(2 * (1 - p))),
     slope_from_x=True,
+    residual=_tails_residual(_laplace_tail),  # the closed form finds λ; the backward's anchor uses this
 )
 
 
@@ -367,24 +403,9 @@ def _sigmoid_bracket(z: Tensor, k: int, finite: Tensor) -> tuple:
     return zmin - r, zmax - r
 
 
-def _sigmoid_residual(u: Tensor, k) -> tuple:
-    # Σσ(u) = k is A − B = k − c, with the two tails A = Σ_{u<0} σ(u) and
-    # B = Σ_{u≥0} σ(−u) (σ(u) = 1 − σ(−u)) and c = #{u ≥ 0}: k − c is exact,
-    # and A and B keep their relative precision however far the entries lie
-    # from λ.  Newton runs on r = log(A + a) − log(B + b), a − b = c − k with
-    # a, b ≥ 0: on the tails A ≈ Σe^{u} and B ≈ Σe^{−u}, so r is nearly
-    # linear in λ (Newton on A − B itself moves one unit of u a step there).
-    up = u >= 0
-    t = torch.sigmoid(-torch.abs(u))  # σ(−|u|): each entry's share of its tail
-    d = t * (1 - t)  # f′(u)
-    c = up.sum(-1, keepdim=True).to(u.dtype)
-    tail_a = _sum(torch.where(up, 0.0, t)) + torch.clamp(c - k, min=0.0)
-    tail_b = _sum(torch.where(up, t, 0.0)) + torch.clamp(k - c, min=0.0)
-    r = torch.log(tail_a) - torch.log(tail_b)
-    r = torch.where(r == r, r, 0.0)  # both tails empty: Σσ = c = k exactly
-    slope = (torch.where(tail_a > 0, _sum(torch.where(up, 0.0, d)) / tail_a, 0.0)
-             + torch.where(tail_b > 0, _sum(torch.where(up, d, 0.0)) / tail_b, 0.0))
-    return r, slope, 1.0
+def _sigmoid_tail(u: Tensor) -> tuple:
+    t = torch.sigmoid(-torch.abs(u))  # σ(−|u|)
+    return t, t * (1 - t)
 
 
 def sigmoid_family() -> Family:
@@ -399,7 +420,7 @@ def sigmoid_family() -> Family:
         bracket=_sigmoid_bracket,
         f_inv=torch.logit,
         slope_from_x=True,
-        residual=_sigmoid_residual,
+        residual=_tails_residual(_sigmoid_tail),
     )
 
 

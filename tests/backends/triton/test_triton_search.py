@@ -292,7 +292,7 @@ assert [v[0] for v in variants] == [v[0] for v in bwd_variants] == [True, False,
 assert variants[1][1] == SHORT_BLOCK and bwd_variants[1][1] == BWD_LOOP_BLOCK
 assert [v[3] for v in variants] == [1, 1, 8] and [v[3] for v in bwd_variants] == [1, 1, 8]
 fwd = {"X": "", "Y": "", "ITS": "*i32", "R": "i32", "n": "i32", "k": "fp32", "inv_tau": "fp32", "am1": "fp32"}
-bwd = {"P": "", "X": "", "G": "", "DX": "", "R": "i32", "n": "i32", "inv_tau": "fp32", "am1": "fp32"}
+bwd = {"P": "", "X": "", "G": "", "DX": "", "R": "i32", "n": "i32", "inv_tau": "fp32", "am1": "fp32", "k": "fp32"}
 built = 0
 for fam in range(8):
     for i, (onchip, blk, warps, rows) in enumerate(variants):
@@ -306,7 +306,7 @@ for fam in range(8):
         for logd in ((False, True) if fam == 3 else (False,)):  # α > 2: the log-slope backward
             ty = dtypes[(fam + i + 1 + logd) % 3]
             build(threshold_bwd_kernel, dict(bwd, P=ty, X=ty, G=ty, DX=ty), dict(FAM=fam, ROWS=rows, BLOCK=blk,
-                  ONCHIP=onchip, LOGD=logd, FROM_X=fam in FROM_X), warps)
+                  ONCHIP=onchip, LOGD=logd, FROM_X=fam in FROM_X, REFINE=fam in FROM_X), warps)
             built += 1
 assert built == 57, built
 print("OK")

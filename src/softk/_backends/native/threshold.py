@@ -49,9 +49,10 @@ def forward(family: Family, x: Tensor, k: int, tau: float, out: Tensor | None = 
 
 
 def backward(family: Family, p: Tensor, g: Tensor, tau: float, out: Tensor | None = None, *,
-             x: Tensor | None = None) -> Tensor:
+             x: Tensor | None = None, k=None) -> Tensor:
     """d ⊙ (g − Σ(d⊙g)/Σd)/τ from the saved output ``p``; ``out`` as in
-    :func:`forward`.  ``x`` (the input, which the families with
-    ``Family.slope_from_x`` read) is never needed: none of them is served here."""
+    :func:`forward`.  ``x`` and ``k`` (the input and the budget, which the
+    families with ``Family.slope_from_x`` read) are never needed: none of
+    them is served here."""
     assert not family.slope_from_x, family.name
     return _backward(family, p, g, tau, out=out)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..call_mode import eager
 from ...threshold.families import EXP, SOFTMAX, Family, below_one
 from ...threshold.rows import compute_dtype, fill_rows, row_status, scaled_rows
 from ...threshold.entmax_anchor import entmax_probs, needs_anchor
@@ -95,7 +96,7 @@ def slope(family: Family, p: Tensor) -> Tensor:
     return torch.where(pos, family.d_from_p(torch.where(pos, p, 0.5)), torch.where(p != p, p, 0.0))
 
 
-def anchored_slope(family: Family, p: Tensor, x: Tensor, tau: float, tiny: float | None = None) -> Tensor:
+def anchored_slope(family: Family, p: Tensor, x: Tensor, tau: float, tiny: float | None = None, k=None) -> Tensor:
     r"""d = f′(u) for the families whose slope p cannot give near p = 1
     (``Family.slope_from_x``): u from the input ``x`` (on p's rows, in p's
     dtype), anchored at an entry j of the row,
@@ -107,11 +108,14 @@ def anchored_slope(family: Family, p: Tensor, x: Tensor, tau: float, tiny: float
     of the normal floats, whose relative error is an ulp; else the best of
     the entries above ½, which keep (1 − p)/ulp of their digits, and the
     subnormal ones, which keep p/``tiny`` of them (``tiny``: the smallest
-    normal float of the dtype p was stored in; default p's).  0 on a row
+    normal float of the dtype p was stored in; default p's).  Where no
+    normal p ≤ ½ is left to anchor on (every p above ½: k > n/2), u is
+    refined by two Newton steps on Σf(u) = k (``Family.residual``, which
+    sums the tails 1 − p apart) when the budget ``k`` is given.  0 on a row
     with no p strictly between 0 and 1 (the map is locally constant as far
     as the dtype can tell), NaN where p is NaN.  Differentiable in p and x
     with the exact second derivative: through p_j, u_i moves by λ's own
-    derivative."""
+    derivative (and a Newton step at its root moves by that too)."""
     tiny = torch.finfo(p.dtype).tiny if tiny is None else tiny
     key = torch.where(p > 0.5, 1 - p, torch.where(p >= tiny, 1 + p, p / tiny))
     key = torch.where((p > 0) & (p < 1), key, -1.0)  # 0, 1 and NaN are never the anchor
@@ -120,18 +124,27 @@ def anchored_slope(family: Family, p: Tensor, x: Tensor, tau: float, tiny: float
     u0 = family.f_inv(torch.where(inside, p.gather(-1, j), 0.5))  # type: ignore[misc]  # set where slope_from_x is
     diff = x - x.gather(-1, j)
     u = torch.where(inside, (diff if tau == 1.0 else diff / tau) + u0, 0.0)  # (no NaN from −inf − −inf in its derivative)
+    refine = inside & (key.gather(-1, j) < 1)  # the anchor is not a normal p ≤ ½
+    # (the steps are skipped where no row needs them in plain eager calls
+    # only: a transform or a compiler cannot branch on the data)
+    if k is not None and family.residual is not None and (not eager(p) or bool(refine.any())):
+        for _ in range(2):
+            r, slope, _ = family.residual(u, k)
+            u = u - torch.where(refine & (slope > 0) & torch.isfinite(r), r / torch.where(slope > 0, slope, 1.0), 0.0)
     return torch.where(p != p, p, torch.where(inside, family.df(u), 0.0))
 
 
-def row_slope(family: Family, p: Tensor, x: Tensor | None, tau: float) -> Tensor:
+def row_slope(family: Family, p: Tensor, x: Tensor | None, tau: float, k=None) -> Tensor:
     """d = f′(z − λ) on p's rows in the compute dtype (half p: float32): read
     off p (:func:`slope`), or formed from the input ``x`` for the families
-    with ``Family.slope_from_x`` (:func:`anchored_slope`)."""
+    with ``Family.slope_from_x`` (:func:`anchored_slope`; ``k``, the budget,
+    for its rows whose every p lies above ½)."""
     ct = compute_dtype(p.dtype)
     if not family.slope_from_x:
         return slope(family, p.to(ct))
     assert x is not None, f"the {family.name} map's backward reads its input"
-    return anchored_slope(family, p.to(ct), x.to(ct), tau, torch.finfo(p.dtype).tiny)
+    kc = k.to(ct) if isinstance(k, Tensor) else k
+    return anchored_slope(family, p.to(ct), x.to(ct), tau, torch.finfo(p.dtype).tiny, kc)
 
 
 def vjp_from_slope(d: Tensor, g: Tensor, tau: float) -> Tensor:
@@ -168,11 +181,11 @@ def vjp_from_log_slope(logd: Tensor, g: Tensor, tau) -> Tensor:
     return out if isinstance(tau, float) and tau == 1.0 else out / tau
 
 
-def vjp(family: Family, p: Tensor, g: Tensor, tau: float, x: Tensor | None = None) -> Tensor:
+def vjp(family: Family, p: Tensor, g: Tensor, tau: float, x: Tensor | None = None, k=None) -> Tensor:
     """The backward of every threshold map, in the compute dtype (half p:
     float32) and returned in p's dtype (differentiable in p, g and ``x``,
     the input, which the families with ``slope_from_x`` need and the others
-    ignore)."""
+    ignore, as they do ``k``, the budget: :func:`row_slope`)."""
     ct = compute_dtype(p.dtype)
     gc = g if g.dtype == ct else g.to(ct)
     if family.name == "entmax" and bool(torch.any(torch.as_tensor(family.alpha) > 2)):
@@ -181,7 +194,7 @@ def vjp(family: Family, p: Tensor, g: Tensor, tau: float, x: Tensor | None = Non
         a = family.alpha.to(ct) if isinstance(family.alpha, Tensor) else family.alpha
         logd = torch.where(pc > 0, (2 - a) * logp, torch.where(pc != pc, pc, float("-inf")))  # type: ignore[operator]  # α: a number or tensor
         return vjp_from_log_slope(logd, gc, tau).to(p.dtype)
-    return vjp_from_slope(row_slope(family, p, x, tau), gc, tau).to(p.dtype)
+    return vjp_from_slope(row_slope(family, p, x, tau, k), gc, tau).to(p.dtype)
 
 
 # ----------------------------------------------------------- the kernel's interface
@@ -201,8 +214,9 @@ def output(family: Family, p: Tensor, dtype: torch.dtype) -> Tensor:
     return out
 
 
-def backward(family: Family, p: Tensor, g: Tensor, tau: float, x: Tensor | None = None) -> Tensor:
+def backward(family: Family, p: Tensor, g: Tensor, tau: float, x: Tensor | None = None, k=None) -> Tensor:
     """d ⊙ (g − Σ(d⊙g)/Σd)/τ from the saved output (and, for the families
-    with ``slope_from_x``, the input ``x``), in the compute dtype (half
-    inputs: float32), returned in p's dtype: every kernel's backward."""
-    return vjp(family, p, g, tau, x)
+    with ``slope_from_x``, the input ``x`` and the budget ``k``), in the
+    compute dtype (half inputs: float32), returned in p's dtype: every
+    kernel's backward."""
+    return vjp(family, p, g, tau, x, k)

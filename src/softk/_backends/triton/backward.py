@@ -22,13 +22,16 @@ well and forms d = f′(u) from u = (x − x_j)/τ + f⁻¹(p_j), j the entry
 whose p_j holds u best, a normal p ≤ ½ where the row has one
 (:func:`softk._backends.torch.threshold.anchored_slope`): one
 read of p, x and g on chip; on looped rows a read of p and x for the anchor,
-then two of x and g, as the other families read p and g.
+then two of x and g, as the other families read p and g.  ``REFINE`` (the
+budget k given) refines the anchor on a row whose every p lies above ½ by
+two Newton steps on Σf(u) = k over the tails (two more reads of x on
+looped rows, taken only where such a row is).
 """
 
 import triton
 import triton.language as tl
 
-from .family_math import _d_from_p, _df, _f_inv
+from .family_math import _d_from_p, _df, _f_inv, _tail
 
 IBIG = tl.constexpr(2147483647)
 
@@ -178,7 +181,7 @@ def _anchor(bm, bp, bx, bi, FAM: tl.constexpr):
     xj = tl.sum(tl.where(at, bx, 0.0), 1, keep_dims=True)
     inside = M > 0
     # (x_j = 0 off such rows, where it may be −inf: no −inf − −inf below)
-    return inside, _f_inv(tl.where(inside, pj, 0.5), FAM), tl.where(inside, xj, 0.0)
+    return inside, _f_inv(tl.where(inside, pj, 0.5), FAM), tl.where(inside, xj, 0.0), inside & (M < 1.0)
 
 
 @triton.jit
@@ -196,17 +199,46 @@ def _slope_x(x, inside, c, xj, inv_tau, bad, FAM: tl.constexpr):
 
 
 @triton.jit
+def _tail_terms(x, xj, c, inv_tau, FAM: tl.constexpr):
+    # per lane: the tails' shares below and above λ, their slopes, and the
+    # count above (``Family.residual``; past the row x = −inf adds nothing)
+    u = (x - xj) * inv_tau + c
+    up = u >= 0
+    t, d = _tail(u, FAM)
+    return tl.where(up, 0.0, t), tl.where(up, t, 0.0), tl.where(up, 0.0, d), tl.where(up, d, 0.0), up.to(tl.float32)
+
+
+@triton.jit
+def _newton_c(c, ta, tb, da, db, cnt, k, refine):
+    # one Newton step of the anchor's f⁻¹(p_j) on Σf(u) = k, on the log-ratio
+    # of the tails (the λ search's residual), on the rows that ``refine``
+    A = tl.sum(ta, 1, keep_dims=True) + tl.maximum(tl.sum(cnt, 1, keep_dims=True) - k, 0.0)
+    B = tl.sum(tb, 1, keep_dims=True) + tl.maximum(k - tl.sum(cnt, 1, keep_dims=True), 0.0)
+    ok = refine & (A > 0) & (B > 0)
+    As = tl.where(ok, A, 1.0)
+    Bs = tl.where(ok, B, 1.0)
+    r = tl.log(As) - tl.log(Bs)
+    s = tl.sum(da, 1, keep_dims=True) / As + tl.sum(db, 1, keep_dims=True) / Bs
+    return c - tl.where(ok & (s > 0), r / tl.where(s > 0, s, 1.0), 0.0)
+
+
+@triton.jit
 def _load_g(G, base, rmask, cols, n):
     return tl.load(G + base + cols, mask=rmask & (cols < n), other=0.0).to(tl.float32)
 
 
 @triton.jit
-def _bwd_from_x(P, X, G, DX, base, rmask, n, inv_tau, FAM: tl.constexpr, ROWS: tl.constexpr,
-                BLOCK: tl.constexpr, ONCHIP: tl.constexpr):
+def _bwd_from_x(P, X, G, DX, base, rmask, n, inv_tau, k, FAM: tl.constexpr, ROWS: tl.constexpr,
+                BLOCK: tl.constexpr, ONCHIP: tl.constexpr, REFINE: tl.constexpr):
     if ONCHIP:
         cols = tl.arange(0, BLOCK)[None, :]
         p, x, m = _load_pxm(P, X, base, rmask, cols, n)
-        inside, c, xj = _anchor(m, p, x, cols + tl.zeros_like(m).to(tl.int32), FAM)
+        inside, c, xj, refine = _anchor(m, p, x, cols + tl.zeros_like(m).to(tl.int32), FAM)
+        if REFINE:
+            if tl.max(tl.max(refine.to(tl.int32), 1), 0) > 0:
+                for _ in range(2):
+                    ta, tb, da, db, cnt = _tail_terms(x, xj, c, inv_tau, FAM)
+                    c = _newton_c(c, ta, tb, da, db, cnt, k, refine)
         d = _slope_x(x, inside, c, xj, inv_tau, p != p, FAM)
         g = _load_g(G, base, rmask, cols, n)
         _store_dx(DX, base, rmask, cols, n, d, g, _coef(d * g, d), inv_tau)
@@ -226,8 +258,25 @@ def _bwd_from_x(P, X, G, DX, base, rmask, n, inv_tau, FAM: tl.constexpr, ROWS: t
             bp = tl.where(upd, p, bp)
             bx = tl.where(upd, x, bx)
             bi = tl.where(upd, cols + tl.zeros_like(bi), bi)
-        inside, c, xj = _anchor(bm, bp, bx, bi, FAM)
+        inside, c, xj, refine = _anchor(bm, bp, bx, bi, FAM)
         bad = tl.max(badl, 1, keep_dims=True) > 0
+        if REFINE:
+            if tl.max(tl.max(refine.to(tl.int32), 1), 0) > 0:
+                for _ in range(2):  # two more reads of x
+                    ta = tl.zeros([ROWS, BLOCK], tl.float32)
+                    tb = tl.zeros([ROWS, BLOCK], tl.float32)
+                    da = tl.zeros([ROWS, BLOCK], tl.float32)
+                    db = tl.zeros([ROWS, BLOCK], tl.float32)
+                    cnt = tl.zeros([ROWS, BLOCK], tl.float32)
+                    for start in range(0, n, BLOCK):
+                        cols = start + tl.arange(0, BLOCK)[None, :]
+                        a1, b1, a2, b2, c1 = _tail_terms(_load_x(X, base, rmask, cols, n), xj, c, inv_tau, FAM)
+                        ta += a1
+                        tb += b1
+                        da += a2
+                        db += b2
+                        cnt += c1
+                    c = _newton_c(c, ta, tb, da, db, cnt, k, refine)
         # read 2: the two sums; read 3: dx
         sdg = tl.zeros([ROWS, BLOCK], tl.float32)
         sd = tl.zeros([ROWS, BLOCK], tl.float32)
@@ -245,16 +294,16 @@ def _bwd_from_x(P, X, G, DX, base, rmask, n, inv_tau, FAM: tl.constexpr, ROWS: t
 
 
 @triton.jit
-def threshold_bwd_kernel(P, X, G, DX, R, n, inv_tau, am1, FAM: tl.constexpr, ROWS: tl.constexpr,
+def threshold_bwd_kernel(P, X, G, DX, R, n, inv_tau, am1, k, FAM: tl.constexpr, ROWS: tl.constexpr,
                          BLOCK: tl.constexpr, ONCHIP: tl.constexpr, LOGD: tl.constexpr,
-                         FROM_X: tl.constexpr):
+                         FROM_X: tl.constexpr, REFINE: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]  # [ROWS, 1]
     rmask = rows < R
     base = rows * n
     if LOGD:
         _bwd_logd(P, G, DX, base, rmask, n, inv_tau, am1, ROWS, BLOCK, ONCHIP)
     elif FROM_X:
-        _bwd_from_x(P, X, G, DX, base, rmask, n, inv_tau, FAM, ROWS, BLOCK, ONCHIP)
+        _bwd_from_x(P, X, G, DX, base, rmask, n, inv_tau, k, FAM, ROWS, BLOCK, ONCHIP, REFINE)
     elif ONCHIP:
         cols = tl.arange(0, BLOCK)[None, :]
         d, g = _load_d_g(P, G, base, rmask, cols, n, am1, FAM)

@@ -116,6 +116,20 @@ def _df(u, FAM: tl.constexpr):
     return d
 
 
+@triton.jit
+def _tail(u, FAM: tl.constexpr):
+    """(f(−|u|), f′(u)) of sigmoid and laplace: each entry's share of its
+    tail of Σf (f(u) + f(−u) = 1), and the slope (``Family.residual``)."""
+    e = tl.exp(-tl.abs(u))
+    if FAM == SIGMOID:
+        t = e / (1.0 + e)
+        d = t * (1.0 - t)
+    else:
+        t = 0.5 * e
+        d = t
+    return t, d
+
+
 # ------------------------------------------- per-family sums over the row
 # The sums at λ = c + t are kept per lane ([ROWS, BLOCK] blocks: ROWS rows of
 # BLOCK lanes) and reduced along the row once per pass (_red), to [ROWS, 1]

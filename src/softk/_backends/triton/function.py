@@ -206,12 +206,13 @@ def forward_rows(rows: Tensor, fam: int, k: float, tau: float, alpha: float = 1.
 
 
 def backward_rows(p: Tensor, g: Tensor, fam: int, tau: float, alpha: float = 1.5, *,
-                  x: Tensor | None = None, onchip: bool | None = None, block: int | None = None,
+                  x: Tensor | None = None, k: float | None = None, onchip: bool | None = None, block: int | None = None,
                   rows_per_program: int | None = None, out: Tensor | None = None) -> Tensor:
     """∂L/∂x for contiguous (r, n) ``p`` (the saved output) and ``g``,
     written into ``out`` when given; ``x``, the input (contiguous, p's
     dtype), for the families whose slope is formed from it
-    (``Family.slope_from_x``: sigmoid and laplace)."""
+    (``Family.slope_from_x``: sigmoid and laplace), and ``k``, their budget,
+    for the rows whose every p lies above ½."""
     if (fam in FROM_X) != (x is not None):
         raise ValueError(f"backward_rows: x is {'required' if fam in FROM_X else 'not taken'} for family id {fam}")
     dx = _out(out, p)
@@ -219,9 +220,10 @@ def backward_rows(p: Tensor, g: Tensor, fam: int, tau: float, alpha: float = 1.5
     if r:
         oc, blk, warps, rpp = _config(n, onchip, block, rows_per_program, backward=True)
         am1, big, _ = _entmax_flags(fam, alpha)
-        threshold_bwd_kernel[(cdiv(r, rpp),)](p, p if x is None else x, g, dx, r, n, 1.0 / tau, am1, FAM=fam,
-                                              ROWS=rpp, BLOCK=blk, ONCHIP=oc, LOGD=big, FROM_X=x is not None,
-                                              num_warps=warps)
+        threshold_bwd_kernel[(cdiv(r, rpp),)](p, p if x is None else x, g, dx, r, n, 1.0 / tau, am1,
+                                              1.0 if k is None else float(k), FAM=fam, ROWS=rpp, BLOCK=blk,
+                                              ONCHIP=oc, LOGD=big, FROM_X=x is not None,
+                                              REFINE=x is not None and k is not None, num_warps=warps)
     return dx
 
 

@@ -23,7 +23,7 @@ def forward(family: Family, x: Tensor, k: int, tau: float) -> Tensor:
     return out if x.dim() == 2 else out.view(x.shape)
 
 
-def backward(family: Family, p: Tensor, g: Tensor, tau: float, x: Tensor | None = None) -> Tensor:
+def backward(family: Family, p: Tensor, g: Tensor, tau: float, x: Tensor | None = None, k=None) -> Tensor:
     p_rows, g_rows = rows(p), rows(g if g.dtype == p.dtype else g.to(p.dtype))
     if family.kernel == 0:  # softmax (k = 1 always)
         dx = softmax.softmax_backward_rows(p_rows, g_rows, tau)
@@ -32,5 +32,6 @@ def backward(family: Family, p: Tensor, g: Tensor, tau: float, x: Tensor | None 
         if family.slope_from_x:  # the input, which these families' backward reads
             assert x is not None, f"the {family.name} map's backward reads its input"
             x_rows = rows(x if x.dtype == p.dtype else x.to(p.dtype))
-        dx = function.backward_rows(p_rows, g_rows, family.kernel, tau, family.alpha_value, x=x_rows)  # type: ignore[arg-type]
+        dx = function.backward_rows(p_rows, g_rows, family.kernel, tau, family.alpha_value, x=x_rows,  # type: ignore[arg-type]
+                                    k=k if x_rows is not None else None)
     return dx if p.dim() == 2 else dx.view(p.shape)
