@@ -115,7 +115,7 @@ def _newton_shifted(family: Family, s: Tensor, k: int, lo: Tensor, hi: Tensor, a
         is within that of its exact value to first order
         (|Δp_i| = f'_i |Δλ| ≤ |Δg|);
       * or the step is at most 2 ulps of λ': λ' is at its own resolution
-        (rows where rounding in the sum keeps |g − k| above 4·eps·k);
+        (rows where rounding in the sum keeps |r| above 4·eps·scale);
       * or the step lands on a bracket end already evaluated (a cycle) and
         no float lies strictly between the bracket's ends.  Where one does,
         the row bisects instead: a Newton step below the resolution of λ'

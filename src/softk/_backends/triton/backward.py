@@ -31,7 +31,7 @@ looped rows, taken only where such a row is).
 import triton
 import triton.language as tl
 
-from .family_math import _d_from_p, _df, _f_inv, _tail
+from .family_math import _d_from_p, _f_inv, _tail
 
 IBIG = tl.constexpr(2147483647)
 
@@ -195,7 +195,7 @@ def _slope_x(x, inside, c, xj, inv_tau, bad, FAM: tl.constexpr):
     # (0, 1); NaN on a row whose p is NaN (``bad``: a NaN or +inf score), so
     # that its sums and its whole dx are NaN
     u = tl.where(inside, (x - xj) * inv_tau + c, 0.0)
-    return tl.where(bad, float("nan"), tl.where(inside, _df(u, FAM), 0.0))
+    return tl.where(bad, float("nan"), tl.where(inside, _tail(u, FAM)[1], 0.0))
 
 
 @triton.jit

@@ -3,7 +3,7 @@ r"""Per-family arithmetic of the Triton kernels, on float32 entries.
 ``_f`` is the map f(u), ``_d_from_p`` is f′(u) read off p = f(u) (the same
 formulas as ``Family.d_from_p``; entmax's α enters as ``am1`` = α − 1,
 passed as such so that α near 1 keeps its relative precision), ``_f_inv``
-and ``_df`` form f′ from u for the families with ``Family.slope_from_x``,
+and ``_tail`` form f′ from u for the families with ``Family.slope_from_x``,
 and ``_init``/``_acc``/``_red``/``_fin`` are the sums over a row that the λ search evaluates at one point λ = c + t
 (see :mod:`softk._backends.triton.search`).  Every function branches on the constexpr
 family id ``FAM``, compared with the named ids of :mod:`.ids` (the values of
@@ -105,21 +105,11 @@ def _f_inv(p, FAM: tl.constexpr):
 
 
 @triton.jit
-def _df(u, FAM: tl.constexpr):
-    """f′(u) of sigmoid and laplace (``Family.df``), from e^{−|u|}, which
-    keeps its relative precision on both sides of λ."""
-    e = tl.exp(-tl.abs(u))
-    if FAM == SIGMOID:
-        d = e / ((1.0 + e) * (1.0 + e))
-    else:
-        d = 0.5 * e
-    return d
-
-
-@triton.jit
 def _tail(u, FAM: tl.constexpr):
     """(f(−|u|), f′(u)) of sigmoid and laplace: each entry's share of its
-    tail of Σf (f(u) + f(−u) = 1), and the slope (``Family.residual``)."""
+    tail of Σf (f(u) + f(−u) = 1), and the slope (``Family.residual``,
+    ``Family.df``), both from e^{−|u|}, which keeps its relative precision
+    on both sides of λ."""
     e = tl.exp(-tl.abs(u))
     if FAM == SIGMOID:
         t = e / (1.0 + e)
