@@ -27,7 +27,9 @@ import pytest
 import torch
 
 import softk
+from softk._backends.torch.threshold import backward as threshold_backward
 from softk._backends.triton.function import FAMILY_IDS, backward_rows
+from softk.threshold.families import THRESHOLD_METHODS
 
 mpmath.mp.dps = 60
 # the forward's search on rows this far apart takes log 0 and 0/0 in lanes it
@@ -296,6 +298,59 @@ def test_rows_whose_every_p_is_above_one_half(backend, fam, dtype, n, k):
     g[:3] = torch.tensor([1.0, -0.5, 0.25])[:n]
     dx, g = _run(fam, backend, x, k, 1.0, g)
     _check(dx, *_ref_vjp(d, g, 1.0), 1.0, dtype)
+
+
+def _rounded_row(fam, dtype, n, k, low):
+    """A row of n scores within 0.02 of each other (five values: the
+    reference sums over distinct ones) at budget k, and ``low`` entries at
+    −200 (p = 0 in any half dtype): x, p (the reference, rounded to
+    nearest) and d."""
+    spread = 0.01 * torch.tensor([0.0, 0.3, -0.5, 1.0, -1.2]).repeat(n // 5)
+    x = torch.cat([spread, torch.full((low,), -200.0)]).to(dtype)
+    p, d = _ref(fam, x.double().numpy(), k, 1.0)
+    p = torch.tensor([float(v) for v in p], dtype=torch.float64).to(dtype)
+    assert bool(((p == 1) | (p == 0)).all())  # nothing to anchor on
+    return x, p, d
+
+
+ROUNDED = [(torch.bfloat16, 600, 599, 0),  # 1 − p ≈ 1.7e-3, below ε/4 = 2⁻⁹
+           (torch.bfloat16, 600, 599, 2),  # and two entries at p = 0
+           (torch.float16, 9000, 8999, 1)]  # 1 − p ≈ 1.1e-4 < 2⁻¹²; the looped Triton backward
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fam", FAMS)
+@pytest.mark.parametrize("dtype, n, k, low", ROUNDED)
+def test_rows_whose_every_p_rounds_to_zero_or_one(backend, fam, dtype, n, k, low):
+    # No p strictly inside (0, 1): the backward anchors at the lowest entry
+    # that rounded to 1, at the u where rounding to 1 begins, and Newton on
+    # Σf(u) = k over x's tails finds u; the exact gradient is 1/n-sized
+    # where reading p would give 0.  The kernels are called on the rounded
+    # p, which Triton's interpreter (it truncates its stores) does not write.
+    x, p, d = _rounded_row(fam, dtype, n, k, low)
+    g = torch.linspace(-1.0, 2.0, len(x), dtype=torch.float64) ** 3
+    if backend == "torch":
+        dx = threshold_backward(THRESHOLD_METHODS[fam], p, g.to(dtype), 1.0, x, k)
+    else:
+        dx = backward_rows(p[None], g.to(dtype)[None], FAMILY_IDS[fam], 1.0, x=x[None], k=k)[0]
+    want, scale = _ref_vjp(d, g, 1.0)
+    assert np.abs(want).max() > 0.5 / n
+    _check(dx.double().numpy(), want, scale, 0.0, dtype)
+
+
+@pytest.mark.parametrize("fam", FAMS)
+def test_a_row_of_ones_through_the_op(fam):
+    # the public call passes k on to the backward and to jvp
+    x, p, d = _rounded_row(fam, torch.bfloat16, 600, 599, 2)
+    xx = x.clone().requires_grad_()
+    out = softk.soft_topk(xx, 599, method=fam)
+    assert torch.equal(out, p)
+    g = torch.linspace(-1.0, 2.0, len(x), dtype=torch.float64) ** 3
+    out.backward(g.to(x.dtype))
+    want, scale = _ref_vjp(d, g, 1.0)
+    _check(xx.grad.double().numpy(), want, scale, 0.0, torch.bfloat16)
+    _, jv = torch.func.jvp(lambda t: softk.soft_topk(t, 599, method=fam), (x,), (g.to(x.dtype),))
+    _check(jv.double().numpy(), want, scale, 0.0, torch.bfloat16)  # J is symmetric
 
 
 @pytest.mark.parametrize("fam", FAMS)

@@ -96,7 +96,7 @@ def slope(family: Family, p: Tensor) -> Tensor:
     return torch.where(pos, family.d_from_p(torch.where(pos, p, 0.5)), torch.where(p != p, p, 0.0))
 
 
-def anchored_slope(family: Family, p: Tensor, x: Tensor, tau: float, tiny: float | None = None, k=None) -> Tensor:
+def anchored_slope(family: Family, p: Tensor, x: Tensor, tau: float, stored: torch.dtype | None = None, k=None) -> Tensor:
     r"""d = f′(u) for the families whose slope p cannot give near p = 1
     (``Family.slope_from_x``): u from the input ``x`` (on p's rows, in p's
     dtype), anchored at an entry j of the row,
@@ -107,24 +107,36 @@ def anchored_slope(family: Family, p: Tensor, x: Tensor, tau: float, tiny: float
     moves u by δ/p_j below ½ and by δ/(1 − p_j) above): the largest p ≤ ½
     of the normal floats, whose relative error is an ulp; else the best of
     the entries above ½, which keep (1 − p)/ulp of their digits, and the
-    subnormal ones, which keep p/``tiny`` of them (``tiny``: the smallest
-    normal float of the dtype p was stored in; default p's).  Where no
-    normal p ≤ ½ is left to anchor on (every p above ½: k > n/2), u is
-    refined by two Newton steps on Σf(u) = k (``Family.residual``, which
-    sums the tails 1 − p apart) when the budget ``k`` is given.  0 on a row
-    with no p strictly between 0 and 1 (the map is locally constant as far
-    as the dtype can tell), NaN where p is NaN.  Differentiable in p and x
+    subnormal ones, which keep p/tiny of them (tiny: the smallest normal
+    float of ``stored``, the dtype p was stored in; default p's).  On a row
+    whose every p rounded to 0 or 1, j is the lowest entry that rounded to
+    1, with u_j = −f⁻¹(ε/4) (ε: ``stored``'s machine epsilon), where
+    rounding to 1 begins: a lower bound of u_j.  Where no normal p ≤ ½ is
+    left to anchor on (every p above ½: k > n/2), u is refined by two Newton
+    steps on Σf(u) = k (``Family.residual``, which sums the tails 1 − p
+    apart) when the budget ``k`` is given.  Without ``k`` a row with no p
+    strictly between 0 and 1 has d = 0 (the map is locally constant as far
+    as the dtype can tell); NaN where p is NaN.  Differentiable in p and x
     with the exact second derivative: through p_j, u_i moves by λ's own
     derivative (and a Newton step at its root moves by that too)."""
-    tiny = torch.finfo(p.dtype).tiny if tiny is None else tiny
-    key = torch.where(p > 0.5, 1 - p, torch.where(p >= tiny, 1 + p, p / tiny))
+    fi = torch.finfo(p.dtype if stored is None else stored)
+    key = torch.where(p > 0.5, 1 - p, torch.where(p >= fi.tiny, 1 + p, p / fi.tiny))
     key = torch.where((p > 0) & (p < 1), key, -1.0)  # 0, 1 and NaN are never the anchor
     j = key.argmax(-1, keepdim=True)
     inside = key.gather(-1, j) > 0
     u0 = family.f_inv(torch.where(inside, p.gather(-1, j), 0.5))  # type: ignore[misc]  # set where slope_from_x is
+    refine = inside & (key.gather(-1, j) < 1)  # the anchor is not a normal p ≤ ½
+    if k is not None and family.residual is not None and (not eager(p) or not bool(inside.all())):
+        # a row of 0s and 1s: the lowest entry that rounded to 1, at the u
+        # where rounding to 1 begins, then the Newton steps
+        one = p == 1
+        alone = ~inside & one.any(-1, keepdim=True)
+        j = torch.where(inside, j, torch.where(one, x, float("inf")).argmin(-1, keepdim=True))
+        u0 = torch.where(alone, -family.f_inv(torch.tensor(fi.eps / 4, dtype=p.dtype)), u0)  # type: ignore[misc]
+        refine = refine | alone
+        inside = inside | alone
     diff = x - x.gather(-1, j)
     u = torch.where(inside, (diff if tau == 1.0 else diff / tau) + u0, 0.0)  # (no NaN from −inf − −inf in its derivative)
-    refine = inside & (key.gather(-1, j) < 1)  # the anchor is not a normal p ≤ ½
     # (the steps are skipped where no row needs them in plain eager calls
     # only: a transform or a compiler cannot branch on the data)
     if k is not None and family.residual is not None and (not eager(p) or bool(refine.any())):
@@ -144,7 +156,7 @@ def row_slope(family: Family, p: Tensor, x: Tensor | None, tau: float, k=None) -
         return slope(family, p.to(ct))
     assert x is not None, f"the {family.name} map's backward reads its input"
     kc = k.to(ct) if isinstance(k, Tensor) else k
-    return anchored_slope(family, p.to(ct), x.to(ct), tau, torch.finfo(p.dtype).tiny, kc)
+    return anchored_slope(family, p.to(ct), x.to(ct), tau, p.dtype, kc)
 
 
 def vjp_from_slope(d: Tensor, g: Tensor, tau: float) -> Tensor:
