@@ -118,3 +118,44 @@ def test_per_sample_gradients_under_vmap_of_grad(rng, dense):
             fd[j] = (ol.fy_loss("entmax", (x[i] + e)[None], y[i : i + 1], alpha=a0, tau=0.8)[0]
                      - ol.fy_loss("entmax", (x[i] - e)[None], y[i : i + 1], alpha=a0, tau=0.8)[0]) / (2 * eps)
         np.testing.assert_allclose(dx[i].numpy(), fd, rtol=1e-5, atol=1e-8)
+
+
+# A bfloat16 target sums to 1 only to its rounding (here 0.9985); the loss
+# at it is within |Σy − 1|·(max|ψ'(y)| + max|z|) of the loss at y/Σy.  The
+# Tsallis ψ = y^α/(α(α−1)) summed as it stands added (Σy − 1)/(α(α−1)), a
+# whole unit at α = 1.001 (the loss came out clamped to 0 where it is 0.52).
+_X_BF16 = [[0.3356, 0.5270], [1.25, -0.5]]
+_Y_BF16 = [[0.9272, 0.0728], [0.3, 0.7]]
+
+
+@pytest.mark.parametrize("backend", ["torch", "native", "triton", "tensor alpha"])
+@pytest.mark.parametrize("alpha", [1.001, 1.01, 1.5])
+def test_a_half_precision_target_that_sums_to_one_only_to_its_rounding(backend, alpha):
+    import softk
+    from ..oracle import mp as omp
+
+    x = torch.tensor(_X_BF16, dtype=torch.bfloat16)
+    y = torch.tensor(_Y_BF16).bfloat16()
+    yd = y.double().numpy()
+    delta = np.abs(yd.sum(1) - 1)
+    assert delta.max() > 1e-3
+    want = np.array([omp.fy_row("entmax", x[i].double().numpy(), yd[i] / yd[i].sum(), alpha=alpha) for i in range(2)])
+    with softk.use_backend("auto" if backend == "tensor alpha" else backend):
+        a = torch.full((2, 1), alpha, dtype=torch.bfloat16) if backend == "tensor alpha" else alpha
+        got = entmax_loss(x, y, alpha=a, reduction="none").double().numpy()
+    bound = delta * (np.abs(np.log(yd)).max() + 2.0) + 2.0**-8 * want  # the target's rounding, the output's
+    assert np.all(np.abs(got - want) <= bound), (got, want, bound)
+
+
+def test_alpha_near_one_keeps_the_float32_digits_on_the_tensor_path():
+    # ψ summed as y^α/(α(α−1)) has terms 1/(α − 1) = 1e5 that cancel to the
+    # loss, whose float32 value kept 3 digits; (y^α − y)/(α(α−1)) has none
+    import softk
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 7, generator=g)
+    t = torch.tensor([0, 3, 6, 2])
+    want = np.array([ol.fy_row("entmax", x[i].double().numpy(), np.eye(7)[int(t[i])], alpha=1.00001) for i in range(4)])
+    with softk.use_backend("torch"):
+        got = entmax_loss(x, t, alpha=1.00001, reduction="none").double().numpy()
+    np.testing.assert_allclose(got, want, rtol=2e-6)

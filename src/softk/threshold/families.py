@@ -455,8 +455,14 @@ def entmax_family(alpha) -> Family:
             p > 0, torch.exp((2 - alpha) * torch.log(torch.where(p > 0, p, 1.0))), 0.0
         ),
         F=lambda u: pos_pow(u, beta + 1) / alpha,
+        # (p^α − p)/(α(α−1)): Tsallis' p^α/(α(α−1)) less a term linear in p,
+        # which cancels wherever ψ is summed over two points of the simplex
+        # (the losses' Ω(y) − Ω(p), the potential less ψ(1) per unit mass),
+        # and which would not cancel where Σy is 1 only to its dtype (bfloat16
+        # targets) and would add (Σy − 1)/(α(α−1)); in this form no term is
+        # 1/(α − 1)-sized either, so α near 1 keeps ψ's digits
         psi=lambda p: torch.where(
-            p > 0, torch.exp(alpha * torch.log(torch.where(p > 0, p, 1.0))), 0.0
+            p > 0, p * torch.expm1(am1 * torch.log(torch.where(p > 0, p, 1.0))), 0.0
         )
         / (alpha * am1),
         capped=False,
@@ -549,8 +555,14 @@ def entmax_dense_family(alpha) -> Family:
         df=lambda u: neg_pow(u, beta - 1),
         d_from_p=lambda p: torch.exp((2 - alpha) * torch.log(p)),
         F=lambda u: neg_pow(u, beta + 1) / alpha,
+        # (p^α − p)/(α(α−1)): Tsallis' p^α/(α(α−1)) less a term linear in p,
+        # which cancels wherever ψ is summed over two points of the simplex
+        # (the losses' Ω(y) − Ω(p), the potential less ψ(1) per unit mass),
+        # and which would not cancel where Σy is 1 only to its dtype (bfloat16
+        # targets) and would add (Σy − 1)/(α(α−1)); in this form no term is
+        # 1/(α − 1)-sized either, so α near 1 keeps ψ's digits
         psi=lambda p: torch.where(
-            p > 0, torch.exp(alpha * torch.log(torch.where(p > 0, p, 1.0))), 0.0
+            p > 0, p * torch.expm1(am1 * torch.log(torch.where(p > 0, p, 1.0))), 0.0
         )
         / (alpha * am1),
         capped=False,
