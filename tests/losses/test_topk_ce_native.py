@@ -93,6 +93,11 @@ def test_half_inputs_are_computed_in_float32(rng, dtype):
     eps = 2.0**-8 if dtype == torch.bfloat16 else 2.0**-11
     np.testing.assert_allclose(loss.double().item(), ref_loss.mean(), rtol=eps)
     np.testing.assert_allclose(grad.double().numpy(), ref_grad / 6, rtol=eps, atol=eps / 50)
+    # and without a gradient to form (inference, or an input that needs none)
+    for reduction in ("none", "mean"):
+        loss = topk_ce(torch.tensor(xn).to(dtype), torch.tensor(t), k=5, tau=0.5, reduction=reduction)
+        want = ref_loss if reduction == "none" else ref_loss.mean()
+        np.testing.assert_allclose(loss.double().numpy(), want, rtol=eps)
 
 
 def test_ties_value_is_tie_free_and_gradient_goes_to_the_lowest_indices(rng):

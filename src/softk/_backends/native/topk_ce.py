@@ -30,5 +30,5 @@ def topk_softmax_ce(z: Tensor, target: Tensor, k: int, tau: float, reduction: st
     if want_grad:
         grad = grad.view(z.shape)
     if z.dtype != ct:  # half input: computed in float32
-        out, grad = out.to(z.dtype), grad.to(z.dtype)
+        out, grad = out.to(z.dtype), (grad.to(z.dtype) if want_grad else None)
     return out, grad
