@@ -206,6 +206,19 @@ def test_margin_bound_holds_for_any_scores(row, data):
     assert max(row) - min(row) >= losses.cross_entropy_margin(len(row), ce) - 1e-9
 
 
+@pytest.mark.parametrize("n", [2, 10, 10**6])
+@pytest.mark.parametrize("eps, margin", [(50.0, -700.0), (1000.0, -1000.0), (1e5, 800.0)])
+def test_margin_and_floor_far_out_do_not_overflow(n, eps, margin):
+    # e^ε and e^{−margin} overflow a double here; the values do not
+    import mpmath
+
+    mpmath.mp.dps = 50
+    want_m = mpmath.log(n - 1) - mpmath.log(mpmath.expm1(eps))
+    want_f = mpmath.log1p((n - 1) * mpmath.exp(-mpmath.mpf(margin)))
+    assert losses.cross_entropy_margin(n, eps) == pytest.approx(float(want_m), rel=1e-14)
+    assert losses.cross_entropy_floor(n, margin) == pytest.approx(float(want_f), rel=1e-14, abs=1e-300)
+
+
 def test_margin_bad_arguments():
     with pytest.raises(ValueError, match="num_classes must be >= 2"):
         losses.cross_entropy_margin(1, 0.1)

@@ -42,7 +42,8 @@ def cross_entropy_margin(num_classes: int, loss: float) -> float:
     """
     n = _check_n(num_classes)
     eps = check_positive(loss, "loss")
-    return math.log(n - 1) - math.log(math.expm1(eps))
+    # log(e^ε − 1) = ε + log(1 − e^{−ε}): no overflow for a large ε
+    return math.log(n - 1) - (eps + math.log1p(-math.exp(-eps)) if eps > 1 else math.log(math.expm1(eps)))
 
 
 def cross_entropy_floor(num_classes: int, margin: float) -> float:
@@ -55,4 +56,5 @@ def cross_entropy_floor(num_classes: int, margin: float) -> float:
     n = _check_n(num_classes)
     if isinstance(margin, bool) or not isinstance(margin, numbers.Real) or not math.isfinite(margin):
         raise TypeError(f"margin must be a finite number, got {margin!r}")
-    return math.log1p((n - 1) * math.exp(-float(margin)))
+    a = math.log(n - 1) - float(margin)  # the floor is softplus(a), formed without overflow
+    return a + math.log1p(math.exp(-a)) if a > 0 else math.log1p(math.exp(a))
