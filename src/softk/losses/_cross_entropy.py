@@ -21,8 +21,12 @@ ignores it there).  Half-precision input is computed in float32 and the result
 returned in the input dtype; with class indices (no class weights, no label
 smoothing) on a backend whose fused softmax loss kernel reads half input as
 it is (Triton), that kernel computes the loss and its gradient in one pass,
-with no float32 copy of the logits.  A row whose scores are all ``-inf`` gives NaN,
-as in torch (it has no distribution to score).
+with no float32 copy of the logits.  That kernel divides by τ after
+shifting each row by its maximum, so where x/τ overflows float32 (a
+bfloat16 score near its largest value over a small τ) it gives the finite
+loss where torch's arithmetic, and softk's other routes, give inf − inf =
+NaN.  A row whose scores are all ``-inf`` gives NaN, as in torch (it has no
+distribution to score).
 
 Masked scores (``-inf``) with a probability target: the formula sums
 q_c·log p_c over *every* class, and a masked class has log p_c = −inf, so a

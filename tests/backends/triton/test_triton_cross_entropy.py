@@ -130,6 +130,20 @@ def test_rows_follow_torch_cross_entropy(dtype, reduction, n):
             assert torch.all((got[fin] - want[fin]).abs() <= ULP[dtype] * want[fin].abs() + 1e-6)
 
 
+def test_scores_whose_quotient_by_tau_overflows_float32():
+    # the fused kernel shifts by the row maximum before it divides by τ: the
+    # exact loss, log 2, where torch's x.float()/τ overflows to inf − inf = NaN
+    # (the documented difference; softk's torch route follows torch)
+    x = torch.tensor([[3e38, 3e38]], dtype=torch.bfloat16)
+    t = torch.tensor([0])
+    assert torch.isnan(F.cross_entropy(x.float() / 1e-3, t))
+    with softk.use_backend("triton"):
+        got = cross_entropy(x, t, tau=1e-3).double().item()
+    assert abs(got - np.log(2)) <= HALF_ULP[torch.bfloat16] * np.log(2) * 2
+    with softk.use_backend("torch"):
+        assert torch.isnan(cross_entropy(x, t, tau=1e-3))
+
+
 def test_every_row_ignored_gives_nan_for_the_mean():
     x, _ = _edge_rows(torch.bfloat16)
     x = x[[0, 2, 4]].clone().requires_grad_()
