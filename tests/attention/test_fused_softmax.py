@@ -130,3 +130,40 @@ def test_whole_rows_still_serve_the_rest():
     # the route takes only the softmax: the sparse maps keep the whole score rows
     q = torch.randn(1, 2, 3, 4)
     assert rows.serves(q, 5)
+
+
+def _laid_out(t: torch.Tensor, layout: str) -> torch.Tensor:
+    """t's values with a head dimension that is not packed: stored
+    transposed, a slice of every other entry, or expanded from one entry."""
+    if layout == "transposed":
+        return t.transpose(-1, -2).contiguous().transpose(-1, -2)
+    if layout == "sliced":
+        return torch.stack([t, torch.zeros_like(t)], -1).flatten(-2)[..., ::2]
+    return t[..., :1].expand(t.shape)
+
+
+@pytest.mark.parametrize("layout", ["transposed", "sliced", "expanded"])
+@pytest.mark.parametrize("which", ["q", "k", "v", "dout"])
+def test_a_head_dimension_that_is_not_packed(taken, layout, which):
+    # the fused kernel reads the head dimension as packed without checking:
+    # a transposed key cache (k = kᵀ.transpose(-1, -2)) gave errors of 1-2
+    # on O(1) outputs, and gradients as far off
+    B, H, L, S, E = 2, 3, 20, 24, 8
+    g = torch.Generator().manual_seed(3)
+    base = {n: torch.randn(*shape, generator=g, dtype=F64)
+            for n, shape in (("q", (B, H, L, E)), ("k", (B, H, S, E)), ("v", (B, H, S, E)), ("dout", (B, H, L, E)))}
+    if which != "dout":
+        base[which] = _laid_out(base[which], layout)
+        assert base[which].stride(-1) != 1
+    q, k, v = (base[n].clone() if base[n].stride(-1) == 1 else base[n] for n in "qkv")
+    q, k, v = (t.requires_grad_() if t.is_leaf else t for t in (q, k, v))
+    leaves = [t for t in (q, k, v) if t.requires_grad]
+    out = run("blockwise", q, k, v, map="softmax", is_causal=True)
+    dout = _laid_out(base["dout"], layout) if which == "dout" else base["dout"]
+    got = torch.autograd.grad(out, leaves, dout)
+    assert taken == {"forward": 1, "backward": 1}
+    args = [t.detach().numpy() for t in (q, k, v)]
+    close(out.detach(), ora.attention(*args, None, True, None, "softmax")[0], atol=1e-10, rtol=1e-10)
+    want = ora.grads(*args, dout.numpy(), None, True, None, "softmax")
+    for a, w in zip(got, [w for t, w in zip((q, k, v), want) if t.requires_grad]):
+        close(a, w, atol=1e-10, rtol=1e-10)

@@ -101,11 +101,20 @@ def _fold(g: Tensor, hkv: int) -> Tensor:
     return g.reshape(B, hkv, H // hkv, *g.shape[2:]).sum(2)
 
 
+def _rows(t: Tensor) -> Tensor:
+    """t with a unit stride along its last dimension, which the fused kernel
+    assumes without checking (it reads a transposed, sliced or expanded
+    head dimension as if it were packed); torch's SDPA ensures it before it
+    calls the kernel, and so does this."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
 def attention_forward(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: bool, mask):
     """(out (B, H, L, E), m = 0 (B, H, L), lam = the log-sum-exp (B, H, L))."""
     H = q.shape[1]
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        q, _heads(k, H), _heads(v, H), 0.0, causal, attn_mask=additive(mask, q.dtype), scale=scale)
+        _rows(q), _rows(_heads(k, H)), _rows(_heads(v, H)), 0.0, causal, attn_mask=additive(mask, q.dtype),
+        scale=scale)
     return out, torch.zeros_like(lse), lse
 
 
@@ -114,5 +123,6 @@ def attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tenso
     """(dq, dk, dv) from the forward's output and log-sum-exp ``lam``."""
     H, hkv = q.shape[1], k.shape[1]
     dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-        dout, q, _heads(k, H), _heads(v, H), out, lam, 0.0, causal, attn_mask=additive(mask, q.dtype), scale=scale)
+        _rows(dout), _rows(q), _rows(_heads(k, H)), _rows(_heads(v, H)), _rows(out), lam, 0.0, causal,
+        attn_mask=additive(mask, q.dtype), scale=scale)
     return dq, _fold(dk, hkv), _fold(dv, hkv)
