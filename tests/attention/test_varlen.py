@@ -183,3 +183,66 @@ def test_a_paged_cache_takes_no_gradient():
         varlen_attn(q, pool, pool, torch.tensor([0, 1], dtype=torch.int32), None, 1, 4,
                     seqused_k=torch.tensor([3], dtype=torch.int32), block_table=torch.zeros(1, 1, dtype=torch.int32),
                     enable_gqa=True)
+
+
+def _lse_oracle(q, k, cq, ck, window, scale, softcap=None, used=None):
+    """(T_q, H) log-sum-exp of each query's capped, scaled scores over the keys it sees, in NumPy."""
+    out = []
+    H, Hkv = q.shape[1], k.shape[1]
+    for i in range(len(cq) - 1):
+        q0, q1, k0, k1 = int(cq[i]), int(cq[i + 1]), int(ck[i]), int(ck[i + 1])
+        k1 = k1 if used is None else k0 + used[i]
+        qi, ki = q[q0:q1].detach().numpy(), k[k0:k1].detach().numpy()
+        keep = _window(q1 - q0, k1 - k0, *window)
+        rows = np.full((q1 - q0, H), -np.inf)
+        for h in range(H):
+            s = qi[:, h] @ ki[:, h // (H // Hkv)].T * (qi.shape[-1] ** -0.5 if scale is None else scale)
+            if softcap is not None:
+                s = softcap * np.tanh(s / softcap)
+            for t in range(q1 - q0):
+                seen = s[t][keep[t]]
+                if seen.size:
+                    rows[t, h] = seen.max() + np.log(np.exp(seen - seen.max()).sum())
+        out.append(rows)
+    return np.concatenate(out)
+
+
+@pytest.mark.parametrize("softcap", [None, 2.0])
+@pytest.mark.parametrize("lq, lk, window", [([5, 1, 7], [5, 1, 7], (-1, 0)), ([3, 2, 4], [6, 2, 9], (1, 2))])
+def test_the_log_sum_exp_torch_asks_for(lq, lk, window, softcap):
+    from torch.nn.attention.varlen import AuxRequest
+
+    q, k, v, cq, ck = _packed(lq, lk)
+    out, lse = varlen_attn(q, k, v, cq, ck, max(lq), max(lk), return_aux=AuxRequest(lse=True), num_splits=1,
+                           window_size=window, enable_gqa=True, map="softmax", softcap=softcap, scale=0.7)
+    np.testing.assert_allclose(lse.detach().numpy(), _lse_oracle(q, k, cq, ck, window, 0.7, softcap), rtol=1e-12)
+    plain = varlen_attn(q, k, v, cq, ck, max(lq), max(lk), return_aux=AuxRequest(lse=False), window_size=window,
+                        enable_gqa=True, map="softmax", softcap=softcap, scale=0.7)
+    assert torch.equal(plain, out)
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_the_log_sum_exp_from_a_paged_cache(monkeypatch, batched):
+    from torch.nn.attention.varlen import AuxRequest
+
+    monkeypatch.setattr(varlen_module, "DECODE_QUERIES", 16 if batched else 0)
+    lq, lk, window = [2, 0, 3, 1], [5, 9, 1, 7], (2, 0)
+    q, k, v, cq, ck = _packed(lq, lk, seed=7)
+    pool_k, pool_v, table = _paged(lk, 4, k, v, ck, [4, 0, 2, 5, 1, 3, 7, 6])
+    with torch.no_grad():
+        _, lse = varlen_attn(q, pool_k, pool_v, cq, None, 3, 9, seqused_k=torch.tensor(lk, dtype=torch.int32),
+                             block_table=table, window_size=window, map="softmax", enable_gqa=True,
+                             return_aux=AuxRequest(lse=True))
+    np.testing.assert_allclose(lse.numpy(), _lse_oracle(q, k, cq, ck, window, None), rtol=1e-12)
+
+
+def test_the_log_sum_exp_is_the_softmax_s_alone():
+    from torch.nn.attention.varlen import AuxRequest
+
+    q, k, v, cq, ck = _packed([2], [2])
+    with pytest.raises(ValueError, match="return_aux=AuxRequest\\(lse=True\\).*map='entmax15' has none"):
+        varlen_attn(q, k, v, cq, ck, 2, 2, return_aux=AuxRequest(lse=True), enable_gqa=True)
+    with pytest.raises(TypeError, match="return_aux must be None or"):
+        varlen_attn(q, k, v, cq, ck, 2, 2, return_aux=True, enable_gqa=True)
+    with pytest.raises(ValueError, match="num_splits must be None or an int >= 1"):
+        varlen_attn(q, k, v, cq, ck, 2, 2, num_splits=0, enable_gqa=True)

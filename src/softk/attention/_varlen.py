@@ -68,8 +68,8 @@ def window_mask(lq: int, lk: int, window, device) -> Tensor:
 
 
 def varlen_attn(query: Tensor, key: Tensor, value: Tensor, cu_seq_q: Tensor, cu_seq_k, max_q: int, max_k: int, *,
-                scale=None, window_size=(-1, -1), enable_gqa: bool = False, seqused_k=None, block_table=None,
-                map: str = "entmax15", alpha=None, softcap=None) -> Tensor:
+                return_aux=None, scale=None, window_size=(-1, -1), enable_gqa: bool = False, seqused_k=None,
+                block_table=None, num_splits=None, map: str = "entmax15", alpha=None, softcap=None):
     r"""Attention over packed sequences with a sparse map, ``map="entmax15"`` by default (torch's is softmax).
 
     Sequence i holds queries ``query[cu_seq_q[i]:cu_seq_q[i+1]]`` and keys
@@ -87,6 +87,13 @@ def varlen_attn(query: Tensor, key: Tensor, value: Tensor, cu_seq_q: Tensor, cu_
         max_q, max_k: ints at least as large as every sequence's query and
             key count (torch's kernels size their grid from them; here they
             are checked).
+        return_aux: None, or torch's ``AuxRequest`` (any object with a bool
+            ``lse``): with ``lse`` True the call returns (out, lse), lse
+            (T_q, H) the log-sum-exp of each query's capped, scaled scores
+            over the keys it sees (−inf where it sees none), for
+            ``map="softmax"`` only, whose weights it normalises; the sparse
+            maps have no such normaliser, and asking raises ValueError.
+            It is formed from the scores apart from the attention.
         scale: the factor of q·k, default 1/√D.
         window_size: (left, right), FlashAttention's: key j is seen by query
             t iff pos − left ≤ j ≤ pos + right, pos = t + L_k − L_q (the
@@ -99,10 +106,14 @@ def varlen_attn(query: Tensor, key: Tensor, value: Tensor, cu_seq_q: Tensor, cu_
         block_table: None or (N, max_pages) int32: the pages of each
             sequence's keys in the pool ``key``/``value``, in order; needs
             ``seqused_k``.  Inference only: a paged cache takes no gradient.
+        num_splits: None or an int >= 1: torch's split-KV setting, checked
+            and otherwise unused: softk does not split a sequence's keys
+            across programs.
         map, alpha, softcap: as :func:`softk.attention.scaled_dot_product_attention`.
 
     Returns:
         (T_q, H, Dv) in the query's dtype; a query that sees no key gets 0.
+        With ``return_aux.lse``: (out, lse), above.
 
     >>> import torch
     >>> from softk.attention import varlen_attn
@@ -134,6 +145,9 @@ def varlen_attn(query: Tensor, key: Tensor, value: Tensor, cu_seq_q: Tensor, cu_
     window = (int(window_size[0]), int(window_size[1]))
     max_q, max_k = _int(max_q, "max_q"), _int(max_k, "max_k")
     check_softcap(softcap)
+    if num_splits is not None and _int(num_splits, "num_splits") < 1:
+        raise ValueError(f"num_splits must be None or an int >= 1, got {num_splits}")
+    want_lse = _wants_lse(return_aux, map)
     qo = _offsets(cu_seq_q, "cu_seq_q", query.shape[0])
     n = len(qo) - 1
     used = None
@@ -177,8 +191,8 @@ def varlen_attn(query: Tensor, key: Tensor, value: Tensor, cu_seq_q: Tensor, cu_
 
     kw = dict(scale=scale, enable_gqa=enable_gqa, map=map, alpha=alpha, softcap=softcap)
     if paged and n and max(lq) <= DECODE_QUERIES:
-        return _paged_batch(query, key, value, qo, lq, lk, block_table, window, kw)
-    outs = []
+        return _paged_batch(query, key, value, qo, lq, lk, block_table, window, kw, want_lse)
+    outs, lses = [], []
     for i in range(n):
         if lq[i] == 0:
             continue
@@ -191,15 +205,46 @@ def varlen_attn(query: Tensor, key: Tensor, value: Tensor, cu_seq_q: Tensor, cu_
         q_i = query[qo[i]:qo[i + 1]]
         causal = window == (-1, 0) and lq[i] == lk[i]  # top-left and bottom-right alignments agree
         mask = None if window == (-1, -1) or causal else window_mask(lq[i], lk[i], window, query.device)
-        out = scaled_dot_product_attention(q_i.transpose(0, 1), k_i.transpose(0, 1), v_i.transpose(0, 1), mask,
-                                           is_causal=causal, **kw)
-        outs.append(out.transpose(0, 1))
+        heads = (q_i.transpose(0, 1), k_i.transpose(0, 1), v_i.transpose(0, 1))
+        outs.append(scaled_dot_product_attention(*heads, mask, is_causal=causal, **kw).transpose(0, 1))
+        if want_lse:
+            keep = window_mask(lq[i], lk[i], window, query.device) if window != (-1, -1) else None
+            lses.append(_lse(heads[0], heads[1], keep, scale, softcap).transpose(0, 1))
     if not outs:
-        return query.new_zeros(query.shape[0], query.shape[1], value.shape[-1])
-    return torch.cat(outs, 0)
+        out = query.new_zeros(query.shape[0], query.shape[1], value.shape[-1])
+        return (out, query.new_full(query.shape[:2], float("-inf"))) if want_lse else out
+    return (torch.cat(outs, 0), torch.cat(lses, 0)) if want_lse else torch.cat(outs, 0)
 
 
-def _paged_batch(query, key, value, qo, lq, lk, block_table, window, kw):
+def _wants_lse(return_aux, map) -> bool:
+    """Whether torch's ``return_aux`` asks for the log-sum-exp, which the softmax alone has."""
+    if return_aux is None:
+        return False
+    lse = getattr(return_aux, "lse", None)
+    if not isinstance(lse, bool):
+        raise TypeError(f"return_aux must be None or torch.nn.attention.varlen.AuxRequest, got {return_aux!r}")
+    if lse and map != "softmax":
+        raise ValueError(f"return_aux=AuxRequest(lse=True) asks for the log-sum-exp that normalises softmax's "
+                         f"weights; map={map!r} has none (its weights are a thresholded map of the scores)")
+    return lse
+
+
+def _lse(q: Tensor, k: Tensor, keep, scale, softcap) -> Tensor:
+    """(…, H, L) log-sum-exp over the keys of the capped, scaled scores of q
+    (…, H, L, D) and k (…, H_kv, S, D) (head h reads k's head h // (H/H_kv)),
+    over the keys ``keep`` (…, L, S) lets each query see (None: all)."""
+    h, hkv = q.shape[-3], k.shape[-3]
+    if hkv != h:
+        k = k.repeat_interleave(h // hkv, dim=-3)
+    s = (q @ k.transpose(-1, -2)) * (q.shape[-1] ** -0.5 if scale is None else scale)
+    if softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
+    if keep is not None:
+        s = s.masked_fill(~keep.unsqueeze(-3), float("-inf"))
+    return torch.logsumexp(s, -1)
+
+
+def _paged_batch(query, key, value, qo, lq, lk, block_table, window, kw, want_lse):
     """Every sequence of a paged cache in one padded call: queries (N, H,
     max_q, D) and each sequence's pages (N, H_kv, pages·page_size, ·), with
     a mask that keeps key j for query t of sequence i iff j < seqused_k[i],
@@ -222,6 +267,8 @@ def _paged_batch(query, key, value, qo, lq, lk, block_table, window, kw):
     v.masked_fill_((j >= lk_t.unsqueeze(1)).view(n, -1, *([1] * (v.dim() - 2))), 0.0)
     pos = t.view(1, mq, 1) + (lk_t - lq_t).view(n, 1, 1)  # bottom-right alignment
     keep = (j < lk_t.view(n, 1, 1)) & qvalid.unsqueeze(-1) & window_keep(pos, j, window)  # (N, max_q, keys)
-    out = scaled_dot_product_attention(query[rows].transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                       keep.unsqueeze(1), **kw)
-    return out.transpose(1, 2)[qvalid]
+    heads = (query[rows].transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    out = scaled_dot_product_attention(*heads, keep.unsqueeze(1), **kw).transpose(1, 2)[qvalid]
+    if not want_lse:
+        return out
+    return out, _lse(heads[0], heads[1], keep, kw["scale"], kw["softcap"]).transpose(1, 2)[qvalid]
