@@ -147,15 +147,19 @@ def test_a_half_precision_target_that_sums_to_one_only_to_its_rounding(backend, 
     assert np.all(np.abs(got - want) <= bound), (got, want, bound)
 
 
-def test_alpha_near_one_keeps_the_float32_digits_on_the_tensor_path():
+@pytest.mark.parametrize("backend", ["torch", "native", "triton"])
+@pytest.mark.parametrize("alpha", [1.00001, 1.02, 1.13])
+def test_alpha_near_one_keeps_the_float32_digits(backend, alpha):
     # ψ summed as y^α/(α(α−1)) has terms 1/(α − 1) = 1e5 that cancel to the
-    # loss, whose float32 value kept 3 digits; (y^α − y)/(α(α−1)) has none
+    # loss, whose float32 value kept 3 digits; (y^α − y)/(α(α−1)) has none.
+    # The fused kernels form the loss from λ ≈ −1/(α − 1), known to
+    # eps/(α − 1): the tensor path serves α this near 1
     import softk
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(4, 7, generator=g)
     t = torch.tensor([0, 3, 6, 2])
-    want = np.array([ol.fy_row("entmax", x[i].double().numpy(), np.eye(7)[int(t[i])], alpha=1.00001) for i in range(4)])
-    with softk.use_backend("torch"):
-        got = entmax_loss(x, t, alpha=1.00001, reduction="none").double().numpy()
+    want = np.array([ol.fy_row("entmax", x[i].double().numpy(), np.eye(7)[int(t[i])], alpha=alpha) for i in range(4)])
+    with softk.use_backend(backend):
+        got = entmax_loss(x, t, alpha=alpha, reduction="none").double().numpy()
     np.testing.assert_allclose(got, want, rtol=2e-6)

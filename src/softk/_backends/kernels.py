@@ -120,11 +120,20 @@ def _compute_probe(x):
     return torch.empty(0, dtype=torch.float32, device=x.device) if x.dtype in _HALF else x
 
 
+# The fused losses form Φ from λ, which for α-entmax lies near −1/(α − 1)
+# and is known to eps/(α − 1) only, and so is the loss.  Below this α − 1
+# the tensor path, whose ψ keeps its digits, serves the loss.
+FUSED_ALPHA_MIN_GAP = 2.0**-3
+
+
 def _fused_common(x, family, k):
     if family.kernel is None:
         return f"family {family.name!r} has no fused kernel"
     if x.numel() == 0:
         return "an empty input"
+    a = family.alpha_value
+    if a is not None and a - 1 < FUSED_ALPHA_MIN_GAP:
+        return f"alpha within {FUSED_ALPHA_MIN_GAP:g} of 1 (the fused loss keeps eps/(alpha - 1) of its value)"
     if not call_mode.compiling() and call_mode.transformed():
         return "a torch.func transform (the unfused loss has the batching rules)"
     return None
