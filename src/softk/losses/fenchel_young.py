@@ -22,8 +22,9 @@ every family), so no one-hot tensor is built.
 
 Where a fused kernel serves the call (:func:`softk._backends.dispatch.pick`,
 op "fenchel_young": the compiled CPU kernels ("native") or Triton, for
-softmax, sparsemax, entmax15, entmax with 1 < α ≤ 2 and soft top-k "exp" on
-the CPU, every family with a float α on Triton) with an int k (on the CPU
+softmax, sparsemax, entmax15, entmax with 1.125 ≤ α ≤ 2 and soft top-k "exp"
+on the CPU, every family with a float α from 1.125 on Triton: nearer 1 the
+loss formed from λ ≈ −1/(α − 1) would keep eps/(α − 1) of its value) with an int k (on the CPU
 also one integral k per row, e.g. multi-hot targets), the fused kernel
 serves the call instead (:mod:`softk._ops.fused_loss`): one kernel per row
 finds λ as the map's forward does and writes the loss and the gradient of

@@ -113,9 +113,10 @@ def entmax_loss(
     ``input`` with size 1 along the class dim 1), which may require grad: then
     ∂L/∂α = ∂Ω_α(y)/∂α − ∂Ω_α(p)/∂α (the envelope theorem), so α can be
     learnt with the loss (it runs on the PyTorch path).  Other α solve the map by safeguarded Newton to
-    the working precision.  On the CPU's compiled kernels a float 1 < α ≤ 2 takes the fused loss
-    kernel (one pass per row writes the loss and its gradient); α > 2 and a tensor α take the
-    unfused path.
+    the working precision.  On the CPU's compiled kernels a float 1.125 ≤ α ≤ 2 takes the fused
+    loss kernel (one pass per row writes the loss and its gradient); α nearer 1 (whose λ ≈
+    −1/(α − 1) would leave the fused loss eps/(α − 1) of its value), α > 2 and a tensor α take
+    the unfused path.
     {args}
     >>> import torch
     >>> x, t = torch.tensor([[0.0, 0.5, 2.0]]), torch.tensor([1])
