@@ -247,3 +247,50 @@ def test_errors_keep_entmax_types_and_softk_messages():
         entmax.budget_bisect(X, 5)  # no p <= 1 sums to 5 over 4 entries
     with pytest.raises(ValueError, match="budget"):
         entmax.BudgetBisect(-1)
+
+
+def _dense_mp(row, alpha):
+    """p of the dense map in 80 digits: p_i = ((1−α)(λ − z_i))^(−1/(1−α)),
+    Σp = 1, λ by bisection (λ lies 1/(1−α) above max z, so the working
+    precision must hold it and the z − λ to many more digits than a double)."""
+    import mpmath as mp
+
+    with mp.workdps(80):
+        a, z = mp.mpf(alpha), [mp.mpf(float(v)) for v in row]
+        f = lambda lam: [((1 - a) * (lam - v)) ** (-1 / (1 - a)) for v in z]  # noqa: E731
+        lo, hi = max(z) + 1 / (1 - a), max(z) + len(z) ** (1 - a) / (1 - a)
+        for _ in range(400):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if mp.fsum(f(mid)) > 1 else (lo, mid)
+        return f((lo + hi) / 2)
+
+
+@pytest.mark.parametrize("gap", [1e-3, 1e-5, 1e-7, 1e-9])
+def test_dense_alpha_just_below_one(gap):
+    # λ lies 1/(1−α) above max z: solved there, the z − λ that make p kept
+    # eps/(1−α) of their digits (float32 at α = 1 − 1e-7: rows summing to
+    # 0.82), and ∂p/∂α and the loss took differences of 1/(1−α)-sized terms
+    # (∂p₀/∂α = 4e10 for 0.036 at 1 − 1e-9, a loss of 184 for 0.93)
+    import mpmath as mp
+
+    row = [0.3, -1.2, 0.8, 0.1, -0.4]
+    alpha = 1 - gap
+    with mp.workdps(80):
+        pm, am = _dense_mp(row, alpha), mp.mpf(alpha)
+        want = [float(v) for v in pm]
+        h = mp.mpf(10) ** -30
+        dwant = [float((u - d) / (2 * h)) for u, d in zip(_dense_mp(row, am + h), _dense_mp(row, am - h))]
+        # the Fenchel–Young loss at the one-hot target 2: <z, p> − Ω(p) + Ω(e_2) − z_2, Ω(e_2) = 0
+        loss_want = float(mp.fsum(p * (mp.mpf(z) - mp.mpf(row[2])) for p, z in zip(pm, row))
+                          - mp.fsum(p * mp.expm1((am - 1) * mp.log(p)) for p in pm) / (am * (am - 1)))
+    a = _t([[alpha]], grad=True)
+    p = entmax.entmax_bisect(_t([row]), alpha=a)
+    np.testing.assert_allclose(p[0].detach().numpy(), want, rtol=1e-13)
+    for i in range(len(row)):
+        (g,) = torch.autograd.grad(p[0, i], a, retain_graph=True)
+        np.testing.assert_allclose(g.item(), dwant[i], rtol=1e-8, atol=1e-12)
+    loss = entmax.entmax_bisect_loss(_t([row]), torch.tensor([2]), alpha=alpha)
+    np.testing.assert_allclose(loss.item(), loss_want, rtol=1e-12)
+    p32 = entmax.entmax_bisect(torch.tensor([row]), alpha=alpha)
+    # float32: a few ulps of u = z − λ' (|u| ≤ 2) and of the power
+    np.testing.assert_allclose(p32[0].double().numpy(), want, rtol=8 * 2.0**-23)

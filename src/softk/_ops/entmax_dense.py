@@ -1,12 +1,16 @@
 r"""The dense α-entmax (0 < α < 1) of :mod:`softk.compat.entmax` and its autograd rule.
 
 p_i = [(1−α)(λ − z_i)]^{−1/(1−α)}, λ > max z by safeguarded Newton
-(:func:`softk.threshold.families.entmax_dense_family`); every entry of a row
-is in the support.  With d = p^{2−α},
+(:func:`softk.threshold.families.entmax_dense_family`, in a frame that
+keeps λ's digits as α → 1⁻); every entry of a row is in the support.
+With d = p^{2−α},
 
 .. math:: J = \mathrm{diag}(d) - d d^\top/\textstyle\sum d, \qquad
    \frac{\partial p_i}{\partial\alpha} = \frac{p_i - \tilde p_i}{(\alpha-1)^2}
-      - \frac{p_i\log p_i - \tilde p_i\sum_j p_j\log p_j}{\alpha-1},\quad \tilde p = d/\textstyle\sum d.
+      - \frac{p_i\log p_i - \tilde p_i\sum_j p_j\log p_j}{\alpha-1},\quad \tilde p = d/\textstyle\sum d,
+
+the latter in the form of :func:`softk.threshold.entmax_alpha.dp_dalpha`,
+whose terms do not cancel as α → 1.
 
 Eager only: an old-style Function with backward and jvp, no vmap rule and no
 library op (entmax's own ``entmax_bisect`` has neither).
@@ -17,6 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..threshold.entmax_alpha import dp_dalpha, entmax_log_d
 from ..threshold.families import entmax_dense_family
 from ..threshold.rows import compute_dtype, finite_max, row_status
 from ..threshold.solve import solve_probs
@@ -42,12 +47,10 @@ def _slope(p: Tensor, a) -> Tensor:
 
 
 def _dp_dalpha(p: Tensor, a: Tensor) -> Tensor:
-    pos = p > 0
-    logp = torch.log(torch.where(pos, p, 1.0))
-    plogp = torch.where(pos, p * logp, 0.0)
-    d = _slope(p, a)
-    skew = d / d.sum(-1, keepdim=True)
-    return (p - skew) / (a - 1) ** 2 - (plogp - skew * plogp.sum(-1, keepdim=True)) / (a - 1)
+    # the formula holds for every α (it needs only p̃ ∝ p^{2−α}); its
+    # cancellation-free form keeps the digits that the two 1/(α−1)-sized
+    # terms above would lose as α → 1⁻
+    return dp_dalpha(p, a, entmax_log_d(p, a))
 
 
 class _DenseEntmax(torch.autograd.Function):

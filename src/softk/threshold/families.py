@@ -519,16 +519,23 @@ def by_name(name: str, alpha: float = 1.5) -> Family:
 def entmax_dense_family(alpha) -> Family:
     r"""α-entmax for 0 < α < 1: the Tsallis-regularised argmax that is *dense*.
 
-    With a = α − 1 < 0 and β = 1/a < 0, p_i = [a(z_i − λ)]^β = [(1−α)(λ − z_i)]^{−1/(1−α)}
-    with λ > max z: every finite entry is positive (polynomial tails, never
-    sparse), and α → 1⁻ tends to softmax.  Ω(p) = Σ p^α / (α(α−1)) is still
-    convex for 0 < α < 1, so the map is the unique maximiser of ⟨z, p⟩ − Ω(p) on
-    the simplex.  g(λ) = Σ f(z − λ) is decreasing and convex, and
-    h = g^{1/β} is a power mean with exponent β < 0 of the λ − z_i, concave in λ:
-    Newton on h from the left (g ≥ 1) never overshoots (``newton_power = β``).
-    The bracket is entmax's: p_max = 1 at λ = max z + 1/(1−α), p_max = 1/m at
-    λ = max z + m^{1−α}/(1−α).  f is +inf for u ≥ 0 (the limit from below), a
-    side the bracket never visits.  PyTorch path only (no kernel id).
+    With a = α − 1 < 0, p_i = [(1−α)(λ − z_i)]^{−1/(1−α)} with λ > max z:
+    every finite entry is positive (polynomial tails, never sparse), and
+    α → 1⁻ tends to softmax.  Ω(p) = Σ p^α / (α(α−1)) is still convex for
+    0 < α < 1, so the map is the unique maximiser of ⟨z, p⟩ − Ω(p) on the
+    simplex.  λ is taken in the frame λ' = λ − 1/(1−α), where
+
+    .. math:: p_i = f(z_i - \lambda'), \qquad f(u) = (1 + a u)^{1/a} = e^{\log(1 + a u)/a}
+
+    (u < −1/a; f → e^u as α → 1⁻): λ itself lies 1/(1−α) above max z and
+    holds the z − λ that make p to eps/(1−α) only, which near α = 1 is all
+    of their digits; λ' is of the order of the row's spread.
+    g(λ') = Σ f(z − λ') is decreasing and convex, and h = g^a is a power mean
+    with exponent a < 0, concave in λ': Newton on h from the left (g ≥ 1)
+    never overshoots (``newton_power = 1/a``).  The bracket is entmax's,
+    shifted: p_max = 1 at λ' = max z, p_max = 1/m at
+    λ' = max z + (m^{1−α} − 1)/(1−α).  f is +inf from its pole u = −1/a on,
+    a side the bracket never visits.  PyTorch path only (no kernel id).
 
     ``alpha`` is a float in (0, 1) or a tensor of such values shaped like the
     rows' first dimensions + (1,).  The entmax package's ``entmax_bisect``
@@ -537,30 +544,27 @@ def entmax_dense_family(alpha) -> Family:
     am1 = alpha - 1
     beta = 1 / am1
 
-    def neg_pow(u, e):
-        # [(α−1)u]^e for u < 0; the exponents β − 1, β, β + 1 = α/(α−1) are all
-        # negative, so u → 0⁻ gives +inf, and u = −inf (a masked entry) gives 0.
-        s = am1 * u
-        pos = s > 0
-        return torch.where(pos, torch.exp(e * torch.log(torch.where(pos, s, 1.0))), float("inf"))
+    def pow_shifted(u, e):
+        # (1 + a u)^{e/a} for 1 + a u > 0; +inf from the pole on, where
+        # the exponents e/a of f′, f and F are all negative; u = −inf (a
+        # masked entry) gives 0
+        s = torch.log1p(am1 * u)
+        return torch.where(s == s, torch.exp(e * beta * s), float("inf"))
 
     def bracket(z, k, finite):
         m = _sum(finite.to(z.dtype))
         zmax = torch.where(finite, z, NEG_INF).amax(-1, keepdim=True)
-        return zmax - 1 / am1, zmax - (1 / m) ** am1 / am1
+        return zmax, zmax - torch.expm1(-am1 * torch.log(m)) / am1
 
     return Family(
         name="entmax_dense",
-        f=lambda u: neg_pow(u, beta),
-        df=lambda u: neg_pow(u, beta - 1),
+        f=lambda u: pow_shifted(u, 1.0),
+        df=lambda u: pow_shifted(u, 1.0 - am1),
         d_from_p=lambda p: torch.exp((2 - alpha) * torch.log(p)),
-        F=lambda u: neg_pow(u, beta + 1) / alpha,
-        # (p^α − p)/(α(α−1)): Tsallis' p^α/(α(α−1)) less a term linear in p,
-        # which cancels wherever ψ is summed over two points of the simplex
-        # (the losses' Ω(y) − Ω(p), the potential less ψ(1) per unit mass),
-        # and which would not cancel where Σy is 1 only to its dtype (bfloat16
-        # targets) and would add (Σy − 1)/(α(α−1)); in this form no term is
-        # 1/(α − 1)-sized either, so α near 1 keeps ψ's digits
+        F=lambda u: pow_shifted(u, alpha) / alpha,
+        # Tsallis' (p^α − p)/(α(α−1)) in the frame of λ' (F(u) here is the
+        # original F(u − 1/(1−α)), whose conjugate adds p/(1−α): a term
+        # linear in p, which cancels between two points of the simplex)
         psi=lambda p: torch.where(
             p > 0, p * torch.expm1(am1 * torch.log(torch.where(p > 0, p, 1.0))), 0.0
         )

@@ -19,6 +19,7 @@ from torch import Tensor
 from ...losses.normmax_fy import fenchel_young_rows
 from ..._maps.simplex import entmax as softk_entmax
 from ..._ops.entmax_dense import entmax_dense
+from ..._ops.fenchel_young import _tsallis_alpha_partial, _tsallis_alpha_term
 from ...losses import entmax_loss as softk_entmax_loss
 from ...threshold.rows import compute_dtype
 from ..._validate import per_row, unwrapped
@@ -28,7 +29,8 @@ def _dense(X: Tensor, alpha, dim: int) -> Tensor:
     if X.numel() == 0:
         return X * 0
     rows = X.movedim(dim, -1)
-    a = per_row(alpha, X, dim, "alpha") if isinstance(alpha, Tensor) else torch.tensor(alpha, dtype=compute_dtype(X.dtype), device=X.device)
+    # a float α stays a double: rounded to float32, 1 − 1e-9 would be 1
+    a = per_row(alpha, X, dim, "alpha") if isinstance(alpha, Tensor) else torch.tensor(alpha, dtype=torch.float64, device=X.device)
     return entmax_dense(rows, a).movedim(-1, dim)
 
 
@@ -54,19 +56,15 @@ def entmax_any_alpha(X: Tensor, alpha, dim: int) -> Tensor:
 
 # --------------------------------------------------------------------- the loss
 def _tsallis(v: Tensor, a) -> Tensor:
-    """Ω_α(v) = (Σ v^α − 1)/(α(α−1)) on rows (keepdim)."""
-    pos = v > 0
-    powsum = torch.where(pos, torch.exp(a * torch.log(torch.where(pos, v, 1.0))), 0.0).sum(-1, keepdim=True)
-    return (powsum - 1) / (a * (a - 1))
+    """Ω_α(v) = (Σ v^α − 1)/(α(α−1)) on rows (keepdim) of the simplex, as
+    Σ v expm1((α−1) log v)/(α(α−1)) (equal where Σv = 1): no terms of size
+    1/(α − 1) to cancel as α → 1."""
+    return _tsallis_alpha_term(v, torch.as_tensor(a, dtype=v.dtype, device=v.device))
 
 
 def _d_tsallis(v: Tensor, a) -> Tensor:
-    """∂Ω_α(v)/∂α = Σ v^α log v / (α(α−1)) − (Σ v^α − 1)(2α − 1)/(α(α−1))²."""
-    pos = v > 0
-    logv = torch.log(torch.where(pos, v, 1.0))
-    va = torch.where(pos, torch.exp(a * logv), 0.0)
-    c = a * (a - 1)
-    return (va * logv).sum(-1, keepdim=True) / c - (va.sum(-1, keepdim=True) - 1) * (2 * a - 1) / c**2
+    """∂Ω_α(v)/∂α of :func:`_tsallis`, with its series near α = 1."""
+    return _tsallis_alpha_partial(v, torch.as_tensor(a, dtype=v.dtype, device=v.device))
 
 
 def _dense_loss(X: Tensor, target: Tensor, alpha) -> Tensor:
