@@ -45,14 +45,28 @@ def check_dim(x, dim, name: str = "dim") -> int:
     return dim % nd
 
 
-def check_tau(tau, name: str = "tau", allow_grad: bool = False):
-    """Temperature: a finite number > 0.
+# The smallest τ of a float input's compute dtype (half: float32): the
+# kernels form x/τ as x·(1/τ), and below 1/max that factor is not a float of
+# the dtype (inf), nor is τ itself one below the subnormals (0), and either
+# turns the row's maximum into 0·inf = NaN
+TAU_FLOOR = {torch.float64: 1 / torch.finfo(torch.float64).max,
+              **{t: 1 / torch.finfo(torch.float32).max for t in (torch.float32, torch.float16, torch.bfloat16)}}
+
+
+def check_tau(tau, name: str = "tau", allow_grad: bool = False, x=None):
+    """Temperature: a finite number > 0; with the input ``x``, at least
+    1/max of its compute dtype (2.9e-39 for float32 and half inputs).
 
     With ``allow_grad``, a one-element tensor that requires grad is returned
     as a 0-d tensor (after the same value check), so that the caller forms
     x/τ with autograd and τ gets its gradient; elsewhere such a τ is refused,
     never silently detached."""
     if type(tau) is float and 0.0 < tau < math.inf:  # the common case
+        if x is not None and tau < TAU_FLOOR.get(x.dtype, 0.0):
+            ct = "float64" if x.dtype == torch.float64 else "float32"
+            raise ValueError(f"{name}={tau!r} is below {TAU_FLOOR[x.dtype]:.3g}, 1/max of {ct} (the dtype "
+                             f"{str(x.dtype).replace('torch.', '')} input is computed in), where x/{name} is "
+                             f"formed as x·(1/{name}); pass float64 input for a smaller {name}")
         return tau
     if isinstance(tau, torch.Tensor) and tau.requires_grad:
         if not allow_grad:
@@ -68,7 +82,8 @@ def check_tau(tau, name: str = "tau", allow_grad: bool = False):
         else:  # no host sync: a device-side assertion (see require)
             require((t > 0) & torch.isfinite(t), f"{name} must be a finite number > 0")
         return tau.reshape(())
-    return check_positive(tau, name)
+    tau = check_positive(tau, name)
+    return tau if x is None else check_tau(tau, name, allow_grad, x)
 
 
 def check_positive(tau, name: str) -> float:
@@ -159,7 +174,7 @@ def check_topk_args(x, k, dim, tau, method, methods):
     dim = check_dim(x, dim)
     fractional = float(k) if is_fractional(k) else None
     k = check_k_rows(k, x, dim)
-    tau = check_tau(tau, allow_grad=True)
+    tau = check_tau(tau, allow_grad=True, x=x)
     check_choice(method, methods, "method")
     if isinstance(k, torch.Tensor) and method not in ("exp", "sigmoid", "laplace", "sparse"):
         if fractional:

@@ -243,3 +243,32 @@ def test_at_most_k_finite_entries_far_apart_are_each_one(family, backend):
     expected = torch.zeros_like(x)
     expected[0, [3, 30]] = 1.0
     assert torch.equal(p, expected)
+
+
+_TAU_CALLS = {
+    "softmax": lambda x, tau: softk.softmax(x, tau=tau),
+    "sparsemax": lambda x, tau: softk.sparsemax(x, tau=tau),
+    "entmax": lambda x, tau: softk.entmax(x, 1.3, tau=tau),
+    "log_softmax": lambda x, tau: softk.log_softmax(x, tau=tau),
+    "logsumexp": lambda x, tau: softk.logsumexp(x, tau=tau),
+    "soft_topk": lambda x, tau: softk.soft_topk(x, 2, tau=tau),
+    "topk_softmax": lambda x, tau: softk.topk_softmax(x, 2, tau=tau),
+    "normmax": lambda x, tau: softk.normmax(x, tau=tau),
+    "budget_sparsemax": lambda x, tau: softk.budget_sparsemax(x, 2.0, tau=tau),
+    "cross_entropy": lambda x, tau: softk.losses.cross_entropy(x[None], torch.tensor([0]), tau=tau),
+    "sparsemax_loss": lambda x, tau: softk.losses.sparsemax_loss(x[None], torch.tensor([0]), tau=tau),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_TAU_CALLS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_tau_below_the_compute_dtype_is_refused(name, dtype):
+    # x/τ is formed as x·(1/τ): below 1/max of float32 that factor is inf
+    # (and τ itself 0 below the subnormals), and the row's maximum became
+    # 0·inf = NaN in every map, silently
+    x = torch.tensor([1.0, 0.5, -1.0, 0.0], dtype=dtype)
+    with pytest.raises(ValueError, match="tau=1e-40 is below 2.94e-39, 1/max of float32"):
+        _TAU_CALLS[name](x, 1e-40)
+    out = _TAU_CALLS[name](x, 3e-39)  # just above: the argmax limit, finite
+    assert not torch.isnan(out).any()
+    assert not torch.isnan(_TAU_CALLS[name](x.double(), 1e-300)).any()  # float64 takes it

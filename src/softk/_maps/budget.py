@@ -93,7 +93,7 @@ def budget_sparsemax(x: Tensor, budget, dim: int = -1, tau=1.0) -> Tensor:
     """
     check_input(x)
     dim = check_dim(x, dim)
-    tau = check_tau(tau, allow_grad=True)
+    tau = check_tau(tau, allow_grad=True, x=x)
     k = check_budget(budget, x, dim)
     if isinstance(k, int):
         return threshold_map(x, SPARSE, k, dim, tau)

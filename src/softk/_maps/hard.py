@@ -103,7 +103,7 @@ def topk_softmax(x: Tensor, k: int, dim: int = -1, tau: float = 1.0) -> Tensor:
     check_input(x)
     dim = check_dim(x, dim)
     k = check_k(k, x.shape[dim])
-    tau = check_tau(tau, allow_grad=True)
+    tau = check_tau(tau, allow_grad=True, x=x)
     keep = topk_mask(x, k, dim)
     p = softmax(torch.where(keep, x, float("-inf")), dim, tau)
     broken = _broken(x.detach().movedim(dim, -1)).movedim(-1, dim)

@@ -107,6 +107,6 @@ def normmax(x: Tensor, alpha=2.0, dim: int = -1, tau=1.0) -> Tensor:
     """
     check_input(x)
     dim = check_dim(x, dim)
-    tau = check_tau(tau, allow_grad=True)
+    tau = check_tau(tau, allow_grad=True, x=x)
     alpha = check_normmax_alpha(alpha, x, dim)
     return normmax_apply(x.movedim(dim, -1), alpha, tau).movedim(-1, dim)

@@ -84,7 +84,7 @@ def route(scores: Tensor, k: int, method: str = "softmax", *, dim: int = -1, tau
     dim = check_dim(scores, dim)
     check_choice(method, METHODS, "method")
     k = check_k(k, scores.shape[dim] if scores.dim() else 1)
-    tau = check_tau(tau, allow_grad=True)
+    tau = check_tau(tau, allow_grad=True, x=scores)
     if not isinstance(normalize, bool):
         raise TypeError(f"normalize must be a bool, got {type(normalize).__name__}")
     if alpha is not None and method != "entmax":

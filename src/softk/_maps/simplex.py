@@ -28,7 +28,7 @@ from .._ops.log_softmax import log_softmax as log_softmax_op, logsumexp as logsu
 
 def _prepare(x, dim, tau):
     check_input(x)
-    return check_dim(x, dim), check_tau(tau, allow_grad=True)
+    return check_dim(x, dim), check_tau(tau, allow_grad=True, x=x)
 
 
 @_dtensor.entry("map", "softmax")

@@ -70,7 +70,7 @@ def support(x: Tensor, method: str = "sparsemax", k: int = 1, dim: int = -1, tau
     k = check_k(k, x.shape[dim])
     if not family.capped and k != 1:
         raise ValueError(f"method {method!r} maps onto the simplex (k = 1 only), got k={k}")
-    tau = check_tau(tau)
+    tau = check_tau(tau, x=x)
     rows = x.movedim(dim, -1).to(compute_dtype(x.dtype))
     p = threshold_map(rows, family, k, -1, tau)
     ref = lambda_reference(rows, k, family.capped)

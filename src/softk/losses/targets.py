@@ -35,7 +35,7 @@ import numbers
 import torch
 from torch import Tensor
 
-from .._validate import check_input, check_tau, require, sum_tolerance, unwrapped
+from .._validate import TAU_FLOOR, check_input, check_tau, require, sum_tolerance, unwrapped
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -157,10 +157,11 @@ def check_loss_args(input, target, tau, reduction, ignore_index, *, accepts: str
     if (type(tau) is float and 0.0 < tau < _INF and type(ignore_index) is int
             and (reduction == "mean" or reduction == "sum" or reduction == "none")
             and isinstance(input, Tensor) and input.dtype in _FLOATS and input.dim()
+            and tau >= TAU_FLOOR[input.dtype]
             and isinstance(target, Tensor) and target.dtype in _ORDINARY):
         return tau, reduction, ignore_index  # the common case: every check below passes
     check_input(input, "input")
-    tau = check_tau(tau)
+    tau = check_tau(tau, x=input)
     reduction = check_reduction(reduction)
     ignore_index = check_ignore_index(ignore_index)
     check_target_tensor(target, input=input, accepts=accepts, k=k)
