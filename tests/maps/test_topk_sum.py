@@ -149,3 +149,19 @@ def test_modules():
         softk.nn.TopKSoftmax(0)
     with pytest.raises(ValueError, match="method"):
         softk.nn.TopKSum(2, method="iterative")
+
+
+@pytest.mark.parametrize("method", ["exp", "sigmoid", "laplace", "sparse"])
+@pytest.mark.parametrize("tau", [0.1, 1.0])
+def test_a_sum_near_the_float_max(method, tau):
+    # the top-2 sum of [1.7e308, −1e308, 0, 1] is 1.7e308 + 1, finite; the
+    # shift m·Σp = 3.4e308 and (x − m)/τ both overflowed, to inf and NaN
+    from ..oracle import mp as omp
+
+    x = torch.tensor([1.7e308, -1e308, 0.0, 1.0], dtype=torch.float64)
+    want = omp.topk_sum_row(method, x.numpy(), 2, tau)
+    got = softk.topk_sum(x, 2, tau=tau, method=method).item()
+    assert got == pytest.approx(want, rel=1e-15)
+    xx = x.clone().requires_grad_()
+    softk.topk_sum(xx, 2, tau=tau, method=method).backward()
+    torch.testing.assert_close(xx.grad, softk.soft_topk(x, 2, tau=tau, method=method))

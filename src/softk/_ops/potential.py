@@ -57,8 +57,15 @@ class _PotentialValue(torch.autograd.Function):
         z = x.to(ct)
         m = finite_max(z)
         pc = p.to(ct)
-        # Φ(z + c) = Φ(z) + c·Σp: evaluate on the shifted row, add the shift once.
-        out = tau * value_at(family, (z - m) / tau, pc) + m * pc.sum(-1, keepdim=True)
+        # Φ(z + c) = Φ(z) + c·Σp: evaluate on the shifted row, add the shift
+        # once.  τ·⟨(x − m)/τ, p⟩ is formed as ⟨x − m, p⟩: (x − m)/τ may
+        # overflow where its product with p does not
+        v = torch.where(pc != 0, (z - m) * pc, 0.0).sum(-1, keepdim=True) - tau * family.psi(pc).sum(-1, keepdim=True)
+        s = pc.sum(-1, keepdim=True)
+        out = m * s + v
+        # m·Σp overflows where m nears the float max and Σp = k > 1 while the
+        # value does not: s·(m + v/s), the same sum with no overflowing term
+        out = torch.where(torch.isinf(out) & torch.isfinite(m) & (s > 0), s * (m + v / torch.where(s > 0, s, 1.0)), out)
         return out.to(x.dtype)
 
     @staticmethod
