@@ -61,9 +61,10 @@ def _excess(fam, z, counts, k, lam):
 
 
 def _lam(fam, z, counts, k):
-    """λ with Σ c_i f(z_i − λ) = k: bisection in 60 digits."""
+    """λ with Σ c_i f(z_i − λ) = k: bisection in 60 digits (past the
+    bracket's width first: rows may span the float range)."""
     lo, hi = min(z) - 200, max(z) + 200
-    for _ in range(400):
+    for _ in range(400 + int(mpmath.log(hi - lo, 2))):
         mid = (lo + hi) / 2
         if _excess(fam, z, counts, k, mid) > 0:
             lo = mid
@@ -383,3 +384,27 @@ def test_the_triton_backward_asks_for_the_input():
         backward_rows(p, p, FAMILY_IDS["sigmoid"], 1.0)
     with pytest.raises(ValueError, match="x is not taken"):
         backward_rows(p, p, FAMILY_IDS["exp"], 1.0, x=p)
+
+
+_F64_MIN, _F32_MIN = torch.finfo(torch.float64).min, torch.finfo(torch.float32).min
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fam", FAMS)
+@pytest.mark.parametrize("dtype, row", [
+    (torch.float64, [2.0, _F64_MIN, 0.0, 1.0]),  # a mask written as the dtype's minimum
+    (torch.float64, [1.7e308, -1e308, 0.0, 1.0]),
+    (torch.float64, [1e60, -1e63, 0.0, 1.0]),
+    (torch.float32, [2.0, _F32_MIN, 0.0, 1.0]),
+])
+def test_rows_that_span_the_float_range(backend, fam, dtype, row):
+    # Newton on the tails' log-ratio: where every share of a tail underflows,
+    # the plain sums gave r = ±inf and the search bisected a range of 1e308
+    # for want of a step, ending far from λ: sigmoid gave [1, 0, 1, 1] at
+    # k = 2 (Σp = 3).  Summed in logs, one step crosses the gap.
+    x, (p_ref, _), _ = _case(backend, dtype, fam, row, 2, 1.0)
+    want = np.array([float(v) for v in p_ref])
+    with softk.use_backend(backend):
+        got = softk.soft_topk(x, 2, method=fam).double().numpy()
+    tol = {torch.float64: 1e-13, torch.float32: 1e-6}[dtype]
+    assert np.all(np.abs(got - want) <= tol * np.maximum(want, 1e-300)), (got, want)

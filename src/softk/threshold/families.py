@@ -22,6 +22,7 @@ A new family is a few lines: see :func:`sigmoid_family`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Optional
 
@@ -87,9 +88,10 @@ class Family:
     # sign of g(λ) − k; the scale is what r's rounding is relative to
     # (Newton stops at a few ulps of it).  The λ search uses it (sigmoid;
     # laplace has a closed form), and so does the backward's anchor on a row
-    # whose every p lies above ½ (``slope_from_x``).  None: Σf(u) − k,
-    # Σf′(u), k.
-    residual: Optional[Callable[[Tensor, object], tuple]] = None
+    # whose every p lies above ½ (``slope_from_x``).  Called as
+    # residual(u, k, logspace=True) it sums the tails in logs, for rows
+    # where a tail underflows (r = ±inf).  None: Σf(u) − k, Σf′(u), k.
+    residual: Optional[Callable[..., tuple]] = None
     if TYPE_CHECKING:  # set by __post_init__ (object.__setattr__: the class is frozen), not a field
         _kernels: tuple[Optional[int], bool, Optional[float]] = field(init=False)
 
@@ -208,35 +210,69 @@ SOFTMAX = Family(
 
 
 # ------------------------------------------ the two tails of f(u) + f(−u) = 1
-def _tails_residual(tail: Callable[[Tensor], tuple]) -> Callable[[Tensor, object], tuple]:
+def _tails_residual(tail: Callable[[Tensor], tuple], log_tail: Callable[[Tensor], tuple]) -> Callable[..., tuple]:
     """Newton's function for λ (``Family.residual``) of a map with
-    f(u) + f(−u) = 1 (sigmoid, laplace), from ``tail(u)`` = (f(−|u|), f′(u)).
+    f(u) + f(−u) = 1 (sigmoid, laplace), from ``tail(u)`` = (f(−|u|), f′(u))
+    and ``log_tail(u)``, their logarithms.
 
     Σf(u) = k is A − B = k − c, with the two tails A = Σ_{u<0} f(u) and
     B = Σ_{u≥0} f(−u) and c = #{u ≥ 0}: k − c is exact, and A and B keep
     their relative precision however far the entries lie from λ.  Newton
     runs on r = log(A + a) − log(B + b), a − b = c − k with a, b ≥ 0: on
     the tails A and B are about sums of exponentials, so r is nearly linear
-    in λ (Newton on A − B itself moves one unit of u a step there)."""
+    in λ (Newton on A − B itself moves one unit of u a step there).
 
-    def residual(u: Tensor, k) -> tuple:
+    With ``logspace`` the tails are summed as logs (log-sum-exp): where every
+    entry of a tail lies so far from λ that its share underflows (float64
+    rows spanning 1e40 and more, a mask value of the dtype's minimum), the
+    plain sums give r = ±inf, and Newton no step; in logs r stays finite and
+    nearly linear in λ, and one step crosses the whole gap."""
+
+    def residual(u: Tensor, k, logspace: bool = False) -> tuple:
         up = u >= 0
-        t, d = tail(u)  # each entry's share of its tail, and f′
         c = up.sum(-1, keepdim=True).to(u.dtype)
-        tail_a = _sum(torch.where(up, 0.0, t)) + torch.clamp(c - k, min=0.0)
-        tail_b = _sum(torch.where(up, t, 0.0)) + torch.clamp(k - c, min=0.0)
-        r = torch.log(tail_a) - torch.log(tail_b)
+        a, b = torch.clamp(c - k, min=0.0), torch.clamp(k - c, min=0.0)
+        if logspace:
+            lt, ld = log_tail(u)
+            la, sa = _log_side(lt, ld, ~up, a)
+            lb, sb = _log_side(lt, ld, up, b)
+            r, slope = la - lb, sa + sb
+        else:
+            t, d = tail(u)  # each entry's share of its tail, and f′
+            tail_a = _sum(torch.where(up, 0.0, t)) + a
+            tail_b = _sum(torch.where(up, t, 0.0)) + b
+            r = torch.log(tail_a) - torch.log(tail_b)
+            slope = (torch.where(tail_a > 0, _sum(torch.where(up, 0.0, d)) / tail_a, 0.0)
+                     + torch.where(tail_b > 0, _sum(torch.where(up, d, 0.0)) / tail_b, 0.0))
         r = torch.where(r == r, r, 0.0)  # both tails empty: Σf = c = k exactly
-        slope = (torch.where(tail_a > 0, _sum(torch.where(up, 0.0, d)) / tail_a, 0.0)
-                 + torch.where(tail_b > 0, _sum(torch.where(up, d, 0.0)) / tail_b, 0.0))
         return r, slope, 1.0
 
     return residual
 
 
+def _log_side(lt: Tensor, ld: Tensor, side: Tensor, extra: Tensor) -> tuple:
+    """(log T, Σf′/T) of one tail T = Σ_side e^{lt} + extra, the shares and
+    slopes given as logs: both summed relative to the side's largest share,
+    so that the slope, a ratio of two such sums, keeps its digits where the
+    shares' logs are huge (−1e307: log T = −1e307 + log 3 rounds to −1e307)."""
+    m = torch.where(side, lt, NEG_INF).amax(-1, keepdim=True)
+    ms = torch.where(m > NEG_INF, m, 0.0)
+    st = _sum(torch.where(side, torch.exp(lt - ms), 0.0))
+    sd = _sum(torch.where(side, torch.exp(ld - ms), 0.0))
+    ex = torch.exp(torch.log(extra) - ms)  # extra·e^{−m}, inf where extra dwarfs the shares
+    total = st + ex
+    log_t = torch.where(torch.isinf(ex), torch.log(extra), ms + torch.log(total))
+    return log_t, torch.where(total > 0, sd / total, 0.0)
+
+
 def _laplace_tail(u: Tensor) -> tuple:
     t = 0.5 * torch.exp(-torch.abs(u))  # e^{−|u|}/2 = f′(u)
     return t, t
+
+
+def _laplace_log_tail(u: Tensor) -> tuple:
+    lt = -torch.abs(u) - math.log(2.0)
+    return lt, lt
 
 
 # ------------------------------------ laplace: Laplace CDF, 1 - e^{-u}/2 | e^{u}/2
@@ -286,7 +322,7 @@ LAPLACE = Family(
     closed_form=_laplace_closed_form,
     f_inv=lambda p: torch.where(p <= 0.5, torch.log(2 * p), -torch.log(2 * (1 - p))),
     slope_from_x=True,
-    residual=_tails_residual(_laplace_tail),  # the closed form finds λ; the backward's anchor uses this
+    residual=_tails_residual(_laplace_tail, _laplace_log_tail),  # the closed form finds λ; the backward's anchor uses this
 )
 
 
@@ -408,6 +444,11 @@ def _sigmoid_tail(u: Tensor) -> tuple:
     return t, t * (1 - t)
 
 
+def _sigmoid_log_tail(u: Tensor) -> tuple:
+    lt = torch.nn.functional.logsigmoid(-torch.abs(u))
+    return lt, lt + torch.nn.functional.logsigmoid(torch.abs(u))
+
+
 def sigmoid_family() -> Family:
     return Family(
         name="sigmoid",
@@ -420,7 +461,7 @@ def sigmoid_family() -> Family:
         bracket=_sigmoid_bracket,
         f_inv=torch.logit,
         slope_from_x=True,
-        residual=_tails_residual(_sigmoid_tail),
+        residual=_tails_residual(_sigmoid_tail, _sigmoid_log_tail),
     )
 
 

@@ -134,6 +134,10 @@ def _newton_shifted(family: Family, s: Tensor, k: int, lo: Tensor, hi: Tensor, a
         u = s - lam
         if family.residual is not None:
             r, slope, scale = family.residual(u, k)
+            lost = ~torch.isfinite(r)  # a tail underflowed: the sums again, in logs
+            if bool(lost.any()):
+                rl, sl, _ = family.residual(u, k, logspace=True)
+                r, slope = torch.where(lost, rl, r), torch.where(lost, sl, slope)
             step = lam + r / slope
         else:
             gl = family.f(u).sum(-1, keepdim=True)
