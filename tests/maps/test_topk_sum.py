@@ -165,3 +165,13 @@ def test_a_sum_near_the_float_max(method, tau):
     xx = x.clone().requires_grad_()
     softk.topk_sum(xx, 2, tau=tau, method=method).backward()
     torch.testing.assert_close(xx.grad, softk.soft_topk(x, 2, tau=tau, method=method))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("method", ["exp", "sigmoid", "laplace", "sparse"])
+def test_ties_at_the_float_max(dtype, method):
+    # Φ's shift times Σp as summed (1 + an ulp) overflowed: the shift now
+    # takes the mass exactly, min(k, finite entries), and the sum, the max
+    # plus a smoothing term of a few units, rounds to the max
+    big = torch.finfo(dtype).max
+    assert softk.topk_sum(torch.full((8,), big, dtype=dtype), 1, method=method).item() == big

@@ -52,16 +52,18 @@ class _PotentialValue(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(x: Tensor, p: Tensor, family: Family, tau: float) -> Tensor:
+    def forward(x: Tensor, p: Tensor, family: Family, tau: float, k) -> Tensor:
         ct = compute_dtype(x.dtype)
         z = x.to(ct)
         m = finite_max(z)
         pc = p.to(ct)
         # Φ(z + c) = Φ(z) + c·Σp: evaluate on the shifted row, add the shift
-        # once.  τ·⟨(x − m)/τ, p⟩ is formed as ⟨x − m, p⟩: (x − m)/τ may
-        # overflow where its product with p does not
+        # once, times Σp as it is exactly, min(k, the finite entries) (the
+        # sum of p's rounding, times m, overflows at m near the float max).
+        # τ·⟨(x − m)/τ, p⟩ is formed as ⟨x − m, p⟩: (x − m)/τ may overflow
+        # where its product with p does not
         v = torch.where(pc != 0, (z - m) * pc, 0.0).sum(-1, keepdim=True) - tau * family.psi(pc).sum(-1, keepdim=True)
-        s = pc.sum(-1, keepdim=True)
+        s = torch.clamp((z > float("-inf")).sum(-1, keepdim=True).to(ct), max=k)
         out = m * s + v
         # m·Σp overflows where m nears the float max and Σp = k > 1 while the
         # value does not: s·(m + v/s), the same sum with no overflowing term
@@ -76,7 +78,7 @@ class _PotentialValue(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         (p,) = ctx.saved_tensors
-        return g * p, None, None, None
+        return g * p, None, None, None, None
 
 
 class _PotentialValueJvp(_PotentialValue):
@@ -90,7 +92,7 @@ def potential_rows(x: Tensor, family: Family, k: int, tau: float) -> Tensor:
     """τ·Φ(x/τ) on the last dimension (keepdim), arguments validated."""
     xc = x.to(compute_dtype(x.dtype))
     p = apply_rows(xc, family, k, tau, dispatch.pick("threshold", xc, family).backend)  # type: ignore[union-attr]
-    return _lean.function(_PotentialValueJvp, _PotentialValue).apply(xc, p, family, tau)
+    return _lean.function(_PotentialValueJvp, _PotentialValue).apply(xc, p, family, tau, k)
 
 
 def potential(x: Tensor, family: Family, k: int, dim: int, tau: float, keepdim: bool = False) -> Tensor:
