@@ -408,3 +408,47 @@ def test_rows_that_span_the_float_range(backend, fam, dtype, row):
         got = softk.soft_topk(x, 2, method=fam).double().numpy()
     tol = {torch.float64: 1e-13, torch.float32: 1e-6}[dtype]
     assert np.all(np.abs(got - want) <= tol * np.maximum(want, 1e-300)), (got, want)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_sigmoid_rows_whose_entries_lie_far_apart(backend, dtype):
+    # z 50 apart (x 0.05 apart at τ = 1e-3): from the bracket of the whole
+    # row each Newton step crossed one entry, and 300 entries ran past the
+    # iteration cap (Σp = 22 for k = 1); the bracket from the order
+    # statistics around k starts among the entries near the threshold
+    if backend == "triton" and dtype == torch.float64:
+        pytest.skip("the Triton kernels compute in float32 and take no float64")
+    x = (torch.arange(300, dtype=torch.float64) * 0.05).to(dtype)
+    p_ref, _ = _ref("sigmoid", x.double().numpy(), 1, 1e-3)
+    want = np.array([float(v) for v in p_ref])
+    with softk.use_backend(backend):
+        got = softk.soft_topk(x, 1, tau=1e-3, method="sigmoid").double().numpy()
+    big = want > 1e-30  # (the rest: σ of −50 units and below, to the dtype's range)
+    tol = {torch.float64: 1e-9, torch.float32: 2e-3}[dtype]  # u = z − λ holds 50/τ·eps of rounding
+    assert np.all(np.abs(got[big] - want[big]) <= tol * want[big]), (got[-3:], want[-3:])
+    assert abs(got.sum() - 1) <= 4 * torch.finfo(dtype).eps
+
+
+@pytest.mark.parametrize("fam", FAMS + ["exp", "sparse"])
+@pytest.mark.parametrize("row, k, want", [([0.0, -1e20], 1.3, [1.0, 0.3]), ([5.0, 0.0, -1e20], 2.3, [1.0, 1.0, 0.3])])
+def test_a_fractional_k_whose_partial_entry_lies_far_below(fam, row, k, want):
+    # λ lies within O(1) of the ⌈k⌉-th entry; carried relative to the ⌊k⌋-th,
+    # λ' could not hold the 0.3 at ulp(1e20) (Σp = 1.5 and 2.0 came out)
+    got = softk.soft_topk(torch.tensor(row, dtype=torch.float64), k, method=fam).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-14)
+
+
+@pytest.mark.parametrize("low", [-200.0, -300.0])
+def test_sigmoid_gradient_where_a_tail_underflows(low):
+    # λ ≈ low/2: the slopes are e^{−100} (a float32 subnormal, which
+    # torch.sigmoid flushes to 0 past u = −88.7) or e^{−150} (0); at −300
+    # every p rounds to 0 or 1 and the tail below λ underflows at the
+    # anchor's start, where the plain sums give Newton no step and left the
+    # slopes at ~1e-8: summed as logs, they take u to 150
+    x = torch.tensor([2.0, low, 0.0, 1.0])
+    _, d = _ref("sigmoid", x.double().numpy(), 3, 1.0)
+    dx, g = _run("sigmoid", "torch", x, 3, 1.0, torch.tensor([0.0, 0.0, -1.0, 0.0], dtype=torch.float64))
+    want, scale = _ref_vjp(d, g, 1.0)
+    assert np.abs(want).max() < 1e-40
+    _check(dx, want, scale, 200.0, torch.float32)

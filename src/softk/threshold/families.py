@@ -429,17 +429,56 @@ ENTMAX15 = Family(
 
 
 # --------------------------------------------------------- sigmoid: σ(u), any k
-def _sigmoid_bracket(z: Tensor, k: int, finite: Tensor) -> tuple:
+_SIGMOID_NARROW = 64.0  # a bracket this wide or less: Newton crosses it in a few steps
+
+
+def _sigmoid_bracket(z: Tensor, k, finite: Tensor) -> tuple:
     # With m finite entries and r = logit(k/m): at λ = min z - r every σ >= k/m,
-    # at λ = max z - r every σ <= k/m, so Σσ brackets k.
+    # at λ = max z - r every σ <= k/m, so Σσ brackets k.  Narrowed by the
+    # order statistics around k (K = ⌊k⌋, J = ⌈k⌉, z_(i) the i-th largest):
+    # at λ = z_(K+1) − log(k/(K+1−k)) the top K+1 entries have σ ≥ k/(K+1),
+    # and at λ = z_(J) + log((1−s)/s), s = (k−J+1)/(m−J+1), the entries from
+    # the J-th on have σ ≤ s: so Newton starts among the entries near the
+    # threshold, not across a row whose entries lie far apart (50 units of z
+    # between neighbours: one crossed per step, past the iteration cap).
     m = _sum(finite.to(z.dtype))
     r = torch.logit(k / m)
-    zmax = torch.where(finite, z, NEG_INF).amax(-1, keepdim=True)
+    zf = torch.where(finite, z, NEG_INF)
+    zmax = zf.amax(-1, keepdim=True)
     zmin = torch.where(finite, z, float("inf")).amin(-1, keepdim=True)
-    return zmin - r, zmax - r
+    lo, hi = zmin - r, zmax - r
+    if not bool((hi - lo > _SIGMOID_NARROW).any()):  # (the solver runs eagerly, on rows)
+        return lo, hi
+    n = z.shape[-1]
+    kt = torch.as_tensor(k, dtype=z.dtype, device=z.device)
+    big_k, big_j = torch.floor(kt), torch.clamp(torch.ceil(kt), min=1.0)
+    if isinstance(k, Tensor):
+        v = torch.sort(zf, dim=-1, descending=True).values
+        z_k1 = v.gather(-1, torch.clamp(big_k, max=n - 1).long().expand(*v.shape[:-1], 1))
+        z_j = v.gather(-1, torch.clamp(big_j - 1, max=n - 1).long().expand(*v.shape[:-1], 1))
+    else:
+        top = torch.topk(zf, min(int(big_k) + 1, n), dim=-1).values
+        z_k1 = top[..., int(big_k) : int(big_k) + 1] if int(big_k) < n else torch.full_like(zmax, NEG_INF)
+        z_j = top[..., int(big_j) - 1 : int(big_j)]
+    lo_k = z_k1 - torch.log(kt / (big_k + 1 - kt))
+    sj = (kt - big_j + 1) / (m - big_j + 1)
+    hi_k = z_j + torch.log((1 - sj) / sj)
+    lo = torch.where((big_k + 1 <= m) & torch.isfinite(lo_k), torch.maximum(lo, lo_k), lo)
+    hi = torch.where((sj > 0) & (sj < 1) & torch.isfinite(hi_k), torch.minimum(hi, hi_k), hi)
+    return lo, torch.maximum(hi, lo)
+
+
+def _sigmoid_slope(u: Tensor) -> Tensor:
+    # σ(u)σ(−u) = e/(1 + e)², e = e^{−|u|}: keeps float32's subnormals, where
+    # torch.sigmoid(−|u|) = 1/(1 + e^{|u|}) is 0 from |u| = 88.7 on (the
+    # backward's slopes of a row whose entries all lie far from λ)
+    e = torch.exp(-torch.abs(u))
+    return e / ((1 + e) * (1 + e))
 
 
 def _sigmoid_tail(u: Tensor) -> tuple:
+    # torch.sigmoid's flush below u = −88.7 (float32) costs the sums nothing:
+    # a tail it empties is summed again as logs (_tails_residual)
     t = torch.sigmoid(-torch.abs(u))  # σ(−|u|)
     return t, t * (1 - t)
 
@@ -453,7 +492,7 @@ def sigmoid_family() -> Family:
     return Family(
         name="sigmoid",
         f=torch.sigmoid,
-        df=lambda u: torch.sigmoid(u) * torch.sigmoid(-u),
+        df=_sigmoid_slope,
         d_from_p=lambda p: p * (1 - p),
         F=torch.nn.functional.softplus,
         psi=lambda p: _xlogx(p) + _xlogx(1 - p),

@@ -181,9 +181,9 @@ def _newton_shifted(family: Family, s: Tensor, k: int, lo: Tensor, hi: Tensor, a
 
 
 def lambda_reference(z: Tensor, k: int, capped: bool) -> Tensor:
-    """The entry each row's λ is carried relative to: the k-th largest finite
-    entry for the capped (top-k) families, the maximum otherwise; 0 on rows
-    without one (rows the solver ignores).
+    """The entry each row's λ is carried relative to: the ⌈k⌉-th largest
+    finite entry for the capped (top-k) families, the maximum otherwise; 0 on
+    rows without one (rows the solver ignores).
 
     λ lies within O(1 + log n) of it: for the capped families
     g(z_(k)) ≥ k ≥ g(z_(k) + log(n)) (exp; the others alike), for the k = 1
@@ -192,12 +192,16 @@ def lambda_reference(z: Tensor, k: int, capped: bool) -> Tensor:
     (the maximum alone is not: with one outlier at 1e6, λ − max ≈ −1e6 and
     float32 keeps only 1/16 of λ's fraction).
     """
-    if isinstance(k, Tensor):  # one k per row: the ⌊k⌋-th largest entry of each row
+    if isinstance(k, Tensor):  # one k per row: the ⌈k⌉-th largest entry of each row
         if not capped:
             ref = z.amax(-1, keepdim=True)
         else:
+            # ⌈k⌉: a fractional k leaves the ⌈k⌉-th entry partly selected,
+            # with λ within O(1) of it however far it lies below the ⌊k⌋-th
+            # (k = 1.3 on [0, −1e20]: λ' relative to 0 would not hold the
+            # 0.3 at ulp(1e20))
             v = torch.sort(z, dim=-1, descending=True).values
-            ref = v.gather(-1, (torch.clamp(torch.floor(k), 1, z.shape[-1]) - 1).long())
+            ref = v.gather(-1, (torch.clamp(torch.ceil(k), 1, z.shape[-1]) - 1).long())
     elif capped and k > 1 and z.shape[-1] >= k:
         ref = torch.topk(z, k, dim=-1).values[..., k - 1 : k]
     else:

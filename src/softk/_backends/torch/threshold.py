@@ -142,6 +142,10 @@ def anchored_slope(family: Family, p: Tensor, x: Tensor, tau: float, stored: tor
     if k is not None and family.residual is not None and (not eager(p) or bool(refine.any())):
         for _ in range(2):
             r, slope, _ = family.residual(u, k)
+            lost = refine & ~torch.isfinite(r)  # a tail underflowed: summed as logs (Family.residual)
+            if not eager(p) or bool(lost.any()):
+                rl, sl, _ = family.residual(u, k, logspace=True)
+                r, slope = torch.where(lost, rl, r), torch.where(lost, sl, slope)
             u = u - torch.where(refine & (slope > 0) & torch.isfinite(r), r / torch.where(slope > 0, slope, 1.0), 0.0)
     return torch.where(p != p, p, torch.where(inside, family.df(u), 0.0))
 
