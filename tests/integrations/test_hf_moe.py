@@ -572,6 +572,24 @@ def test_a_deep_copy_is_patched_on_its_own():
     assert "forward" in routers(model)[0].__dict__ and "forward" not in routers(clone)[0].__dict__
 
 
+def test_a_deep_copy_after_a_training_forward():
+    """An EMA or best-model copy taken after a step: the last forward's p, kept
+    with its graph for the losses, made deepcopy raise ("Only Tensors created
+    explicitly by the user support the deepcopy protocol"); the copy starts
+    with no forward of its own and routes as the model does."""
+    import copy
+
+    model = build("mixtral").train()
+    apply_softk_router(model, "sparsemax")
+    ids = batch()
+    model(ids, labels=ids).loss.backward()
+    model(ids)  # a forward whose graph is still alive
+    clone = copy.deepcopy(model)
+    assert routers(clone)[0]._softk.last is None and routers(model)[0]._softk.last is not None
+    model.eval(), clone.eval()
+    torch.testing.assert_close(clone(ids).logits, model(ids).logits, rtol=0, atol=0)
+
+
 def test_state_dict_restores_the_router_state():
     """A learned α, τ and the controller's count travel in state_dict into a freshly patched model."""
     model = build("mixtral").train()

@@ -86,6 +86,7 @@ True
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import numbers
@@ -153,6 +154,16 @@ class _State:
     scores_dtype: torch.dtype | None = None  # the model's scores dtype when it is not the logits'
     control_dtype: torch.dtype | None = None  # the control's working precision (None: the logits')
     last: dict | None = None  # the last forward's p, weights, indices (for stats and balance)
+
+    def __deepcopy__(self, memo):
+        # ``last`` holds the last forward's p with its autograd graph (the
+        # losses read it), which deepcopy refuses; a copy starts with no
+        # forward of its own
+        new = object.__new__(type(self))
+        memo[id(self)] = new
+        for f in dataclasses.fields(self):
+            setattr(new, f.name, None if f.name == "last" else copy.deepcopy(getattr(self, f.name), memo))
+        return new
 
     def alpha(self):
         if self.opts.get("learn_alpha"):
