@@ -291,6 +291,8 @@ def test_dense_alpha_just_below_one(gap):
         np.testing.assert_allclose(g.item(), dwant[i], rtol=1e-8, atol=1e-12)
     loss = entmax.entmax_bisect_loss(_t([row]), torch.tensor([2]), alpha=alpha)
     np.testing.assert_allclose(loss.item(), loss_want, rtol=1e-12)
+    loss32 = entmax.entmax_bisect_loss(torch.tensor([row]), torch.tensor([2]), alpha=alpha)
+    np.testing.assert_allclose(loss32.item(), loss_want, rtol=1e-6)
     p32 = entmax.entmax_bisect(torch.tensor([row]), alpha=alpha)
     # float32: a few ulps of u = z − λ' (|u| ≤ 2) and of the power
     np.testing.assert_allclose(p32[0].double().numpy(), want, rtol=8 * 2.0**-23)

@@ -72,7 +72,8 @@ def _dense_loss(X: Tensor, target: Tensor, alpha) -> Tensor:
     ct = compute_dtype(X.dtype)
     x = X.to(ct)
     a = per_row(alpha, X, 1, "alpha").to(ct) if isinstance(alpha, Tensor) else alpha
-    p = entmax_dense(x, a if isinstance(a, Tensor) else torch.tensor(a, dtype=ct, device=x.device))
+    # (a float α as a double: rounded to float32, 1 − 1e-9 would be 1)
+    p = entmax_dense(x, a if isinstance(a, Tensor) else torch.tensor(a, dtype=torch.float64, device=x.device))
     y = torch.nn.functional.one_hot(target.long(), x.shape[-1]).to(ct)
     return fenchel_young_rows(x, p, y, _tsallis, _d_tsallis, a).squeeze(-1).to(X.dtype)
 
