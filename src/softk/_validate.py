@@ -78,7 +78,9 @@ def check_tau(tau, name: str = "tau", allow_grad: bool = False, x=None):
             raise TypeError(f"{name} must be a number or a one-element floating tensor, got shape {tuple(tau.shape)}")
         t = tau.detach()
         if t.is_cpu:
-            check_positive(t, name)
+            v = check_positive(t, name)
+            if x is not None:
+                check_tau(v, name, False, x)  # the floor, on its value
         else:  # no host sync: a device-side assertion (see require)
             require((t > 0) & torch.isfinite(t), f"{name} must be a finite number > 0")
         return tau.reshape(())

@@ -272,3 +272,20 @@ def test_a_tau_below_the_compute_dtype_is_refused(name, dtype):
     out = _TAU_CALLS[name](x, 3e-39)  # just above: the argmax limit, finite
     assert not torch.isnan(out).any()
     assert not torch.isnan(_TAU_CALLS[name](x.double(), 1e-300)).any()  # float64 takes it
+
+
+@pytest.mark.parametrize("name", ["softmax", "sparsemax", "entmax", "soft_topk", "normmax"])
+def test_a_learnable_tau_far_below_one(name):
+    # a τ that requires grad is divided into x with autograd: x/τ alone
+    # overflowed at τ = 5e-39 (inf − inf = NaN rows) where the row shifted by
+    # its maximum first does not, and a τ below the floor is refused as a
+    # float one is
+    x = torch.tensor([[1.0, -0.5, 2.0, 0.3]])
+    want = torch.tensor([[0.0, 0.0, 1.0, 0.0]]) if name != "soft_topk" else None
+    tau = torch.tensor(5e-39, requires_grad=True)
+    out = _TAU_CALLS[name](x, tau)
+    assert not torch.isnan(out).any()
+    if want is not None:
+        torch.testing.assert_close(out, want)
+    with pytest.raises(ValueError, match="tau=.* is below 2.94e-39"):
+        _TAU_CALLS[name](x, torch.tensor(1e-40, requires_grad=True))

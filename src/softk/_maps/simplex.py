@@ -21,6 +21,7 @@ from .. import _dtensor
 from .._validate import check_alpha, check_dim, check_input, check_tau
 from ..threshold import ENTMAX15, SOFTMAX, SPARSEMAX
 from ..threshold.families import entmax_by_alpha
+from ..threshold.rows import over_tau
 from .._ops.entmax_alpha import entmax_alpha
 from .._ops.op import threshold_map
 from .._ops.log_softmax import log_softmax as log_softmax_op, logsumexp as logsumexp_op
@@ -186,7 +187,7 @@ def entmax(x: Tensor, alpha=1.5, dim: int = -1, tau: float = 1.0) -> Tensor:
         if x.numel() == 0:
             return x * 0
         if isinstance(tau, Tensor):
-            x, tau = x / tau.to(x.dtype), 1.0
+            x, tau = over_tau(x, tau, dim), 1.0
         out = entmax_alpha(x.movedim(dim, -1), alpha, tau)
         return out.movedim(-1, dim)
     return threshold_map(x, entmax_by_alpha(alpha), 1, dim, tau)

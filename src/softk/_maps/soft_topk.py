@@ -43,6 +43,7 @@ from .._ops.gradtopk import gradtopk
 from .iterative import su_iterative, weighted
 from ..threshold import THRESHOLD_METHODS
 from .._ops.op import threshold_map
+from ..threshold.rows import over_tau
 
 
 def _threshold(family):
@@ -113,5 +114,5 @@ def soft_topk(x: Tensor, k: int | float | Tensor, dim: int = -1, tau: float = 1.
     """
     dim, k, tau = check_topk_args(x, k, dim, tau, method, METHODS)
     if isinstance(tau, Tensor):  # τ that requires grad: x/τ with autograd, the map at τ = 1
-        x, tau = x / tau.to(x.dtype), 1.0
+        x, tau = over_tau(x, tau, dim), 1.0
     return _REGISTRY[method](x, k, dim, tau)

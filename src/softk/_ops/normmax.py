@@ -13,7 +13,7 @@ from torch import Tensor
 
 from . import lean as _lean
 from ..threshold.families import entmax_by_alpha, entmax_family
-from ..threshold.rows import compute_dtype, finite_max, row_status
+from ..threshold.rows import compute_dtype, finite_max, over_tau, row_status
 from ..threshold.solve import solve_relative
 
 
@@ -171,7 +171,7 @@ def normmax_apply(x: Tensor, alpha, tau) -> Tensor:
     """The autograd contract on rows (dim last); ``alpha`` checked (a float,
     or a tensor shaped x.shape[:-1] + (1,)), ``tau`` a float or a 0-d tensor."""
     if isinstance(tau, Tensor):  # a learnable τ: x/τ with autograd, the map at τ = 1
-        x, tau = x / tau.to(x.dtype), 1.0
+        x, tau = over_tau(x, tau), 1.0
     a = alpha if isinstance(alpha, Tensor) else torch.tensor(alpha, dtype=compute_dtype(x.dtype), device=x.device)
     if x.numel() == 0:
         return x * 0

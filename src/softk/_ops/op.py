@@ -49,7 +49,7 @@ from ..threshold.families import Family
 from .family_keys import family_by_key, family_key
 from .per_row_k import apply_rows_k
 from .saved import save, saved
-from ..threshold.rows import empty_like_result
+from ..threshold.rows import empty_like_result, over_tau
 
 
 # ------------------------------------------------------------- the custom ops
@@ -150,7 +150,7 @@ def threshold_map(x: Tensor, family: Family, k, dim: int, tau) -> Tensor:
     if x.numel() == 0:
         return empty_like_result(x)
     if isinstance(tau, Tensor):
-        x, tau = x / tau.to(x.dtype), 1.0
+        x, tau = over_tau(x, tau, dim), 1.0
     backend = dispatch.pick("threshold", x, family).backend  # type: ignore[union-attr]  # its torch kernel serves every call
     if dim == x.dim() - 1:
         return apply_rows(x, family, k, tau, backend)

@@ -20,7 +20,7 @@ from .._maps.normmax import check_normmax_alpha
 from .._ops.normmax import normmax_apply
 from .._ops.potential import regularised_potential
 from .._validate import reduce
-from ..threshold.rows import compute_dtype, finite_max
+from ..threshold.rows import compute_dtype, finite_max, over_tau
 from . import targets as tg
 
 __all__ = ["normmax_loss", "fenchel_young_rows"]
@@ -107,7 +107,7 @@ def normmax_loss(input: Tensor, target: Tensor, alpha=2.0, ignore_index: int = -
         y = tg.distribution_target(input, target, 1, False).movedim(cdim, -1).to(x.dtype)
         keep = None
     if isinstance(tau, Tensor):
-        x, tau = x / tau.to(x.dtype), 1.0
+        x, tau = over_tau(x, tau), 1.0
     a = alpha.to(x.dtype) if isinstance(alpha, Tensor) else alpha
     p = normmax_apply(x, a, tau)
     loss = fenchel_young_rows(x, p, y, _alpha_norm, _d_alpha_norm, a, tau).squeeze(-1)

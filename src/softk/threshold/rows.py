@@ -36,6 +36,15 @@ def finite_max(z: Tensor) -> Tensor:
     return torch.where(torch.isfinite(m), m, 0.0)
 
 
+def over_tau(x: Tensor, tau: Tensor, dim: int = -1) -> Tensor:
+    """x/τ along ``dim`` for a τ that requires grad, formed with autograd as
+    (x − m)/τ, m the rows' finite maximum (detached): the maps and their
+    Fenchel–Young losses are invariant to a shift of a row, and x/τ alone
+    overflows at a small τ where the shifted row does not."""
+    m = finite_max(x.detach().movedim(dim, -1)).movedim(-1, dim)
+    return (x - m) / tau.to(x.dtype)
+
+
 def scaled_rows(x: Tensor, tau: float, family=None, k=1, shift: bool = True) -> Tensor:
     """z = (x − r)/τ in the compute dtype, r the entry λ is carried relative
     to (:func:`softk.threshold.solve.lambda_reference`: the row's maximum for
