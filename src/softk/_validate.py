@@ -222,8 +222,12 @@ def check_alpha(alpha, x, dim: int):
             f"limit, the argmax, use softk.hard_topk(x, 1)), got {a[bad].flatten()[0].item()}"
         ))
         return per_row(alpha, x, dim, "alpha")
+    if isinstance(alpha, torch.Tensor) and alpha.numel() == 1 and not alpha.requires_grad:
+        alpha = alpha.item()  # a one-element tensor where a number is taken: its value
     if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
-        raise TypeError(f"alpha must be a float >= 1 or a tensor, got {type(alpha).__name__}")
+        what = "a float >= 1" if x is None else "a float >= 1 or a tensor"
+        raise TypeError(f"alpha must be {what} here, got {type(alpha).__name__}"
+                        + (" of shape " + str(tuple(alpha.shape)) if isinstance(alpha, torch.Tensor) else ""))
     alpha = float(alpha)
     if not (alpha >= 1 and math.isfinite(alpha)):
         raise ValueError(

@@ -193,10 +193,15 @@ def test_bad_input_errors_name_the_parameter():
         (lambda: softk.sparsemax(x, dim=1.0), TypeError, "dim"),
         (lambda: snn.SoftTopK(0), ValueError, "k"),
         (lambda: snn.Entmax(alpha=1.0, learnable=True), ValueError, "alpha"),
+        # a module takes one α: a tensor of several is refused as what it is
+        # (the message said "a float >= 1 or a tensor" of a tensor)
+        (lambda: snn.Entmax(alpha=torch.tensor([1.5, 1.6])), TypeError, r"alpha must be a float >= 1 here, got Tensor of shape \(2,\)"),
     ]
     for call, exc, word in cases:
         with pytest.raises(exc, match=word):
             call()
+    # and a one-element tensor is its value
+    assert snn.Entmax(alpha=torch.tensor(1.5)).alpha == 1.5
 
 
 def test_modules_match_functions_and_repr():
