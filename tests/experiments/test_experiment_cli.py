@@ -58,7 +58,21 @@ def test_a_malformed_number_names_the_full_subcommand(name, capsys):
 def test_no_experiment_is_an_error_of_softk_experiment(capsys):
     assert main(["experiment"]) == 2
     err = capsys.readouterr().err
-    assert "softk experiment: error: choose an experiment" in err
+    assert err.startswith("softk experiment: error: choose an experiment") and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("argv", [["topk-softmax", "--seeds", "0", "-1"], ["lm", "--quick", "--seed", "-1"],
+                                  ["moe", "--seed", "-1"], ["multilabel", "--seed", "-1"], ["router", "--seed", "x"]])
+def test_a_seed_below_zero_is_refused(argv, capsys):
+    # torch.manual_seed and numpy's generators take no negative seed: the
+    # training ran, or failed deep inside, where the option is one error line
+    try:
+        code = main(["experiment", *argv])
+    except SystemExit as exc:  # argparse's own errors
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith(f"softk experiment {argv[0]}: error: argument --seed") and "integer >= 0" in err, err
 
 
 # ------------------------------------------------------------ --quick's work

@@ -162,3 +162,15 @@ def test_module_inputs_are_float64():
     # The table is measured in float64.
     for _, z, lim in props._inputs(0):
         assert z.dtype == torch.float64 and lim.dtype == torch.float64
+
+
+def test_the_seed_is_an_int_at_least_zero():
+    # numpy's integers pass; a negative seed is refused by name, where numpy's
+    # generator raised its own "expected non-negative integer"
+    import numpy as np
+
+    assert softk.property_violations("sparse", seed=np.int64(1)) == softk.property_violations("sparse", seed=1)
+    with pytest.raises(ValueError, match="seed must be an int >= 0"):
+        softk.property_violations("sparse", seed=-1)
+    with pytest.raises(TypeError, match="seed must be an int"):
+        softk.property_violations("sparse", seed=1.0)

@@ -36,7 +36,7 @@ import sys
 
 from . import UsageError, experiment_lm, experiment_moe
 from .experiment_common import COST_NOTE, check as _check, emit, out_dir as _out_dir, positive as _positive, wrote
-from .experiment_common import seed_options
+from .experiment_common import seed_options, seed_value
 
 from .._experiments import multilabel as _multilabel
 from .._experiments.multilabel import CV_SCORES, FOLD_SIZES
@@ -81,7 +81,7 @@ def register(sub):
     m.add_argument("--lambdas", nargs="+", type=float, metavar="L",
                    help="ridge grid instead of the paper's 1, 1e-1, ..., 1e-9 (quicker runs; not the protocol; "
                    f"--quick: {' '.join(f'{l:g}' for l in quick['lambdas'])})")
-    m.add_argument("--seed", type=int, default=0, help="seed of the shuffled folds (default 0)")
+    m.add_argument("--seed", type=seed_value, default=0, help="seed of the shuffled folds, >= 0 (default 0)")
     m.add_argument("--out", metavar="DIR", help="also write NAME.md and NAME.json to this directory")
     m.add_argument("--json", action="store_true", help="print JSON instead of Markdown")
     m.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -91,9 +91,8 @@ def register(sub):
     experiment_lm.register(kinds)
     experiment_moe.register(kinds)
 
-    def no_experiment(args) -> int:  # `softk experiment` alone: usage, exit 2
-        p.print_usage(sys.stderr)
-        raise UsageError(f"choose an experiment: {', '.join(kinds.choices)}")
+    def no_experiment(args) -> int:  # `softk experiment` alone: the one error line, exit 2
+        raise UsageError(f"choose an experiment: {', '.join(kinds.choices)} (softk experiment -h)")
 
     p.set_defaults(run=no_experiment)
 

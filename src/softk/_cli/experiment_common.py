@@ -6,6 +6,8 @@ and the frame of the experiments on the Shakespeare corpus
 
 from __future__ import annotations
 
+import argparse
+
 import contextlib
 import json
 import os
@@ -67,11 +69,22 @@ def emit(result: dict, text: str, out: str | None, name: str, as_json: bool, wri
     return 0
 
 
+def seed_value(text: str) -> int:
+    """A training seed: an int >= 0 (torch.manual_seed and numpy's generators take no other)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"a seed must be an integer >= 0, got {text!r}")
+    return value
+
+
 def seed_options(parser, default: str) -> None:
     """``--seeds S [S ...]`` or ``--seed S``, one of the two; ``default`` says what is run without them."""
     seeds = parser.add_mutually_exclusive_group()
-    seeds.add_argument("--seeds", nargs="+", type=int, metavar="S", help=f"training seeds (default {default})")
-    seeds.add_argument("--seed", type=int, help="one training seed")
+    seeds.add_argument("--seeds", nargs="+", type=seed_value, metavar="S", help=f"training seeds, >= 0 (default {default})")
+    seeds.add_argument("--seed", type=seed_value, help="one training seed, >= 0")
 
 
 def corpus_options(parser) -> None:

@@ -45,6 +45,8 @@ The measurement runs on the backend in force (:func:`softk.use_backend`), so
 
 from __future__ import annotations
 
+import numbers
+
 from functools import lru_cache
 
 import numpy as np
@@ -104,9 +106,11 @@ def property_violations(method: str, seed: int = 0) -> dict:
     True
     """
     check_choice(method, METHODS, "method")
-    if isinstance(seed, bool) or not isinstance(seed, int):
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
         raise TypeError(f"seed must be an int, got {type(seed).__name__}")
-    return dict(_measure(method, seed, current_backend()))
+    if seed < 0:
+        raise ValueError(f"seed must be an int >= 0 (numpy's generator takes no negative seed), got {seed}")
+    return dict(_measure(method, int(seed), current_backend()))
 
 
 # Shifts of the shift_invariant rows: a small one, then ±2^j/eps (see the
