@@ -52,7 +52,8 @@ def test_a_malformed_number_names_the_full_subcommand(name, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["experiment", name, option, "two"])
     assert exit_.value.code == 2
-    assert "invalid int value" in _one_error_line(capsys, f"softk experiment {name}: error: ")
+    line = _one_error_line(capsys, f"softk experiment {name}: error: ")
+    assert f"argument {option}" in line and ("invalid int value" in line or "an integer >= 0, got 'two'" in line)
 
 
 def test_no_experiment_is_an_error_of_softk_experiment(capsys):
