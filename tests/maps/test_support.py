@@ -53,3 +53,9 @@ def test_bad_arguments():
         softk.support(torch.zeros(3), "sparsemax", k=2)
     with pytest.raises(ValueError, match="alpha"):
         softk.support(torch.zeros(3), "entmax", alpha=0.5)
+
+
+def test_alpha_is_refused_where_the_method_takes_none():
+    # it was read for entmax only and ignored elsewhere, silently
+    with pytest.raises(ValueError, match="alpha applies to method='entmax' only"):
+        softk.support(torch.tensor([0.1, 1.0, 1.5]), "sparsemax", alpha=1.3)

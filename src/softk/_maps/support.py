@@ -66,6 +66,8 @@ def support(x: Tensor, method: str = "sparsemax", k: int = 1, dim: int = -1, tau
     check_input(x)
     dim = check_dim(x, dim)
     check_choice(method, MAPS, "method")
+    if alpha is not None and method != "entmax":
+        raise ValueError(f"alpha applies to method='entmax' only, got method={method!r}")
     family = by_name(method, check_alpha(alpha if alpha is not None else 1.5, None, -1))
     k = check_k(k, x.shape[dim])
     if not family.capped and k != 1:
