@@ -403,12 +403,6 @@ def test_run_multilabel_rejects_bad_arguments(tiny_mulan):
         multilabel.run_multilabel(ds, fold_sizes="odd")
 
 
-def test_experiment_without_subcommand_exits_2(capsys):
-    assert main(["experiment"]) == 2
-    err = capsys.readouterr().err
-    assert "usage:" in err and "choose an experiment" in err
-
-
 @pytest.mark.parametrize("loss", ["softmax", "sparsemax", "entmax15", "soft_topk"])
 def test_losses_agree_with_softk_losses(rng, loss):
     # The trainer's losses are softk.losses called with a detached copy and
