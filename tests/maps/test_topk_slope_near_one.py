@@ -439,16 +439,21 @@ def test_a_fractional_k_whose_partial_entry_lies_far_below(fam, row, k, want):
     np.testing.assert_allclose(got, want, rtol=1e-14)
 
 
-@pytest.mark.parametrize("low", [-200.0, -300.0])
-def test_sigmoid_gradient_where_a_tail_underflows(low):
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fam", FAMS)
+@pytest.mark.parametrize("low, n_low", [(-200.0, 1), (-300.0, 1), (-300.0, 8190)])
+def test_gradient_where_a_tail_underflows(backend, fam, low, n_low):
     # λ ≈ low/2: the slopes are e^{−100} (a float32 subnormal, which
     # torch.sigmoid flushes to 0 past u = −88.7) or e^{−150} (0); at −300
     # every p rounds to 0 or 1 and the tail below λ underflows at the
     # anchor's start, where the plain sums give Newton no step and left the
-    # slopes at ~1e-8: summed as logs, they take u to 150
-    x = torch.tensor([2.0, low, 0.0, 1.0])
-    _, d = _ref("sigmoid", x.double().numpy(), 3, 1.0)
-    dx, g = _run("sigmoid", "torch", x, 3, 1.0, torch.tensor([0.0, 0.0, -1.0, 0.0], dtype=torch.float64))
+    # slopes at ~1e-8: summed as logs, they take u to 150 (8193 entries: the
+    # looped Triton backward, whose log-sums run online across its blocks)
+    x = torch.tensor([2.0, low, 0.0, 1.0] + [low] * (n_low - 1))
+    _, d = _ref(fam, x.double().numpy(), 3, 1.0)
+    g = torch.zeros(len(x), dtype=torch.float64)
+    g[2] = -1.0
+    dx, g = _run(fam, backend, x, 3, 1.0, g)
     want, scale = _ref_vjp(d, g, 1.0)
     assert np.abs(want).max() < 1e-40
     _check(dx, want, scale, 200.0, torch.float32)

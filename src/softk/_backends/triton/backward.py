@@ -31,7 +31,7 @@ looped rows, taken only where such a row is).
 import triton
 import triton.language as tl
 
-from .family_math import _d_from_p, _f_inv, _tail
+from .family_math import _d_from_p, _f_inv, _log_tail, _tail
 
 IBIG = tl.constexpr(2147483647)
 
@@ -228,17 +228,61 @@ def _tail_terms(x, xj, c, inv_tau, FAM: tl.constexpr):
 
 
 @triton.jit
-def _newton_c(c, ta, tb, da, db, cnt, k, refine):
+def _log_terms(x, xj, c, inv_tau, FAM: tl.constexpr):
+    # per lane: log f(−|u|) and log f′(u) on each side of λ (−inf off it)
+    u = (x - xj) * inv_tau + c
+    up = u >= 0
+    lt, ld = _log_tail(u, FAM)
+    ninf = float("-inf")
+    return tl.where(up, ninf, lt), tl.where(up, ninf, ld), tl.where(up, lt, ninf), tl.where(up, ld, ninf)
+
+
+@triton.jit
+def _log_acc(m, st, sd, lt, ld):
+    # a side's running maximum of log f(−|u|) per lane, and its two sums
+    # relative to it (the online log-sum-exp)
+    mn = tl.maximum(m, lt)
+    ms = tl.where(mn > float("-inf"), mn, 0.0)
+    keep = tl.where(m > float("-inf"), tl.exp(m - ms), 0.0)
+    return mn, st * keep + tl.exp(lt - ms), sd * keep + tl.exp(ld - ms)
+
+
+@triton.jit
+def _log_side(m, st, sd, extra):
+    # (log T, Σf′/T) of the side's tail T = Σ e^{log f(−|u|)} + extra from its
+    # lanes' maxima and sums (Family.residual with logspace)
+    M = tl.max(m, 1, keep_dims=True)
+    Ms = tl.where(M > float("-inf"), M, 0.0)
+    w = tl.where(m > float("-inf"), tl.exp(m - Ms), 0.0)
+    t = tl.sum(st * w, 1, keep_dims=True)
+    d = tl.sum(sd * w, 1, keep_dims=True)
+    ex = tl.exp(tl.log(extra) - Ms)
+    total = t + ex
+    log_t = tl.where(ex == float("inf"), tl.log(extra), Ms + tl.log(total))
+    return log_t, tl.where(total > 0, d / tl.where(total > 0, total, 1.0), 0.0)
+
+
+@triton.jit
+def _newton_c(c, ta, tb, da, db, cnt, k, refine, ma, sta, sda, mb, stb, sdb):
     # one Newton step of the anchor's f⁻¹(p_j) on Σf(u) = k, on the log-ratio
-    # of the tails (the λ search's residual), on the rows that ``refine``
-    A = tl.sum(ta, 1, keep_dims=True) + tl.maximum(tl.sum(cnt, 1, keep_dims=True) - k, 0.0)
-    B = tl.sum(tb, 1, keep_dims=True) + tl.maximum(k - tl.sum(cnt, 1, keep_dims=True), 0.0)
+    # of the tails (the λ search's residual), on the rows that ``refine``;
+    # where a tail's every share underflowed, on the tails summed as logs
+    # (ma, sta, sda and mb, stb, sdb: _log_acc's per lane)
+    a = tl.maximum(tl.sum(cnt, 1, keep_dims=True) - k, 0.0)
+    b = tl.maximum(k - tl.sum(cnt, 1, keep_dims=True), 0.0)
+    A = tl.sum(ta, 1, keep_dims=True) + a
+    B = tl.sum(tb, 1, keep_dims=True) + b
     ok = refine & (A > 0) & (B > 0)
     As = tl.where(ok, A, 1.0)
     Bs = tl.where(ok, B, 1.0)
     r = tl.log(As) - tl.log(Bs)
     s = tl.sum(da, 1, keep_dims=True) / As + tl.sum(db, 1, keep_dims=True) / Bs
-    return c - tl.where(ok & (s > 0), r / tl.where(s > 0, s, 1.0), 0.0)
+    la, sa = _log_side(ma, sta, sda, a)
+    lb, sb = _log_side(mb, stb, sdb, b)
+    lost = refine & ~ok & (la > float("-inf")) & (lb > float("-inf"))
+    r = tl.where(lost, la - lb, r)
+    s = tl.where(lost, sa + sb, s)
+    return c - tl.where((ok | lost) & (s > 0), r / tl.where(s > 0, s, 1.0), 0.0)
 
 
 @triton.jit
@@ -257,7 +301,12 @@ def _bwd_from_x(P, X, G, DX, base, rmask, n, inv_tau, k, FAM: tl.constexpr, ROWS
             if tl.max(tl.max(refine.to(tl.int32), 1), 0) > 0:
                 for _ in range(2):
                     ta, tb, da, db, cnt = _tail_terms(x, xj, c, inv_tau, FAM)
-                    c = _newton_c(c, ta, tb, da, db, cnt, k, refine)
+                    lta, lda, ltb, ldb = _log_terms(x, xj, c, inv_tau, FAM)
+                    none = tl.full(lta.shape, float("-inf"), tl.float32)
+                    zero = tl.zeros(lta.shape, tl.float32)
+                    ma, sta, sda = _log_acc(none, zero, zero, lta, lda)
+                    mb, stb, sdb = _log_acc(none, zero, zero, ltb, ldb)
+                    c = _newton_c(c, ta, tb, da, db, cnt, k, refine, ma, sta, sda, mb, stb, sdb)
         d = _slope_x(x, inside, c, xj, inv_tau, p != p, FAM)
         g = _load_g(G, base, rmask, cols, n)
         _store_dx(DX, base, rmask, cols, n, d, g, _coef(d * g, d), inv_tau)
@@ -289,15 +338,25 @@ def _bwd_from_x(P, X, G, DX, base, rmask, n, inv_tau, k, FAM: tl.constexpr, ROWS
                     da = tl.zeros([ROWS, BLOCK], tl.float32)
                     db = tl.zeros([ROWS, BLOCK], tl.float32)
                     cnt = tl.zeros([ROWS, BLOCK], tl.float32)
+                    ma = tl.full([ROWS, BLOCK], float("-inf"), tl.float32)
+                    mb = tl.full([ROWS, BLOCK], float("-inf"), tl.float32)
+                    sta = tl.zeros([ROWS, BLOCK], tl.float32)
+                    sda = tl.zeros([ROWS, BLOCK], tl.float32)
+                    stb = tl.zeros([ROWS, BLOCK], tl.float32)
+                    sdb = tl.zeros([ROWS, BLOCK], tl.float32)
                     for start in range(0, n, BLOCK):
                         cols = start + tl.arange(0, BLOCK)[None, :]
-                        a1, b1, a2, b2, c1 = _tail_terms(_load_x(X, base, rmask, cols, n), xj, c, inv_tau, FAM)
+                        xb = _load_x(X, base, rmask, cols, n)
+                        a1, b1, a2, b2, c1 = _tail_terms(xb, xj, c, inv_tau, FAM)
                         ta += a1
                         tb += b1
                         da += a2
                         db += b2
                         cnt += c1
-                    c = _newton_c(c, ta, tb, da, db, cnt, k, refine)
+                        lta, lda, ltb, ldb = _log_terms(xb, xj, c, inv_tau, FAM)
+                        ma, sta, sda = _log_acc(ma, sta, sda, lta, lda)
+                        mb, stb, sdb = _log_acc(mb, stb, sdb, ltb, ldb)
+                    c = _newton_c(c, ta, tb, da, db, cnt, k, refine, ma, sta, sda, mb, stb, sdb)
         # read 2: the two sums; read 3: dx
         sdg = tl.zeros([ROWS, BLOCK], tl.float32)
         sd = tl.zeros([ROWS, BLOCK], tl.float32)

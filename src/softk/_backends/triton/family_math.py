@@ -120,6 +120,22 @@ def _tail(u, FAM: tl.constexpr):
     return t, d
 
 
+@triton.jit
+def _log_tail(u, FAM: tl.constexpr):
+    """The logarithms of :func:`_tail`'s (f(−|u|), f′(u)), finite where
+    e^{−|u|} underflows (|u| > 104 in float32): the backward's tails, summed
+    as logs where every share of one underflows."""
+    a = tl.abs(u)
+    if FAM == SIGMOID:
+        l1 = tl.log(1.0 + tl.exp(-a))
+        lt = -a - l1
+        ld = lt - l1
+    else:
+        lt = -a - 0.6931471805599453
+        ld = lt
+    return lt, ld
+
+
 # ------------------------------------------- per-family sums over the row
 # The sums at λ = c + t are kept per lane ([ROWS, BLOCK] blocks: ROWS rows of
 # BLOCK lanes) and reduced along the row once per pass (_red), to [ROWS, 1]
