@@ -257,6 +257,8 @@ _TAU_CALLS = {
     "log_softmax": lambda x, tau: softk.log_softmax(x, tau=tau),
     "logsumexp": lambda x, tau: softk.logsumexp(x, tau=tau),
     "soft_topk": lambda x, tau: softk.soft_topk(x, 2, tau=tau),
+    "iterative": lambda x, tau: softk.soft_topk(x, 2, tau=tau, method="iterative"),
+    "weighted": lambda x, tau: softk.soft_topk(x, 2, tau=tau, method="weighted"),
     "topk_softmax": lambda x, tau: softk.topk_softmax(x, 2, tau=tau),
     "normmax": lambda x, tau: softk.normmax(x, tau=tau),
     "budget_sparsemax": lambda x, tau: softk.budget_sparsemax(x, 2.0, tau=tau),

@@ -40,7 +40,9 @@ def _rows(x: Tensor, k: int, tau: float):
     # offsets or tiny τ, and overflows for |x|/τ > the dtype's range).
     top = torch.where(finite, xc.detach(), float("-inf")).amax(-1, keepdim=True)
     top = torch.where(torch.isfinite(top), top, 0.0)
-    z = (xc - top) / tau
+    # (an entry whose z overflows below stays the lowest float: −inf would
+    # give −inf − −inf = NaN in the shift by the row's minimum)
+    z = torch.clamp((xc - top) / tau, min=torch.finfo(xc.dtype).min)
     use = finite & active
     zs = torch.where(use, z, 0.0)
     filled = torch.where(broken, float("nan"), finite.to(z.dtype))
