@@ -89,7 +89,7 @@ class _FenchelYoungValueJvp(_FenchelYoungValue):
         return (_diff(p, y, index) * vx).sum(-1, keepdim=True) / ctx.tau
 
 
-def _tsallis_alpha_term(v: Tensor, a: Tensor) -> Tensor:
+def tsallis_alpha_term(v: Tensor, a: Tensor) -> Tensor:
     """Σ_i (v_i^α − v_i)/(α(α−1)) on the last dimension: Ω_α(v) up to a
     constant in v (Σv = 1 for both arguments of the loss), written so that it
     is finite at α = 1 (→ Σ v log v) and differentiable in α."""
@@ -103,8 +103,8 @@ def _tsallis_alpha_term(v: Tensor, a: Tensor) -> Tensor:
     return torch.where(v > 0, term, 0.0).sum(-1, keepdim=True) / a
 
 
-def _tsallis_alpha_partial(v: Tensor, a: Tensor) -> Tensor:
-    """∂/∂α of :func:`_tsallis_alpha_term` at fixed v, as tensor code in (v, α).
+def tsallis_alpha_partial(v: Tensor, a: Tensor) -> Tensor:
+    """∂/∂α of :func:`tsallis_alpha_term` at fixed v, as tensor code in (v, α).
 
     With L = log v_i and ε = α − 1, t_i = v_i expm1(εL)/ε has
     ∂t_i/∂α = v_i (εL e^{εL} − expm1(εL))/ε², whose series near εL = 0 is
@@ -117,7 +117,7 @@ def _tsallis_alpha_partial(v: Tensor, a: Tensor) -> Tensor:
     direct = v * (u * torch.exp(u) - torch.expm1(u)) / (safe * safe)
     series = v * logv * logv * (0.5 + u / 3 + u * u / 8)
     dt = torch.where(v > 0, torch.where(small, series, direct), 0.0).sum(-1, keepdim=True)
-    return dt / a - _tsallis_alpha_term(v, a) / a
+    return dt / a - tsallis_alpha_term(v, a) / a
 
 
 class _AlphaTerm(torch.autograd.Function):
@@ -144,7 +144,7 @@ class _AlphaTerm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         p, y, a = ctx.saved_tensors
-        return None, None, g * (_tsallis_alpha_partial(y, a) - _tsallis_alpha_partial(p, a))
+        return None, None, g * (tsallis_alpha_partial(y, a) - tsallis_alpha_partial(p, a))
 
 
 def _alpha_correction(p: Tensor, y, index, a: Tensor) -> Tensor:

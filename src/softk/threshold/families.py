@@ -507,6 +507,22 @@ def sigmoid_family() -> Family:
 SIGMOID = sigmoid_family()
 
 
+def _tsallis_psi(alpha) -> Callable[[Tensor], Tensor]:
+    """ψ(p) = (p^α − p)/(α(α−1)) of α-entmax (any α ≠ 1 > 0): Tsallis'
+    p^α/(α(α−1)) less a term linear in p, which cancels wherever ψ is summed
+    over two points of the simplex (the losses' Ω(y) − Ω(p), the potential
+    less ψ(1) per unit mass), and which would not cancel where Σy is 1 only
+    to its dtype (bfloat16 targets) and would add (Σy − 1)/(α(α−1)).  In
+    the expm1 form no term is 1/(α − 1)-sized, so α near 1 keeps its digits."""
+    am1 = alpha - 1
+
+    def psi(p: Tensor) -> Tensor:
+        pos = p > 0
+        return torch.where(pos, p * torch.expm1(am1 * torch.log(torch.where(pos, p, 1.0))), 0.0) / (alpha * am1)
+
+    return psi
+
+
 # ----------------------------------- entmax: [(α-1)u]_+^{1/(α-1)} for any α > 1
 def entmax_family(alpha) -> Family:
     """α-entmax, α > 1 (a float, or a tensor broadcastable to the rows' shape
@@ -535,16 +551,7 @@ def entmax_family(alpha) -> Family:
             p > 0, torch.exp((2 - alpha) * torch.log(torch.where(p > 0, p, 1.0))), 0.0
         ),
         F=lambda u: pos_pow(u, beta + 1) / alpha,
-        # (p^α − p)/(α(α−1)): Tsallis' p^α/(α(α−1)) less a term linear in p,
-        # which cancels wherever ψ is summed over two points of the simplex
-        # (the losses' Ω(y) − Ω(p), the potential less ψ(1) per unit mass),
-        # and which would not cancel where Σy is 1 only to its dtype (bfloat16
-        # targets) and would add (Σy − 1)/(α(α−1)); in this form no term is
-        # 1/(α − 1)-sized either, so α near 1 keeps ψ's digits
-        psi=lambda p: torch.where(
-            p > 0, p * torch.expm1(am1 * torch.log(torch.where(p > 0, p, 1.0))), 0.0
-        )
-        / (alpha * am1),
+        psi=_tsallis_psi(alpha),
         capped=False,
         bracket=bracket,
         # [u]_+^β is convex for β >= 1 (α <= 2); for α > 2 Newton is safeguarded.
@@ -642,13 +649,9 @@ def entmax_dense_family(alpha) -> Family:
         df=lambda u: pow_shifted(u, 1.0 - am1),
         d_from_p=lambda p: torch.exp((2 - alpha) * torch.log(p)),
         F=lambda u: pow_shifted(u, alpha) / alpha,
-        # Tsallis' (p^α − p)/(α(α−1)) in the frame of λ' (F(u) here is the
-        # original F(u − 1/(1−α)), whose conjugate adds p/(1−α): a term
-        # linear in p, which cancels between two points of the simplex)
-        psi=lambda p: torch.where(
-            p > 0, p * torch.expm1(am1 * torch.log(torch.where(p > 0, p, 1.0))), 0.0
-        )
-        / (alpha * am1),
+        # (F(u) here is the original F(u − 1/(1−α)), whose conjugate adds
+        # p/(1−α): a term linear in p, which _tsallis_psi's ψ leaves out too)
+        psi=_tsallis_psi(alpha),
         capped=False,
         bracket=bracket,
         convex=True,

@@ -19,7 +19,7 @@ from torch import Tensor
 from ...losses.normmax_fy import fenchel_young_rows
 from ..._maps.simplex import entmax as softk_entmax
 from ..._ops.entmax_dense import entmax_dense
-from ..._ops.fenchel_young import _tsallis_alpha_partial, _tsallis_alpha_term
+from ..._ops.fenchel_young import tsallis_alpha_partial, tsallis_alpha_term
 from ...losses import entmax_loss as softk_entmax_loss
 from ...threshold.rows import compute_dtype
 from ..._validate import per_row, unwrapped
@@ -59,12 +59,12 @@ def _tsallis(v: Tensor, a) -> Tensor:
     """Ω_α(v) = (Σ v^α − 1)/(α(α−1)) on rows (keepdim) of the simplex, as
     Σ v expm1((α−1) log v)/(α(α−1)) (equal where Σv = 1): no terms of size
     1/(α − 1) to cancel as α → 1."""
-    return _tsallis_alpha_term(v, torch.as_tensor(a, dtype=v.dtype, device=v.device))
+    return tsallis_alpha_term(v, torch.as_tensor(a, dtype=v.dtype, device=v.device))
 
 
 def _d_tsallis(v: Tensor, a) -> Tensor:
     """∂Ω_α(v)/∂α of :func:`_tsallis`, with its series near α = 1."""
-    return _tsallis_alpha_partial(v, torch.as_tensor(a, dtype=v.dtype, device=v.device))
+    return tsallis_alpha_partial(v, torch.as_tensor(a, dtype=v.dtype, device=v.device))
 
 
 def _dense_loss(X: Tensor, target: Tensor, alpha) -> Tensor:
