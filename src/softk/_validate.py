@@ -57,10 +57,12 @@ def check_tau(tau, name: str = "tau", allow_grad: bool = False, x=None):
     """Temperature: a finite number > 0; with the input ``x``, at least
     1/max of its compute dtype (2.9e-39 for float32 and half inputs).
 
-    With ``allow_grad``, a one-element tensor that requires grad is returned
-    as a 0-d tensor (after the same value check), so that the caller forms
-    x/τ with autograd and τ gets its gradient; elsewhere such a τ is refused,
-    never silently detached."""
+    With ``allow_grad``, a one-element tensor that carries a derivative (it
+    requires grad, holds a forward-mode tangent, or is an input of a
+    torch.func transform: grad, jvp, vmap) is returned as a 0-d tensor (after
+    the same value check), so that the caller forms x/τ with autograd and τ
+    gets its derivative; elsewhere such a τ is refused, never silently
+    detached (read as a number, a tangent would be dropped: jvp gave 0)."""
     if type(tau) is float and 0.0 < tau < math.inf:  # the common case
         if x is not None and tau < TAU_FLOOR.get(x.dtype, 0.0):
             ct = "float64" if x.dtype == torch.float64 else "float32"
@@ -68,24 +70,35 @@ def check_tau(tau, name: str = "tau", allow_grad: bool = False, x=None):
                              f"{str(x.dtype).replace('torch.', '')} input is computed in), where x/{name} is "
                              f"formed as x·(1/{name}); pass float64 input for a smaller {name}")
         return tau
-    if isinstance(tau, torch.Tensor) and tau.requires_grad:
+    if isinstance(tau, torch.Tensor) and carries_derivative(tau):
         if not allow_grad:
             raise ValueError(
-                f"{name} is a tensor that requires grad, but this function takes {name} as a constant; "
-                f"pass {name}.detach(), or divide the scores by {name} yourself and use {name}=1"
+                f"{name} is a tensor that requires grad (or that torch.func or forward-mode AD differentiates "
+                f"or batches), but this function takes {name} as a constant; pass {name}.detach(), or divide "
+                f"the scores by {name} yourself and use {name}=1"
             )
         if tau.numel() != 1 or not tau.is_floating_point():
             raise TypeError(f"{name} must be a number or a one-element floating tensor, got shape {tuple(tau.shape)}")
-        t = tau.detach()
-        if t.is_cpu:
-            v = check_positive(t, name)
-            if x is not None:
-                check_tau(v, name, False, x)  # the floor, on its value
-        else:  # no host sync: a device-side assertion (see require)
+        t = unwrapped(tau).detach()  # under vmap: every τ of the batch
+        if t.is_cpu and not torch.compiler.is_compiling():
+            for v in t.reshape(-1).tolist():
+                v = check_positive(v, name)
+                if x is not None:
+                    check_tau(v, name, False, x)  # the floor, on its value
+        else:  # no host read: an assertion in the graph or on the device (see require)
             require((t > 0) & torch.isfinite(t), f"{name} must be a finite number > 0")
         return tau.reshape(())
     tau = check_positive(tau, name)
     return tau if x is None else check_tau(tau, name, allow_grad, x)
+
+
+def carries_derivative(t: torch.Tensor) -> bool:
+    """Whether a tensor carries a derivative that reading its value would
+    drop: it requires grad, holds a forward-mode tangent, or is wrapped by a
+    torch.func transform (grad, jvp, vmap)."""
+    if t.requires_grad or torch._C._functorch.is_functorch_wrapped_tensor(t):
+        return True
+    return torch.autograd.forward_ad.unpack_dual(t).tangent is not None
 
 
 def check_positive(tau, name: str) -> float:

@@ -186,8 +186,6 @@ def entmax(x: Tensor, alpha=1.5, dim: int = -1, tau: float = 1.0) -> Tensor:
     if isinstance(alpha, Tensor):
         if x.numel() == 0:
             return x * 0
-        if isinstance(tau, Tensor):
-            x, tau = over_tau(x, tau, dim), 1.0
-        out = entmax_alpha(x.movedim(dim, -1), alpha, tau)
-        return out.movedim(-1, dim)
+        z, t = (over_tau(x, tau, dim), 1.0) if isinstance(tau, Tensor) else (x, tau)
+        return entmax_alpha(z.movedim(dim, -1), alpha, t).movedim(-1, dim).to(x.dtype)
     return threshold_map(x, entmax_by_alpha(alpha), 1, dim, tau)

@@ -114,5 +114,5 @@ def soft_topk(x: Tensor, k: int | float | Tensor, dim: int = -1, tau: float = 1.
     """
     dim, k, tau = check_topk_args(x, k, dim, tau, method, METHODS)
     if isinstance(tau, Tensor):  # τ that requires grad: x/τ with autograd, the map at τ = 1
-        x, tau = over_tau(x, tau, dim), 1.0
+        return _REGISTRY[method](over_tau(x, tau, dim, k, capped=True), k, dim, 1.0).to(x.dtype)
     return _REGISTRY[method](x, k, dim, tau)

@@ -30,9 +30,16 @@ from .._validate import check_topk_args
 from .._ops.gradtopk import log_ek
 from ..threshold import THRESHOLD_METHODS
 from .._ops.potential import potential
-from ..threshold.rows import compute_dtype
+from ..threshold.rows import compute_dtype, over_tau_shifted
 
 SUM_METHODS = tuple(THRESHOLD_METHODS) + ("grad",)
+
+
+def _mass(x: Tensor, k, dim: int) -> Tensor:
+    """Σp = min(k, number of finite entries) along ``dim`` (keepdim), in x's
+    compute dtype; ``k`` an int or per-row (dim last): constant in x."""
+    count = (x.detach() > float("-inf")).sum(dim, keepdim=True).to(compute_dtype(x.dtype))
+    return torch.minimum(count, k.movedim(-1, dim) if isinstance(k, torch.Tensor) else torch.tensor(float(k)))
 
 
 def topk_sum(
@@ -81,9 +88,17 @@ def topk_sum(
     7.0
     """
     dim, k_rows, tau = check_topk_args(x, k, dim, tau, method, SUM_METHODS)
-    if isinstance(tau, torch.Tensor):
-        # τ that requires grad: τ·Φ(x/τ) with autograd through both factors.
-        return tau.to(x.dtype) * topk_sum(x / tau.to(x.dtype), k, dim, 1.0, method, keepdim)
+    if isinstance(tau, torch.Tensor) and method == "grad":
+        # τ that requires grad: T(x) = c·r + τ·T₁((x − r)/τ) with autograd, T₁
+        # the sum at τ = 1, r the k-th entry and c = Σp (T(x + r) = T(x) + c·r),
+        # in float64, where (x − r)/τ cannot overflow for a float32 x.  (The
+        # threshold methods' potential takes τ itself: its τ-derivative is
+        # −Σψ(p), which has no such cancellation.)
+        xd = x.to(torch.float64)
+        z, r = over_tau_shifted(xd, tau, dim, k_rows, capped=True)
+        inner = topk_sum(z, k, dim, 1.0, method, keepdim=True)
+        out = tau.to(xd.dtype) * inner + r * _mass(xd, k_rows, dim)
+        return (out if keepdim else out.squeeze(dim)).to(x.dtype)
     k = k_rows
     if isinstance(k, torch.Tensor) and k.requires_grad:
         # ∂/∂k would need λ itself (∂Φ/∂k = λ), which the contract does not return.
@@ -94,11 +109,8 @@ def topk_sum(
     # Half inputs: Φ and the shift in float32, one rounding at the end.
     xc = x.to(compute_dtype(x.dtype))
     phi = potential(xc, family, k, dim, tau, keepdim=True)
-    # Σp = min(k, number of finite entries): the shift is constant in x.
-    count = (x.detach() > float("-inf")).sum(dim, keepdim=True).to(phi.dtype)
-    count = torch.minimum(count, k.movedim(-1, dim) if isinstance(k, torch.Tensor) else torch.tensor(float(k)))
     psi1 = float(family.psi(torch.tensor(1.0, dtype=torch.float64)))
-    out = phi + (tau * psi1) * count.to(phi.dtype)
+    out = phi + (tau * psi1) * _mass(x, k, dim).to(phi.dtype)
     # A NaN/+inf row is NaN (⟨z, p⟩ − Σψ(p) reads a NaN p as 0 for "sigmoid").
     broken = (torch.isnan(x) | (x == float("inf"))).any(dim, keepdim=True)
     out = torch.where(broken, float("nan"), out).to(x.dtype)

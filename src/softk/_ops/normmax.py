@@ -171,7 +171,7 @@ def normmax_apply(x: Tensor, alpha, tau) -> Tensor:
     """The autograd contract on rows (dim last); ``alpha`` checked (a float,
     or a tensor shaped x.shape[:-1] + (1,)), ``tau`` a float or a 0-d tensor."""
     if isinstance(tau, Tensor):  # a learnable τ: x/τ with autograd, the map at τ = 1
-        x, tau = over_tau(x, tau), 1.0
+        return normmax_apply(over_tau(x, tau), alpha, 1.0).to(x.dtype)
     a = alpha if isinstance(alpha, Tensor) else torch.tensor(alpha, dtype=compute_dtype(x.dtype), device=x.device)
     if x.numel() == 0:
         return x * 0

@@ -150,7 +150,7 @@ def threshold_map(x: Tensor, family: Family, k, dim: int, tau) -> Tensor:
     if x.numel() == 0:
         return empty_like_result(x)
     if isinstance(tau, Tensor):
-        x, tau = over_tau(x, tau, dim), 1.0
+        return threshold_map(over_tau(x, tau, dim, k, family.capped), family, k, dim, 1.0).to(x.dtype)
     backend = dispatch.pick("threshold", x, family).backend  # type: ignore[union-attr]  # its torch kernel serves every call
     if dim == x.dim() - 1:
         return apply_rows(x, family, k, tau, backend)

@@ -33,7 +33,7 @@ from torch import Tensor
 from . import lean as _lean
 from .._backends import dispatch
 from ..threshold.families import Family
-from .op import apply_rows
+from .op import apply_rows, threshold_map
 from ..threshold.rows import compute_dtype, finite_max
 
 
@@ -47,7 +47,12 @@ def value_at(family: Family, z: Tensor, p: Tensor) -> Tensor:
 
 
 class _PotentialValue(torch.autograd.Function):
-    """τ·Φ(x/τ) on the last dimension (keepdim) given p = map(x/τ)."""
+    """τ·Φ(x/τ) on the last dimension (keepdim) given p = map(x/τ).
+
+    ``tau`` is a float, or a 0-d tensor (a learnable τ, with p computed by
+    the map with that τ): then ∂(τΦ(x/τ))/∂τ = Φ(z) − ⟨z, p⟩ = −Σψ(p), in
+    the saved p, so that neither (x/τ)/τ nor the cancellation of two terms
+    of size x/τ enters it."""
 
     generate_vmap_rule = True
 
@@ -74,24 +79,36 @@ class _PotentialValue(torch.autograd.Function):
     def setup_context(ctx, inputs, output):
         ctx.save_for_backward(inputs[1])
         ctx.save_for_forward(inputs[1])
+        ctx.family, tau = inputs[2], inputs[3]
+        ctx.tau_dtype = tau.dtype if isinstance(tau, Tensor) else None
 
     @staticmethod
     def backward(ctx, g):
         (p,) = ctx.saved_tensors
-        return g * p, None, None, None, None
+        gt = None
+        if ctx.tau_dtype is not None and ctx.needs_input_grad[3]:
+            gt = -(g * ctx.family.psi(p).sum(-1, keepdim=True)).sum().to(ctx.tau_dtype)
+        return g * p, None, None, gt, None
 
 
 class _PotentialValueJvp(_PotentialValue):
     @staticmethod
-    def jvp(ctx, vx, *_):
+    def jvp(ctx, vx, vp, vf, vt, vk):
         (p,) = ctx.saved_tensors
-        return (p * vx).sum(-1, keepdim=True)
+        out = (p * vx).sum(-1, keepdim=True)
+        if vt is not None:
+            out = out - vt.to(p.dtype) * ctx.family.psi(p).sum(-1, keepdim=True)
+        return out
 
 
-def potential_rows(x: Tensor, family: Family, k: int, tau: float) -> Tensor:
-    """τ·Φ(x/τ) on the last dimension (keepdim), arguments validated."""
+def potential_rows(x: Tensor, family: Family, k: int, tau) -> Tensor:
+    """τ·Φ(x/τ) on the last dimension (keepdim), arguments validated; ``tau``
+    a float or a learnable 0-d tensor."""
     xc = x.to(compute_dtype(x.dtype))
-    p = apply_rows(xc, family, k, tau, dispatch.pick("threshold", xc, family).backend)  # type: ignore[union-attr]
+    if isinstance(tau, Tensor):
+        p = threshold_map(xc, family, k, -1, tau)
+    else:
+        p = apply_rows(xc, family, k, tau, dispatch.pick("threshold", xc, family).backend)  # type: ignore[union-attr]
     return _lean.function(_PotentialValueJvp, _PotentialValue).apply(xc, p, family, tau, k)
 
 

@@ -36,13 +36,54 @@ def finite_max(z: Tensor) -> Tensor:
     return torch.where(torch.isfinite(m), m, 0.0)
 
 
-def over_tau(x: Tensor, tau: Tensor, dim: int = -1) -> Tensor:
-    """x/τ along ``dim`` for a τ that requires grad, formed with autograd as
-    (x − m)/τ, m the rows' finite maximum (detached): the maps and their
-    Fenchel–Young losses are invariant to a shift of a row, and x/τ alone
-    overflows at a small τ where the shifted row does not."""
-    m = finite_max(x.detach().movedim(dim, -1)).movedim(-1, dim)
-    return (x - m) / tau.to(x.dtype)
+def divide_by_tau(d: Tensor, tau) -> Tensor:
+    """d/τ for a float τ, or for a learnable τ (a tensor that requires grad).
+
+    A learnable τ gets its gradient −Σ g·(d/τ)/τ, formed as that: autograd's
+    rule for a quotient, −g·d/τ², overflows below τ ≈ 1e-19 in float32, and
+    gives 0·∞ = NaN on an entry masked with −inf, whose g is 0.  So τ enters
+    only through s = exp(log τ̄ − log τ) (τ̄ = τ detached: s = 1 exactly,
+    ∂s/∂τ = −1/τ), and only on the entries whose quotient is finite (a
+    masked entry, or one whose quotient overflowed, has p and g = 0 there).  Plain tensor
+    ops: double backward, forward mode, vmap and compile follow from them.
+    """
+    if not isinstance(tau, Tensor):
+        return d / tau
+    t = tau.to(d.dtype)
+    q = d / t.detach()
+    live = torch.isfinite(q)
+    s = torch.exp(torch.log(t.detach()) - torch.log(t))
+    return torch.where(live, torch.where(live, q, 0.0) * s, q)
+
+
+def over_tau(x: Tensor, tau: Tensor, dim: int = -1, k=1, capped: bool = False) -> Tensor:
+    """x/τ along ``dim`` for a τ that requires grad, with autograd, in the
+    compute dtype (the caller casts its result back to x's dtype); see
+    :func:`over_tau_shifted`, whose first result it is."""
+    return over_tau_shifted(x, tau, dim, k, capped)[0]
+
+
+def over_tau_shifted(x: Tensor, tau: Tensor, dim: int = -1, k=1, capped: bool = False):
+    """((x − r)/τ, r) along ``dim`` for a τ that requires grad: the quotient
+    with autograd, in the compute dtype, and the shift r (detached, size 1
+    along ``dim``).
+
+    Formed as (x − r)/τ (:func:`divide_by_tau`), r the entry the map's λ is
+    carried relative to (:func:`softk.threshold.solve.lambda_reference`,
+    detached; ``k`` and ``capped`` as there): the maps and their losses are
+    invariant to a shift of a row, x/τ alone overflows at a small τ where
+    the shifted row does not, and a shift by the maximum alone would round
+    the entries near a top-k threshold to ulp(outlier/τ).  A finite entry
+    whose quotient overflows is kept finite, as in :func:`scaled_rows`, so
+    that the top-k maps still count it.
+    """
+    ct = compute_dtype(x.dtype)
+    z = (x if x.dtype == ct else x.to(ct)).movedim(dim, -1)
+    ref = lambda_reference(z.detach(), k, capped)
+    q = divide_by_tau(z - ref, tau)
+    big = torch.finfo(ct).max
+    q = torch.where(torch.isfinite(z), q.clamp(-big, big), q)
+    return q.movedim(-1, dim), ref.movedim(-1, dim)
 
 
 def scaled_rows(x: Tensor, tau: float, family=None, k=1, shift: bool = True) -> Tensor:
