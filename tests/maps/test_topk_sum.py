@@ -175,3 +175,30 @@ def test_ties_at_the_float_max(dtype, method):
     # plus a smoothing term of a few units, rounds to the max
     big = torch.finfo(dtype).max
     assert softk.topk_sum(torch.full((8,), big, dtype=dtype), 1, method=method).item() == big
+
+
+@pytest.mark.parametrize("method", ["exp", "sigmoid", "laplace", "sparse", "grad"])
+@pytest.mark.parametrize("row", [[1e38, -1e38, 3e38, 2e38], [1e38, -1e38, 1.5e38, 1.4e38]])
+def test_a_sum_past_the_float_max_is_inf(method, row):
+    # x − m overflowed for entries of both signs near the float max: −inf
+    # times a positive p, plus m·Σp = +inf, gave NaN where the sum is +inf
+    # (or finite: sparse on the second row, 3.0033e38)
+    import itertools
+
+    import mpmath as mp
+
+    from ..oracle import mp as omp
+
+    x = torch.tensor(row)
+    row = x.double().tolist()  # the float32 scores, exactly
+    if method == "grad":  # τ log e₂(exp(x/τ)) over the pairs
+        with mp.workprec(200):
+            z = [mp.mpf(v) / mp.mpf(1e38) for v in row]
+            want = float(mp.mpf(1e38) * mp.log(mp.fsum(mp.exp(a + b) for a, b in itertools.combinations(z, 2))))
+    else:
+        want = omp.topk_sum_row(method, np.array(row), 2, 1e38)
+    got = softk.topk_sum(x, 2, tau=1e38, method=method).item()
+    if want > float(torch.finfo(torch.float32).max):
+        assert got == float("inf")
+    else:
+        assert got == pytest.approx(want, rel=1e-6)

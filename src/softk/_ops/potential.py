@@ -66,14 +66,18 @@ class _PotentialValue(torch.autograd.Function):
         # once, times Σp as it is exactly, min(k, the finite entries) (the
         # sum of p's rounding, times m, overflows at m near the float max).
         # τ·⟨(x − m)/τ, p⟩ is formed as ⟨x − m, p⟩: (x − m)/τ may overflow
-        # where its product with p does not
-        v = torch.where(pc != 0, (z - m) * pc, 0.0).sum(-1, keepdim=True) - tau * family.psi(pc).sum(-1, keepdim=True)
+        # where its product with p does not.  Every term is halved (exact),
+        # and the sum doubled at the end: x − m itself overflows for entries
+        # of both signs near the float max, and a value that overflows is
+        # then inf, never inf − inf = NaN
+        z, m = z * 0.5, m * 0.5
+        v = torch.where(pc != 0, (z - m) * pc, 0.0).sum(-1, keepdim=True) - (tau * 0.5) * family.psi(pc).sum(-1, keepdim=True)
         s = torch.clamp((z > float("-inf")).sum(-1, keepdim=True).to(ct), max=k)
         out = m * s + v
         # m·Σp overflows where m nears the float max and Σp = k > 1 while the
         # value does not: s·(m + v/s), the same sum with no overflowing term
         out = torch.where(torch.isinf(out) & torch.isfinite(m) & (s > 0), s * (m + v / torch.where(s > 0, s, 1.0)), out)
-        return out.to(x.dtype)
+        return (out * 2.0).to(x.dtype)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
