@@ -52,3 +52,75 @@ def test_bad_target_still_refused_inside_a_compiled_graph():
         sparsemax_loss(x, torch.tensor([0, 3]))
     with pytest.raises(RuntimeError, match="invalid input"):
         f(x, torch.tensor([0, 3]))
+
+
+def _sparsemax_jacobian(x):
+    """diag(s) − s sᵀ/|S| on sparsemax's support S, from a float64 sort."""
+    z = torch.sort(x, descending=True).values
+    cs = torch.cumsum(z, 0)
+    r = torch.arange(1, x.numel() + 1, dtype=x.dtype)
+    k = int((1 + r * z > cs).sum())
+    s = (x > (cs[k - 1] - 1) / k).to(x.dtype)
+    return torch.diag(s) - torch.outer(s, s) / s.sum()
+
+
+_TRANSFORMS = {
+    "jacfwd": torch.func.jacfwd,
+    "jacrev": torch.func.jacrev,
+    "jvp": lambda f: lambda y: torch.func.jvp(f, (y,), (torch.linspace(-1, 1, y.numel(), dtype=y.dtype),))[1],
+    "jvp_of_vmap": lambda f: lambda y: torch.func.jvp(torch.func.vmap(f), (y[None],),
+                                                      (torch.linspace(-1, 1, y.numel(), dtype=y.dtype)[None],))[1][0],
+}
+
+
+@pytest.mark.parametrize("transform", sorted(_TRANSFORMS))
+def test_a_transform_inside_torch_compile_differentiates_the_map(transform):
+    # Dynamo traces a transform by differentiating what it traced, and the
+    # custom op inside a map has no forward-mode formula: compiled jvp and
+    # jacfwd gave zeros, silently, and compiled grad and jacrev failed to trace
+    torch._dynamo.reset()
+    x = torch.tensor([0.3, -1.2, 0.9, 0.85, 2.0, -0.1], dtype=torch.float64)
+    t = _TRANSFORMS[transform]
+    v = torch.linspace(-1, 1, x.numel(), dtype=x.dtype)
+    for f, jac in ((softk.softmax, torch.func.jacrev(lambda y: torch.softmax(y, -1))(x)),
+                   (softk.sparsemax, _sparsemax_jacobian(x))):
+        got = torch.compile(t(f), fullgraph=True, backend="eager")(x)
+        want = jac if transform.startswith("jac") else jac @ v
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("name", ["entmax1.3", "soft_topk_sigmoid", "normmax", "log_softmax"])
+def test_second_derivatives_inside_torch_compile(name):
+    # the compiled transform runs the op's own jvp formula as tensor code,
+    # halved over the point and the point moved along it, so that the
+    # second derivative is the op's (once alone it would be doubled); the
+    # reference is the eager Hessian, which the autograd tests hold to the
+    # closed forms
+    torch._dynamo.reset()
+    f = {"entmax1.3": lambda y: softk.entmax(y, 1.3), "soft_topk_sigmoid": lambda y: softk.soft_topk(y, 2, method="sigmoid"),
+         "normmax": softk.normmax, "log_softmax": softk.log_softmax}[name]
+    x = torch.tensor([0.3, -1.2, 0.9, 0.85, 2.0, -0.1], dtype=torch.float64)
+    w = torch.linspace(-1, 2, x.numel(), dtype=x.dtype)
+    h = torch.func.hessian(lambda y: (f(y) * w).sum())
+    torch.testing.assert_close(torch.compile(h, fullgraph=True, backend="eager")(x), h(x), rtol=1e-10, atol=1e-12)
+    g = torch.func.grad(lambda y: (f(y) * w).sum())
+    torch.testing.assert_close(torch.compile(g, fullgraph=True, backend="eager")(x), g(x), rtol=1e-12, atol=1e-14)
+
+
+def test_a_tensor_tau_inside_torch_compile():
+    # τ's value check read it with .item(): a graph break, an error under fullgraph
+    torch._dynamo.reset()
+    x = torch.randn(3, 6)
+    t = torch.tensor(0.7, requires_grad=True)
+    out = torch.compile(lambda x, t: softk.softmax(x, tau=t), fullgraph=True, backend="eager")(x, t)
+    torch.testing.assert_close(out, torch.softmax(x / 0.7, -1))
+
+
+def test_gradtopk_refuses_a_transform_inside_torch_compile():
+    # its derivatives stop at the first order: under torch.compile around
+    # jvp it raises rather than give a zero tangent
+    torch._dynamo.reset()
+    x = torch.tensor([0.3, -1.2, 0.9, 0.85], dtype=torch.float64)
+    f = torch.func.jacfwd(lambda y: softk.soft_topk(y, 2, method="grad"))
+    with pytest.raises(Exception, match="no forward-mode formula"):
+        torch.compile(f, fullgraph=True, backend="eager")(x)

@@ -237,7 +237,10 @@ class _Hvp(torch.autograd.Function):
         raise NotImplementedError(_SECOND_ORDER)
 
 
-_HVP = _lean.Paths(_Hvp, _hvp_kernel, lambda x, g, *_: (x, g), register=_library)
+# GradTopK's derivatives stop at the first order (its Hessian–vector product
+# has none of its own), so under torch.compile around a transform other than
+# vmap its paths refuse rather than give a derivative they cannot (through=False)
+_HVP = _lean.Paths(_Hvp, _hvp_kernel, lambda x, g, *_: (x, g), register=_library, through=False)
 
 
 class _SavesInput(torch.autograd.Function):
@@ -274,7 +277,7 @@ class _GradTopKJvp(GradTopKFunction):
 
 
 _GRADTOPK = _lean.Paths(_GradTopKJvp, _gradtopk_kernel, lambda x, *_: (x,), compiled=GradTopKFunction,
-                         register=_library)
+                         register=_library, through=False)
 
 
 def log_ek_rows(x: Tensor, k: int, tau: float) -> tuple[Tensor, Tensor]:
@@ -317,7 +320,8 @@ class _LogEkJvp(LogEkFunction):
         return (_GRADTOPK.apply(x, ctx.k, ctx.tau) * v).sum(-1, keepdim=True)
 
 
-_LOG_EK = _lean.Paths(_LogEkJvp, _log_ek_kernel, lambda x, *_: (x,), compiled=LogEkFunction, register=_library)
+_LOG_EK = _lean.Paths(_LogEkJvp, _log_ek_kernel, lambda x, *_: (x,), compiled=LogEkFunction, register=_library,
+                      through=False)
 
 
 def gradtopk(x: Tensor, k: int, dim: int, tau: float) -> Tensor:

@@ -27,11 +27,105 @@ _LOCK = threading.Lock()
 _compiling = compiling
 
 
-def function(with_jvp: type[torch.autograd.Function], without_jvp: type[torch.autograd.Function]) -> type[torch.autograd.Function]:
+def function(with_jvp: type[torch.autograd.Function], without_jvp: type[torch.autograd.Function]):
     """The autograd.Function a call applies: ``with_jvp`` (forward mode
     through its custom jvp), or under ``torch.compile`` its parent
-    ``without_jvp`` (Dynamo does not trace a Function with a custom jvp)."""
-    return without_jvp if _compiling() else with_jvp
+    ``without_jvp`` (Dynamo does not trace a Function with a custom jvp), or,
+    under ``torch.compile`` around a ``torch.func`` transform, ``with_jvp``'s
+    formulas as tensor code (:func:`through_transform`)."""
+    if _compiling():
+        if _transform_inside_compile():
+            return _ThroughTransform(with_jvp)
+        return without_jvp
+    return with_jvp
+
+
+def _transform_inside_compile() -> bool:
+    """Whether Dynamo is tracing a ``torch.func`` transform (jvp, jacfwd,
+    grad, vmap) applied inside the compiled function: it traces a Function's
+    forward and differentiates what it traced, so a custom op there, which
+    has no forward-mode formula, would get a zero tangent (jvp gave 0), and
+    reverse mode through it failed to trace.  (AOTAutograd's
+    functionalization, also a functorch transform, is not one of them.)"""
+    return torch._C._are_functorch_transforms_active() and _current_transform() in _DIFFERENTIATING
+
+
+def _current_transform():
+    """The innermost functorch transform (one must be active)."""
+    from torch._functorch.pyfunctorch import retrieve_current_functorch_interpreter
+
+    return retrieve_current_functorch_interpreter().key()
+
+
+_DIFFERENTIATING = (torch._C._functorch.TransformType.Grad, torch._C._functorch.TransformType.Jvp,
+                    torch._C._functorch.TransformType.Vmap)
+
+
+def _vmap_only() -> bool:
+    """Whether the innermost transform Dynamo traces is a vmap (which the
+    ops' vmap rules serve; one beneath it is not visible here)."""
+    return _current_transform() == torch._C._functorch.TransformType.Vmap
+
+
+class _Ctx:
+    """What a Function's ``setup_context`` and ``jvp`` use of their ctx."""
+
+    needs_input_grad = ()
+
+    def save_for_backward(self, *tensors):
+        self.saved_tensors = tensors
+
+    save_for_forward = save_for_backward
+
+    def mark_non_differentiable(self, *_):
+        pass
+
+    def set_materialize_grads(self, _):
+        pass
+
+
+def _plus(a, b, scale=1.0):
+    if isinstance(a, tuple):
+        return tuple(_plus(u, v, scale) for u, v in zip(a, b))
+    return a if b is None else a + scale * b
+
+
+def through_transform(function: type[torch.autograd.Function], inputs: tuple):
+    """``function.apply(*inputs)`` as tensor code a transform differentiates:
+    the op's value p̄ at the detached inputs (the custom op, which no
+    transform then needs to see through), plus its own jvp formula J applied
+    to δ = θ − θ̄ (0 in value, the inputs' derivative):
+
+        f(θ) = p̄ + ½ [J(θ̄, p̄) + J(θ, p̃)] δ,    p̃ = p̄ + J(θ̄, p̄) δ.
+
+    f = p̄, f' = J and f'' = dJ/dθ at θ = θ̄ (the two halves make the
+    second derivative exact, where p̄ + J(θ, p̃)δ alone would double it), so
+    forward and reverse mode, and their second orders, are the op's."""
+    bare = tuple(t.detach() if isinstance(t, torch.Tensor) else t for t in inputs)
+    out = function.forward(*bare)
+    delta = tuple(t - t.detach() if isinstance(t, torch.Tensor) and t.is_floating_point() else None for t in inputs)
+    ctx = _Ctx()
+    function.setup_context(ctx, bare, out)
+    first = function.jvp(ctx, *delta)
+    ctx = _Ctx()
+    function.setup_context(ctx, inputs, _plus(out, first))
+    second = function.jvp(ctx, *delta)
+    return _plus(out, _plus(first, second), 0.5)
+
+
+_NO_TRANSFORM = ("softk: {} has no forward-mode formula for a torch.func transform traced inside "
+                 "torch.compile; apply torch.compile inside the transform (torch.func.jvp(torch.compile(f), ...)) "
+                 "or leave the transform uncompiled")
+
+
+class _ThroughTransform:
+    """An ``apply`` that runs :func:`through_transform`."""
+
+    def __init__(self, function):
+        self.function = function
+
+    def apply(self, *inputs):
+        return through_transform(self.function, inputs)
 
 
 def call(tensors: tuple, kernel, library, register, *args):
@@ -168,7 +262,10 @@ class Paths:
       ``function`` (:func:`twin`);
     * compiling: ``compiled`` (default ``function``; a parent of ``function``
       without its custom ``jvp``, which Dynamo does not trace), whose
-      forward is the custom op;
+      forward is the custom op; compiling a ``torch.func`` transform:
+      ``function``'s formulas as tensor code (:func:`through_transform`), or
+      with ``through=False`` (an op without second derivatives) ``compiled``
+      under a vmap and a ``NotImplementedError`` under the others;
     * otherwise (``torch.func`` transforms, subclasses, modes): ``function``,
       whose forward is the custom op and whose vmap rule is generated.
 
@@ -176,8 +273,8 @@ class Paths:
     autograd could track)."""
 
     def __init__(self, function: type[torch.autograd.Function], kernel, tensors,
-                 compiled: type[torch.autograd.Function] | None = None, register=None):
-        self.function, self.kernel, self.tensors = function, kernel, tensors
+                 compiled: type[torch.autograd.Function] | None = None, register=None, through: bool = True):
+        self.function, self.kernel, self.tensors, self.through = function, kernel, tensors, through
         self.compiled = compiled or function
         self.register = register or (lambda: True)  # a library(...)-wrapped registration
         self.eager_function = twin(function, kernel)
@@ -190,4 +287,11 @@ class Paths:
                     return self.eager_function.fast_apply(*inputs)
             return self.kernel(*inputs)
         self.register()
-        return (self.compiled if _compiling() else self.function).apply(*inputs)
+        if _compiling():
+            if _transform_inside_compile():
+                if self.through:
+                    return through_transform(self.function, inputs)
+                if not _vmap_only():
+                    raise NotImplementedError(_NO_TRANSFORM.format(self.function.__name__))
+            return self.compiled.apply(*inputs)
+        return self.function.apply(*inputs)
