@@ -247,3 +247,32 @@ def test_bfloat16_runs_and_is_close_to_float32():
     rx, rw, rb = torch.autograd.grad(ref, (x, w, b))
     for a, r in ((gx, rx), (gw, rw), (gb, rb)):
         assert (a.double() - r).abs().max() < 0.05 * r.abs().max() + 1e-3
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("loss", ["cross_entropy", "sparsemax", "entmax15"])
+def test_half_precision_loss_does_not_depend_on_which_inputs_want_a_gradient(dtype, loss):
+    # with a weight that wanted no gradient (evaluation under no_grad, a
+    # frozen head) the logits were rounded to half precision: a bfloat16 CE
+    # of 9.625 for 8.9165 (8.9375 when training), NaN in float16 past 65504
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(8, 16, generator=g).to(dtype)
+    w = torch.randn(50, 16, generator=g).to(dtype)
+    b = (torch.randn(50, generator=g) + (1000.0 if dtype == torch.bfloat16 else 0.0)).to(dtype)
+    t = torch.randint(0, 50, (8,), generator=g)
+    z = h.double() @ w.double().T + b.double()
+    want = float(_unfused(loss, z, t))  # float64 on the same half inputs
+    trained = fused_linear_loss(h, w.clone().requires_grad_(), t, bias=b, loss=loss)
+    with torch.no_grad():
+        evaluated = fused_linear_loss(h, w, t, bias=b, loss=loss)
+    frozen = fused_linear_loss(h.clone().requires_grad_(), w, t, bias=b, loss=loss)
+    for out in (trained, evaluated, frozen):
+        # float32 logits and sums: the result's one rounding to ``dtype``
+        assert float(out) == pytest.approx(want, rel=2.0 ** -(8 if dtype == torch.bfloat16 else 11))
+    assert float(evaluated) == float(trained) == float(frozen)
+    # float16 logits past its maximum: the loss is finite, 15
+    h = torch.tensor([[300.0, 300.0]], dtype=torch.float16)
+    w = torch.tensor([[300.0, 0.0], [0.0, 250.0], [-300.0, 100.0]], dtype=torch.float16)
+    with torch.no_grad():
+        assert float(fused_linear_loss(h, w, torch.tensor([1]), tau=1000.0)) == 15.0
+

@@ -250,12 +250,16 @@ def fused_linear_loss(
         if 0 < n < kept.numel():
             rows_kept = kept.nonzero().squeeze(1)
             x, t = x.index_select(0, rows_kept), t.index_select(0, rows_kept)
-    # half-precision weights: per-row numbers in the forward, the gradient one
-    # vocabulary block at a time in the backward (no V×H float32 accumulator)
+    # half-precision weights: logits in float32 and per-row numbers in the
+    # forward, the gradient one vocabulary block at a time in the backward (no
+    # V×H float32 accumulator) — whether or not the weight wants a gradient,
+    # so that evaluation (no grad, or a frozen weight) gives the loss training
+    # does, never one of logits rounded to half precision (a NaN in float16
+    # past 65504)
     # (a sparse loss under the explicit "triton" backend on CUDA keeps the
     # row-chunk pass, whose live-tile kernels skip its dead tiles there)
     tiles = None
-    if want[1] and x.dtype in WALK_DTYPES and not torch.compiler.is_compiling() and not (
+    if x.dtype in WALK_DTYPES and not torch.compiler.is_compiling() and not (
             o.sparse_grad and fused_linear_ops.live_tiles_kernel(x) is not None):
         tiles = tile_loss(o, vocab, z_scale=z_scale)
     if torch.compiler.is_compiling():
