@@ -101,7 +101,8 @@ def vocab_parallel_fused_linear_loss(
         o = loss_options(loss, alpha=alpha, k=k, method=method, tau=tau, ignore_index=ignore_index,
                          reduction=reduction, chunk_size=chunk_size, softcap=softcap, label_smoothing=label_smoothing,
                          class_weight=class_weight, z_loss=z_loss, suppression=suppression, adaptive=adaptive,
-                         dense=isinstance(target, torch.Tensor) and target.is_floating_point(), device=input.device)
+                         dense=isinstance(target, torch.Tensor) and target.is_floating_point(), device=input.device,
+                         dtype=input.dtype)
         if o.reduction == "none":
             raise ValueError("reduction must be 'mean' or 'sum' here (the gradients are computed in the forward)")
     except (TypeError, ValueError) as e:

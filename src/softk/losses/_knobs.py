@@ -31,10 +31,12 @@ NO_KNOBS = Knobs()
 
 
 def check_knobs(loss: str, *, softcap=None, label_smoothing=0.0, class_weight=None, z_loss=0.0,
-                dense: bool = False, vocab: int | None = None, device=None) -> Knobs:
+                dense: bool = False, vocab: int | None = None, device=None, dtype=None) -> Knobs:
     """The knobs' values, checked, and ``class_weight`` against the target kind
     (``dense``, for ``loss``'s message); ``class_weight`` must have ``vocab``
-    entries (when given) and comes back as a float tensor on ``device``.  Which
+    entries (when given) and comes back as a float tensor on ``device``, in
+    float64 for float64 scores (``dtype``: their sums of weights in float64
+    too, not in the float32 of the weights).  Which
     losses take label smoothing is their record's
     (:attr:`softk.losses._registry.LossKind.smoothed`), checked by
     :func:`softk.losses._options.loss_options`."""
@@ -66,5 +68,7 @@ def check_knobs(loss: str, *, softcap=None, label_smoothing=0.0, class_weight=No
             class_weight = class_weight.to(device)
         if class_weight.dtype not in (torch.float32, torch.float64):
             class_weight = class_weight.float()
+        if dtype == torch.float64:
+            class_weight = class_weight.double()
         require(torch.isfinite(class_weight) & (class_weight >= 0), "class_weight must be finite and >= 0 everywhere")
     return Knobs(softcap, label_smoothing, class_weight, z_loss)

@@ -91,7 +91,7 @@ def _takers(option) -> str:
     return " and ".join(repr(name) for name, kind in LOSSES.items() if option in kind.options)
 
 
-def loss_options(loss=DEFAULT_LOSS, *, dense=None, vocab=None, device=None, **given) -> LossOptions:
+def loss_options(loss=DEFAULT_LOSS, *, dense=None, vocab=None, device=None, dtype=None, **given) -> LossOptions:
     """``loss`` (a name of :data:`~softk.losses._registry.LOSSES`) and the
     options ``given`` (fields of :class:`LossOptions`), checked: each raises
     a ValueError or TypeError that names it.
@@ -102,7 +102,7 @@ def loss_options(loss=DEFAULT_LOSS, *, dense=None, vocab=None, device=None, **gi
     ``dense`` says whether the target is dense (class weights apply to class
     indices only; None: dense when the loss takes nothing else);
     ``class_weight`` must have ``vocab`` entries when that is given, and comes
-    back a float tensor on ``device``.
+    back a float tensor on ``device`` (float64 for ``dtype`` float64 scores).
     """
     check_choice(loss, tuple(LOSSES), "loss")
     kind = LOSSES[loss]
@@ -122,7 +122,7 @@ def loss_options(loss=DEFAULT_LOSS, *, dense=None, vocab=None, device=None, **gi
             raise ValueError(f"{name} applies to loss={_takers(name)} only, got {name}={value!r} with loss={loss!r}")
     knobs = check_knobs(loss, softcap=o.softcap, label_smoothing=o.label_smoothing, class_weight=o.class_weight,
                         z_loss=o.z_loss, dense=kind.targets == "dense" if dense is None else dense, vocab=vocab,
-                        device=device)
+                        device=device, dtype=dtype)
     if knobs.label_smoothing and not kind.smoothed:
         smoothed = [name for name, k in LOSSES.items() if k.smoothed]
         raise ValueError(f"label_smoothing is not defined for loss={loss!r}; it applies to {smoothed}, got "

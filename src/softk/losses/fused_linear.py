@@ -194,7 +194,7 @@ def fused_linear_loss(
                      chunk_size=chunk_size, softcap=softcap, label_smoothing=label_smoothing,
                      class_weight=class_weight, z_loss=z_loss, suppression=suppression, adaptive=adaptive,
                      dense=target.is_floating_point() if isinstance(target, Tensor) else False,
-                     vocab=weight.shape[0], device=weight.device)
+                     vocab=weight.shape[0], device=weight.device, dtype=input.dtype)
     reduction, ignore_index, chunk = o.reduction, o.ignore_index, o.chunk_size
     check_target_tensor(target)
     lead = input.shape[:-1]
