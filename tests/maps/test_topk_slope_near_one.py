@@ -459,3 +459,20 @@ def test_gradient_where_a_tail_underflows(backend, fam, low, n_low):
     want, scale = _ref_vjp(d, g, 1.0)
     assert np.abs(want).max() < 1e-40
     _check(dx, want, scale, 200.0, torch.float32)
+
+
+@pytest.mark.parametrize("method", ["sigmoid", "laplace"])
+def test_the_second_derivative_at_k_equal_to_n_is_finite(method):
+    # every p is 1: the backward's Newton steps on the anchor masked the
+    # quotient r/slope only after forming it, and the double backward met
+    # 0·∞ in the branch not taken: NaN Hessians of the map and of its loss.
+    # The exact Hessian is 0; the anchored one is of the slope where p
+    # rounds to 1, ε/4 ≈ 5.6e-17 in float64
+    x = torch.tensor([[0.5, -0.3, 1.2]], dtype=torch.float64)
+    w = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
+    y = torch.ones(1, 3, dtype=torch.float64)
+    for f in (lambda a: (softk.soft_topk(a, 3, method=method) * w).sum(),
+              lambda a: softk.losses.soft_topk_loss(a, y, k=3, method=method)):
+        hess = torch.autograd.functional.hessian(f, x)
+        assert torch.isfinite(hess).all()
+        assert hess.abs().max() < 1e-15

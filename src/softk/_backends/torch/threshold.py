@@ -146,7 +146,10 @@ def anchored_slope(family: Family, p: Tensor, x: Tensor, tau: float, stored: tor
             if not eager(p) or bool(lost.any()):
                 rl, sl, _ = family.residual(u, k, logspace=True)
                 r, slope = torch.where(lost, rl, r), torch.where(lost, sl, slope)
-            u = u - torch.where(refine & (slope > 0) & torch.isfinite(r), r / torch.where(slope > 0, slope, 1.0), 0.0)
+            # (r and the slope masked before the quotient too: the branch not
+            # taken still meets the double backward, as 0·∞ = NaN)
+            ok = refine & (slope > 0) & torch.isfinite(r)
+            u = u - torch.where(ok, torch.where(ok, r, 0.0) / torch.where(ok, slope, 1.0), 0.0)
     return torch.where(p != p, p, torch.where(inside, family.df(u), 0.0))
 
 
