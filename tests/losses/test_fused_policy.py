@@ -461,3 +461,19 @@ def test_ignore_index_other_than_default():
     t = torch.tensor([0, 1, 6, 3])
     logp, ent = fused_linear_logprobs(x, w, t, "entmax15", ignore_index=3)
     assert logp[3] == 0 and ent[3] == 0 and ent[0] > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("target", [[-100, -100], []])
+def test_logprobs_with_no_kept_row_give_zero_gradients(dtype, target):
+    # half precision: with every row ignored (or none at all) the walk kept
+    # no numbers and the backward raised AttributeError deep inside
+    t = torch.tensor(target, dtype=torch.long)
+    h = torch.randn(t.numel(), 8, dtype=dtype, requires_grad=True)
+    w = torch.randn(5, 8, dtype=dtype, requires_grad=True)
+    b = torch.randn(5, dtype=dtype, requires_grad=True)
+    logp, ent = fused_linear_logprobs(h, w, t, bias=b)
+    assert logp.tolist() == ent.tolist() == [0.0] * t.numel()
+    (logp.sum() + ent.sum()).backward()
+    for p in (h, w, b):
+        assert torch.equal(p.grad, torch.zeros_like(p))

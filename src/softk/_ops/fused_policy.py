@@ -410,6 +410,9 @@ class FusedLinearLogprobs(torch.autograd.Function):
             go_ent = None
         if (go_logp is None and go_ent is None) or not any(want):
             return None, None, None, None, None, None, None, None
+        if x.shape[0] == 0:  # no rows (the walk keeps no numbers for them): zero gradients
+            zero = lambda t, w: torch.zeros_like(t) if w else None  # noqa: E731
+            return zero(x, want[0]), zero(weight, want[1]), zero(bias, want[2]), None, None, None, None, None
         if ctx.tiles is not None:
             stats, live = ctx.walked
             acc = stats.dtype

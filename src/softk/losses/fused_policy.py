@@ -162,9 +162,10 @@ def fused_linear_logprobs(
     rows_kept = None
     if x.is_cpu and not torch.compiler.is_compiling():
         # ignored rows (prompt tokens, padding) add nothing: leave them out of
-        # the matmuls (on the CPU, where reading the mask costs no device sync)
+        # the matmuls (on the CPU, where reading the mask costs no device sync;
+        # a batch with no kept row keeps its rows, as fused_linear_loss does)
         n = int(keep.sum())
-        if n < keep.numel():
+        if 0 < n < keep.numel():
             rows_kept = keep.nonzero().squeeze(1)
             x, t, keep = x.index_select(0, rows_kept), t.index_select(0, rows_kept), keep.index_select(0, rows_kept)
     logp, ent = FusedLinearLogprobs.apply(x, weight, bias, t, keep, spec, chunk, entropy)
