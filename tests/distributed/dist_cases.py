@@ -115,9 +115,14 @@ def check_losses(rank, world, sizes, order):
                     y = y / y.sum(1, keepdim=True)
                 targets = [(y, -100)]
             else:
-                if loss == "topk_softmax_ce" and masks:
-                    continue  # a fully masked row is NaN there, with a NaN gradient (checked below without masks)
                 targets = [(t, -100), (t_ign, -7)]
+                if loss == "topk_softmax_ce" and masks:
+                    # a kept fully masked row is NaN, with a NaN gradient (checked without masks);
+                    # ignored, it and the row whose target is masked give 0 and no gradient
+                    # (softmax's NaN on it, times its weight 0, was NaN)
+                    t_pad = t_ign.clone()
+                    t_pad[[4, 6]] = -7
+                    targets = [(t_pad, -7)]
             if loss == "topk_softmax_ce":
                 # Ties at the k-th place: the value is the same, but the gradient goes to
                 # whichever tied entries topk returns (documented); keep the flat row out.

@@ -30,6 +30,9 @@ def topk_softmax_ce_rows(z: Tensor, target: Tensor, k: int, tau: float, reductio
     zc = z.to(compute_dtype(z.dtype))
     if tau != 1.0:
         zc = zc / tau
+    # an ignored row's scores are left out (zeros): one with no finite score
+    # (a padding row masked with −inf) would send logsumexp's NaN into the gradient
+    zc = torch.where(keep.unsqueeze(-1), zc, 0.0)
     top = torch.topk(zc, k, dim=-1, sorted=False).values
     loss = torch.logsumexp(top, -1) - zc.gather(-1, index.unsqueeze(-1)).squeeze(-1)
     loss = torch.where(keep, loss, 0.0)

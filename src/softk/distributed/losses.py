@@ -196,6 +196,9 @@ def vocab_parallel_loss(
     if family is None:  # no threshold map: Su's top-k softmax cross-entropy
         rows, grad = _topk_ce(z, t, owned, zt_local, k, group, rank, world)
         grad.scatter_add_(-1, li, -owned.unsqueeze(-1).to(grad.dtype))  # − e_t on the owner (no data-dependent shape)
+        # an ignored row has no gradient: not the NaN of softmax over a row
+        # with no finite score (padding masked with −inf), times its weight 0
+        grad = torch.where(keep.unsqueeze(-1), grad, 0.0)
     else:
         ce = o.kind.torch_cross_entropy  # −log p_y: no Ω(y) term
         extra: dict = {}  # sum_extra (a function) or max_extra (a tensor)

@@ -59,7 +59,10 @@ def ts2_rows(z: Tensor, t: Tensor, keep: Tensor, suppression: float, tau: float,
         off = (p == 0) & (z > float("-inf"))  # masked classes have no softmax mass either
         off.scatter_(-1, t.unsqueeze(-1), False)
         py = p.gather(-1, t.unsqueeze(-1)).squeeze(-1)
-    logp = torch.log_softmax(z, -1)
+    # ignored rows add no penalty: their scores are left out of it, so that
+    # one with no finite score (a padding row masked with −inf) cannot send
+    # log_softmax's NaN into the gradient
+    logp = torch.log_softmax(torch.where(keep.unsqueeze(-1), z, 0.0), -1)
     # m = Σ_{off} s_j, a sum of non-negative terms (no cancellation); summed
     # directly rather than as exp(logsumexp), whose gradient is NaN on a row
     # with no off-support class left (every other class masked)
