@@ -118,9 +118,14 @@ def test_a_tensor_tau_inside_torch_compile():
 
 def test_gradtopk_refuses_a_transform_inside_torch_compile():
     # its derivatives stop at the first order: under torch.compile around
-    # jvp it raises rather than give a zero tangent
+    # jvp it raises rather than give a zero tangent, also where a vmap lies
+    # between (jvp of vmap gave a wrong tangent); a vmap alone runs
     torch._dynamo.reset()
     x = torch.tensor([0.3, -1.2, 0.9, 0.85], dtype=torch.float64)
-    f = torch.func.jacfwd(lambda y: softk.soft_topk(y, 2, method="grad"))
-    with pytest.raises(Exception, match="no forward-mode formula"):
-        torch.compile(f, fullgraph=True, backend="eager")(x)
+    f = lambda y: softk.soft_topk(y, 2, method="grad")  # noqa: E731
+    v = torch.linspace(-1, 1, 4, dtype=torch.float64)[None]
+    for t in (torch.func.jacfwd(f), lambda y: torch.func.jvp(torch.func.vmap(f), (y[None],), (v,))[1]):
+        with pytest.raises(Exception, match="no forward-mode formula"):
+            torch.compile(t, fullgraph=True, backend="eager")(x)
+    got = torch.compile(torch.func.vmap(f), fullgraph=True, backend="eager")(x[None])
+    torch.testing.assert_close(got, f(x)[None], rtol=0, atol=0)

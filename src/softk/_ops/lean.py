@@ -34,37 +34,36 @@ def function(with_jvp: type[torch.autograd.Function], without_jvp: type[torch.au
     under ``torch.compile`` around a ``torch.func`` transform, ``with_jvp``'s
     formulas as tensor code (:func:`through_transform`)."""
     if _compiling():
-        if _transform_inside_compile():
+        if _differentiated_inside_compile():
             return _ThroughTransform(with_jvp)
         return without_jvp
     return with_jvp
 
 
-def _transform_inside_compile() -> bool:
-    """Whether Dynamo is tracing a ``torch.func`` transform (jvp, jacfwd,
-    grad, vmap) applied inside the compiled function: it traces a Function's
+def _differentiated_inside_compile() -> bool:
+    """Whether Dynamo is tracing a ``torch.func`` transform that
+    differentiates (grad, jvp, and jacfwd, jacrev, hessian built on them),
+    at any depth, inside the compiled function: it traces a Function's
     forward and differentiates what it traced, so a custom op there, which
     has no forward-mode formula, would get a zero tangent (jvp gave 0), and
-    reverse mode through it failed to trace.  (AOTAutograd's
-    functionalization, also a functorch transform, is not one of them.)"""
-    return torch._C._are_functorch_transforms_active() and _current_transform() in _DIFFERENTIATING
+    reverse mode through it failed to trace.  A vmap alone is served by the
+    ops' vmap rules; AOTAutograd's functionalization is no such transform."""
+    return any(key in _DIFFERENTIATING for key in _transforms())
 
 
-def _current_transform():
-    """The innermost functorch transform (one must be active)."""
+def _transforms() -> list:
+    """The active functorch transforms, innermost first (each one's
+    ``lower()`` steps beneath it, which Dynamo traces)."""
+    if not torch._C._are_functorch_transforms_active():
+        return []
     from torch._functorch.pyfunctorch import retrieve_current_functorch_interpreter
 
-    return retrieve_current_functorch_interpreter().key()
+    interpreter = retrieve_current_functorch_interpreter()
+    with interpreter.lower():
+        return [interpreter.key()] + _transforms()
 
 
-_DIFFERENTIATING = (torch._C._functorch.TransformType.Grad, torch._C._functorch.TransformType.Jvp,
-                    torch._C._functorch.TransformType.Vmap)
-
-
-def _vmap_only() -> bool:
-    """Whether the innermost transform Dynamo traces is a vmap (which the
-    ops' vmap rules serve; one beneath it is not visible here)."""
-    return _current_transform() == torch._C._functorch.TransformType.Vmap
+_DIFFERENTIATING = (torch._C._functorch.TransformType.Grad, torch._C._functorch.TransformType.Jvp)
 
 
 class _Ctx:
@@ -263,9 +262,9 @@ class Paths:
     * compiling: ``compiled`` (default ``function``; a parent of ``function``
       without its custom ``jvp``, which Dynamo does not trace), whose
       forward is the custom op; compiling a ``torch.func`` transform:
-      ``function``'s formulas as tensor code (:func:`through_transform`), or
-      with ``through=False`` (an op without second derivatives) ``compiled``
-      under a vmap and a ``NotImplementedError`` under the others;
+      ``function``'s formulas as tensor code (:func:`through_transform`)
+      under one that differentiates, or with ``through=False`` (an op
+      without second derivatives) a ``NotImplementedError`` there;
     * otherwise (``torch.func`` transforms, subclasses, modes): ``function``,
       whose forward is the custom op and whose vmap rule is generated.
 
@@ -288,10 +287,9 @@ class Paths:
             return self.kernel(*inputs)
         self.register()
         if _compiling():
-            if _transform_inside_compile():
-                if self.through:
-                    return through_transform(self.function, inputs)
-                if not _vmap_only():
+            if _differentiated_inside_compile():
+                if not self.through:
                     raise NotImplementedError(_NO_TRANSFORM.format(self.function.__name__))
+                return through_transform(self.function, inputs)
             return self.compiled.apply(*inputs)
         return self.function.apply(*inputs)
