@@ -198,6 +198,7 @@ def vocab_parallel_loss(
         grad.scatter_add_(-1, li, -owned.unsqueeze(-1).to(grad.dtype))  # − e_t on the owner (no data-dependent shape)
         # an ignored row has no gradient: not the NaN of softmax over a row
         # with no finite score (padding masked with −inf), times its weight 0
+        assert keep is not None  # class indices: the top-k CE takes no dense target
         grad = torch.where(keep.unsqueeze(-1), grad, 0.0)
     else:
         ce = o.kind.torch_cross_entropy  # −log p_y: no Ω(y) term
