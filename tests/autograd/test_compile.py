@@ -78,15 +78,17 @@ def test_a_transform_inside_torch_compile_differentiates_the_map(transform):
     # Dynamo traces a transform by differentiating what it traced, and the
     # custom op inside a map has no forward-mode formula: compiled jvp and
     # jacfwd gave zeros, silently, and compiled grad and jacrev failed to trace
-    torch._dynamo.reset()
-    x = torch.tensor([0.3, -1.2, 0.9, 0.85, 2.0, -0.1], dtype=torch.float64)
+    # (with a −inf mask, whose δ = x − x̄ was NaN: NaN rows)
     t = _TRANSFORMS[transform]
-    v = torch.linspace(-1, 1, x.numel(), dtype=x.dtype)
-    for f, jac in ((softk.softmax, torch.func.jacrev(lambda y: torch.softmax(y, -1))(x)),
-                   (softk.sparsemax, _sparsemax_jacobian(x))):
-        got = torch.compile(t(f), fullgraph=True, backend="eager")(x)
-        want = jac if transform.startswith("jac") else jac @ v
-        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14)
+    for x in (torch.tensor([0.3, -1.2, 0.9, 0.85, 2.0, -0.1], dtype=torch.float64),
+              torch.tensor([0.3, float("-inf"), 0.9, 0.85, 2.0, -0.1], dtype=torch.float64)):
+        torch._dynamo.reset()
+        v = torch.linspace(-1, 1, x.numel(), dtype=x.dtype)
+        for f, jac in ((softk.softmax, torch.func.jacrev(lambda y: torch.softmax(y, -1))(x)),
+                       (softk.sparsemax, _sparsemax_jacobian(x))):
+            got = torch.compile(t(f), fullgraph=True, backend="eager")(x)
+            want = jac if transform.startswith("jac") else jac @ v
+            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14)
 
 
 @pytest.mark.parametrize("name", ["entmax1.3", "soft_topk_sigmoid", "normmax", "log_softmax"])

@@ -102,7 +102,10 @@ def through_transform(function: type[torch.autograd.Function], inputs: tuple):
     forward and reverse mode, and their second orders, are the op's."""
     bare = tuple(t.detach() if isinstance(t, torch.Tensor) else t for t in inputs)
     out = function.forward(*bare)
-    delta = tuple(t - t.detach() if isinstance(t, torch.Tensor) and t.is_floating_point() else None for t in inputs)
+    # δ = 0 (with the inputs' derivative) on the finite entries; a masked
+    # one (−inf − −inf = NaN) has none, as the map is constant in it
+    delta = tuple(torch.where(torch.isfinite(t.detach()), t - t.detach(), 0.0)
+                  if isinstance(t, torch.Tensor) and t.is_floating_point() else None for t in inputs)
     ctx = _Ctx()
     function.setup_context(ctx, bare, out)
     first = function.jvp(ctx, *delta)
