@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from ..call_mode import eager
-from ...threshold.families import EXP, SOFTMAX, Family, below_one
+from ...threshold.families import EXP, SOFTMAX, SPARSE, Family, below_one
 from ...threshold.rows import compute_dtype, fill_rows, row_status, scaled_rows
 from ...threshold.entmax_anchor import entmax_probs, needs_anchor
 from ...threshold.fast_paths import solve_exp_pooled, solve_exp_topk, solve_on_candidates
@@ -224,11 +224,14 @@ def forward(family: Family, x: Tensor, k: int, tau: float) -> Tensor:
 
 
 def output(family: Family, p: Tensor, dtype: torch.dtype) -> Tensor:
-    """p (compute dtype) in ``dtype``; the exp family's entries below 1 stay
-    below 1 (rounding to nearest may give 1, which reads as saturated: see
-    ``Family.written``, which keeps them below 1 in the compute dtype)."""
+    """p (compute dtype) in ``dtype``; the entries below 1 of the families
+    whose backward reads saturation off p (exp, sparse: f′ = 0 at p = 1)
+    stay below 1 (rounding to nearest may give 1, which reads as saturated,
+    a zero gradient for the whole row: bfloat16 rounds every p above
+    1 − 2⁻⁹ to 1; see ``Family.written``, which keeps the exp family's below
+    1 in the compute dtype)."""
     out = p.to(dtype)
-    if family is EXP and out.dtype != p.dtype:
+    if family in (EXP, SPARSE) and out.dtype != p.dtype:
         out = torch.where((p < 1) & (out == 1), below_one(dtype), out)
     return out
 

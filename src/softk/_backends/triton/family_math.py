@@ -14,7 +14,7 @@ family's code only.
 import triton
 import triton.language as tl
 
-from .ids import ENTMAX, ENTMAX15, EXP, LAPLACE, SIGMOID, SOFTMAX, SPARSEMAX
+from .ids import ENTMAX, ENTMAX15, EXP, LAPLACE, SIGMOID, SOFTMAX, SPARSE, SPARSEMAX
 
 LOG2 = tl.constexpr(0.6931471805599453)
 
@@ -54,13 +54,14 @@ def _f(u, FAM: tl.constexpr, am1):
 @triton.jit
 def _written(p, u, tol, Y, FAM: tl.constexpr):
     """p = f(u) as the maps store it in Y's dtype (``Family.written``): the
-    exp family's entries at u ≤ tol at most the largest float of that dtype
-    below 1, which the store's rounding to nearest could make 1 (read as
-    saturated, f′ = 0, by the backward).  ``tol``: λ's resolution in the
-    search that found it (0 for a closed form): an entry within it of the
-    kink is taken as unsaturated, as it is in the generic case (the k-th
-    entry of a row with a gap after it, ties there included)."""
-    if FAM == EXP:
+    exp family's entries at u ≤ tol, and the sparse family's at u ≤ 1 + tol,
+    at most the largest float of that dtype below 1, which the store's
+    rounding to nearest could make 1 (read as saturated, f′ = 0, by the
+    backward).  ``tol``: λ's resolution in the search that found it (0 for a
+    closed form): an entry within it of the kink is taken as unsaturated, as
+    it is in the generic case (the k-th entry of a row with a gap after it,
+    ties there included)."""
+    if FAM == EXP or FAM == SPARSE:
         ty = Y.dtype.element_ty
         if ty == tl.bfloat16:
             b = 0.99609375  # 1 − 2^-8
@@ -68,7 +69,8 @@ def _written(p, u, tol, Y, FAM: tl.constexpr):
             b = 0.99951171875  # 1 − 2^-11
         else:
             b = 0.999999940395355224609375  # 1 − 2^-24 (float32 registers)
-        p = tl.where(u <= tol, tl.minimum(p, b), p)
+        kink = 0.0 if FAM == EXP else 1.0
+        p = tl.where(u - kink <= tol, tl.minimum(p, b), p)
     return p
 
 
