@@ -191,3 +191,17 @@ def test_topk_sum_with_a_learnable_tau_far_from_the_origin(method, tau):
     xf = x.detach().float()
     torch.testing.assert_close(softk.topk_sum(xf, 2, tau=_learnable(tau), method=method),
                                torch.tensor([want], dtype=torch.float32), rtol=0, atol=0.125)  # ulp(2e6)/2
+
+
+def test_topk_sum_grad_method_with_a_float32_tau():
+    # τ went to float64 twice, and the two gradients, each the size of the
+    # scores over τ (1e8 here), were added in float32: 0 where it is 1.047.
+    # With the 1e8 entry certainly selected, T = 1e8 + τ·logsumexp(o/τ) over
+    # the rest o, and ∂T/∂τ at τ = 1 is the softmax's entropy over o.
+    x = torch.tensor([1e8, 0.5, 0.1, -0.3])
+    tau = _learnable(1.0)
+    softk.topk_sum(x, 2, tau=tau, method="grad").backward()
+    o = torch.tensor([0.5, 0.1, -0.3], dtype=torch.float64)
+    p = torch.softmax(o, 0)
+    want = float(torch.logsumexp(o, 0) - (p * o).sum())
+    assert tau.grad.item() == pytest.approx(want, rel=1e-6)

@@ -94,10 +94,12 @@ def topk_sum(
         # in float64, where (x − r)/τ cannot overflow for a float32 x.  (The
         # threshold methods' potential takes τ itself: its τ-derivative is
         # −Σψ(p), which has no such cancellation.)
-        xd = x.to(torch.float64)
-        z, r = over_tau_shifted(xd, tau, dim, k_rows, capped=True)
+        # (τ in float64 once: its two uses' gradients, each of the size of
+        # the scores over τ, cancel, and a float32 τ would add them rounded)
+        xd, td = x.to(torch.float64), tau.to(torch.float64)
+        z, r = over_tau_shifted(xd, td, dim, k_rows, capped=True)
         inner = topk_sum(z, k, dim, 1.0, method, keepdim=True)
-        out = tau.to(xd.dtype) * inner + r * _mass(xd, k_rows, dim)
+        out = td * inner + r * _mass(xd, k_rows, dim)
         return (out if keepdim else out.squeeze(dim)).to(x.dtype)
     k = k_rows
     if isinstance(k, torch.Tensor) and k.requires_grad:
