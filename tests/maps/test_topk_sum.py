@@ -202,3 +202,44 @@ def test_a_sum_past_the_float_max_is_inf(method, row):
         assert got == float("inf")
     else:
         assert got == pytest.approx(want, rel=1e-6)
+
+
+def _grad_method_reference(row, k, tau):
+    """τ log e_k(exp(x/τ)) over the k-subsets, in mpmath."""
+    import itertools
+
+    import mpmath as mp
+
+    with mp.workprec(300):
+        z = [mp.mpf(v) / mp.mpf(tau) for v in row]
+        total = mp.fsum(mp.exp(mp.fsum(c)) for c in itertools.combinations(z, k))
+        return float(mp.mpf(tau) * mp.log(total))
+
+
+@pytest.mark.parametrize("dtype, row, k, tau", [
+    (torch.float64, [-1e308, -1.7e308, 1.5e308], 3, 1.0),
+    (torch.float64, [-1e308, -1.7e308, 1.5e308], 2, 1.0),
+    (torch.float64, [-1e308, -1.7e308, 1.5e308], 1, 1.0),
+    (torch.float32, [-2e38, -3e38, 2e38], 3, 1.0),
+    (torch.float32, [-2.7031454e38, 1.6313861e38, 2.4464468e38], 3, 3.0625e38),
+])
+@pytest.mark.parametrize("method", ["exp", "sigmoid", "laplace", "sparse", "grad"])
+def test_a_sum_near_the_float_max_that_is_finite(dtype, row, k, tau, method):
+    # a term overflowed where the sum does not: x − m for entries of both
+    # signs, m·Σp, τψ(1)·Σp, and GradTopK's k·r and its sum of a full row:
+    # NaN, inf or −inf for these finite sums
+    from ..oracle import mp as omp
+
+    x = torch.tensor(row, dtype=dtype)
+    exact = x.double().tolist()
+    if k == len(row):  # every entry selected: the sum itself
+        want = float(sum(__import__("fractions").Fraction(v) for v in exact))
+    elif method == "grad":
+        want = _grad_method_reference(exact, k, tau)
+    else:
+        want = omp.topk_sum_row(method, np.array(exact), k, tau)
+    got = softk.topk_sum(x, k, tau=tau, method=method).item()
+    # the shift m·Σp and the sum it cancels against each round to an ulp of
+    # their size, k·max|x|, which here is a few times the sum's
+    eps = torch.finfo(dtype).eps
+    assert got == pytest.approx(want, rel=0, abs=4 * eps * k * max(abs(v) for v in exact))

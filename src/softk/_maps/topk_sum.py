@@ -110,9 +110,7 @@ def topk_sum(
     family = THRESHOLD_METHODS[method]
     # Half inputs: Φ and the shift in float32, one rounding at the end.
     xc = x.to(compute_dtype(x.dtype))
-    phi = potential(xc, family, k, dim, tau, keepdim=True)
-    psi1 = float(family.psi(torch.tensor(1.0, dtype=torch.float64)))
-    out = phi + (tau * psi1) * _mass(x, k, dim).to(phi.dtype)
+    out = potential(xc, family, k, dim, tau, keepdim=True)  # its regulariser is 0 on k-hot masks
     # A NaN/+inf row is NaN (⟨z, p⟩ − Σψ(p) reads a NaN p as 0 for "sigmoid").
     broken = (torch.isnan(x) | (x == float("inf"))).any(dim, keepdim=True)
     out = torch.where(broken, float("nan"), out).to(x.dtype)

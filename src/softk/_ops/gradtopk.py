@@ -62,7 +62,7 @@ from torch import Tensor
 from .._ops import lean as _lean
 from .._backends.gradtopk.scan import solve_scan
 from .._backends.gradtopk.tree import solve_tree
-from ..threshold.rows import row_status
+from ..threshold.rows import overflow_scale, row_status
 
 _WORK = torch.float64
 
@@ -150,9 +150,11 @@ def _prepare(x: Tensor, k: int, tau: float):
     z = (xs - ref) / tau  # entries so far below that this underflows have p = 0
     over = z > margin
     # τ·(z − T) on the clamped entries, in x's units (x − ref − Tτ, not ref + Tτ,
-    # which rounds to ref when τ is tiny)
-    lost = torch.where(over, (xs - ref) - margin * tau, 0.0).sum(-1, keepdim=True)
-    return torch.where(over, margin, z), active, filled, k * ref + lost
+    # which rounds to ref when τ is tiny); every term times c (a power of 2,
+    # exact), which keeps them finite near the float max
+    c = overflow_scale(n + k)
+    lost = torch.where(over, (xs * c - ref * c) - margin * (tau * c), 0.0).sum(-1, keepdim=True)
+    return torch.where(over, margin, z), active, filled, (k * (ref * c) + lost, c)
 
 
 def gradtopk_forward(x: Tensor, k: int, tau: float) -> Tensor:
@@ -288,14 +290,17 @@ def log_ek_rows(x: Tensor, k: int, tau: float) -> tuple[Tensor, Tensor]:
     on the finite entries makes the value Σ of them, gradient p); NaN/+inf rows
     give NaN.
     """
-    zs, active, filled, offset = _prepare(x, k, tau)
+    zs, active, filled, (offset, c) = _prepare(x, k, tau)
     log_ek, p, _ = _solve_rows(zs, k)
     shape = filled.shape[:-1] + (1,)
     xf = x.to(_WORK)
-    finite_sum = torch.where(filled > 0, xf, 0.0).sum(-1, keepdim=True)
+    fc = overflow_scale(xf.shape[-1])  # the sum scaled, finite near the float max where it is
+    finite_sum = torch.where(filled > 0, xf * fc, 0.0).sum(-1, keepdim=True) / fc
     broken = torch.isnan(filled).any(-1, keepdim=True)
     conv = torch.where(broken, float("nan"), finite_sum)
-    value = torch.where(active, (tau * log_ek[:, None] + offset).reshape(shape), conv)
+    # (offset and τ·log e_k scaled by c, as _prepare's sums: the value is
+    # inf only where it overflows itself)
+    value = torch.where(active, (((tau * c) * log_ek[:, None] + offset) / c).reshape(shape), conv)
     return value, torch.where(active, p.reshape(filled.shape), filled)
 
 

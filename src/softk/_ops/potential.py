@@ -10,9 +10,10 @@ It is evaluated here through the first form at the map's own output,
 fills by convention (p = 1 on the finite entries of a row with at most k of
 them).  ``-inf`` entries have p = 0 and contribute nothing.
 
-``potential(x, family, k, dim, tau)`` returns τ·Φ(x/τ) (reducing ``dim``), whose
-gradient with respect to x is the map p(x/τ).  It is the building block of
-``topk_sum``; the Fenchel–Young losses L(z; y) = Φ(z) + Ω(y) − ⟨z, y⟩ use
+``potential(x, family, k, dim, tau)`` returns τ·Φ(x/τ) + τψ(1)·Σp (reducing
+``dim``; the regulariser Σ[ψ(p_i) − ψ(1)p_i] is 0 on k-hot masks), whose
+gradient with respect to x is the map p(x/τ).  It is ``topk_sum``'s value
+for the threshold methods; the Fenchel–Young losses L(z; y) = Φ(z) + Ω(y) − ⟨z, y⟩ use
 :func:`value_at` the same way.
 
 :func:`regularised_potential` is the same value for a regulariser Ω_α given
@@ -34,7 +35,7 @@ from . import lean as _lean
 from .._backends import dispatch
 from ..threshold.families import Family
 from .op import apply_rows, threshold_map
-from ..threshold.rows import compute_dtype, finite_max
+from ..threshold.rows import compute_dtype, finite_max, overflow_scale
 
 
 def value_at(family: Family, z: Tensor, p: Tensor) -> Tensor:
@@ -46,13 +47,25 @@ def value_at(family: Family, z: Tensor, p: Tensor) -> Tensor:
     return zp.sum(-1, keepdim=True) - family.psi(p).sum(-1, keepdim=True)
 
 
+def _shifted_value(z, m, pc, s, omega, tau, c):
+    """c·(m·Σp + ⟨z − m, p⟩ − τΩ(p)), each term scaled by c first."""
+    z, m = z * c, m * c
+    return m * s + torch.where(pc != 0, (z - m) * pc, 0.0).sum(-1, keepdim=True) - (tau * c) * omega
+
+
+def _omega(family: Family, p: Tensor) -> Tensor:
+    """Σ[ψ(p_i) − ψ(1)p_i] on rows (keepdim): the regulariser, 0 on k-hot masks."""
+    psi1 = float(family.psi(torch.tensor(1.0, dtype=torch.float64)))
+    return (family.psi(p) - psi1 * p).sum(-1, keepdim=True)
+
+
 class _PotentialValue(torch.autograd.Function):
-    """τ·Φ(x/τ) on the last dimension (keepdim) given p = map(x/τ).
+    """τ·Φ(x/τ) + τψ(1)·Σp on the last dimension (keepdim) given p = map(x/τ).
 
     ``tau`` is a float, or a 0-d tensor (a learnable τ, with p computed by
-    the map with that τ): then ∂(τΦ(x/τ))/∂τ = Φ(z) − ⟨z, p⟩ = −Σψ(p), in
-    the saved p, so that neither (x/τ)/τ nor the cancellation of two terms
-    of size x/τ enters it."""
+    the map with that τ): then its derivative is Φ(z) − ⟨z, p⟩ + ψ(1)Σp =
+    −Σ[ψ(p) − ψ(1)p], in the saved p, so that neither (x/τ)/τ nor the
+    cancellation of two terms of size x/τ enters it."""
 
     generate_vmap_rule = True
 
@@ -66,18 +79,17 @@ class _PotentialValue(torch.autograd.Function):
         # once, times Σp as it is exactly, min(k, the finite entries) (the
         # sum of p's rounding, times m, overflows at m near the float max).
         # τ·⟨(x − m)/τ, p⟩ is formed as ⟨x − m, p⟩: (x − m)/τ may overflow
-        # where its product with p does not.  Every term is halved (exact),
-        # and the sum doubled at the end: x − m itself overflows for entries
-        # of both signs near the float max, and a value that overflows is
-        # then inf, never inf − inf = NaN
-        z, m = z * 0.5, m * 0.5
-        v = torch.where(pc != 0, (z - m) * pc, 0.0).sum(-1, keepdim=True) - (tau * 0.5) * family.psi(pc).sum(-1, keepdim=True)
+        # where its product with p does not.
         s = torch.clamp((z > float("-inf")).sum(-1, keepdim=True).to(ct), max=k)
-        out = m * s + v
-        # m·Σp overflows where m nears the float max and Σp = k > 1 while the
-        # value does not: s·(m + v/s), the same sum with no overflowing term
-        out = torch.where(torch.isinf(out) & torch.isfinite(m) & (s > 0), s * (m + v / torch.where(s > 0, s, 1.0)), out)
-        return (out * 2.0).to(x.dtype)
+        psi = _omega(family, pc)
+        out = _shifted_value(z, m, pc, s, psi, tau, 1.0)
+        # Near the float max a term overflows where the value does not (x − m
+        # for entries of both signs, m·Σp, their sum): there every term is
+        # scaled by a power of 2 that keeps them all finite (exact), and the
+        # value scaled back, inf only where it overflows itself
+        c = overflow_scale(z.shape[-1])
+        safe = _shifted_value(z, m, pc, s, psi, tau, c) / c
+        return torch.where(torch.isfinite(out) | ~torch.isfinite(m), out, safe).to(x.dtype)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -91,7 +103,7 @@ class _PotentialValue(torch.autograd.Function):
         (p,) = ctx.saved_tensors
         gt = None
         if ctx.tau_dtype is not None and ctx.needs_input_grad[3]:
-            gt = -(g * ctx.family.psi(p).sum(-1, keepdim=True)).sum().to(ctx.tau_dtype)
+            gt = -(g * _omega(ctx.family, p)).sum().to(ctx.tau_dtype)
         return g * p, None, None, gt, None
 
 
@@ -101,13 +113,13 @@ class _PotentialValueJvp(_PotentialValue):
         (p,) = ctx.saved_tensors
         out = (p * vx).sum(-1, keepdim=True)
         if vt is not None:
-            out = out - vt.to(p.dtype) * ctx.family.psi(p).sum(-1, keepdim=True)
+            out = out - vt.to(p.dtype) * _omega(ctx.family, p)
         return out
 
 
 def potential_rows(x: Tensor, family: Family, k: int, tau) -> Tensor:
-    """τ·Φ(x/τ) on the last dimension (keepdim), arguments validated; ``tau``
-    a float or a learnable 0-d tensor."""
+    """τ·Φ(x/τ) + τψ(1)·Σp on the last dimension (keepdim), arguments
+    validated; ``tau`` a float or a learnable 0-d tensor."""
     xc = x.to(compute_dtype(x.dtype))
     if isinstance(tau, Tensor):
         p = threshold_map(xc, family, k, -1, tau)
@@ -117,7 +129,7 @@ def potential_rows(x: Tensor, family: Family, k: int, tau) -> Tensor:
 
 
 def potential(x: Tensor, family: Family, k: int, dim: int, tau: float, keepdim: bool = False) -> Tensor:
-    """τ·Φ(x/τ) along ``dim`` (arguments already validated by the caller)."""
+    """τ·Φ(x/τ) + τψ(1)·Σp along ``dim`` (arguments already validated by the caller)."""
     out = potential_rows(x.movedim(dim, -1), family, k, tau).movedim(-1, dim)
     return out if keepdim else out.squeeze(dim)
 

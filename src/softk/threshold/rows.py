@@ -36,6 +36,13 @@ def finite_max(z: Tensor) -> Tensor:
     return torch.where(torch.isfinite(m), m, 0.0)
 
 
+def overflow_scale(n: int) -> float:
+    """A power of 2 at most 1/(4n): a sum of n terms, each at most twice the
+    float max in size, times it stays finite (and each term exact, above
+    the subnormals)."""
+    return 2.0 ** -(max(n, 1) - 1).bit_length() / 4
+
+
 def divide_by_tau(d: Tensor, tau) -> Tensor:
     """d/τ for a float τ, or for a learnable τ (a tensor that requires grad).
 
