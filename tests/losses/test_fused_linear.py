@@ -292,3 +292,15 @@ def test_float32_class_weights_keep_float64_scores_exact(loss):
     if loss == "cross_entropy":
         ref = torch.nn.functional.cross_entropy(h @ w.T, t, weight=cw.double())
         assert float(got) == pytest.approx(float(ref), rel=1e-14)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_no_rows_give_every_input_a_zero_gradient(reduction):
+    # the bias was left out of an empty batch's graph: autograd.grad over
+    # (input, weight, bias) raised that it was unused
+    h = torch.randn(0, 4, dtype=D, requires_grad=True)
+    w = torch.randn(5, 4, dtype=D, requires_grad=True)
+    b = torch.randn(5, dtype=D, requires_grad=True)
+    out = fused_linear_loss(h, w, torch.zeros(0, dtype=torch.long), bias=b, reduction=reduction)
+    for g, p in zip(torch.autograd.grad(out.sum(), (h, w, b)), (h, w, b)):
+        assert torch.equal(g, torch.zeros_like(p))

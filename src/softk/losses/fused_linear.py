@@ -232,8 +232,9 @@ def fused_linear_loss(
         chunk = auto_chunk_size(x.shape[0], x.shape[1], vocab, x.device.type)
     if x.shape[0] == 0:
         # No rows: the unfused loss of an empty batch (mean is NaN, as in torch).
-        # (differentiable for every reduction, through the empty logits)
-        rows = fn(x @ weight.t(), t)
+        # (differentiable for every reduction, through the empty logits, in
+        # the bias too)
+        rows = fn(x @ weight.t() if bias is None else torch.addmm(bias, x, weight.t()), t)
         rows, extra = rows if return_stats else (rows, None)
         rows = rows.to(x.dtype)
         out = mean_of(rows.sum(), 0) if reduction == "mean" else (rows.sum() if reduction == "sum" else rows.reshape(lead))
