@@ -137,3 +137,36 @@ def test_sum_is_k_and_shift_invariant(values, k, tau, method):
     assert abs(float(p.sum()) - k) <= 1e-12 * k
     assert bool((p >= 0).all())
     np.testing.assert_allclose(softk.soft_topk(x - 3.5, k, tau=tau, method=method).numpy(), p.numpy(), rtol=0, atol=1e-9)
+
+
+def _weighted_mp(x, k, tau):
+    """The weighted recursion in mpmath (60 digits), weights (1 − p)₊."""
+    import mpmath as mp
+
+    with mp.workdps(60):
+        z = [mp.mpf(float(v)) / mp.mpf(tau) for v in x]
+        p = [mp.mpf(0)] * len(z)
+        for _ in range(k):
+            w = [max(1 - pi, 0) * mp.exp(zi) for pi, zi in zip(p, z)]
+            s = mp.fsum(w)
+            p = [pi + wi / s for pi, wi in zip(p, w)]
+        return np.array([float(v) for v in p])
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("x, k, tau", [
+    ([0.0, -10.0, -100.0], 2, 1.0),
+    ([0.0, -40.0, -100.0], 2, 1.0),  # 1 − p₁ = e^{−40}: 0 when formed from p
+    ([2.0, -22.0, 21.0, 44.0, -49.0], 3, 0.3),
+    ([-3.01953125, -8.9921875, -6.58203125, 13.953125, -1.1884765625, -0.5947265625, -11.7890625], 3, 0.5),
+    ([5.329, -7.66, -0.414, 3.041], 3, 1.0),  # p > 1: the weight (1 − p)₊ = 0
+])
+def test_weighted_keeps_the_weights_of_entries_near_one(dtype, x, k, tau):
+    # 1 − p of a p within e^{−37} of 1 is 0 in float64 (e^{−17} in float32):
+    # the weight vanished, and [0, −40, −100] at k = 2 gave the hard [1, 1, 0]
+    # where the recursion gives [1.5, 0.5, 0]
+    xt = torch.tensor(x, dtype=dtype)
+    want = _weighted_mp(xt.double().tolist(), k, tau)
+    got = softk.soft_topk(xt, k, tau=tau, method="weighted")
+    eps = torch.finfo(dtype).eps
+    np.testing.assert_allclose(got.double().numpy(), want, rtol=0, atol=8 * eps)

@@ -13,9 +13,13 @@ picked (z = x/τ):
   shift by min z makes it shift invariant; the products (1 − p)·z make it
   depend on where that minimum lies, i.e. on the spread of the scores.
 * "weighted" (a Stack Exchange answer): k times
-  p ← p + q,  q_i = (1 − p_i) e^{z_i} / Σ_j (1 − p_j) e^{z_j}.
+  p ← p + q,  q_i = (1 − p_i)₊ e^{z_i} / Σ_j (1 − p_j)₊ e^{z_j}
+  (an entry with p ≥ 1 weighs 0).
   Flawed: once p_max ≈ 1 its weight 1 − p_max ≈ e^{z₂ − z₁} exactly offsets
   its larger score, so at k = 2 the τ → 0 limit is 1.5 / 0.5 instead of 1 / 1.
+  The weights c = 1 − p are carried as such, not formed from p: 1 − p of a
+  p within e^{−37} of 1 is 0 in float64 (e^{−17} in float32), which gave
+  the hard top-k (1 / 1) where the recursion gives 1.5 / 0.5.
 
 Both are plain compositions of differentiable torch operations (autograd
 gives the exact gradient of the k-step recursion).  ``softk.properties()``
@@ -23,6 +27,8 @@ measures which of the seed's properties each keeps.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
@@ -71,13 +77,26 @@ def _su_iterative_last(x: Tensor, k: int, tau: float) -> Tensor:
 def _weighted_last(x: Tensor, k: int, tau: float) -> Tensor:
     zs, use, active, filled = _rows(x, k, tau)
     p = torch.zeros_like(zs)
+    c = torch.ones_like(zs)  # 1 − p, carried to its own relative precision
     for _ in range(k):
-        # log((1 − p) e^z) with the weight 0 (p ≥ 1) sent to −inf; the inner
-        # where keeps the log's argument positive so its gradient stays finite.
-        w = 1 - p
-        pos = use & (w > 0)
-        logits = zs + torch.log(torch.where(pos, w, 1.0))
-        p = p + _masked_softmax(logits, pos)
+        # a = c e^z over the weights c > 0, scaled by e^−M (M the largest
+        # log a); the inner wheres keep the log's argument positive and the
+        # masked entries out, so gradients stay finite
+        pos = use & (c > 0)
+        la = torch.where(pos, zs + torch.log(torch.where(pos, c, 1.0)), float("-inf"))
+        m = torch.where(use, la, float("-inf")).amax(-1, keepdim=True).detach()
+        a = torch.where(pos, torch.exp(torch.where(pos, la, m) - m), 0.0)
+        s = a.sum(-1, keepdim=True)
+        q = a / s
+        # c − q = c (S − e^z)/S, with S − e^z = Σ_{j≠i} a_j − p_i e^{z_i}
+        # (scaled as a): the leave-one-out sum of the largest a summed
+        # without it, where S − a_i would cancel (the others' a_i ≤ S/2)
+        top = torch.nn.functional.one_hot(a.detach().argmax(-1), a.shape[-1]).to(torch.bool)
+        rest = torch.where(top, torch.where(top, 0.0, a).sum(-1, keepdim=True), s - a)
+        # (e^{z−M} is large only where c is tiny; capped below the overflow)
+        ez = torch.exp(torch.clamp(torch.where(pos, zs, m) - m, max=math.log(torch.finfo(zs.dtype).max) - 1))
+        c = torch.where(pos, c * (rest - p * ez) / s, c)
+        p = p + q
     return torch.where(active, p, filled).to(x.dtype)
 
 
