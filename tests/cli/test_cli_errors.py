@@ -7,6 +7,7 @@ softk`` to check the exit status a shell sees."""
 
 import argparse
 import io
+import os
 import json
 import sys
 
@@ -254,3 +255,27 @@ def test_exit_status_in_a_shell(argv, word):
     r = softk(*argv)
     assert_one_line_error(r.returncode, r.stderr, argv[0], word)
     assert r.stdout == ""
+
+
+@pytest.mark.parametrize("option, value, word", [
+    ("--figure", "{d}/no/such/x.png", "--figure"),
+    ("--figure", "{d}", "--figure"),
+    ("--out", "{d}/a_file/sub", "--out"),
+    ("--figure", "/proc/softk_cannot_write.png", "--figure /proc/softk_cannot_write.png"),
+])
+def test_experiment_outputs_are_checked_before_the_run(option, value, word, tmp_path, capsys, monkeypatch):
+    # a --figure or --out that could not be written failed after the whole
+    # run, losing its results, with a message that named no option
+    import importlib
+
+    from softk._cli.experiment import NETWORKS
+
+    if value.startswith("/proc") and not os.path.isdir("/proc"):
+        pytest.skip("no /proc here")
+    (tmp_path / "a_file").write_text("")
+    module_name, fn_name, _ = NETWORKS["router"]
+    monkeypatch.setattr(importlib.import_module(module_name), fn_name,
+                        lambda **_: pytest.fail("the experiment ran before its outputs were checked"))
+    code, out, err = cli(["experiment", "router", "--quick", option, value.replace("{d}", str(tmp_path))], capsys)
+    assert_one_line_error(code, err, "experiment router", word)
+    assert out == ""

@@ -9,6 +9,7 @@ import sys
 import time
 
 from . import UsageError, int_at_least
+from .experiment_common import writable_file
 
 NOISE_NOTE = ("timings on a shared or busy machine are noisy (other processes take the cores, the "
               "first touch of fresh buffers costs page faults): compare providers within one run, "
@@ -108,13 +109,7 @@ def _check_output(path: str) -> None:
         return
     if not path:
         raise UsageError("--output must name a file (or - for stdout), got an empty string")
-    if os.path.isdir(path):
-        raise UsageError(f"--output {path}: is a folder, not a file")
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        raise UsageError(f"--output {path}: its folder {parent} does not exist or is not a folder")
-    if not os.access(parent, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
-        raise UsageError(f"--output {path}: not writable")
+    writable_file(path, "--output")
 
 
 def _run(args) -> int:

@@ -113,7 +113,7 @@ def _run_multilabel(args) -> int:
             raise UsageError(f"--data {d}: not a directory; --data takes {MULAN_HELP}")
     if args.lambdas is not None and not all(l > 0 and l != float("inf") for l in args.lambdas):
         raise UsageError(f"--lambdas must be numbers > 0, got {' '.join(map(str, args.lambdas))}")
-    _out_dir(args.out)
+    _out_dir(args)
     try:
         import scipy  # noqa: F401
     except ImportError:
@@ -229,7 +229,7 @@ def _run_network(args) -> int:
     module_name, fn_name, _ = NETWORKS[args.network]
     for option in ("epochs", "n_train_per_class", "n_test_per_class", "pre_epochs", "ft_epochs", "ft_per_class"):
         _positive(getattr(args, option, None), "--" + option.replace("_", "-"))
-    _out_dir(args.out)
+    _out_dir(args)
     module = importlib.import_module(module_name)
     for option, (constant, _) in CHOICES.items():
         if getattr(args, option, None) is not None:

@@ -35,9 +35,40 @@ def positive(value, option):
         raise UsageError(f"{option} must be >= 1, got {value}")
 
 
-def out_dir(out):
-    if out and os.path.exists(out) and not os.path.isdir(out):
-        raise UsageError(f"--out {out}: exists and is not a directory")
+def writable_file(path: str, option: str) -> None:
+    """Refuse a file option (``--output``, ``--figure``) that cannot be
+    written, before minutes of work whose results would be lost."""
+    if not path:
+        raise UsageError(f"{option} must name a file, got an empty string")
+    if os.path.isdir(path):
+        raise UsageError(f"{option} {path}: is a folder, not a file")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise UsageError(f"{option} {path}: its folder {parent} does not exist or is not a folder")
+    existed = os.path.exists(path)
+    try:  # opened for appending, which writes nothing (a permission check alone passes as root)
+        with open(path, "a"):
+            pass
+    except OSError as exc:
+        raise UsageError(f"{option} {path}: cannot be written ({exc.strerror})") from None
+    if not existed:
+        os.remove(path)
+
+
+def out_dir(args) -> None:
+    """Refuse, before the run, an ``--out`` folder that cannot be made (it
+    is made now) and a ``--figure`` file that cannot be written."""
+    out = getattr(args, "out", None)
+    if out:
+        if os.path.exists(out) and not os.path.isdir(out):
+            raise UsageError(f"--out {out}: exists and is not a directory")
+        try:  # made now, where the results will go (a permission check alone passes as root)
+            os.makedirs(out, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"--out {out}: cannot be made ({exc.strerror})") from None
+    figure = getattr(args, "figure", None)
+    if figure is not None:
+        writable_file(figure, "--figure")
 
 
 def wrote(path: str) -> None:

@@ -61,7 +61,7 @@ def run(args) -> int:
     _positive(args.ft_steps, "--ft-steps")
     arms = args.arm or list(lm.ARMS)
     _check(arms, lm.ARMS, "--arm")
-    _out_dir(args.out)
+    _out_dir(args)
     cfg = lm.QUICK if args.quick else lm.Config()
     if args.steps is not None:
         cfg = cfg._replace(steps=args.steps, eval_every=min(cfg.eval_every, args.steps))

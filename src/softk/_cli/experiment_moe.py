@@ -50,7 +50,7 @@ def run(args) -> int:
     _positive(args.steps, "--steps")
     arms = args.arm or list(moe.ARMS)
     _check(arms, moe.ARMS, "--arm")
-    _out_dir(args.out)
+    _out_dir(args)
     cfg = moe.QUICK if args.quick else moe.Config()
     if args.steps is not None:
         cfg = cfg._replace(steps=args.steps)
