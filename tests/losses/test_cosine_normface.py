@@ -114,3 +114,14 @@ def test_feature_incay_matches_numpy_and_gradient(rng):
     assert losses.feature_incay(torch.zeros(1, 3), reduction="none").item() == math.inf
     with pytest.raises(ValueError, match="reduction must be"):
         losses.feature_incay(f, reduction="avg")
+
+
+@pytest.mark.parametrize("learn_scale", [False, True])
+def test_cosine_classifier_repr_gives_no_warning(learn_scale):
+    # a learnable scale was read with float() on a tensor that requires grad
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        text = repr(CosineClassifier(3, 3, learn_scale=learn_scale))
+    assert f"learn_scale={learn_scale}" in text

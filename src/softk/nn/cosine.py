@@ -55,5 +55,5 @@ class CosineClassifier(nn.Module):
         return cosine_logits(x, self.weight, self.scale)
 
     def extra_repr(self) -> str:
-        s = float(self.scale)
+        s = float(self.scale.detach() if isinstance(self.scale, torch.Tensor) else self.scale)  # (no warning: a detached read)
         return f"in_features={self.in_features}, num_classes={self.num_classes}, scale={s:.4g}, learn_scale={self.learn_scale}"
