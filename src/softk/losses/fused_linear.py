@@ -31,7 +31,9 @@ has a tile form (:mod:`softk.losses._tiles`: cross-entropy, softmax,
 sparsemax, entmax15, α-entmax away from α = 1, TS², every knob), the forward
 keeps a few numbers per row and the backward walks the vocabulary in blocks,
 writing each block of ∇W once in W's dtype (:mod:`softk._ops.fused_walk`),
-for every reduction; the logits are formed in float32 on both passes.
+for every reduction; the logits are formed in float32 on both passes.  They
+take it whether or not the weight wants a gradient, so that evaluation and
+a frozen head compute the loss training does.
 
 The chunk loss is the public loss function itself, so each chunk runs on the
 backend that loss takes for the chunk's logits: the fused loss kernels
