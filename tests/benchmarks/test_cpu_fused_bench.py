@@ -104,3 +104,12 @@ def test_cut_cross_entropy_rows_on_the_cpu(tmp_path):
         # compiled before the measurement: the measured call is one forward + backward, not a compilation
         assert {row["variant"] for row in rep["rows"]} == {"torch", "cce"}
         assert rep["rows"][1]["seconds"] < 10 * rep["rows"][0]["seconds"] + 1.0
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_fused_half_paths_times_its_three_calls(dtype):
+    r = _run("fused_half_paths.py", "tiny", *TINY, "--dtype", dtype, "--rounds", "1")
+    words = r.stdout.split()
+    assert words[0] == "tiny"
+    assert [words[i] for i in (1, 4, 7)] == ["eval", "frozen", "train"]
+    assert all(float(words[i]) > 0 and words[i + 1] == "ms" for i in (2, 5, 8))
