@@ -53,3 +53,18 @@ def test_an_entry_that_rounds_to_one_keeps_its_gradient(backend, dtype, row, nam
             # the gradient is formed in float32 and rounded once to ``dtype``
             torch.testing.assert_close(g.double(), want, rtol=2.0 ** -7, atol=0)
     assert (p < 1).all()  # no entry is saturated at these rows
+
+
+@pytest.mark.parametrize("dtype, row, k, want", [
+    (torch.float32, [1.0, 0.0, -5.0], 1, [1.0, 0.0, 0.0]),  # λ = 0
+    (torch.bfloat16, [-1.0, 0.75, -0.75, -2.0, 0.0, -1.0], 5, [1.0, 1.0, 1.0, 0.0, 1.0, 1.0]),  # λ = −2
+])
+def test_an_entry_at_the_kink_is_stored_as_one_on_every_backend(dtype, row, k, want):
+    # clip(u, 0, 1) is 1 exactly from u = 1 on: only entries below 1 in the
+    # registers stay below 1 (a first version of the half-precision guard
+    # lowered u = 1 too, and in float32: [0.99999994, 0, 0] on Triton)
+    x = torch.tensor(row, dtype=dtype)
+    for backend in ("torch", "native", "triton"):
+        with softk.use_backend(backend):
+            got = softk.soft_topk(x, k, method="sparse")
+        torch.testing.assert_close(got, torch.tensor(want, dtype=dtype), rtol=0, atol=0)

@@ -54,14 +54,22 @@ def _f(u, FAM: tl.constexpr, am1):
 @triton.jit
 def _written(p, u, tol, Y, FAM: tl.constexpr):
     """p = f(u) as the maps store it in Y's dtype (``Family.written``): the
-    exp family's entries at u ≤ tol, and the sparse family's at u ≤ 1 + tol,
-    at most the largest float of that dtype below 1, which the store's
-    rounding to nearest could make 1 (read as saturated, f′ = 0, by the
-    backward).  ``tol``: λ's resolution in the search that found it (0 for a
-    closed form): an entry within it of the kink is taken as unsaturated, as
-    it is in the generic case (the k-th entry of a row with a gap after it,
-    ties there included)."""
-    if FAM == EXP or FAM == SPARSE:
+    exp family's entries at u ≤ tol at most the largest float of that dtype
+    below 1, which the store's rounding to nearest could make 1 (read as
+    saturated, f′ = 0, by the backward).  ``tol``: λ's resolution in the
+    search that found it (0 for a closed form): an entry within it of the
+    kink is taken as unsaturated, as it is in the generic case (the k-th
+    entry of a row with a gap after it, ties there included).  The sparse
+    family's entries below 1 in the registers (clip(u, 0, 1) is 1 exactly
+    from the kink on) stay below 1 in a half-precision store, as the torch
+    path's ``output`` keeps them."""
+    if FAM == SPARSE:
+        ty = Y.dtype.element_ty
+        if ty == tl.bfloat16:
+            p = tl.where(p < 1.0, tl.minimum(p, 0.99609375), p)  # 1 − 2^-8
+        elif ty == tl.float16:
+            p = tl.where(p < 1.0, tl.minimum(p, 0.99951171875), p)  # 1 − 2^-11
+    if FAM == EXP:
         ty = Y.dtype.element_ty
         if ty == tl.bfloat16:
             b = 0.99609375  # 1 − 2^-8
@@ -69,8 +77,7 @@ def _written(p, u, tol, Y, FAM: tl.constexpr):
             b = 0.99951171875  # 1 − 2^-11
         else:
             b = 0.999999940395355224609375  # 1 − 2^-24 (float32 registers)
-        kink = 0.0 if FAM == EXP else 1.0
-        p = tl.where(u - kink <= tol, tl.minimum(p, b), p)
+        p = tl.where(u <= tol, tl.minimum(p, b), p)
     return p
 
 
