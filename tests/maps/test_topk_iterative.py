@@ -140,10 +140,11 @@ def test_sum_is_k_and_shift_invariant(values, k, tau, method):
 
 
 def _weighted_mp(x, k, tau):
-    """The weighted recursion in mpmath (60 digits), weights (1 − p)₊."""
+    """The weighted recursion in mpmath, weights (1 − p)₊, with the digits
+    to hold 1 − p where p is within e^−2000 of 1."""
     import mpmath as mp
 
-    with mp.workdps(60):
+    with mp.workdps(1000):
         z = [mp.mpf(float(v)) / mp.mpf(tau) for v in x]
         p = [mp.mpf(0)] * len(z)
         for _ in range(k):
@@ -157,6 +158,9 @@ def _weighted_mp(x, k, tau):
 @pytest.mark.parametrize("x, k, tau", [
     ([0.0, -10.0, -100.0], 2, 1.0),
     ([0.0, -40.0, -100.0], 2, 1.0),  # 1 − p₁ = e^{−40}: 0 when formed from p
+    ([0.0, -110.0, -300.0], 2, 1.0),  # e^{−110} underflows float32
+    ([0.0, -800.0, -2000.0], 2, 1.0),  # and float64
+    ([0.0, -1.0, -5.0], 2, 1e-3),
     ([2.0, -22.0, 21.0, 44.0, -49.0], 3, 0.3),
     ([-3.01953125, -8.9921875, -6.58203125, 13.953125, -1.1884765625, -0.5947265625, -11.7890625], 3, 0.5),
     ([5.329, -7.66, -0.414, 3.041], 3, 1.0),  # p > 1: the weight (1 − p)₊ = 0
@@ -164,9 +168,23 @@ def _weighted_mp(x, k, tau):
 def test_weighted_keeps_the_weights_of_entries_near_one(dtype, x, k, tau):
     # 1 − p of a p within e^{−37} of 1 is 0 in float64 (e^{−17} in float32):
     # the weight vanished, and [0, −40, −100] at k = 2 gave the hard [1, 1, 0]
-    # where the recursion gives [1.5, 0.5, 0]
+    # where the recursion gives [1.5, 0.5, 0]; log(1 − p) is carried instead
     xt = torch.tensor(x, dtype=dtype)
     want = _weighted_mp(xt.double().tolist(), k, tau)
     got = softk.soft_topk(xt, k, tau=tau, method="weighted")
     eps = torch.finfo(dtype).eps
     np.testing.assert_allclose(got.double().numpy(), want, rtol=0, atol=8 * eps)
+
+
+def test_weighted_second_derivatives_and_vmap_far_out():
+    # the weights' logs have finite second derivatives where 1 − p is tiny
+    # (a log of it had 1/c² = inf), and the largest weight is found without
+    # a data-dependent one_hot, so vmap(grad) runs
+    f = lambda t: softk.soft_topk(t, 2, method="weighted")  # noqa: E731
+    for row in ([0.0, -600.0, -605.0], [0.0, -20.0, -25.0]):
+        x = torch.tensor(row, dtype=torch.float64, requires_grad=True)
+        assert torch.autograd.gradcheck(f, (x,))
+        assert torch.autograd.gradgradcheck(f, (x,))
+    x = torch.randn(3, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    g = lambda y: (f(y) ** 2).sum()  # noqa: E731
+    torch.testing.assert_close(torch.func.vmap(torch.func.grad(g))(x), torch.stack([torch.func.grad(g)(r) for r in x]))

@@ -17,9 +17,12 @@ picked (z = x/τ):
   (an entry with p ≥ 1 weighs 0).
   Flawed: once p_max ≈ 1 its weight 1 − p_max ≈ e^{z₂ − z₁} exactly offsets
   its larger score, so at k = 2 the τ → 0 limit is 1.5 / 0.5 instead of 1 / 1.
-  The weights c = 1 − p are carried as such, not formed from p: 1 − p of a
-  p within e^{−37} of 1 is 0 in float64 (e^{−17} in float32), which gave
-  the hard top-k (1 / 1) where the recursion gives 1.5 / 0.5.
+  The weights are carried as log(1 − p), not formed from p: 1 − p of a p
+  within e^{−37} of 1 is 0 in float64 (e^{−17} in float32), which gave the
+  hard top-k (1 / 1) where the recursion gives 1.5 / 0.5.  At exact ties
+  the recursion itself is ill-conditioned: [0, δ, −40, −100] at k = 3 gives
+  1.3 / 1.3 / 0.4 for δ = 0 and 1.98 / 1 / 0.02 for δ = 1e-15, so a row's
+  rounding alone decides it there.
 
 Both are plain compositions of differentiable torch operations (autograd
 gives the exact gradient of the k-step recursion).  ``softk.properties()``
@@ -76,26 +79,31 @@ def _su_iterative_last(x: Tensor, k: int, tau: float) -> Tensor:
 
 def _weighted_last(x: Tensor, k: int, tau: float) -> Tensor:
     zs, use, active, filled = _rows(x, k, tau)
+    n = zs.shape[-1]
     p = torch.zeros_like(zs)
-    c = torch.ones_like(zs)  # 1 − p, carried to its own relative precision
+    lc = torch.zeros_like(zs)  # log(1 − p), −inf once the weight is 0: carried, not formed from p
+    neg = float("-inf")
     for _ in range(k):
-        # a = c e^z over the weights c > 0, scaled by e^−M (M the largest
-        # log a); the inner wheres keep the log's argument positive and the
-        # masked entries out, so gradients stay finite
-        pos = use & (c > 0)
-        la = torch.where(pos, zs + torch.log(torch.where(pos, c, 1.0)), float("-inf"))
-        m = torch.where(use, la, float("-inf")).amax(-1, keepdim=True).detach()
-        a = torch.where(pos, torch.exp(torch.where(pos, la, m) - m), 0.0)
-        s = a.sum(-1, keepdim=True)
-        q = a / s
-        # c − q = c (S − e^z)/S, with S − e^z = Σ_{j≠i} a_j − p_i e^{z_i}
-        # (scaled as a): the leave-one-out sum of the largest a summed
-        # without it, where S − a_i would cancel (the others' a_i ≤ S/2)
-        top = torch.nn.functional.one_hot(a.detach().argmax(-1), a.shape[-1]).to(torch.bool)
-        rest = torch.where(top, torch.where(top, 0.0, a).sum(-1, keepdim=True), s - a)
-        # (e^{z−M} is large only where c is tiny; capped below the overflow)
-        ez = torch.exp(torch.clamp(torch.where(pos, zs, m) - m, max=math.log(torch.finfo(zs.dtype).max) - 1))
-        c = torch.where(pos, c * (rest - p * ez) / s, c)
+        # log a = z + log c over the live weights; the inner wheres keep
+        # masked and dead entries out of every exp and log (finite gradients)
+        pos = use & (lc > neg)
+        la = torch.where(pos, zs + torch.where(pos, lc, 0.0), neg)
+        m = torch.where(use, la, neg).amax(-1, keepdim=True).detach()
+        ls = torch.logsumexp(torch.where(pos, la, m - 1e4) - m, -1, keepdim=True)  # log S − M
+        q = torch.where(pos, torch.exp(torch.where(pos, la, m) - m - ls), 0.0)
+        # c − q = c (S − e^z)/S, with S − e^z = Σ_{j≠i} a_j − p_i e^{z_i}:
+        # log Σ_{j≠i} a_j without cancelling, the largest a's as a
+        # logsumexp of the others, the rest as log S + log1p(−a_i/S)
+        # (a_i ≤ S/2), and then minus p_i e^{z_i} as a log1p; c − q ≤ 0
+        # leaves the weight 0 for good
+        top = la.detach().argmax(-1, keepdim=True) == torch.arange(n, device=zs.device)
+        others = torch.logsumexp(torch.where(top | ~pos, m - 1e4, la) - m, -1, keepdim=True)
+        lr = torch.where(top, others, ls + torch.log1p(-torch.where(top | ~pos, 0.0, q)))
+        lp = torch.log(torch.where(pos & (p > 0), p, 1.0))
+        t = torch.where(pos & (p > 0), lp + zs - m - lr, neg)  # log(p e^{z−M}/rest)
+        live = pos & (t < 0) & (lr > neg)
+        ld = lr + torch.log1p(-torch.exp(torch.where(live, t, -1.0)))
+        lc = torch.where(live, lc + ld - ls, neg)
         p = p + q
     return torch.where(active, p, filled).to(x.dtype)
 
