@@ -95,8 +95,10 @@ def check_tau(tau, name: str = "tau", allow_grad: bool = False, x=None):
 def carries_derivative(t: torch.Tensor) -> bool:
     """Whether a tensor carries a derivative that reading its value would
     drop: it requires grad, holds a forward-mode tangent, or is wrapped by a
-    torch.func transform (grad, jvp, vmap)."""
-    if t.requires_grad or torch._C._functorch.is_functorch_wrapped_tensor(t):
+    torch.func transform (grad, jvp, vmap).  While compiling, where those
+    questions cannot be traced, every tensor is taken as one (its value is
+    then only asserted in the graph)."""
+    if torch.compiler.is_compiling() or t.requires_grad or torch._C._functorch.is_functorch_wrapped_tensor(t):
         return True
     return torch.autograd.forward_ad.unpack_dual(t).tangent is not None
 

@@ -131,3 +131,17 @@ def test_gradtopk_refuses_a_transform_inside_torch_compile():
             torch.compile(t, fullgraph=True, backend="eager")(x)
     got = torch.compile(torch.func.vmap(f), fullgraph=True, backend="eager")(x[None])
     torch.testing.assert_close(got, f(x)[None], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", ["softmax", "sparsemax", "soft_topk", "topk_sum"])
+def test_a_transform_in_tau_inside_torch_compile(name):
+    # τ's check asked whether it was a functorch tensor, which Dynamo cannot
+    # trace: compiled grad in τ raised under fullgraph
+    torch._dynamo.reset()
+    f = {"softmax": lambda y, t: softk.softmax(y, tau=t), "sparsemax": lambda y, t: softk.sparsemax(y, tau=t),
+         "soft_topk": lambda y, t: softk.soft_topk(y, 2, tau=t), "topk_sum": lambda y, t: softk.topk_sum(y, 2, tau=t)}[name]
+    x = torch.tensor([[0.3, -1.2, 0.9, 0.85]], dtype=torch.float64)
+    w = torch.arange(4.0, dtype=torch.float64)
+    g = torch.func.grad(lambda t: (f(x, t) * (w if name != "topk_sum" else 1.0)).sum())
+    t = torch.tensor(0.7, dtype=torch.float64)
+    torch.testing.assert_close(torch.compile(g, fullgraph=True, backend="eager")(t), g(t), rtol=1e-13, atol=1e-15)
