@@ -145,3 +145,20 @@ def test_a_transform_in_tau_inside_torch_compile(name):
     g = torch.func.grad(lambda t: (f(x, t) * (w if name != "topk_sum" else 1.0)).sum())
     t = torch.tensor(0.7, dtype=torch.float64)
     torch.testing.assert_close(torch.compile(g, fullgraph=True, backend="eager")(t), g(t), rtol=1e-13, atol=1e-15)
+
+
+@pytest.mark.parametrize("name", ["normmax", "softmax", "sparsemax", "entmax1.3"])
+def test_a_fully_masked_row_inside_a_compiled_transform(name):
+    # normmax's ∂p/∂α formula read log ‖p‖ through a logsumexp over a row of
+    # −inf, whose derivative is NaN: 0 times it (α's zero step in the
+    # compiled transform) made the row's tangent NaN, where eager gives 0
+    torch._dynamo.reset()
+    f = {"normmax": softk.normmax, "softmax": softk.softmax, "sparsemax": softk.sparsemax,
+         "entmax1.3": lambda y: softk.entmax(y, 1.3)}[name]
+    x = torch.stack([torch.full((6,), float("-inf"), dtype=torch.float64),
+                     torch.linspace(-1, 2, 6, dtype=torch.float64)])
+    v = torch.linspace(-1, 1, 6, dtype=torch.float64).expand(2, 6)
+    t = lambda y: torch.func.jvp(f, (y,), (v,))[1]  # noqa: E731
+    got = torch.compile(t, fullgraph=True, backend="eager")(x)
+    assert torch.equal(got[0], torch.zeros(6, dtype=torch.float64))
+    torch.testing.assert_close(got, t(x), rtol=1e-13, atol=1e-15)

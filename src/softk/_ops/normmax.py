@@ -50,10 +50,14 @@ def normmax_rows(x: Tensor, alpha, tau: float) -> Tensor:
 
 # ---------------------------------------------------------------- derivatives
 def _log_parts(p: Tensor, a):
-    """(support mask, log p (0 off it), log ‖p‖_α)."""
+    """(support mask, log p (0 off it), log ‖p‖_α; −inf on a row with no
+    p > 0, formed so that its derivatives are 0, not logsumexp's NaN over
+    a row of −inf)."""
     pos = p > 0
     logp = torch.log(torch.where(pos, p, 1.0))
-    log_norm = torch.logsumexp(torch.where(pos, a * logp, float("-inf")), -1, keepdim=True) / a
+    some = pos.any(-1, keepdim=True)
+    lse = torch.logsumexp(torch.where(pos, a * logp, torch.where(some, float("-inf"), 0.0)), -1, keepdim=True)
+    log_norm = torch.where(some, lse, float("-inf")) / a
     return pos, logp, log_norm
 
 
