@@ -262,6 +262,8 @@ def test_exit_status_in_a_shell(argv, word):
     ("--figure", "{d}", "--figure"),
     ("--out", "{d}/a_file/sub", "--out"),
     ("--figure", "/proc/softk_cannot_write.png", "--figure /proc/softk_cannot_write.png"),
+    ("--figure", "{d}/fig.xyz", "--figure"),  # a format matplotlib does not write
+    ("--figure", "{d}/fig", "--figure"),  # no extension: matplotlib would write fig.png
 ])
 def test_experiment_outputs_are_checked_before_the_run(option, value, word, tmp_path, capsys, monkeypatch):
     # a --figure or --out that could not be written failed after the whole
@@ -279,3 +281,15 @@ def test_experiment_outputs_are_checked_before_the_run(option, value, word, tmp_
     code, out, err = cli(["experiment", "router", "--quick", option, value.replace("{d}", str(tmp_path))], capsys)
     assert_one_line_error(code, err, "experiment router", word)
     assert out == ""
+
+
+def test_the_figure_check_leaves_a_dangling_link_alone(tmp_path):
+    # the check opened the path for appending and removed it: through a
+    # dangling symlink that made an empty target file and deleted the link
+    from softk._cli.experiment_common import writable_file
+
+    link = tmp_path / "fig.png"
+    link.symlink_to(tmp_path / "target.png")
+    writable_file(str(link), "--figure")
+    assert link.is_symlink() and not (tmp_path / "target.png").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fig.png"]

@@ -35,6 +35,10 @@ def positive(value, option):
         raise UsageError(f"{option} must be >= 1, got {value}")
 
 
+#: The figure formats every matplotlib backend writes (Agg's).
+FIGURE_FORMATS = ("png", "pdf", "svg", "eps", "ps", "jpg", "jpeg", "tif", "tiff", "webp")
+
+
 def writable_file(path: str, option: str) -> None:
     """Refuse a file option (``--output``, ``--figure``) that cannot be
     written, before minutes of work whose results would be lost."""
@@ -45,14 +49,15 @@ def writable_file(path: str, option: str) -> None:
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise UsageError(f"{option} {path}: its folder {parent} does not exist or is not a folder")
-    existed = os.path.exists(path)
-    try:  # opened for appending, which writes nothing (a permission check alone passes as root)
-        with open(path, "a"):
+    import tempfile
+
+    try:  # a file made and removed beside it (a permission check alone passes as root)
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=".softk-check-"):
             pass
     except OSError as exc:
-        raise UsageError(f"{option} {path}: cannot be written ({exc.strerror})") from None
-    if not existed:
-        os.remove(path)
+        raise UsageError(f"{option} {path}: its folder {parent} cannot be written ({exc.strerror})") from None
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        raise UsageError(f"{option} {path}: not writable")
 
 
 def out_dir(args) -> None:
@@ -69,6 +74,12 @@ def out_dir(args) -> None:
     figure = getattr(args, "figure", None)
     if figure is not None:
         writable_file(figure, "--figure")
+        # matplotlib picks the format from the name's extension (and adds
+        # .png where there is none, writing another file than the one named)
+        ext = os.path.splitext(figure)[1].lower().lstrip(".")
+        if ext not in FIGURE_FORMATS:
+            raise UsageError(f"--figure {figure}: name a file ending in one of "
+                             f"{', '.join('.' + f for f in FIGURE_FORMATS)}")
 
 
 def wrote(path: str) -> None:
