@@ -296,3 +296,19 @@ def test_a_learnable_tau_far_below_one(name):
         torch.testing.assert_close(out, want)
     with pytest.raises(ValueError, match="tau=.* is below 2.94e-39"):
         _TAU_CALLS[name](x, torch.tensor(1e-40, requires_grad=True))
+
+
+@pytest.mark.parametrize("method", ["softmax", "exp", "sigmoid", "laplace", "sparse", "grad", "iterative", "weighted"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_entries_of_both_signs_at_the_float_max_with_a_large_tau(method, dtype):
+    # x − max overflowed (−2·max = −inf) where (x − max)/τ is −4: p was
+    # [1, 0] where it is that of [1, −1] at τ = 1/2, [0.982, 0.018] for softmax
+    big = torch.finfo(dtype).max
+    f = (lambda x, tau: softk.softmax(x, tau=tau)) if method == "softmax" else \
+        (lambda x, tau: softk.soft_topk(x, 1, tau=tau, method=method))
+    got = f(torch.tensor([big, -big], dtype=dtype), big / 2)
+    want = f(torch.tensor([1.0, -1.0], dtype=dtype), 0.5)  # the same scaled row, [0, −4]
+    torch.testing.assert_close(got, want, rtol=0, atol=2 * torch.finfo(dtype).eps)
+    if method == "softmax":
+        torch.testing.assert_close(got.double(), torch.tensor([1.0, float(np.exp(-4.0))], dtype=torch.float64)
+                                   / (1 + np.exp(-4.0)), rtol=4 * torch.finfo(dtype).eps, atol=0)

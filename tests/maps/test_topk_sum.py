@@ -222,6 +222,10 @@ def _grad_method_reference(row, k, tau):
     (torch.float64, [-1e308, -1.7e308, 1.5e308], 1, 1.0),
     (torch.float32, [-2e38, -3e38, 2e38], 3, 1.0),
     (torch.float32, [-2.7031454e38, 1.6313861e38, 2.4464468e38], 3, 3.0625e38),
+    (torch.float64, [-1.7976931348623157e308, 4.486, 1.7976931348623157e308, -1.7976931348623157e308], 3,
+     8.988465674311579e307),  # (x − r)/τ: x − r overflowed
+    (torch.float64, [1.7976931348623157e308, -1.7976931348623157e308, -1.7976931348623157e308], 2,
+     8.988465674311579e307),
 ])
 @pytest.mark.parametrize("method", ["exp", "sigmoid", "laplace", "sparse", "grad"])
 def test_a_sum_near_the_float_max_that_is_finite(dtype, row, k, tau, method):

@@ -31,12 +31,11 @@ measures which of the seed's properties each keeps.
 
 from __future__ import annotations
 
-import math
 
 import torch
 from torch import Tensor
 
-from ..threshold.rows import compute_dtype, row_status
+from ..threshold.rows import compute_dtype, row_status, shift_over_tau
 
 
 def _rows(x: Tensor, k: int, tau: float):
@@ -51,7 +50,7 @@ def _rows(x: Tensor, k: int, tau: float):
     top = torch.where(torch.isfinite(top), top, 0.0)
     # (an entry whose z overflows below stays the lowest float: −inf would
     # give −inf − −inf = NaN in the shift by the row's minimum)
-    z = torch.clamp((xc - top) / tau, min=torch.finfo(xc.dtype).min)
+    z = torch.clamp(shift_over_tau(xc, top, tau, check=False), min=torch.finfo(xc.dtype).min)
     use = finite & active
     zs = torch.where(use, z, 0.0)
     filled = torch.where(broken, float("nan"), finite.to(z.dtype))

@@ -62,7 +62,7 @@ from torch import Tensor
 from .._ops import lean as _lean
 from .._backends.gradtopk.scan import solve_scan
 from .._backends.gradtopk.tree import solve_tree
-from ..threshold.rows import overflow_scale, row_status
+from ..threshold.rows import overflow_scale, row_status, shift_over_tau
 
 _WORK = torch.float64
 
@@ -147,7 +147,7 @@ def _prepare(x: Tensor, k: int, tau: float):
     else:
         ref = torch.zeros_like(xs[:, :1])
     margin = _clamp_margin(n, k)
-    z = (xs - ref) / tau  # entries so far below that this underflows have p = 0
+    z = shift_over_tau(xs, ref, tau)  # entries so far below that this underflows have p = 0
     over = z > margin
     # τ·(z − T) on the clamped entries, in x's units (x − ref − Tτ, not ref + Tτ,
     # which rounds to ref when τ is tiny); every term times c (a power of 2,

@@ -93,6 +93,21 @@ def over_tau_shifted(x: Tensor, tau: Tensor, dim: int = -1, k=1, capped: bool = 
     return q.movedim(-1, dim), ref.movedim(-1, dim)
 
 
+def shift_over_tau(z: Tensor, r: Tensor, tau: float, check: bool = True) -> Tensor:
+    """(z − r)/τ.  For entries of both signs near the float max, z − r
+    overflows where (z − r)/τ does not (τ > 1): there it is formed from the
+    halves, (z/2 − r/2)/(τ/2), exact as they are.  (With ``check``, on the
+    CPU, one read says whether any entry needs it, which only eager kernel
+    code may do; elsewhere the fix always runs.)"""
+    d = z - r
+    if tau == 1.0:
+        return d
+    q = d / tau
+    if tau > 1.0 and (not (check and z.is_cpu) or bool(torch.isinf(d).any())):
+        q = torch.where(torch.isinf(d) & torch.isfinite(z), (z * 0.5 - r * 0.5) / (tau * 0.5), q)
+    return q
+
+
 def scaled_rows(x: Tensor, tau: float, family=None, k=1, shift: bool = True) -> Tensor:
     """z = (x − r)/τ in the compute dtype, r the entry λ is carried relative
     to (:func:`softk.threshold.solve.lambda_reference`: the row's maximum for
@@ -113,8 +128,9 @@ def scaled_rows(x: Tensor, tau: float, family=None, k=1, shift: bool = True) -> 
     z = x if x.dtype == ct else x.to(ct)
     capped = family is not None and family.capped
     if shift:
-        z = z - lambda_reference(z, k, capped)
-    z = z if tau == 1.0 else z / tau
+        z = shift_over_tau(z, lambda_reference(z, k, capped), tau)
+    elif tau != 1.0:
+        z = z / tau
     # Σp = k > 1 (a top-k family, or a k = 1 map asked for more mass): a row
     # of at most k finite entries gets 1 on each, so none may read as masked
     topk = isinstance(k, Tensor) or k != 1
