@@ -31,7 +31,6 @@ measures which of the seed's properties each keeps.
 
 from __future__ import annotations
 
-
 import torch
 from torch import Tensor
 
