@@ -211,3 +211,13 @@ def test_property_raising_a_score_raises_its_probability(x, data, bump):
     y[i] += bump
     assume(np.isfinite(y).all())
     assert normmax(_t(y), 1.7)[i] >= normmax(_t(x), 1.7)[i] - 1e-12
+
+
+def test_second_derivative_in_alpha_on_a_fully_masked_row():
+    # log ‖p‖ was −inf/α there, whose second derivative in α is NaN; p is 0
+    # whatever α, so every derivative is 0
+    x = torch.full((1, 3), float("-inf"), dtype=torch.float64)
+    a = torch.tensor(2.5, dtype=torch.float64, requires_grad=True)
+    (g,) = torch.autograd.grad(softk.normmax(x, alpha=a)[:, 0].sum(), a, create_graph=True)
+    (h,) = torch.autograd.grad(g, a)
+    assert g.item() == 0.0 and h.item() == 0.0

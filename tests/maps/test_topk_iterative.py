@@ -188,3 +188,20 @@ def test_weighted_second_derivatives_and_vmap_far_out():
     x = torch.randn(3, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     g = lambda y: (f(y) ** 2).sum()  # noqa: E731
     torch.testing.assert_close(torch.func.vmap(torch.func.grad(g))(x), torch.stack([torch.func.grad(g)(r) for r in x]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("x, tau", [
+    ([0.0, -1e4, -3e4], 1.0),
+    ([0.0, -1e20, -3e20], 1.0),
+    ([1.0, 0.0, -1.0], 1e-4),
+    ([1.0, 0.0, -1.0], 2e-5),
+    ([1.7e38, 8e37, -1e38], 1e30),
+])
+def test_weighted_at_gaps_past_any_exponent(dtype, x, tau):
+    # the recursion's answer is [1.5, 0.5, 0] to e^{−gap}; a logsumexp's
+    # filler of M − 1e4 counted as a term and floored log(1 − p) at −1e4:
+    # [1.667, 0.333, 0] at gaps of 1e4 and [2, 0, 0] beyond
+    got = softk.soft_topk(torch.tensor(x, dtype=dtype), 2, tau=tau, method="weighted")
+    torch.testing.assert_close(got, torch.tensor([1.5, 0.5, 0.0], dtype=dtype), rtol=0,
+                               atol=2 * torch.finfo(dtype).eps)

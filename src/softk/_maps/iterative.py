@@ -75,6 +75,15 @@ def _su_iterative_last(x: Tensor, k: int, tau: float) -> Tensor:
     return torch.where(active, p, filled).to(x.dtype)
 
 
+def _logsumexp_of(v: Tensor, keep: Tensor) -> Tensor:
+    """logsumexp over the entries in ``keep`` (keepdim), −inf where there is
+    none, with no NaN in its derivatives there (a logsumexp of −inf alone
+    has them)."""
+    some = keep.any(-1, keepdim=True)
+    lse = torch.logsumexp(torch.where(keep, v, torch.where(some, float("-inf"), 0.0)), -1, keepdim=True)
+    return torch.where(some, lse, float("-inf"))
+
+
 def _weighted_last(x: Tensor, k: int, tau: float) -> Tensor:
     zs, use, active, filled = _rows(x, k, tau)
     n = zs.shape[-1]
@@ -87,7 +96,7 @@ def _weighted_last(x: Tensor, k: int, tau: float) -> Tensor:
         pos = use & (lc > neg)
         la = torch.where(pos, zs + torch.where(pos, lc, 0.0), neg)
         m = torch.where(use, la, neg).amax(-1, keepdim=True).detach()
-        ls = torch.logsumexp(torch.where(pos, la, m - 1e4) - m, -1, keepdim=True)  # log S − M
+        ls = torch.logsumexp(torch.where(pos, la - m, neg), -1, keepdim=True)  # log S − M (the largest is live)
         q = torch.where(pos, torch.exp(torch.where(pos, la, m) - m - ls), 0.0)
         # c − q = c (S − e^z)/S, with S − e^z = Σ_{j≠i} a_j − p_i e^{z_i}:
         # log Σ_{j≠i} a_j without cancelling, the largest a's as a
@@ -95,7 +104,7 @@ def _weighted_last(x: Tensor, k: int, tau: float) -> Tensor:
         # (a_i ≤ S/2), and then minus p_i e^{z_i} as a log1p; c − q ≤ 0
         # leaves the weight 0 for good
         top = la.detach().argmax(-1, keepdim=True) == torch.arange(n, device=zs.device)
-        others = torch.logsumexp(torch.where(top | ~pos, m - 1e4, la) - m, -1, keepdim=True)
+        others = _logsumexp_of(la - m, pos & ~top)
         lr = torch.where(top, others, ls + torch.log1p(-torch.where(top | ~pos, 0.0, q)))
         lp = torch.log(torch.where(pos & (p > 0), p, 1.0))
         t = torch.where(pos & (p > 0), lp + zs - m - lr, neg)  # log(p e^{z−M}/rest)

@@ -57,7 +57,7 @@ def _log_parts(p: Tensor, a):
     logp = torch.log(torch.where(pos, p, 1.0))
     some = pos.any(-1, keepdim=True)
     lse = torch.logsumexp(torch.where(pos, a * logp, torch.where(some, float("-inf"), 0.0)), -1, keepdim=True)
-    log_norm = torch.where(some, lse, float("-inf")) / a
+    log_norm = torch.where(some, lse / a, float("-inf"))  # (−inf/α has a NaN second derivative in α)
     return pos, logp, log_norm
 
 
