@@ -53,10 +53,17 @@ def _shifted_value(z, m, pc, s, omega, tau, c):
     return m * s + torch.where(pc != 0, (z - m) * pc, 0.0).sum(-1, keepdim=True) - (tau * c) * omega
 
 
+@torch.compiler.assume_constant_result
+def _psi_at_one(family: Family) -> float:
+    """ψ(1), a number (under torch.compile run for real, not traced: a float
+    read from a tensor inside an autograd.Function is an unbacked symbol
+    that Dynamo cannot return)."""
+    return float(family.psi(torch.tensor(1.0, dtype=torch.float64)))
+
+
 def _omega(family: Family, p: Tensor) -> Tensor:
     """Σ[ψ(p_i) − ψ(1)p_i] on rows (keepdim): the regulariser, 0 on k-hot masks."""
-    psi1 = float(family.psi(torch.tensor(1.0, dtype=torch.float64)))
-    return (family.psi(p) - psi1 * p).sum(-1, keepdim=True)
+    return (family.psi(p) - _psi_at_one(family) * p).sum(-1, keepdim=True)
 
 
 class _PotentialValue(torch.autograd.Function):
