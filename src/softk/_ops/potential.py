@@ -53,12 +53,16 @@ def _shifted_value(z, m, pc, s, omega, tau, c):
     return m * s + torch.where(pc != 0, (z - m) * pc, 0.0).sum(-1, keepdim=True) - (tau * c) * omega
 
 
-@torch.compiler.assume_constant_result
 def _psi_at_one(family: Family) -> float:
     """ψ(1), a number (under torch.compile run for real, not traced: a float
     read from a tensor inside an autograd.Function is an unbacked symbol
     that Dynamo cannot return)."""
     return float(family.psi(torch.tensor(1.0, dtype=torch.float64)))
+
+
+# marked as torch.compiler.assume_constant_result marks it, without the
+# import of torch._dynamo that calling it would cost every eager user
+_psi_at_one._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 def _omega(family: Family, p: Tensor) -> Tensor:
