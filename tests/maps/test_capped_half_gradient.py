@@ -51,7 +51,7 @@ def test_an_entry_that_rounds_to_one_keeps_its_gradient(backend, dtype, row, nam
             (g,) = torch.autograd.grad(p[j], x, retain_graph=True)
             want = _jacobian_row(x.detach().double(), k, j)
             # the gradient is formed in float32 and rounded once to ``dtype``
-            torch.testing.assert_close(g.double(), want, rtol=2.0 ** -7, atol=0)
+            torch.testing.assert_close(g.double(), want, rtol=torch.finfo(dtype).eps, atol=0)
     assert (p < 1).all()  # no entry is saturated at these rows
 
 
