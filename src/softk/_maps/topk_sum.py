@@ -91,11 +91,11 @@ def topk_sum(
     if isinstance(tau, torch.Tensor) and method == "grad":
         # τ that requires grad: T(x) = c·r + τ·T₁((x − r)/τ) with autograd, T₁
         # the sum at τ = 1, r the k-th entry and c = Σp (T(x + r) = T(x) + c·r),
-        # in float64, where (x − r)/τ cannot overflow for a float32 x.  (The
+        # in float64, where (x − r)/τ cannot overflow for a float32 x, with τ
+        # converted once (its two uses' gradients, each of the size of the
+        # scores over τ, cancel: a float32 τ would add them rounded).  The
         # threshold methods' potential takes τ itself: its τ-derivative is
-        # −Σψ(p), which has no such cancellation.)
-        # (τ in float64 once: its two uses' gradients, each of the size of
-        # the scores over τ, cancel, and a float32 τ would add them rounded)
+        # −Σ[ψ(p) − ψ(1)p], which has no such cancellation.
         xd, td = x.to(torch.float64), tau.to(torch.float64)
         z, r = over_tau_shifted(xd, td, dim, k_rows, capped=True)
         inner = topk_sum(z, k, dim, 1.0, method, keepdim=True)

@@ -92,14 +92,14 @@ class _PotentialValue(torch.autograd.Function):
         # τ·⟨(x − m)/τ, p⟩ is formed as ⟨x − m, p⟩: (x − m)/τ may overflow
         # where its product with p does not.
         s = torch.clamp((z > float("-inf")).sum(-1, keepdim=True).to(ct), max=k)
-        psi = _omega(family, pc)
-        out = _shifted_value(z, m, pc, s, psi, tau, 1.0)
+        omega = _omega(family, pc)
+        out = _shifted_value(z, m, pc, s, omega, tau, 1.0)
         # Near the float max a term overflows where the value does not (x − m
         # for entries of both signs, m·Σp, their sum): there every term is
         # scaled by a power of 2 that keeps them all finite (exact), and the
         # value scaled back, inf only where it overflows itself
         c = overflow_scale(z.shape[-1])
-        safe = _shifted_value(z, m, pc, s, psi, tau, c) / c
+        safe = _shifted_value(z, m, pc, s, omega, tau, c) / c
         return torch.where(torch.isfinite(out) | ~torch.isfinite(m), out, safe).to(x.dtype)
 
     @staticmethod

@@ -62,10 +62,11 @@ from .chunking import auto_chunk_size, chunk_loss_fn, tile_loss
 from .targets import check_target_tensor
 
 
-# The input dtypes whose weight gradient the vocabulary walk writes
-# (softk._ops.fused_walk): the half dtypes, whose row-chunk pass would need a
-# float32 accumulator of W's size.  For float32 and float64 the accumulator
-# is the gradient itself.  (A module constant, so that tests can run the walk
+# The input dtypes the vocabulary walk serves (softk._ops.fused_walk): the
+# half dtypes, whose row-chunk pass would need a float32 accumulator of W's
+# size and would form the logits in half precision (so the walk serves them
+# whether or not W wants a gradient).  For float32 and float64 the
+# accumulator is the gradient itself.  (A module constant, so that tests can run the walk
 # in float64 against the row-chunk pass.)
 WALK_DTYPES = (torch.float16, torch.bfloat16)
 
