@@ -8,6 +8,7 @@ import softk
 from softk import nn as snn
 
 from ..oracle import maps as oracle
+from ..precision import float_max_rows
 
 # Every test here runs on both CPU paths: the PyTorch one and the compiled kernels.
 pytestmark = pytest.mark.usefixtures("each_cpu_backend")
@@ -312,3 +313,18 @@ def test_entries_of_both_signs_at_the_float_max_with_a_large_tau(method, dtype):
     if method == "softmax":
         torch.testing.assert_close(got.double(), torch.tensor([1.0, float(np.exp(-4.0))], dtype=torch.float64)
                                    / (1 + np.exp(-4.0)), rtol=4 * torch.finfo(dtype).eps, atol=0)
+
+
+@pytest.mark.parametrize("learnable", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", sorted(float_max_rows.MAPS))
+def test_a_row_at_the_float_max_over_a_large_tau_every_map(name, dtype, learnable):
+    # x − x₁ overflowed where (x − x₁)/τ is ordinary: log_softmax, the
+    # learnable-τ path, α-entmax near 1 and the sigmoid slope read −inf there
+    float_max_rows.check_map(name, dtype, learnable)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", sorted(float_max_rows.LOSSES))
+def test_a_row_at_the_float_max_over_a_large_tau_every_loss(name, dtype):
+    float_max_rows.check_loss(name, dtype)

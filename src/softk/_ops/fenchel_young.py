@@ -23,7 +23,7 @@ from .._backends import dispatch
 from ..threshold.families import SOFTMAX, Family
 from .op import apply_rows
 from .potential import value_at
-from ..threshold.rows import compute_dtype, finite_max
+from ..threshold.rows import compute_dtype, finite_max, shift_over_tau
 
 
 def _diff(p: Tensor, y, index) -> Tensor:
@@ -56,7 +56,7 @@ class _FenchelYoungValue(torch.autograd.Function):
         # ⟨z + c, y⟩ = ⟨z, y⟩ + ck).  Shifting the row max to 0 keeps the terms
         # z_i·p_i of the entries that carry the mass near 0, so their rounding
         # does not scale with |z|.
-        z = (x - finite_max(x)) / tau
+        z = shift_over_tau(x, finite_max(x), tau, check=False)
         phi = value_at(family, z, p)
         if index is None:
             loss = phi - value_at(family, z, y)

@@ -24,7 +24,7 @@ from torch import Tensor
 from . import lean as _lean
 from .._backends import dispatch, kernels
 from ..threshold import SOFTMAX
-from ..threshold.rows import compute_dtype, divide_by_tau, empty_like_result
+from ..threshold.rows import compute_dtype, empty_like_result, shift_over_tau
 from .op import threshold_map
 
 
@@ -175,7 +175,7 @@ def _log_normaliser(x: Tensor, dim: int, tau):
     # NaN is added, so the gradient flows into the NaN it meets
     broken = torch.where((m != m) | (m == float("inf")), float("nan"), 0.0)
     m = torch.where(torch.isfinite(m), m, 0.0)
-    s = torch.where(empty, 0.0, divide_by_tau(z - m, tau) + broken)
+    s = torch.where(empty, 0.0, shift_over_tau(z, m, tau, check=False) + broken)
     return s, m, torch.logsumexp(s, dim, keepdim=True), empty
 
 
@@ -199,7 +199,7 @@ def _shifted(x: Tensor, dim: int, tau: float):
     m = x.detach().amax(dim, keepdim=True).to(ct)
     if not bool(torch.isfinite(m).all()):
         return None
-    return (x.to(ct) - m) / tau, m
+    return shift_over_tau(x.to(ct), m, tau), m
 
 
 def _torch_log_softmax(x: Tensor, dim: int, tau: float):

@@ -13,7 +13,7 @@ from torch import Tensor
 
 from . import lean as _lean
 from ..threshold.families import entmax_by_alpha, entmax_family
-from ..threshold.rows import compute_dtype, finite_max, over_tau, row_status
+from ..threshold.rows import compute_dtype, finite_max, over_tau, row_status, shift_over_tau
 from ..threshold.solve import solve_relative
 
 
@@ -26,7 +26,7 @@ def normmax_rows(x: Tensor, alpha, tau: float) -> Tensor:
     ct = compute_dtype(x.dtype)
     xc = x.to(ct)
     finite, active, broken = row_status(xc, 1)
-    s = torch.where(active, (xc - finite_max(xc)) / tau, 0.0)  # row max at 0
+    s = torch.where(active, shift_over_tau(xc, finite_max(xc), tau, check=False), 0.0)  # row max at 0
     if isinstance(alpha, Tensor):
         hard = alpha.to(ct) == 1
         a: Tensor | float = torch.where(hard, 2.0, alpha.to(ct))

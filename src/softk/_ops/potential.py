@@ -35,7 +35,7 @@ from . import lean as _lean
 from .._backends import dispatch
 from ..threshold.families import Family
 from .op import apply_rows, threshold_map
-from ..threshold.rows import compute_dtype, finite_max, overflow_scale
+from ..threshold.rows import compute_dtype, finite_max, overflow_scale, shift_over_tau
 
 
 def value_at(family: Family, z: Tensor, p: Tensor) -> Tensor:
@@ -156,7 +156,7 @@ class _RegularisedPotential(torch.autograd.Function):
 
     @staticmethod
     def forward(x, p, alpha, omega, d_omega, tau):
-        z = (x - finite_max(x)) / tau  # Φ(z + c) = Φ(z) + c: the shift keeps z·p's rounding small
+        z = shift_over_tau(x, finite_max(x), tau, check=False)  # Φ(z + c) = Φ(z) + c: the shift keeps z·p's rounding small
         return torch.where(p != 0, z * p, 0.0).sum(-1, keepdim=True) - omega(p, alpha)
 
     @staticmethod

@@ -10,6 +10,8 @@ import math
 import torch
 from torch import Tensor
 
+from ..threshold.rows import shift_over_tau
+
 
 def exp_(logp: Tensor) -> Tensor:
     """p = exp(log p) in place on a chunk of log-probabilities.  On the CPU the
@@ -32,5 +34,5 @@ def support_rows(z: Tensor, zy: Tensor, p: Tensor, r: Tensor, j: Tensor, tau: fl
     logits exact.  Clamped at 0 (exact L ≥ 0; only rounding goes below)."""
     pj = p[r, j]
     psi1 = psi(torch.ones((), dtype=z.dtype, device=z.device))
-    rows = torch.zeros_like(zy).index_add(0, r, pj * (z[r, j] - zy[r]) / tau - psi(pj)) + psi1
+    rows = torch.zeros_like(zy).index_add(0, r, pj * shift_over_tau(z[r, j], zy[r], tau, check=False) - psi(pj)) + psi1
     return torch.clamp(rows, min=0.0)

@@ -20,7 +20,7 @@ from .._maps.normmax import check_normmax_alpha
 from .._ops.normmax import normmax_apply
 from .._ops.potential import regularised_potential
 from .._validate import reduce
-from ..threshold.rows import compute_dtype, finite_max, over_tau
+from ..threshold.rows import compute_dtype, finite_max, over_tau, shift_over_tau
 from . import targets as tg
 
 __all__ = ["normmax_loss", "fenchel_young_rows"]
@@ -39,7 +39,7 @@ def fenchel_young_rows(x: Tensor, p: Tensor, y: Tensor, omega, d_omega, alpha, t
     Clamped at 0 (only rounding makes it negative); the gradient is untouched.
     Blondel, Martins & Niculae, "Learning with Fenchel–Young losses", JMLR 2020.
     """
-    z = (x - finite_max(x).detach()) / tau
+    z = shift_over_tau(x, finite_max(x).detach(), tau, check=False)
     zy = torch.where(y != 0, z * y, 0.0).sum(-1, keepdim=True)  # 0·(−inf) is 0 (masked classes)
     loss = regularised_potential(x, p, alpha, omega, d_omega, tau) + omega(y, alpha) - zy
     return loss - torch.clamp(loss.detach(), max=0.0)  # max(L, 0) in value, L's gradient

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from .families import entmax_family
-from .rows import compute_dtype, row_status
+from .rows import compute_dtype, row_status, shift_over_tau
 from .entmax_anchor import entmax_probs, needs_anchor
 from .fast_paths import solve_on_candidates
 from .solve import solve_probs
@@ -58,7 +58,7 @@ def entmax_rows(x: Tensor, alpha: Tensor, tau: float) -> Tensor:
     a = alpha.to(ct)
     finite, active, broken = row_status(xc, 1)
     top = torch.where(finite, xc, float("-inf")).amax(-1, keepdim=True)
-    s = torch.where(active, (xc - torch.where(active, top, 0.0)) / tau, 0.0)
+    s = torch.where(active, shift_over_tau(xc, torch.where(active, top, 0.0), tau, check=False), 0.0)
     soft = a == 1
     family = entmax_family(torch.where(soft, 2.0, a))
     if s.shape[-1] >= 64:

@@ -43,7 +43,7 @@ def overflow_scale(n: int) -> float:
     return 2.0 ** -(max(n, 1) - 1).bit_length() / 4
 
 
-def divide_by_tau(d: Tensor, tau) -> Tensor:
+def _divide(d: Tensor, tau) -> Tensor:
     """d/τ for a float τ, or for a learnable τ (a tensor that requires grad).
 
     A learnable τ gets its gradient −Σ g·(d/τ)/τ, formed as that: autograd's
@@ -51,8 +51,9 @@ def divide_by_tau(d: Tensor, tau) -> Tensor:
     gives 0·∞ = NaN on an entry masked with −inf, whose g is 0.  So τ enters
     only through s = exp(log τ̄ − log τ) (τ̄ = τ detached: s = 1 exactly,
     ∂s/∂τ = −1/τ), and only on the entries whose quotient is finite (a
-    masked entry, or one whose quotient overflowed, has p and g = 0 there).  Plain tensor
-    ops: double backward, forward mode, vmap and compile follow from them.
+    masked entry, or one whose quotient overflowed, has p and g = 0 there).
+    Plain tensor ops: double backward, forward mode, vmap and compile follow
+    from them.
     """
     if not isinstance(tau, Tensor):
         return d / tau
@@ -75,7 +76,7 @@ def over_tau_shifted(x: Tensor, tau: Tensor, dim: int = -1, k=1, capped: bool = 
     with autograd, in the compute dtype, and the shift r (detached, size 1
     along ``dim``).
 
-    Formed as (x − r)/τ (:func:`divide_by_tau`), r the entry the map's λ is
+    Formed as (x − r)/τ (:func:`shift_over_tau`), r the entry the map's λ is
     carried relative to (:func:`softk.threshold.solve.lambda_reference`,
     detached; ``k`` and ``capped`` as there): the maps and their losses are
     invariant to a shift of a row, x/τ alone overflows at a small τ where
@@ -87,24 +88,31 @@ def over_tau_shifted(x: Tensor, tau: Tensor, dim: int = -1, k=1, capped: bool = 
     ct = compute_dtype(x.dtype)
     z = (x if x.dtype == ct else x.to(ct)).movedim(dim, -1)
     ref = lambda_reference(z.detach(), k, capped)
-    q = divide_by_tau(z - ref, tau)
+    q = shift_over_tau(z, ref, tau)
     big = torch.finfo(ct).max
     q = torch.where(torch.isfinite(z), q.clamp(-big, big), q)
     return q.movedim(-1, dim), ref.movedim(-1, dim)
 
 
-def shift_over_tau(z: Tensor, r: Tensor, tau: float, check: bool = True) -> Tensor:
-    """(z − r)/τ.  For entries of both signs near the float max, z − r
-    overflows where (z − r)/τ does not (τ > 1): there it is formed from the
-    halves, (z/2 − r/2)/(τ/2), exact as they are.  (With ``check``, on the
-    CPU, one read says whether any entry needs it, which only eager kernel
-    code may do; elsewhere the fix always runs.)"""
+def shift_over_tau(z: Tensor, r: Tensor, tau, check: bool = True) -> Tensor:
+    """(z − r)/τ for a float τ or a learnable one (:func:`_divide`), r a
+    shift of the row (finite, detached).
+
+    For entries of both signs near the float max, z − r overflows where
+    (z − r)/τ does not (τ > 1): there it is formed from the halves,
+    2·(z/2 − r/2)/τ, exact as they are.  With ``check`` (a float τ, on the
+    CPU) one read says whether any entry needs it, which only eager kernel
+    code may do; elsewhere the fix always runs, and for a learnable τ
+    (whose autograd form must stay branch-free tensor code) it always runs.
+    """
     d = z - r
-    if tau == 1.0:
+    learnable = isinstance(tau, Tensor)
+    if not learnable and tau == 1.0:
         return d
-    q = d / tau
-    if tau > 1.0 and (not (check and z.is_cpu) or bool(torch.isinf(d).any())):
-        q = torch.where(torch.isinf(d) & torch.isfinite(z), (z * 0.5 - r * 0.5) / (tau * 0.5), q)
+    q = _divide(d, tau)
+    if learnable or (tau > 1.0 and (not (check and z.is_cpu) or bool(torch.isinf(d).any()))):
+        over = torch.isinf(d) & torch.isfinite(z)
+        q = torch.where(over, 2.0 * _divide(torch.where(over, z * 0.5 - r * 0.5, 0.0), tau), q)
     return q
 
 

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from ..call_mode import eager
 from ...threshold.families import EXP, SOFTMAX, SPARSE, Family, below_one
-from ...threshold.rows import compute_dtype, fill_rows, row_status, scaled_rows
+from ...threshold.rows import compute_dtype, fill_rows, row_status, scaled_rows, shift_over_tau
 from ...threshold.entmax_anchor import entmax_probs, needs_anchor
 from ...threshold.fast_paths import solve_exp_pooled, solve_exp_topk, solve_on_candidates
 from ...threshold.solve import solve_probs
@@ -135,8 +135,8 @@ def anchored_slope(family: Family, p: Tensor, x: Tensor, tau: float, stored: tor
         u0 = torch.where(alone, -family.f_inv(torch.tensor(fi.eps / 4, dtype=p.dtype)), u0)  # type: ignore[misc]
         refine = refine | alone
         inside = inside | alone
-    diff = x - x.gather(-1, j)
-    u = torch.where(inside, (diff if tau == 1.0 else diff / tau) + u0, 0.0)  # (no NaN from −inf − −inf in its derivative)
+    # (the where: no NaN from −inf − −inf in its derivative)
+    u = torch.where(inside, shift_over_tau(x, x.gather(-1, j), tau, check=eager(p)) + u0, 0.0)
     # (the steps are skipped where no row needs them in plain eager calls
     # only: a transform or a compiler cannot branch on the data)
     if k is not None and family.residual is not None and (not eager(p) or bool(refine.any())):
