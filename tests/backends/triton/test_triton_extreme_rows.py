@@ -14,6 +14,8 @@ import softk
 from softk._backends.triton.function import FAMILY_IDS, forward_rows
 from softk._backends.triton.loss import fenchel_young_fused_rows
 from tests import matrix
+from tests.oracle import maps as oracle_maps
+from tests.precision import float_max_rows
 from tests.precision.edge_cases import METHODS, OVERFLOW_ROWS, overflow_reference
 
 VARIANTS = {"onchip": dict(onchip=True), "looped": dict(onchip=False, block=16)}
@@ -71,3 +73,36 @@ def test_fused_loss_on_extreme_rows(row, k, tau, exact, method, variant):
                                        **VARIANTS[variant])
     np.testing.assert_allclose((g * tau + y)[0].double().numpy(), ref, rtol=0, atol=1e-6)
     assert 0.0 <= loss.item() <= 1e-6
+
+
+@pytest.mark.parametrize("name", sorted(float_max_rows.MAPS))
+def test_a_row_at_the_float_max_over_a_large_tau_every_map(name):
+    # the kernels formed (x − ref)·(1/τ), and x − ref overflowed where the
+    # quotient is ordinary: softmax, log_softmax and the top-k maps gave
+    # [1, 0, …] for the row of [0, −4, −0.5, −2.5] (float32: float64 rows
+    # take the torch code)
+    with softk.use_backend("triton"):
+        float_max_rows.check_map(name, torch.float32)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("fam, k, alpha", [("softmax", 1, 1.5), ("entmax", 1, 1.05), ("exp", 2, 1.5),
+                                            ("sigmoid", 2, 1.5), ("laplace", 2, 1.5)])
+def test_a_row_at_the_float_max_over_a_large_tau_each_variant(fam, k, alpha, variant):
+    # the general kernel, on the row and looped over blocks of 16, among normal rows
+    x, tau = float_max_rows.row(torch.float32)
+    x = torch.cat([_normal_rows(4, 1), x[None], x[None].flip(-1)])
+    p = forward_rows(x, FAMILY_IDS[fam], k, tau, alpha, **VARIANTS[variant])
+    if fam == "softmax":
+        want = oracle_maps.softmax(float_max_rows.Z)
+    elif fam == "entmax":
+        want = oracle_maps.entmax(float_max_rows.Z, alpha)
+    else:
+        want = oracle_maps.soft_topk(float_max_rows.Z, k, method=fam)
+    np.testing.assert_allclose(p[1:].double().numpy(), np.stack([want, want[::-1]]), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(float_max_rows.LOSSES))
+def test_a_row_at_the_float_max_over_a_large_tau_every_loss(name):
+    with softk.use_backend("triton"):
+        float_max_rows.check_loss(name, torch.float32)

@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from .family_math import _d_from_p, _f_inv, _log_tail, _tail
+from .prelude import _shift_scale
 
 IBIG = tl.constexpr(2147483647)
 
@@ -213,7 +214,7 @@ def _slope_x(x, inside, c, xj, inv_tau, bad, FAM: tl.constexpr):
     # d = f′(u), u = (x − x_j)/τ + f⁻¹(p_j); 0 on a row with no p inside
     # (0, 1); NaN on a row whose p is NaN (``bad``: a NaN or +inf score), so
     # that its sums and its whole dx are NaN
-    u = tl.where(inside, (x - xj) * inv_tau + c, 0.0)
+    u = tl.where(inside, _shift_scale(x, xj, inv_tau) + c, 0.0)
     return tl.where(bad, float("nan"), tl.where(inside, _tail(u, FAM)[1], 0.0))
 
 
@@ -221,7 +222,7 @@ def _slope_x(x, inside, c, xj, inv_tau, bad, FAM: tl.constexpr):
 def _tail_terms(x, xj, c, inv_tau, FAM: tl.constexpr):
     # per lane: the tails' shares below and above λ, their slopes, and the
     # count above (``Family.residual``; past the row x = −inf adds nothing)
-    u = (x - xj) * inv_tau + c
+    u = _shift_scale(x, xj, inv_tau) + c
     up = u >= 0
     t, d = _tail(u, FAM)
     return tl.where(up, 0.0, t), tl.where(up, t, 0.0), tl.where(up, 0.0, d), tl.where(up, d, 0.0), up.to(tl.float32)
@@ -230,7 +231,7 @@ def _tail_terms(x, xj, c, inv_tau, FAM: tl.constexpr):
 @triton.jit
 def _log_terms(x, xj, c, inv_tau, FAM: tl.constexpr):
     # per lane: log f(−|u|) and log f′(u) on each side of λ (−inf off it)
-    u = (x - xj) * inv_tau + c
+    u = _shift_scale(x, xj, inv_tau) + c
     up = u >= 0
     lt, ld = _log_tail(u, FAM)
     ninf = float("-inf")

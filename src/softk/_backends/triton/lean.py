@@ -42,7 +42,7 @@ import triton.language as tl
 
 from .family_math import _f
 from .ids import ENTMAX, ENTMAX15, SPARSEMAX
-from .prelude import EPS, _cols
+from .prelude import EPS, _cols, _shift_scale
 
 
 @triton.jit
@@ -147,7 +147,7 @@ def lean_fwd_kernel(X, Y, ITS, SZ, SI, R, n, k, inv_tau, am1,
     x = tl.load(X + rows * n + cols, mask=inb, other=float("-inf")).to(tl.float32)
     xmax = tl.max(x, 1, keep_dims=True)
     ref = tl.where((xmax > float("-inf")) & (xmax < float("inf")), xmax, 0.0)
-    z = (x - ref) * inv_tau
+    z = _shift_scale(x, ref, inv_tau)
     sz = tl.sum(z, 1, keep_dims=True)
     broken = (sz != sz) | (xmax == float("inf"))
     active = ~broken

@@ -32,7 +32,7 @@ from .family_math import _f, _written
 from .frame import FAR, _solve
 from .ids import EXP, LAPLACE
 from .passes import _write_p
-from .prelude import EPS, _cols
+from .prelude import EPS, _cols, _shift_scale
 
 LOG2 = tl.constexpr(0.6931471805599453)
 
@@ -94,7 +94,7 @@ def lean_topk_fwd_kernel(X, Y, ITS, R, n, k, inv_tau,
     xmax = tl.max(x, 1, keep_dims=True)
     m = tl.sum((x > float("-inf")).to(tl.float32), 1, keep_dims=True)
     ref = tl.where((xmax > float("-inf")) & (xmax < float("inf")), xmax, 0.0)
-    z = (x - ref) * inv_tau
+    z = _shift_scale(x, ref, inv_tau)
     S0 = tl.sum(tl.exp(z), 1, keep_dims=True)
     broken = (S0 != S0) | (xmax == float("inf"))
     active = (m > k) & (~broken)

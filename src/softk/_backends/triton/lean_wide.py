@@ -28,7 +28,7 @@ from .lean import EPS, _lean_search, _lower_bound
 from .family_math import _f
 from .frame import _solve
 from .passes import _write_p
-from .prelude import _cols, _load_x
+from .prelude import _cols, _load_x, _shift_scale
 
 
 @triton.jit
@@ -56,7 +56,7 @@ def lean_wide_fwd_kernel(X, Y, ITS, SZ, SI, R, n, k, inv_tau, am1,
 
     # ---- a lower bound of λ from the lane maxima (a few ulps lower: its rounding)
     lam0 = tl.zeros([1, 1], tl.float32) + _lower_bound(k, am1, FAM)
-    lamg, _ = _lean_search((lanes - ref) * inv_tau, lam0, active, k, am1, FAM, MAXIT)
+    lamg, _ = _lean_search(_shift_scale(lanes, ref, inv_tau), lam0, active, k, am1, FAM, MAXIT)
     lamg = lamg - 4.0 * EPS * tl.abs(lamg)
 
     # ---- second read: 0 below the bound, the candidates into the buffer
@@ -67,7 +67,7 @@ def lean_wide_fwd_kernel(X, Y, ITS, SZ, SI, R, n, k, inv_tau, am1,
         cols = _cols(start, BLOCK)
         inb = rmask & (cols < n)
         x = tl.load(xr + cols, mask=inb, other=float("-inf")).to(tl.float32)
-        z = (x - ref) * inv_tau
+        z = _shift_scale(x, ref, inv_tau)
         sz += z
         cand = z > lamg
         ci = cand.to(tl.int32)

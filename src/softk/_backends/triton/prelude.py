@@ -45,11 +45,26 @@ def _load_x(xr, rmask, cols, n):
 
 
 @triton.jit
+def _shift_scale(x, ref, inv_tau):
+    """(x − ref)·(1/τ), ref finite.  With τ > 1 the difference of two entries
+    of both signs near the float max overflows where the quotient does not:
+    there it is formed from the halves, (x/2 − ref/2)·(2/τ), exact as they
+    are (as :func:`softk.threshold.rows.shift_over_tau`).  The test is one
+    scalar branch: a call with τ ≤ 1 does no more work than the plain form."""
+    d = x - ref
+    z = d * inv_tau
+    if inv_tau < 1.0:
+        over = (tl.abs(d) == float("inf")) & (tl.abs(x) < float("inf"))
+        z = tl.where(over, (x * 0.5 - ref * 0.5) * (inv_tau * 2.0), z)
+    return z
+
+
+@triton.jit
 def _scaled(x, ref, inv_tau):
     """z = (x − ref)·(1/τ): shift first, then scale (−inf stays −inf); a
     finite x whose z overflows gets the largest float32 instead of +inf
     (which marks a broken row), as :func:`softk.threshold.rows.scaled_rows`."""
-    z = (x - ref) * inv_tau
+    z = _shift_scale(x, ref, inv_tau)
     return tl.where((z == float("inf")) & (x < float("inf")), FLT_MAX, z)
 
 
@@ -66,7 +81,7 @@ def _frame_z(x, ref, inv_tau, FAM: tl.constexpr):
     (p = 0 there, and p = 1 on a row of at most k finite entries), where
     −inf would read as masked.  The k = 1 maps keep :func:`_scaled`."""
     if FAM >= EXP:
-        z = (x - ref) * inv_tau
+        z = _shift_scale(x, ref, inv_tau)
         fin = (x > float("-inf")) & (x < float("inf"))
         z = tl.where(fin, tl.minimum(tl.maximum(z, -FLT_MAX), FLT_MAX), z)
     else:
@@ -93,7 +108,7 @@ def _lse_step(M, S, x, inv_tau):
     new one (0 while nothing was finite)."""
     Mn = tl.maximum(M, tl.max(x, 1, keep_dims=True))
     s = _finite_or_zero(Mn)
-    a = tl.where(M > float("-inf"), tl.exp((M - s) * inv_tau), 0.0)
+    a = tl.where(M > float("-inf"), tl.exp(_shift_scale(M, s, inv_tau)), 0.0)
     return Mn, S * a + tl.exp(_scaled(x, s, inv_tau))
 
 
