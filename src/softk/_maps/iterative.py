@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..threshold.rows import compute_dtype, row_status, shift_over_tau
+from ..threshold.rows import compute_dtype, masked_logsumexp, row_status, shift_over_tau
 
 
 def _rows(x: Tensor, k: int, tau: float):
@@ -75,15 +75,6 @@ def _su_iterative_last(x: Tensor, k: int, tau: float) -> Tensor:
     return torch.where(active, p, filled).to(x.dtype)
 
 
-def _logsumexp_of(v: Tensor, keep: Tensor) -> Tensor:
-    """logsumexp over the entries in ``keep`` (keepdim), −inf where there is
-    none, with no NaN in its derivatives there (a logsumexp of −inf alone
-    has them)."""
-    some = keep.any(-1, keepdim=True)
-    lse = torch.logsumexp(torch.where(keep, v, torch.where(some, float("-inf"), 0.0)), -1, keepdim=True)
-    return torch.where(some, lse, float("-inf"))
-
-
 def _weighted_last(x: Tensor, k: int, tau: float) -> Tensor:
     zs, use, active, filled = _rows(x, k, tau)
     n = zs.shape[-1]
@@ -104,7 +95,7 @@ def _weighted_last(x: Tensor, k: int, tau: float) -> Tensor:
         # (a_i ≤ S/2), and then minus p_i e^{z_i} as a log1p; c − q ≤ 0
         # leaves the weight 0 for good
         top = la.detach().argmax(-1, keepdim=True) == torch.arange(n, device=zs.device)
-        others = _logsumexp_of(la - m, pos & ~top)
+        others = masked_logsumexp(la - m, pos & ~top)
         lr = torch.where(top, others, ls + torch.log1p(-torch.where(top | ~pos, 0.0, q)))
         lp = torch.log(torch.where(pos & (p > 0), p, 1.0))
         t = torch.where(pos & (p > 0), lp + zs - m - lr, neg)  # log(p e^{z−M}/rest)

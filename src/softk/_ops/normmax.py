@@ -13,7 +13,7 @@ from torch import Tensor
 
 from . import lean as _lean
 from ..threshold.families import entmax_by_alpha, entmax_family
-from ..threshold.rows import compute_dtype, finite_max, over_tau, row_status, shift_over_tau
+from ..threshold.rows import compute_dtype, finite_max, masked_logsumexp, over_tau, row_status, shift_over_tau
 from ..threshold.solve import solve_relative
 
 
@@ -56,8 +56,8 @@ def _log_parts(p: Tensor, a):
     pos = p > 0
     logp = torch.log(torch.where(pos, p, 1.0))
     some = pos.any(-1, keepdim=True)
-    lse = torch.logsumexp(torch.where(pos, a * logp, torch.where(some, float("-inf"), 0.0)), -1, keepdim=True)
-    log_norm = torch.where(some, lse / a, float("-inf"))  # (−inf/α has a NaN second derivative in α)
+    lse = torch.where(some, masked_logsumexp(a * logp, pos), 0.0)  # (−inf/α has a NaN second derivative in α)
+    log_norm = torch.where(some, lse / a, float("-inf"))
     return pos, logp, log_norm
 
 

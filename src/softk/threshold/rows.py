@@ -166,6 +166,15 @@ def scaled_rows(x: Tensor, tau: float, family=None, k=1, shift: bool = True) -> 
     return z
 
 
+def masked_logsumexp(v: Tensor, keep: Tensor) -> Tensor:
+    """logsumexp over the last dimension's entries in ``keep`` (keepdim), −inf
+    where there is none, with no NaN in its derivatives there (a logsumexp of
+    −inf alone has them)."""
+    some = keep.any(-1, keepdim=True)
+    lse = torch.logsumexp(torch.where(keep, v, torch.where(some, NEG_INF, 0.0)), -1, keepdim=True)
+    return torch.where(some, lse, NEG_INF)
+
+
 def row_status(z: Tensor, k: int):
     """(finite mask, rows to solve, broken rows) for a (..., n) tensor."""
     finite = z > NEG_INF
