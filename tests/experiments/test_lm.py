@@ -133,6 +133,19 @@ def test_missing_corpus_says_how_to_get_it(monkeypatch, capsys, tmp_path):
     assert "holds 0" in capsys.readouterr().err
 
 
+
+@pytest.mark.parametrize("experiment", ["lm", "moe"])
+def test_a_corpus_that_is_neither_folder_nor_archive(capsys, tmp_path, experiment):
+    # a regular file was reported as "no such folder or archive"
+    plain = tmp_path / "hamlet.txt"
+    plain.write_text("To be, or not to be\n")
+    assert main(["experiment", experiment, "--quick", "--corpus", str(plain)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not a folder, nor a .tar.gz archive" in err[0]
+    assert main(["experiment", experiment, "--quick", "--corpus", str(tmp_path / "absent")]) == 2
+    assert "no such folder or archive" in capsys.readouterr().err
+
+
 def test_unknown_arm_lists_the_choices(capsys):
     assert main(["experiment", "lm", "--arm", "scratch/sparsemax/softmax", "nope"]) == 2
     err = capsys.readouterr().err

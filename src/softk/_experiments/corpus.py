@@ -88,6 +88,9 @@ def find_texts(path: str | None = None) -> dict:
                 work = work_name(member.name)
                 if work is not None and "/texts/" in member.name and member.isfile():
                     texts[work] = tar.extractfile(member).read().decode("utf-8", errors="replace")  # type: ignore[union-attr]
+    elif os.path.exists(path):
+        raise CorpusMissing(f"--corpus {path}: not a folder, nor a .tar.gz archive that Python's tarfile "
+                            f"reads; this experiment needs {CORPUS_HELP}")
     else:
         raise CorpusMissing(f"--corpus {path}: no such folder or archive; this experiment needs {CORPUS_HELP}")
     missing = [w for w in TEST_WORKS if w not in texts]
