@@ -105,7 +105,7 @@ FRACTIONAL_REFUSED = [
     (lambda x: softk.hard_topk(x, 2.5), "k must be a whole number"),
     (lambda x: softk.topk_softmax(x, 1.5), "k must be a whole number"),
     (lambda x: softk.route(x, 2.5), "k must be a whole number"),
-    (lambda x: softk.support(x, "sparse", k=2.5), "k must be a whole number"),
+    (lambda x: softk.support(x, "sparsemax", k=2.5), "k must be a whole number"),
     (lambda x: softk.losses.topk_softmax_cross_entropy(x, torch.tensor([0, 1]), k=2.5), "k must be a whole number"),
     (lambda x: softk.soft_topk(x, 2.5, method="grad"), r"fractional k \(2.5\) needs a threshold method.*'grad'"),
     (lambda x: softk.soft_topk(x, 2.5, method="iterative"), r"fractional k \(2.5\) needs a threshold method"),

@@ -59,3 +59,19 @@ def test_alpha_is_refused_where_the_method_takes_none():
     # it was read for entmax only and ignored elsewhere, silently
     with pytest.raises(ValueError, match="alpha applies to method='entmax' only"):
         softk.support(torch.tensor([0.1, 1.0, 1.5]), "sparsemax", alpha=1.3)
+
+
+@pytest.mark.parametrize("method,_k,kw,f,_", [c for c in CASES if c[0] in softk.families.THRESHOLD_METHODS])
+@pytest.mark.parametrize("per_row", [False, True])
+def test_a_fractional_budget_as_soft_topk_takes_it(rng, method, _k, kw, f, _, per_row):
+    # a real k in (0, n], the same for every row or one per row, along dim 0
+    x = rng.normal(size=(9, 4)) * 2
+    ks = np.array([2.5, 0.5, 7.25, 1.0]) if per_row else np.full(4, 2.5)
+    k = torch.tensor(ks)[None] if per_row else 2.5
+    s = softk.support(torch.tensor(x), method, k=k, dim=0, tau=0.5)
+    p = softk.soft_topk(torch.tensor(x), k, dim=0, tau=0.5, method=method)
+    for i in range(4):
+        z = x[:, i] / 0.5
+        lam = oracle.solve_lambda(f, z, ks[i])
+        np.testing.assert_allclose(f(z - s.lam[i].item()), f(z - lam), atol=1e-9 * max(1.0, abs(lam)))
+        assert s.size[i].item() == int((f(z - lam) > 1e-12).sum()) == int((p[:, i] > 0).sum())

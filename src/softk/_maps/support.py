@@ -12,7 +12,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from .._validate import check_alpha, check_choice, check_dim, check_input, check_k, check_tau
+from .._validate import check_alpha, check_choice, check_dim, check_input, check_k, check_k_rows, check_tau
 from ..threshold.families import THRESHOLD_METHODS, by_name
 from .._ops.op import threshold_map
 from ..threshold.rows import compute_dtype, row_status, scaled_rows
@@ -46,7 +46,9 @@ def support(x: Tensor, method: str = "sparsemax", k: int = 1, dim: int = -1, tau
         x: scores, any shape, floating point.
         method: "softmax", "sparsemax", "entmax15", "entmax" (with ``alpha``),
             or a soft top-k threshold method ("exp", "sigmoid", "laplace", "sparse").
-        k: the budget (1 for the simplex maps).
+        k: the budget: 1 for the simplex maps; for the threshold methods a
+            count, or a real budget in (0, n] (2.5), or one per row (a tensor
+            with size 1 along ``dim``), as :func:`softk.soft_topk` takes it.
         dim: the dimension the map normalises.
         tau: temperature > 0.
         alpha: entmax's α (a float >= 1) for ``method="entmax"``.
@@ -69,8 +71,9 @@ def support(x: Tensor, method: str = "sparsemax", k: int = 1, dim: int = -1, tau
     if alpha is not None and method != "entmax":
         raise ValueError(f"alpha applies to method='entmax' only, got method={method!r}")
     family = by_name(method, check_alpha(alpha if alpha is not None else 1.5, None, -1))
-    k = check_k(k, x.shape[dim])
-    if not family.capped and k != 1:
+    if family.capped:  # a count, or a real budget in (0, n] for all rows or per row (moved last)
+        k = check_k_rows(k, x, dim)
+    elif check_k(k, x.shape[dim]) != 1:
         raise ValueError(f"method {method!r} maps onto the simplex (k = 1 only), got k={k}")
     tau = check_tau(tau, x=x)
     rows = x.movedim(dim, -1).to(compute_dtype(x.dtype))
