@@ -138,6 +138,42 @@ def test_topk_softmax_ce_matches_oracle(rng, shape):
         np.testing.assert_allclose(out.numpy(), ref, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("route", ["torch", "compile", "create_graph"])
+@pytest.mark.parametrize("offset", [1e4, 1e6])
+def test_topk_softmax_ce_far_from_the_origin_on_every_route(rng, route, offset):
+    # the tensor code formed lse(top) − z_t, two terms of the row's size:
+    # 1.0 where the loss is 0.974 at an offset of 1e6 in float32
+    import softk
+
+    x = torch.tensor(offset + np.round(rng.normal(size=(5, 9)) * 16) / 16, dtype=torch.float32)  # exact in float32
+    x[0, :4] = torch.tensor([offset + 0.5, offset, offset - 3, offset - 9])
+    x[0, 4:] = offset - 20
+    t = torch.tensor(rng.integers(0, 9, size=5))
+    t[0] = 1
+    xd = x.double().numpy()
+    for tau in (1.0, 0.3):
+        want = oracle_losses.topk_softmax_ce(xd, t.numpy(), 3, -100, "none", tau)
+        xt = x.clone().requires_grad_()
+        def f(v):
+            return losses.topk_softmax_cross_entropy(v, t, 3, reduction="none", tau=tau)
+        if route == "torch":
+            with softk.use_backend("torch"):
+                got = f(xt)
+        elif route == "compile":
+            got = torch.compile(f, backend="aot_eager", fullgraph=True)(xt)
+        else:  # the gradient formed with create_graph differentiates the tensor code
+            (grad,) = torch.autograd.grad(f(xt).sum(), xt, create_graph=True)
+            s = xd / tau
+            top = np.argsort(-s, 1)[:, :3]
+            e = np.exp(np.take_along_axis(s, top, 1) - np.take_along_axis(s, top, 1).max(1, keepdims=True))
+            ref = np.zeros_like(s)
+            np.put_along_axis(ref, top, e / e.sum(1, keepdims=True), 1)
+            ref[np.arange(5), t.numpy()] -= 1
+            np.testing.assert_allclose(grad.detach().double().numpy(), ref / tau, rtol=0, atol=4e-6 / tau)
+            continue
+        np.testing.assert_allclose(got.detach().double().numpy(), want, rtol=4e-6, atol=4e-6)
+
+
 def test_topk_softmax_ce_k_equal_c_is_cross_entropy(rng):
     x = torch.tensor(rng.normal(size=(3, 6, 4)))
     t = torch.tensor(_targets(rng, (3, 6, 4)))
