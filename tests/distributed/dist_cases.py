@@ -168,6 +168,38 @@ def check_float32(rank, world, sizes, order):
         torch.testing.assert_close(gl.double(), gf[:, lo:hi], rtol=1e-4, atol=1e-6)
 
 
+def check_offset_and_tau(rank, world, sizes, order):
+    """float32 slices at an offset of 1e6 with τ = 0.3 against the float64
+    oracle: the losses shift the concatenated row before dividing by τ, as
+    the single-device losses do (x/τ first moved them by 1 %); cross_entropy
+    divides first, as torch's cross_entropy(x/τ) does, and equals that."""
+    import numpy as np
+
+    from tests.oracle import losses as oracle
+
+    v = sum(sizes)
+    lo, hi = bounds(sizes, order)[rank]
+    explicit = order != list(range(world))
+    z, t = data(5, v, masks=False)
+    x = (z + 1e6).float()  # 1e6 + z rounded to float32: the exact input of both sides
+    y = np.eye(v)[t.numpy()]
+    for loss, name in (("sparsemax", "sparsemax"), ("entmax15", "entmax"), ("softmax", "softmax")):
+        got = vocab_parallel_loss(x[:, lo:hi], t, loss, tau=0.3, reduction="none", vocab_start=lo if explicit else None)
+        ref = oracle.fy_loss(name, x.double().numpy(), y, tau=0.3, alpha=1.5 if name == "entmax" else None)
+        np.testing.assert_allclose(got.double().numpy(), ref, rtol=4e-6, err_msg=f"{loss} rank {rank}")
+    got = vocab_parallel_loss(x[:, lo:hi], t, "cross_entropy", tau=0.3, reduction="none",
+                              vocab_start=lo if explicit else None)
+    ref = torch.nn.functional.cross_entropy(x / 0.3, t, reduction="none")
+    torch.testing.assert_close(got, ref, rtol=2e-6, atol=0)
+    # a masked class with weight 0 in a dense target: torch's 0·(−inf) = NaN, as cross_entropy gives
+    zm = torch.zeros(1, v, dtype=D)
+    zm[0, 1] = -INF
+    ym = torch.zeros(1, v, dtype=D)
+    ym[0, 0] = ym[0, 2] = 0.5
+    got = vocab_parallel_loss(zm[:, lo:hi], ym[:, lo:hi], "cross_entropy", vocab_start=lo if explicit else None)
+    assert torch.isnan(got) and torch.isnan(torch.nn.functional.cross_entropy(zm, ym))
+
+
 MAP_CASES = [("softmax", {}), ("sparsemax", {}), ("entmax15", {}), ("entmax", {"alpha": 1.7}),
              ("entmax", {"alpha": 3.0}), ("sparse", {"k": 3}), ("exp", {"k": 1})]
 
@@ -338,6 +370,7 @@ def check_subgroup(rank, world):
 def all_checks(rank, world, sizes, order):
     check_losses(rank, world, sizes, order)
     check_float32(rank, world, sizes, order)
+    check_offset_and_tau(rank, world, sizes, order)
     check_maps(rank, world, sizes, order)
     check_counts(rank, world, sizes, order)
     check_errors(rank, world, sizes, order)  # contiguous slices of `sizes`, whatever `order` is

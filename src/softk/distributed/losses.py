@@ -22,12 +22,12 @@ import numbers
 import torch
 from torch import Tensor
 
-from .._ops.distributed import RowLoss, all_gather
+from .._ops.distributed import RowLoss, all_gather, all_reduce
 from .._validate import check_input, check_k, mean_of, sum_tolerance
 from ..losses import targets as tg
 from ..losses._options import FIELDS, LossOptions, loss_options
 from ..losses._registry import DEFAULT_LOSS
-from ..threshold.rows import compute_dtype
+from ..threshold.rows import compute_dtype, shift_over_tau
 from .checks import exchange, outside_graph, resolve_group
 from ._knobs import ts2_penalty
 from .families import loss_family, what_code
@@ -101,8 +101,11 @@ def _topk_ce(z, index, owned, zt_local, k, group, rank, world):
     allv = torch.cat([b[:, :k] for b in blocks], -1)
     zt = torch.stack([b[:, k] for b in blocks], -1).amax(-1, keepdim=True)
     top, pos = torch.topk(allv, k, dim=-1, sorted=False)
-    lse = torch.logsumexp(top, -1, keepdim=True)
-    rows = (lse - zt).squeeze(-1)
+    # lse(top − z_t): lse(top) − z_t cancels two terms of the row's size; a
+    # masked target (z_t = −inf) keeps the old form, inf (−inf − −inf is NaN)
+    fin = torch.isfinite(zt)
+    rows = torch.where(fin, torch.logsumexp(top - torch.where(fin, zt, 0.0), -1, keepdim=True),
+                       torch.logsumexp(top, -1, keepdim=True) - zt).squeeze(-1)
     q = torch.softmax(top, -1)
     mine = (pos >= rank * k) & (pos < (rank + 1) * k)
     cols = idx.gather(-1, (pos - rank * k).clamp(0, k - 1))
@@ -175,8 +178,14 @@ def vocab_parallel_loss(
     x = local_logits.reshape(-1, local_logits.shape[-1])
     ct = compute_dtype(x.dtype)
     z = x.detach().to(ct)
-    if tau != 1.0:
-        z = z / tau
+    if tau != 1.0 and o.kind.torch_cross_entropy:
+        z = z / tau  # cross_entropy(x/τ), as torch forms it
+    elif tau != 1.0:
+        # shifted by the concatenated row's max before dividing, as every
+        # single-device loss is: x/τ first rounds each entry to ulp(x/τ)
+        # (an offset of 1e6 at τ = 0.3 in float32 moved the loss by 1 %)
+        top = all_reduce(torch.where(torch.isfinite(z), z, NEG_INF).amax(-1, keepdim=True), "max", group)
+        z = shift_over_tau(z, torch.where(torch.isfinite(top), top, 0.0), tau, check=False)
     m = z.shape[0]
     dense = target.is_floating_point()
     if dense:
@@ -205,7 +214,8 @@ def vocab_parallel_loss(
         extra: dict = {}  # sum_extra (a function) or max_extra (a tensor)
         if dense:
             def sums(zs):
-                zy = torch.where(y != 0, zs * y, 0.0).sum(-1, keepdim=True)
+                # cross_entropy's ⟨z, y⟩ is torch's: 0·(−inf) = NaN on a masked class
+                zy = (zs * y if ce else torch.where(y != 0, zs * y, 0.0)).sum(-1, keepdim=True)
                 reg = 0.0 if ce else family.psi(y).sum(-1, keepdim=True)
                 return torch.cat([reg - zy, y.sum(-1, keepdim=True)], -1)
             extra["sum_extra"] = sums
