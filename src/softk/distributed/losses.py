@@ -9,7 +9,10 @@ every rank after :mod:`.threshold`'s forward),
 
 z_t reaches every rank in the first all-reduce MAX (−inf from the ranks that
 do not own t) and the dense sums in the all-reduce SUM, so the losses cost no
-collective beyond the map's.  The gradient (p − y)/τ (for topk_softmax_ce:
+collective beyond the map's, but one: at τ ≠ 1 every loss but cross_entropy
+shifts the row by its max before dividing by τ, as the single-device losses
+do (x/τ first would round each entry to ulp(x/τ)), which takes one more
+all-reduce MAX of a number per row.  The gradient (p − y)/τ (for topk_softmax_ce:
 the softmax over the global top k minus e_t) is local to each slice, so the
 backward runs no collective at all.
 """
