@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from softk.losses import entmax_loss
+from softk.losses import entmax_loss, fused_linear_loss
 
 from ..oracle import losses as ol
 
@@ -163,3 +163,39 @@ def test_alpha_near_one_keeps_the_float32_digits(backend, alpha):
     with softk.use_backend(backend):
         got = entmax_loss(x, t, alpha=alpha, reduction="none").double().numpy()
     np.testing.assert_allclose(got, want, rtol=2e-6)
+
+
+@pytest.mark.usefixtures("each_cpu_backend")
+@pytest.mark.parametrize("route", ["eager", "tensor_alpha", "ignored", "fused", "compile"])
+@pytest.mark.parametrize("alpha, n", [(50.0, 9), (10.0, 70000)])
+def test_a_tied_row_at_large_alpha_has_the_loss_gradient_not_nan(route, alpha, n):
+    # p = 1/n on a tied row, whose map slope p^(2−α) overflows float32 (9^48,
+    # 70000^8): the loss gradient is (p − y)/τ all the same, but the zero
+    # cotangent the Fenchel–Young value gives p went through the map's
+    # backward as inf·0 = NaN (and from an ignored padding row into W.grad)
+    t = torch.tensor([0])
+    want = torch.full((1, n), 1.0 / n)
+    want[0, 0] -= 1.0
+    if route == "fused":
+        # a zero head: every row of logits is tied; the gradient of W is Σ_i (p_i − y_i) x_iᵀ
+        x, w = torch.randn(4, 16, dtype=torch.float64).float(), torch.zeros(n, 16, requires_grad=True)
+        tt = torch.tensor([0, 1, 2, -100])
+        fused_linear_loss(x, w, tt, "entmax", alpha=alpha, reduction="sum").backward()
+        y = torch.zeros(4, n)
+        y[torch.arange(3), tt[:3]] = 1.0
+        ref = ((torch.full((3, n), 1.0 / n) - y[:3]).double().t() @ x[:3].double())
+        torch.testing.assert_close(w.grad.double(), ref, rtol=0, atol=1e-6)
+        return
+    x = torch.zeros(2 if route == "ignored" else 1, n, requires_grad=True)
+    if route == "ignored":
+        loss = entmax_loss(x, torch.tensor([0, -100]), alpha=alpha, reduction="sum")
+    elif route == "tensor_alpha":
+        loss = entmax_loss(x, t, alpha=torch.tensor([[alpha]]))
+    elif route == "compile":
+        loss = torch.compile(lambda v: entmax_loss(v, t, alpha=alpha), backend="aot_eager", fullgraph=True)(x)
+    else:
+        loss = entmax_loss(x, t, alpha=alpha)
+    (g,) = torch.autograd.grad(loss, x)
+    torch.testing.assert_close(g[:1], want, rtol=0, atol=1e-7)
+    if route == "ignored":
+        assert torch.equal(g[1], torch.zeros(n))

@@ -55,9 +55,12 @@ class EntmaxAlphaFunction(torch.autograd.Function):
         ctx.save_for_backward(output, alpha)
         ctx.save_for_forward(output, alpha)
         ctx.tau = tau
+        ctx.set_materialize_grads(False)
 
     @staticmethod
     def backward(ctx, g: Tensor):
+        if g is None:  # no gradient reached p (see op._Threshold.backward)
+            return None, None, None
         out, alpha = ctx.saved_tensors
         ct = compute_dtype(out.dtype)
         p, a, g = out.to(ct), alpha.to(ct), g.to(ct)

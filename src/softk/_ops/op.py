@@ -103,9 +103,15 @@ class _Threshold(torch.autograd.Function):
         x, family, k, tau, backend = inputs
         save(ctx, family, x, output)
         ctx.family, ctx.k, ctx.tau, ctx.backend = family, k, tau, backend
+        ctx.set_materialize_grads(False)
 
     @staticmethod
     def backward(ctx, g):
+        if g is None:
+            # p reached the loss only through a rule that gives it no gradient
+            # (a Fenchel–Young value): J·0 is NaN where the slope overflows
+            # (entmax at large α on ties), and needs no work anyway
+            return None, None, None, None, None
         p, x = saved(ctx)
         if torch.is_grad_enabled():
             # A graph is being built: differentiable tensor code (double backward).

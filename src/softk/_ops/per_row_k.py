@@ -64,9 +64,12 @@ class _ThresholdRowK(torch.autograd.Function):
         x, k, family, tau = inputs
         save(ctx, family, x, output)
         ctx.family, ctx.k, ctx.tau = family, k, tau
+        ctx.set_materialize_grads(False)
 
     @staticmethod
     def backward(ctx, g):
+        if g is None:  # no gradient reached p (see op._Threshold.backward)
+            return None, None, None, None
         p, x = saved(ctx)
         g = g.to(p.dtype)
         dx = vjp(ctx.family, p, g, ctx.tau, x, ctx.k)

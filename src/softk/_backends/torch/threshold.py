@@ -193,9 +193,13 @@ def vjp_from_log_slope(logd: Tensor, g: Tensor, tau) -> Tensor:
     gm = g.gather(-1, m)
     w = torch.exp(logd - lse)
     r = (g - gm) - (w * (g - gm)).sum(-1, keepdim=True)
-    out = torch.where(logd > float("-inf"), torch.exp(logd) * r, 0.0)
+    # an exact 0 of r or of g_m − g_j adds 0, also where its slope overflows
+    # (inf·0): a zero cotangent (a loss that gives p no gradient, as the
+    # Fenchel–Young value does, once a compiler makes it a tensor of zeros)
+    # then gives a zero gradient, not NaN
+    out = torch.where((logd > float("-inf")) & (r != 0), torch.exp(logd) * r, 0.0)
     others = torch.arange(logd.shape[-1], device=logd.device) != m  # j = m adds 0 (and inf·0 in float32)
-    dm = torch.where(others, torch.exp(logd.gather(-1, m) + logd - lse) * (gm - g), 0.0).sum(-1, keepdim=True)
+    dm = torch.where(others & (gm != g), torch.exp(logd.gather(-1, m) + logd - lse) * (gm - g), 0.0).sum(-1, keepdim=True)
     out = torch.where(ok, out.scatter(-1, m, dm), torch.where(nan_row, float("nan"), 0.0))  # NaN rows stay NaN
     return out if isinstance(tau, float) and tau == 1.0 else out / tau
 
