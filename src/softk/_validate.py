@@ -103,6 +103,13 @@ def carries_derivative(t: torch.Tensor) -> bool:
     return torch.autograd.forward_ad.unpack_dual(t).tangent is not None
 
 
+def finite(v) -> bool:
+    """Whether the number ``v`` is finite (NaN is not), by comparisons alone:
+    torch.compile traces a float argument that changes between calls (an
+    annealed τ or α) as a symbolic float, which ``math.isfinite`` cannot take."""
+    return -math.inf < v < math.inf
+
+
 def check_positive(tau, name: str) -> float:
     """A finite number > 0 (a Python number or a one-element tensor)."""
     if type(tau) is float and 0.0 < tau < math.inf:  # the common case
@@ -114,7 +121,7 @@ def check_positive(tau, name: str) -> float:
     if isinstance(tau, bool) or not isinstance(tau, numbers.Real):
         raise TypeError(f"{name} must be a positive number, got {type(tau).__name__}")
     tau = float(tau)
-    if not (tau > 0 and math.isfinite(tau)):
+    if not (tau > 0 and finite(tau)):
         raise ValueError(f"{name} must be a finite number > 0, got {tau}")
     return tau
 
@@ -143,7 +150,7 @@ def _whole(k, name: str) -> int:
     if isinstance(k, numbers.Integral):
         return int(k)
     k = float(k)
-    if not math.isfinite(k):
+    if not finite(k):
         raise ValueError(f"{name} must be a finite whole number, got {k}")
     if not k.is_integer():
         raise ValueError(
@@ -176,7 +183,7 @@ def check_module_k(k, method: str, name: str = "k"):
 def is_fractional(k) -> bool:
     """True for a Python (or NumPy) real k that is not a whole number."""
     return (isinstance(k, numbers.Real) and not isinstance(k, (bool, numbers.Integral))
-            and math.isfinite(float(k)) and not float(k).is_integer())
+            and finite(k) and k != math.floor(k))  # (comparisons: a symbolic float under compile)
 
 
 def check_choice(value, choices, name: str) -> str:
@@ -244,7 +251,7 @@ def check_alpha(alpha, x, dim: int):
         raise TypeError(f"alpha must be {what} here, got {type(alpha).__name__}"
                         + (" of shape " + str(tuple(alpha.shape)) if isinstance(alpha, torch.Tensor) else ""))
     alpha = float(alpha)
-    if not (alpha >= 1 and math.isfinite(alpha)):
+    if not (alpha >= 1 and finite(alpha)):
         raise ValueError(
             f"alpha must be a finite float >= 1 (1 is softmax, 2 sparsemax; for the alpha -> inf limit, "
             f"the argmax, use softk.hard_topk(x, 1)), got {alpha}"
@@ -265,7 +272,7 @@ def check_k_rows(k, x: torch.Tensor, dim: int, name: str = "k"):
     any real k there), returned like :func:`per_row` in x's compute dtype.  A
     fractional Python float is the same budget for every row."""
     n = x.shape[dim]
-    if isinstance(k, float) and not math.isfinite(k):
+    if isinstance(k, float) and not finite(k):
         raise ValueError(f"{name} must be a finite number in (0, n] = (0, {n}] for this input, got {k}")
     if is_fractional(k):  # one budget for every row: the per-row path, broadcast
         if not 0 < k <= n:

@@ -162,3 +162,33 @@ def test_a_fully_masked_row_inside_a_compiled_transform(name):
     got = torch.compile(t, fullgraph=True, backend="eager")(x)
     assert torch.equal(got[0], torch.zeros(6, dtype=torch.float64))
     torch.testing.assert_close(got, t(x), rtol=1e-13, atol=1e-15)
+
+
+@pytest.mark.parametrize("name", ["entmax", "entmax_loss", "normmax", "soft_topk_k"])
+def test_a_float_argument_that_changes_between_calls(name):
+    # From its second value Dynamo traces a changing float argument (an
+    # annealed α, a budget schedule) as a symbolic float, which the argument
+    # checks' math.isfinite could not take: fullgraph=True raised
+    import numpy as np
+
+    from ..oracle import losses as oracle_losses
+    from ..oracle import maps as oracle
+    from ..oracle import normmax as oracle_normmax
+
+    torch._dynamo.reset()
+    x = torch.randn(4, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    t = torch.tensor([0, 1, 2, 3])
+    calls = {
+        "entmax": (lambda v, a: softk.entmax(v, alpha=a), lambda a: oracle.entmax(x.numpy(), a), (1.3, 1.7, 2.5)),
+        "entmax_loss": (lambda v, a: softk.losses.entmax_loss(v, t, alpha=a, reduction="none"),
+                        lambda a: oracle_losses.fy_loss("entmax", x.numpy(), np.eye(6)[t.numpy()], alpha=a),
+                        (1.3, 1.7, 2.5)),
+        "normmax": (lambda v, a: softk.normmax(v, alpha=a), lambda a: oracle_normmax.normmax(x.numpy(), a),
+                    (1.5, 2.0, 3.0)),
+        "soft_topk_k": (lambda v, a: softk.soft_topk(v, a, method="exp"),
+                        lambda a: oracle.soft_topk(x.numpy(), a, method="exp"), (1.5, 2.5, 3.25)),
+    }
+    fn, ref, values = calls[name]
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    for a in values:
+        np.testing.assert_allclose(compiled(x, a).numpy(), ref(a), rtol=0, atol=1e-9)

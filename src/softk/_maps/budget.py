@@ -16,7 +16,6 @@ B = n all ones) as a number or one per row, learnable.
 
 from __future__ import annotations
 
-import math
 import numbers
 
 import torch
@@ -24,7 +23,7 @@ from torch import Tensor
 
 from .. import _dtensor
 
-from .._validate import check_dim, check_input, check_tau, per_row, require, unwrapped
+from .._validate import check_dim, check_input, check_tau, finite, per_row, require, unwrapped
 from ..threshold.families import SPARSE
 from .._ops.op import threshold_map
 from ..threshold.rows import compute_dtype
@@ -52,7 +51,7 @@ def check_budget(budget, x: Tensor, dim: int):
             return per_row(budget, x, dim, "budget").to(compute_dtype(x.dtype))
     if isinstance(budget, bool) or not isinstance(budget, numbers.Real):
         raise TypeError(f"budget must be a number or a tensor, got {type(budget).__name__}")
-    if not (math.isfinite(budget) and 0 <= budget <= n):  # type: ignore[operator]  # a numbers.Real compares with an int
+    if not (finite(budget) and 0 <= budget <= n):  # type: ignore[operator]  # a numbers.Real compares with an int
         raise ValueError(f"budget must lie in {where}, got {budget}")
     if budget >= 1 and float(budget).is_integer():  # type: ignore[operator]
         return int(budget)  # type: ignore[call-overload]  # int() takes a numbers.Real

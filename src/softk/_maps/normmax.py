@@ -38,7 +38,6 @@ precision; p's relative error is about β·eps (α near 1 magnifies the rounding
 
 from __future__ import annotations
 
-import math
 import numbers
 
 import torch
@@ -47,7 +46,7 @@ from torch import Tensor
 from .. import _dtensor
 
 from .._ops.normmax import normmax_apply
-from .._validate import check_dim, check_input, check_tau, per_row, require, unwrapped
+from .._validate import check_dim, check_input, check_tau, finite, per_row, require, unwrapped
 
 __all__ = ["normmax"]
 
@@ -66,7 +65,7 @@ def check_normmax_alpha(alpha, x, dim: int):
         return per_row(alpha, x, dim, "alpha")
     if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
         raise TypeError(f"alpha must be a float >= 1 or a tensor, got {type(alpha).__name__}")
-    if not (alpha >= 1 and math.isfinite(alpha)):  # type: ignore[operator]  # a numbers.Real compares with an int
+    if not (alpha >= 1 and finite(alpha)):  # type: ignore[operator]  # a numbers.Real compares with an int
         raise ValueError(f"{msg}, got {alpha}")
     return float(alpha)
 

@@ -28,7 +28,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .._validate import FLOAT_DTYPES, check_positive, require, unwrapped
+from .._validate import FLOAT_DTYPES, check_positive, finite, require, unwrapped
 from ..threshold.rows import compute_dtype
 from ..threshold.attention_maps import ENTMAX_ID, MAPS, family_id
 
@@ -76,7 +76,7 @@ def _scale(scale, e: int) -> float:
         scale = scale.item()
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
         raise TypeError(f"scale must be None or a real number, got {type(scale).__name__}")
-    if not math.isfinite(float(scale)):
+    if not finite(float(scale)):
         raise ValueError(f"scale must be finite, got {scale}")
     return float(scale)
 
@@ -163,7 +163,7 @@ def _alpha(name: str, alpha, h: int, q: Tensor):
     if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
         raise TypeError(f"alpha must be a float > 1 or a tensor of shape (H,), got {type(alpha).__name__}")
     alpha = float(alpha)
-    if not (alpha > 1 and math.isfinite(alpha)):
+    if not (alpha > 1 and finite(alpha)):
         raise ValueError(f"alpha must be a finite float > 1 (use map='softmax' for α = 1), got {alpha}")
     lo, hi = alpha_range(q.dtype)
     if not lo < alpha <= hi:

@@ -11,13 +11,12 @@ it is not defined is refused with a ValueError that names it.
 
 from __future__ import annotations
 
-import math
 import numbers
 from typing import NamedTuple
 
 import torch
 
-from .._validate import check_positive, require
+from .._validate import check_positive, finite, require
 
 
 class Knobs(NamedTuple):
@@ -50,7 +49,7 @@ def check_knobs(loss: str, *, softcap=None, label_smoothing=0.0, class_weight=No
     if isinstance(z_loss, bool) or not isinstance(z_loss, numbers.Real):
         raise TypeError(f"z_loss must be a number >= 0, got {type(z_loss).__name__}")
     z_loss = float(z_loss)
-    if not (z_loss >= 0 and math.isfinite(z_loss)):
+    if not (z_loss >= 0 and finite(z_loss)):
         raise ValueError(f"z_loss must be a finite number >= 0, got {z_loss}")
     if class_weight is not None:
         if dense:

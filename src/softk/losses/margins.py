@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import numbers
 
-from .._validate import check_positive
+from .._validate import check_positive, finite
 
 
 def _check_n(num_classes) -> int:
@@ -54,7 +54,7 @@ def cross_entropy_floor(num_classes: int, margin: float) -> float:
     2.302585
     """
     n = _check_n(num_classes)
-    if isinstance(margin, bool) or not isinstance(margin, numbers.Real) or not math.isfinite(margin):
+    if isinstance(margin, bool) or not isinstance(margin, numbers.Real) or not finite(margin):
         raise TypeError(f"margin must be a finite number, got {margin!r}")
     a = math.log(n - 1) - float(margin)  # the floor is softplus(a), formed without overflow
     return a + math.log1p(math.exp(-a)) if a > 0 else math.log1p(math.exp(a))
