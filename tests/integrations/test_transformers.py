@@ -127,6 +127,27 @@ def test_cross_entropy_float32_matches_own_loss(arch):
     assert_grads_close(grads(model, loss), want, rtol=1e-4, atol=1e-6)
 
 
+def test_a_mixture_of_experts_keeps_its_router_loss():
+    # Mixtral adds router_aux_loss_coef · aux_loss to its loss only when it is
+    # given labels, which the wrapper withholds: the balancing term was lost
+    t = transformers
+    cfg = t.MixtralConfig(vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                          num_attention_heads=2, num_key_value_heads=1, num_local_experts=4, num_experts_per_tok=2,
+                          output_router_logits=True, router_aux_loss_coef=0.5, **SMALL)
+    torch.manual_seed(0)
+    model = t.MixtralForCausalLM(cfg).eval()  # float32: its experts' grouped product takes no float64
+    ids, mask, labels = batch()
+    own = model(input_ids=ids, attention_mask=mask, labels=labels)
+    assert float(own.aux_loss) > 0.1  # the term is not negligible here
+    want = grads(model, own.loss)
+    apply_softk(model, loss="cross_entropy")
+    got = model(input_ids=ids, attention_mask=mask, labels=labels)
+    torch.testing.assert_close(got.loss, own.loss, rtol=2e-6, atol=0)
+    assert_grads_close(grads(model, got.loss), want, rtol=1e-4, atol=1e-6)
+    with pytest.raises(ValueError, match="return_dict=True"):
+        model(input_ids=ids, attention_mask=mask, labels=labels, return_dict=False)
+
+
 def test_num_items_in_batch_and_shift_labels_follow_transformers():
     model = tiny("llama", dtype=torch.float32)
     ids, mask, labels = batch()

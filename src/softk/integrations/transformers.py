@@ -27,6 +27,13 @@ that the fused loss would ignore), and computes the loss.  Without labels the
 call goes straight to the model's forward: generation and inference are
 unchanged.  :func:`remove_softk` (or leaving :func:`softk_loss`) undoes it.
 
+**Mixture of experts.** A model that outputs its router's load-balancing
+loss (``aux_loss``: Mixtral, Qwen-MoE, OLMoE, …) adds
+``config.router_aux_loss_coef`` times it to its loss only when it is given
+labels, which the wrapper withholds; the wrapper adds it to softk's loss
+itself.  Such a model's tuple output (``return_dict=False``) begins with that
+loss unnamed, so the wrapper asks for ``return_dict=True`` there.
+
 **Logits.** When labels are given the output's ``logits`` is None (that is
 the memory saved), unless ``apply_softk(..., return_logits=True)``, which
 lets the head compute them as usual (the N×V tensor is then held, but the
@@ -284,7 +291,7 @@ def _patched_forward(model, args, kwargs):
         out = inner(*bound.args, **bound.kwargs)
     hidden, logits = _check_head_calls(model, head, seen, out)
     loss = _causal_lm_loss(hidden, head, labels, shift_labels, num_items, patch)
-    return _with_loss(out, loss, logits if patch.return_logits else None)
+    return _with_loss(out, _plus_router_aux(model, out, loss), logits if patch.return_logits else None)
 
 
 def _unit_forward(model, head, inner, bound, labels, shift_labels, num_items, patch):
@@ -314,7 +321,20 @@ def _unit_forward(model, head, inner, bound, labels, shift_labels, num_items, pa
     loss, logits = result if patch.return_logits else (result, None)
     if loss.dtype in (torch.float16, torch.bfloat16):
         loss = loss.float()  # a mixed precision policy's output_dtype may have cast it back
-    return _with_loss(out, loss, logits)
+    return _with_loss(out, _plus_router_aux(model, out, loss), logits)
+
+
+def _plus_router_aux(model, out, loss):
+    """The loss a mixture-of-experts model returns with labels: its language
+    model loss plus ``config.router_aux_loss_coef`` times the router's
+    load-balancing loss, which such a model (Mixtral, Qwen-MoE, OLMoE, …)
+    computes whenever it outputs router logits but adds to the loss only when
+    it is given labels, which the wrapper withholds."""
+    aux = getattr(out, "aux_loss", None)
+    coef = getattr(getattr(model, "config", None), "router_aux_loss_coef", None)
+    if aux is None or coef is None:
+        return loss
+    return loss + coef * aux.to(loss.device)
 
 
 def _slot(signature, arguments, name):
@@ -410,6 +430,14 @@ def _check_head_calls(model, head, seen, out):
         )
     hidden, produced = seen[0]
     returned = out[0] if isinstance(out, tuple) else getattr(out, "logits", None)
+    if isinstance(out, tuple) and len(out) > 1 and out[1] is produced:
+        # a mixture-of-experts model's tuple without a loss starts with its router's
+        # load-balancing loss, which a tuple does not name
+        raise ValueError(
+            f"{name}.forward returned a tuple whose first entry precedes the logits (a router's load-balancing "
+            "loss): apply_softk adds it to the loss from a ModelOutput only; call the model with "
+            "return_dict=True"
+        )
     if returned is not produced:
         shape = tuple(getattr(returned, "shape", ()))
         found = "no logits" if returned is None else f"a {type(returned).__name__} of shape {shape}"
