@@ -147,6 +147,24 @@ def test_entmax_alpha_gradient_at_softmax_limit():
     np.testing.assert_allclose(ga.item(), float(dp_ref @ g.numpy()), rtol=1e-5)
 
 
+def test_entmax_alpha_second_derivative_at_softmax_limit():
+    """d²/dα² of gᵀp at α = 1: the limit's own α-derivative was lost (its
+    expression did not depend on α), giving −1.23 where the limit from
+    α > 1 is −0.68.  Against the oracle's second difference at 1, 1 + h,
+    1 + 2h (Richardson), independent of the α = 1 branch."""
+    x = np.array([0.2, -0.5, 1.1, 0.4]) * 3
+    g = np.array([0.3, -1.0, 0.5, 2.0])
+    h = 1e-3
+    f = [float(oracle.entmax(x, 1 + j * h) @ g) if j else float(oracle.softmax(x) @ g) for j in range(4)]
+    second = (f[2] - 2 * f[1] + f[0]) / h**2  # at 1 + h, with its O(h) lead term removed below
+    second2 = (f[3] - 2 * f[2] + f[1]) / h**2  # at 1 + 2h
+    want = 2 * second - second2  # the second derivative at α = 1, O(h²)
+    a = torch.tensor(1.0, dtype=torch.float64, requires_grad=True)
+    (d1,) = torch.autograd.grad((softk.entmax(torch.tensor(x), a) * torch.tensor(g)).sum(), a, create_graph=True)
+    (d2,) = torch.autograd.grad(d1, a)
+    np.testing.assert_allclose(d2.item(), want, rtol=1e-3)
+
+
 def test_half_precision_backward_is_finite_and_close():
     x32 = torch.randn(4, 33, generator=torch.Generator().manual_seed(3))
     g = torch.randn(4, 33, generator=torch.Generator().manual_seed(4))

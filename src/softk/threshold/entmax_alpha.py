@@ -19,7 +19,9 @@ S = Σ_j p_j ℓ_j and γ(y) = e^y − 1 − y (= y²/2 + …), the same derivat
 (from p̃_i ∝ p_i e^{−aℓ_i} and e^{−aℓ} = 1 − aℓ + γ(−aℓ)), whose two terms
 are of size a² and form the O(a²) numerator without cancelling to it; γ is
 summed as a series for small arguments (:func:`p_gamma`).  At α = 1
-exactly (softmax) it is the limit ∂p_i/∂α = p_i (Σ_j p_j log²p_j − log²p_i) / 2.
+exactly (softmax) it is the limit ∂p_i/∂α = p_i (Σ_j p_j log²p_j − log²p_i) / 2,
+written with the next term of its series in α − 1 (0 there in value) so that
+its own derivative in α is right too.
 
 This module is the mathematics: p (:func:`entmax_rows`), log f′ through p
 (:func:`entmax_log_d`) and ∂p/∂α (:func:`dp_dalpha`).  Its autograd rule and
@@ -112,5 +114,11 @@ def dp_dalpha(p: Tensor, a: Tensor, logd: Tensor) -> Tensor:
     big_g = pg.sum(-1, keepdim=True)
     s_ent = (p * logp).sum(-1, keepdim=True)
     general = (p * big_g * (1 - am1 * logp) - pg * (1 - am1 * s_ent)) / (am1**2 * torch.where(e > 0, e, 1.0))
-    limit = 0.5 * p * ((p * logp * logp).sum(-1, keepdim=True) - logp**2)
+    # at α = 1 the limit, plus (α − 1) times the next term of its series in
+    # α − 1 at fixed p, which is 0 in value but gives the derivative's own
+    # α-derivative: with ℓ = log p, S = Σpℓ and M_k = Σpℓᵏ,
+    # ∂p_i/∂α = p_i[(M₂ − ℓ_i²)/2 + (α − 1)((ℓ_i³ − M₃)/6 + (S − ℓ_i)M₂/2) + O((α − 1)²)]
+    m2 = (p * logp**2).sum(-1, keepdim=True)
+    m3 = (p * logp**3).sum(-1, keepdim=True)
+    limit = p * (0.5 * (m2 - logp**2) + (a - 1) * ((logp**3 - m3) / 6 + (s_ent - logp) * m2 / 2))
     return torch.where(a == 1, limit, general)
