@@ -137,6 +137,21 @@ def test_return_support_size(rng):
     assert s.shape == (4, 1) and torch.equal(P, entmax.sparsemax(X))
 
 
+def test_private_threshold_helpers_reproduce_the_maps_on_every_row():
+    # sparsemax(X) = clamp(X − tau, 0) and entmax15(2X) = clamp(X − tau, 0)²,
+    # also on a row of one finite entry (tau was −inf: clamp gave inf) and on
+    # a fully masked row (p = 0); against the float64 oracle
+    inf = float("inf")
+    X = _t(np.array([[0.3, -inf, -inf], [-inf, -inf, -inf], [1.0, 0.5, -1.0], [2.0, 2.0, -3.0]]))
+    tau, size = activations._sparsemax_threshold_and_support(X)
+    want = np.nan_to_num(oracle.sparsemax(X.numpy()))  # (the oracle's fully masked row is 0/0)
+    np.testing.assert_allclose(torch.clamp(X - tau, min=0).numpy(), want, rtol=0, atol=1e-15)
+    assert size.squeeze(-1).tolist() == [1, 0, 2, 2]
+    tau, size = activations._entmax_threshold_and_support(X / 2)
+    want = np.nan_to_num(oracle.entmax(X.numpy(), 1.5))
+    np.testing.assert_allclose((torch.clamp(X / 2 - tau, min=0) ** 2).numpy(), want, rtol=0, atol=1e-15)
+
+
 def test_normmax_alpha_at_most_one_is_the_argmax():
     X = torch.tensor([[0.2, 1.0, 0.5], [1.0, 1.0, -1.0]], dtype=torch.float64)
     expected = torch.tensor([[0.0, 1.0, 0.0], [0.5, 0.5, 0.0]], dtype=torch.float64)

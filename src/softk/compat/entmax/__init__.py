@@ -38,6 +38,9 @@ Deliberate differences (each also in that guide):
   at 0 (rounding never makes them negative).  Rows whose target equals a
   non-negative ``ignore_index`` need not hold a valid class (entmax's scatter
   fails on one).  A per-row α in ``entmax_bisect_loss`` (shape (n, 1)) works.
+* **The support size** (``return_support_size=True``) counts the entries with
+  p > 0; entmax counts those with X >= tau, which at an exact tie with the
+  threshold includes entries whose p is 0.
 * **Modules** check their arguments at construction, and accept an
   ``nn.Parameter`` α in the constructor (entmax assigns it before
   ``nn.Module.__init__``, which refuses a Parameter).

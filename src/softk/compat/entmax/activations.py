@@ -8,6 +8,7 @@ result whatever it is.
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from ..._maps.simplex import entmax15 as _entmax15
@@ -87,10 +88,20 @@ class Entmax15(_Activation):
 def _sparsemax_threshold_and_support(X, dim=-1, k=None):
     dim = check_x_dim(X, dim)
     s = _support(X, "sparsemax", dim=dim)
-    return s.lam.unsqueeze(dim).to(X.dtype), s.size.unsqueeze(dim)
+    return _reproducing(s.lam, X, dim), s.size.unsqueeze(dim)
 
 
 def _entmax_threshold_and_support(X, dim=-1, k=None):
     dim = check_x_dim(X, dim)
     s = _support(X, "entmax15", dim=dim, tau=0.5)  # λ of entmax15(2X) in 2X's units
-    return (s.lam / 2).unsqueeze(dim).to(X.dtype), s.size.unsqueeze(dim)
+    return _reproducing(s.lam / 2, X, dim), s.size.unsqueeze(dim)
+
+
+def _reproducing(lam, X, dim):
+    """λ with dim kept, in X's dtype; on a row of one finite entry, where
+    softk.support gives −inf (every finite entry has p = 1), max X − 1, which
+    gives that p = 1 in both identities above, and 0 on a row with none
+    (p = 0 there)."""
+    top = X.detach().amax(dim).to(lam.dtype)
+    lam = torch.where(lam == float("-inf"), torch.where(torch.isfinite(top), top - 1, 0.0), lam)
+    return lam.unsqueeze(dim).to(X.dtype)
