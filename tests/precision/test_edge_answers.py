@@ -27,6 +27,22 @@ def test_entmax_near_alpha_one_matches_float64(alpha, dtype):
         assert torch.allclose(sums, torch.ones_like(sums), rtol=0, atol=x.shape[-1] * torch.finfo(dtype).eps)
 
 
+@pytest.mark.parametrize("alpha, dtype", [(1 + 2**-23, torch.float32), (1 + 2**-22, torch.float32),
+                                          (1.00000005, torch.float32), (1 + 2**-52, torch.float64),
+                                          (1 + 2**-50, torch.float64)])
+def test_entmax_within_ulps_of_alpha_one_matches_float64(alpha, dtype):
+    # the kernel's re-solve near softmax started up to 8 units of z left of
+    # λ there and stopped after 8 Newton steps of about 1: rows summed to
+    # 1.4–2.2; an α that float32 rounds to 1 (1.00000005) gave NaN
+    for x, tau in near_one_rows(dtype):
+        x = x.to(dtype)
+        p = softk.entmax(x, alpha=alpha, tau=tau)
+        ref = entmax_reference(x, alpha, tau)
+        tol = tolerance(dtype, ref) if dtype != torch.float64 else 32 * np.finfo(np.float64).eps
+        err = np.abs(p.double().numpy() - ref)
+        assert (err <= tol).all(), (tuple(x.shape), tau, err.max())
+
+
 @pytest.mark.parametrize("dtype", (torch.float32,) + HALF, ids=str)
 def test_entmax_near_alpha_one_gradient_is_finite(dtype):
     for x, tau in near_one_rows(dtype):

@@ -22,6 +22,9 @@ from torch import Tensor
 from .solve import lambda_reference
 
 NEG_INF = float("-inf")
+#: The largest α that float32 rounds to 1 (1 + 2⁻²⁴, a tie, goes to even):
+#: a float32 kernel handed α − 1 = 0 there would divide by it.
+ROUNDS_TO_ONE = 1 + 2.0**-24
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:

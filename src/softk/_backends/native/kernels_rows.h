@@ -539,8 +539,8 @@ static T FN(solve_zero_below)(int fam, const T *z, const T *bm, T m, int64_t n, 
  * error of p (1e-3 in float32 at α = 1.0001).  Re-solve in μ = λ + q, where
  * w = 1 + x with x = a(v − μ) small: p = e^{q·log1p(x)} is exact to a few
  * ulps and tends to softmax as α → 1.  g(μ) is convex and decreasing, so
- * Newton started a little left of the root (g ≥ 1) climbs to it in one or
- * two steps from the λ solution.
+ * Newton started a little left of the root (g ≥ 1) climbs to it from the λ
+ * solution, in one or two steps unless α is within a few ulps of 1.
  * log1p(x) = log(u) + (x − (u − 1))/u with u = 1 + x rounded: the second
  * term restores what rounding u dropped (to first order, which is all of it
  * that matters), and log has vector variants where log1p may not.
@@ -576,7 +576,11 @@ static void FN(entmax_near_softmax)(T lam, T am1, T *val, int64_t c, T *pw)
     mu -= 8 * EPS * (fabs((double)lam) + 1);
     int64_t cp = (c + PAD - 1) / PAD * PAD;
     for (int64_t j = c; j < cp; j++) val[j] = -INFINITY; /* x = −inf: masked */
-    for (int it = 0; it < 8; it++) {
+    /* The start lies 8·eps·|λ| left of the root, and |λ| ≈ q: within an ulp
+     * of α = 1 that is up to about 8 units of z, where g ≈ e^{μ* − μ} and
+     * each Newton step moves about 1; so up to 40 steps (one or two where
+     * q·eps is small, as for every α the lanes do not take). */
+    for (int it = 0; it < 40; it++) {
         T G = FN(near_softmax_sums)(val, cp, mu, am1, q, pw, &S);
         if (!(S > 0)) break;
         T step = (G - 1) / S;

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from ...threshold.families import Family
-from ...threshold.rows import scaled_rows
+from ...threshold.rows import ROUNDS_TO_ONE, scaled_rows
 from .. import registry
 from . import backward as _backward
 from . import forward as _forward
@@ -35,6 +35,9 @@ def serves(x: Tensor, family: Family):
         return f"a tensor on {x.device}"
     if x.dtype not in _WIDE:
         return f"{x.dtype} (the CPU kernels take float32 and float64)"
+    a = family.alpha_value
+    if a is not None and 1 < a <= ROUNDS_TO_ONE and x.dtype == torch.float32:
+        return f"alpha={a!r} (1 in float32, the kernels' α)"
     why = too_long(family, x.shape[-1]) if x.dim() else None
     if why:
         return why
