@@ -109,3 +109,28 @@ def test_dalpha_holds_float32_across_the_band_above_one(backend, softcap):
         err = float(((dalpha(name, torch.float32) - want).abs() / want.abs()).max())
         worst = max(worst, err)
     assert worst <= 8e-6, worst
+
+
+@pytest.mark.parametrize("backend", ["blockwise", "blockwise_key_blocks"])
+def test_alpha_within_ulps_of_one(backend, monkeypatch):
+    # α = 1 + 2⁻²³ (the float32 after 1): the native rows' re-solve near
+    # softmax stopped unconverged, and weights summed to 1.8–2.2; an α that
+    # float32 rounds to 1 gave a ZeroDivisionError or NaN heads: refused
+    # with a message that says so.  Against the float64 oracle (α exact).
+    from softk._backends.blockwise import rows
+
+    from ..oracle import attention as oracle
+
+    if backend == "blockwise_key_blocks":
+        monkeypatch.setattr(rows, "ROWS_MAX", 0)  # the key-block λ search, not whole rows
+    g0 = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(1, 2, 5, 8, generator=g0) * 3, torch.randn(1, 2, 50, 8, generator=g0), \
+        torch.randn(1, 2, 50, 8, generator=g0)
+    a = 1 + 2.0**-23
+    got = run(backend.split("_")[0], q, k, v, map="entmax", alpha=a)
+    want, _ = oracle.attention(q.double().numpy(), k.double().numpy(), v.double().numpy(), name="entmax", alpha=a)
+    np.testing.assert_allclose(got.double().numpy(), want, rtol=0, atol=2e-6)
+    with pytest.raises(ValueError, match="1 in float32"):
+        run(backend.split("_")[0], q, k, v, map="entmax", alpha=1.00000005)
+    with pytest.raises(ValueError, match="rounds α up to 1"):
+        run(backend.split("_")[0], q, k, v, map="entmax", alpha=torch.tensor([1 + 1e-9, 1.5], dtype=torch.float64))

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from .._validate import FLOAT_DTYPES, check_positive, finite, require, unwrapped
-from ..threshold.rows import compute_dtype
+from ..threshold.rows import ROUNDS_TO_ONE, compute_dtype
 from ..threshold.attention_maps import ENTMAX_ID, MAPS, family_id
 
 
@@ -131,6 +131,11 @@ def alpha_range(dtype: torch.dtype) -> tuple[float, float]:
     return ALPHA_RANGE[compute_dtype(dtype)]
 
 
+def _rounded_lo(lo: float, dtype: torch.dtype) -> float:
+    """The α bound in the compute dtype: an α that float32 rounds to 1 is 1 there."""
+    return ROUNDS_TO_ONE if lo == 1 and compute_dtype(dtype) == torch.float32 else lo
+
+
 def _ct_name(dtype: torch.dtype) -> str:
     return "float64" if dtype == torch.float64 else "float32-compute"
 
@@ -157,8 +162,9 @@ def _alpha(name: str, alpha, h: int, q: Tensor):
                              f"got shape {tuple(alpha.shape)}")
         a = unwrapped(alpha.detach())
         lo, hi = alpha_range(q.dtype)
-        require((a > lo) & (a <= hi), lambda: f"alpha must lie in ({lo:g}, {hi:g}] for every head with "
-                f"{_ct_name(q.dtype)} attention ({_WHY}), got {a.tolist()}")
+        lo = _rounded_lo(lo, q.dtype)
+        require((a > lo) & (a <= hi), lambda: f"alpha must lie in ({lo:.9g}, {hi:g}] for every head with "
+                f"{_ct_name(q.dtype)} attention ({_WHY}; float32 rounds α up to 1 + 2⁻²⁴ to 1), got {a.tolist()}")
         return ENTMAX_ID, alpha, alpha
     if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
         raise TypeError(f"alpha must be a float > 1 or a tensor of shape (H,), got {type(alpha).__name__}")
@@ -166,8 +172,9 @@ def _alpha(name: str, alpha, h: int, q: Tensor):
     if not (alpha > 1 and finite(alpha)):
         raise ValueError(f"alpha must be a finite float > 1 (use map='softmax' for α = 1), got {alpha}")
     lo, hi = alpha_range(q.dtype)
-    if not lo < alpha <= hi:
-        raise ValueError(f"alpha must lie in ({lo:g}, {hi:g}] with {_ct_name(q.dtype)} attention ({_WHY}), got {alpha}")
+    if not _rounded_lo(lo, q.dtype) < alpha <= hi:
+        raise ValueError(f"alpha must lie in ({lo:g}, {hi:g}] with {_ct_name(q.dtype)} attention ({_WHY}), got {alpha}"
+                         + (" (1 in float32, where it is computed)" if alpha <= ROUNDS_TO_ONE else ""))
     fam = family_id("entmax", alpha, False)
     ct = compute_dtype(q.dtype)
     return fam, (torch.full((h,), alpha, dtype=ct, device=q.device) if fam == ENTMAX_ID else None), alpha
