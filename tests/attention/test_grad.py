@@ -228,3 +228,20 @@ def test_half_precision_grads_with_keys_sharing_an_offset(backend, name, dtype, 
     for which, gg, w in zip("qkv", got, want):
         err = np.abs(gg.double().numpy() - w).max() / np.abs(w).max()
         assert err <= tol, (which, err)
+
+
+@pytest.mark.parametrize("name", ["sparsemax", "entmax15", "softmax"])
+def test_torch_func_transforms_run_the_reference(name):
+    # the kernels' custom ops do not support torch.func: grad raised a
+    # RuntimeError from deep inside torch on the default CPU route
+    from ..oracle import attention as oracle
+
+    g0 = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, n, 8, generator=g0, dtype=torch.float64) for n in (5, 7, 7))
+    dout = torch.randn(1, 2, 5, 8, generator=g0, dtype=torch.float64)
+    got = torch.func.vjp(lambda t: softk.scaled_dot_product_attention(t, k, v, map=name), q)[1](dout)[0]
+    want = oracle.grads(q.numpy(), k.numpy(), v.numpy(), dout.numpy(), name=name)[0]
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-9, atol=1e-12)
+    batched = torch.func.vmap(lambda t: softk.scaled_dot_product_attention(t, k, v, map=name))(q[None].expand(3, -1, -1, -1, -1))
+    np.testing.assert_allclose(batched[1].numpy(), oracle.attention(q.numpy(), k.numpy(), v.numpy(), name=name)[0],
+                               rtol=1e-9, atol=1e-12)

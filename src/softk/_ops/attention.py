@@ -14,9 +14,9 @@ finding the live tiles again.  Which one runs a call is
 * plain eager calls (:func:`softk._ops.lean.eager`) run the kernels directly,
   under an old-style ``torch.autograd.Function`` only when autograd can see
   the result;
-* everything else (``torch.compile``, ``torch.func``, subclasses, modes)
-  calls the custom ops ``softk::attention`` and ``softk::attention_backward``
-  (fake kernels, ``register_autograd``), registered on first use
+* everything else (``torch.compile``, subclasses, modes) calls the custom
+  ops ``softk::attention`` and ``softk::attention_backward`` (fake kernels,
+  ``register_autograd``), registered on first use
   (:func:`softk._ops.lean.library`), so that ``torch.compile(fullgraph=True)``
   sees one opaque node per direction;
 * double backward (``create_graph=True``) raises NotImplementedError on
@@ -24,8 +24,9 @@ finding the live tiles again.  Which one runs a call is
 
 The ops are defined with ``torch.library.custom_op`` and ``register_autograd``
 rather than :class:`softk._ops.lean.Paths`: the op has four outputs, three
-of them not differentiable, and no vmap rule (``torch.func.vmap`` of it
-raises), which ``lean.custom_op``'s generated rule would change.
+of them not differentiable, and no vmap rule, which ``lean.custom_op``'s
+generated rule would change.  ``torch.func`` transforms do not reach them:
+:func:`softk.attention.op.attention` gives such calls to the reference.
 """
 
 from __future__ import annotations

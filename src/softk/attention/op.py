@@ -14,11 +14,14 @@ op "attention", :mod:`softk._backends.kernels`):
 
 The two kernels share one autograd rule and the ops ``softk::attention`` and
 ``softk::attention_backward`` (:mod:`softk._ops.attention`); double backward
-(``create_graph=True``) raises NotImplementedError on them.
+(``create_graph=True``) raises NotImplementedError on them.  A call inside a
+``torch.func`` transform (grad, vjp, jvp, jacrev, vmap), which those ops do
+not support, runs the reference.
 """
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from .._backends import dispatch
@@ -37,8 +40,11 @@ def attention(call: Call, kernel=_PICK) -> Tensor:
     op "attention", or None for the reference."""
     if kernel is _PICK:
         kernel = dispatch.pick("attention", call.q, call.fam)
-    if kernel is None or 0 in call.q.shape or 0 in call.k.shape:
-        out = reference.attention(call)  # (an empty call runs here: its result is empty or zeros)
+    # (an empty call runs the reference: its result is empty or zeros; so does a
+    # call inside a torch.func transform, which the kernels' ops do not support:
+    # the reference is plain tensor code, which every transform differentiates)
+    if kernel is None or 0 in call.q.shape or 0 in call.k.shape or torch._C._are_functorch_transforms_active():
+        out = reference.attention(call)
     else:
         alpha = call.alpha if call.fam == ENTMAX_ID else None
         out = _op.attention(call.q, call.k, call.v, call.mask, alpha, call.scale, call.causal, call.fam,
