@@ -43,7 +43,7 @@ def test_learnable_alpha_per_head():
     (dict(map="entmax", alpha=1.0, num_heads=2, learnable=True), "alpha must lie strictly between 1.00000095"),
     (dict(map="entmax", alpha=2.0, num_heads=2, learnable=True), "alpha must lie strictly between 1.00000095"),
     (dict(map="entmax", alpha=float("nan"), num_heads=2, learnable=True), "alpha must lie strictly between"),
-    (dict(map="entmax", alpha=2.5), r"alpha must lie in \(1, 2\]"),
+    (dict(map="entmax", alpha=3.5), r"alpha must lie in \(1, 3\]"),  # float64 takes the most
     (dict(map="entmax", alpha=[1.5, 1.5, 1.5], num_heads=2, learnable=True), "one per head"),
     (dict(map="entmax", alpha=0.9), "alpha must be a finite float > 1"),
     (dict(map="hardmax"), "map must be one of"),
@@ -83,3 +83,19 @@ def test_compile_fullgraph(backend):
     torch.testing.assert_close(out, eager, atol=1e-5, rtol=1e-5)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_an_alpha_only_float64_takes_is_taken_at_construction():
+    # the construction check ran on float32 zeros, so α in (2, 3], which
+    # float64 attention takes, was refused for every dtype
+    from ..oracle import attention as oracle
+
+    g0 = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, n, 8, generator=g0, dtype=torch.float64) for n in (4, 6, 6))
+    got = ScaledDotProductAttention("entmax", alpha=2.5)(q, k, v)
+    want, _ = oracle.attention(q.numpy(), k.numpy(), v.numpy(), name="entmax", alpha=2.5)
+    torch.testing.assert_close(got, torch.tensor(want), rtol=1e-9, atol=1e-12)
+    with pytest.raises(ValueError, match=r"alpha must lie in \(1, 2\] with float32"):
+        ScaledDotProductAttention("entmax", alpha=2.5)(q.float(), k.float(), v.float())
+    with pytest.raises(ValueError, match=r"alpha must lie in \(1, 3\]"):
+        ScaledDotProductAttention("entmax", alpha=3.5)

@@ -59,8 +59,10 @@ class ScaledDotProductAttention(nn.Module):
         self.map = check_choice(map, MAPS, "map")
         self.learnable = bool(learnable)
         if not self.learnable:
-            # the function's own checks, once, on a tiny call (a type checker cannot count the generator's three tensors)
-            scaled_dot_product_attention(*(torch.zeros(1, 1, 1) for _ in range(3)), map=map, alpha=alpha)  # type: ignore[arg-type]
+            # the function's own checks, once, on a tiny float64 call: float64 takes the widest α range,
+            # and each call checks its own dtype's (a type checker cannot count the generator's three tensors)
+            scaled_dot_product_attention(*(torch.zeros(1, 1, 1, dtype=torch.float64) for _ in range(3)),  # type: ignore[arg-type]
+                                         map=map, alpha=alpha)
             self._alpha = alpha
             return
         if map != "entmax":
