@@ -194,6 +194,7 @@ def test_bad_input_errors_name_the_parameter():
         (lambda: softk.sparsemax(x, dim=1.0), TypeError, "dim"),
         (lambda: snn.SoftTopK(0), ValueError, "k"),
         (lambda: snn.Entmax(alpha=1.0, learnable=True), ValueError, "alpha"),
+        (lambda: snn.Entmax(alpha=1e39, learnable=True), ValueError, "beyond float32"),  # its parameter was inf
         # a module takes one α: a tensor of several is refused as what it is
         # (the message said "a float >= 1 or a tensor" of a tensor)
         (lambda: snn.Entmax(alpha=torch.tensor([1.5, 1.6])), TypeError, r"alpha must be a float >= 1 here, got Tensor of shape \(2,\)"),

@@ -61,7 +61,10 @@ class Entmax(nn.Module):
             raise ValueError(f"alpha must be > 1 when learnable=True, got {alpha}")
         self.dim, self.tau, self.learnable = check_dim(None, dim), check_tau(tau), bool(learnable)
         if learnable:
-            self.alpha_raw = nn.Parameter(torch.tensor(_inverse_softplus(alpha - 1)))
+            raw = torch.tensor(_inverse_softplus(alpha - 1))  # float32, as a module's parameters are by default
+            if not bool(torch.isfinite(raw)):
+                raise ValueError(f"alpha={alpha!r} is beyond float32, which holds the learnable α's parameter")
+            self.alpha_raw = nn.Parameter(raw)
         else:
             self._alpha = alpha
 
