@@ -41,6 +41,9 @@ def test_module_arguments_checked_at_construction():
         snn.CrossEntropyLoss(label_smoothing=2.0)
     with pytest.raises(ValueError, match="tau must be"):
         snn.SoftmaxLoss(tau=0.0)
+    # the head's size is known at construction (the call refused it only then)
+    with pytest.raises(ValueError, match="k must be at most num_classes = 10, got 20"):
+        snn.FusedLinearLoss(4, 10, loss="topk_softmax_ce", k=20)
 
 
 def test_cross_entropy_loss_weight_is_a_buffer():

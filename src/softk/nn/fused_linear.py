@@ -65,6 +65,8 @@ class FusedLinearLoss(nn.Module):
                          reduction=reduction, chunk_size=chunk_size, softcap=softcap,
                          label_smoothing=label_smoothing, class_weight=class_weight, z_loss=z_loss,
                          suppression=suppression, adaptive=adaptive, vocab=int(num_classes), device=device)
+        if isinstance(o.k, numbers.Real) and o.k > num_classes:  # (the call would refuse it; say so here)
+            raise ValueError(f"k must be at most num_classes = {num_classes}, got {o.k}")
         self.in_features, self.num_classes = int(in_features), int(num_classes)
         self.loss, self.alpha, self.k, self.method = o.loss, o.alpha, o.k, o.method
         self.suppression, self.adaptive = o.suppression, o.adaptive
