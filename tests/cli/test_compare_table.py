@@ -67,3 +67,10 @@ def test_a_whole_k_written_as_a_float_is_that_k(capsys):
     assert out["k"] == 3 and out["left_out"] == [] and "topk_softmax" in out["rows"]
     _, lines = table(["--k", "2.5"], capsys)
     assert lines[1].startswith("k = 2.5 is fractional: left out topk_softmax")
+
+
+def test_a_k_just_below_a_whole_number_is_written_in_full(capsys):
+    # k = 3.9999999999999996 was printed as "k = 4 is fractional"
+    _, lines = table(["--k", "3.9999999999999996"], capsys)
+    assert lines[0].startswith("k = 3.9999999999999996, tau = 1 ")
+    assert lines[1].startswith("k = 3.9999999999999996 is fractional")

@@ -158,7 +158,7 @@ def operators(k, tau: float, alpha: float):
         ("softmax", lambda x: softk.softmax(x, tau=tau)),
         ("sparsemax", lambda x: softk.sparsemax(x, tau=tau)),
         ("entmax15", lambda x: softk.entmax15(x, tau=tau)),
-        (f"entmax[alpha={alpha:g}]", lambda x: softk.entmax(x, alpha, tau=tau)),
+        (f"entmax[alpha={_num(alpha)}]", lambda x: softk.entmax(x, alpha, tau=tau)),
     ]
     if hasattr(softk, "topk_softmax"):
         ops.append(("topk_softmax", lambda x: softk.topk_softmax(x, k, tau=tau)))
@@ -246,9 +246,9 @@ def format_table(result: dict) -> str:
              for name, r in result["rows"].items()]
     widths = [max(len(row[i]) for row in [head] + lines) for i in range(n + 3)]
     fmt = lambda row: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))  # noqa: E731
-    out = [f"k = {result['k']:g}, tau = {result['tau']:g}  (top-k maps use k; softmax, sparsemax, entmax have k = 1)"]
+    out = [f"k = {_num(result['k'])}, tau = {_num(result['tau'])}  (top-k maps use k; softmax, sparsemax, entmax have k = 1)"]
     if result["left_out"]:
-        out.append(f"k = {result['k']:g} is fractional: left out {', '.join(result['left_out'])} (they take a whole k)")
+        out.append(f"k = {_num(result['k'])} is fractional: left out {', '.join(result['left_out'])} (they take a whole k)")
     out += [fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in lines]
     if any(name.endswith("*") for name, *_ in lines):
         out.append("* kept for comparison only: entries can exceed 1 (Σp = k is the one constraint they keep)")
@@ -273,3 +273,10 @@ def _strict(obj):
     if isinstance(obj, (list, tuple)):
         return [_strict(v) for v in obj]
     return obj
+
+
+def _num(v) -> str:
+    """A number as short as ``:g`` writes it, or in full where that would
+    round it (k = 3.9999999999999996 is not 4)."""
+    short = f"{v:g}"
+    return short if float(short) == v else repr(float(v))
