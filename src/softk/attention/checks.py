@@ -162,9 +162,10 @@ def _alpha(name: str, alpha, h: int, q: Tensor):
                              f"got shape {tuple(alpha.shape)}")
         a = unwrapped(alpha.detach())
         lo, hi = alpha_range(q.dtype)
-        lo = _rounded_lo(lo, q.dtype)
-        require((a > lo) & (a <= hi), lambda: f"alpha must lie in ({lo:.9g}, {hi:g}] for every head with "
-                f"{_ct_name(q.dtype)} attention ({_WHY}; float32 rounds α up to 1 + 2⁻²⁴ to 1), got {a.tolist()}")
+        low = _rounded_lo(lo, q.dtype)
+        require((a > low) & (a <= hi), lambda: f"alpha must lie in ({lo:g}, {hi:g}] for every head with "
+                f"{_ct_name(q.dtype)} attention ({_WHY}), got {a.tolist()}"
+                + ("; float32, where it is computed, rounds an α up to 1 + 2⁻²⁴ to 1" if low != lo else ""))
         return ENTMAX_ID, alpha, alpha
     if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
         raise TypeError(f"alpha must be a float > 1 or a tensor of shape (H,), got {type(alpha).__name__}")
