@@ -113,12 +113,20 @@ static int64_t FN(narrow_entmax15)(FN(column) *v, int64_t n, T k, T *lam, int *d
             T dc = r / (D[l] + SQRT(disc > 0 ? disc : 0)); /* smaller root of Σ(w − δ)² = 4k */
             int closed = (disc >= 0) & (wmin[l] > dc);
             T next = lam[l] + r / (2 * D[l]);
-            int stop = done[l] | !(r > 0);
-            int go = !stop & !closed & (next > lam[l]);
+            /* after a closed step, the closed form once more from its λ, of
+             * either sign (see entmax15_polish): then the lane is done.  Every
+             * lane takes it: a per-lane test of whether the step was
+             * ill-conditioned (entmax15_ill) made GCC leave these loops
+             * scalar, 4 times the time at 16 entries */
+            int polish = done[l] == 2;
+            int stop = (done[l] == 1) | (!polish & !(r > 0));
+            int go = !stop & !polish & !closed & (next > lam[l]);
+            int take = !stop & (closed & (D[l] > 0) | go);
+            int again = !stop & !polish & closed;
             T to = closed ? lam[l] + dc : next;
-            lam[l] = stop | !(closed | go) ? lam[l] : to;
-            done[l] = !go;
-            live |= go;
+            lam[l] = take ? to : lam[l];
+            done[l] = go ? 0 : again ? 2 : 1;
+            live |= done[l] != 1;
         }
         if (!live) break;
     }
