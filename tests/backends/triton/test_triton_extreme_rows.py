@@ -106,3 +106,22 @@ def test_a_row_at_the_float_max_over_a_large_tau_each_variant(fam, k, alpha, var
 def test_a_row_at_the_float_max_over_a_large_tau_every_loss(name):
     with softk.use_backend("triton"):
         float_max_rows.check_loss(name, torch.float32)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("row, k, tau", [
+    ([-3.9, 0.4, -1e20, 1e20], 2, 4.0),
+    ([3.0, 0.0, 1.0, -3.4028234663852886e38], 1, 1.0),  # masked_fill(mask, finfo.min)
+    ([3.0, 0.0, 1.0, -3.4028234663852886e38, 2.5, -1e30, 0.5], 3, 0.7),
+])
+def test_sparse_top_k_with_entries_far_below_the_threshold(row, k, tau, variant):
+    # the clipped map's search started from [min z − 1, max z]: a far entry
+    # made that bracket ~1e20 wide, which bisection did not close in its
+    # passes, and λ ended below the answer: Σp = k + 1 or more
+    x = torch.cat([_normal_rows(len(row), 2), torch.tensor([row])])
+    p = forward_rows(x, FAMILY_IDS["sparse"], k, tau, **VARIANTS[variant])
+    want = oracle_maps.soft_topk(np.array(row), k, tau=tau, method="sparse")
+    np.testing.assert_allclose(p[-1].double().numpy(), want, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(p[:-1].double().numpy(),
+                               oracle_maps.soft_topk(x[:-1].double().numpy(), k, tau=tau, method="sparse"),
+                               rtol=0, atol=1e-6)

@@ -56,7 +56,7 @@ lane sweeps are not counted as passes: they read no memory.
 import triton
 import triton.language as tl
 
-from .ids import EXP, SOFTMAX
+from .ids import EXP, SOFTMAX, SPARSE
 from .prelude import EPS, _cols, _finite_or_zero, _frame_z, _load_x
 from .search import _find_lambda
 
@@ -254,6 +254,12 @@ def _solve(xr, rmask, xrow, lanes, n, inv_tau, xmax, xmin, m, lseS, active, k, a
                 far = far | sel
                 hx0 = tl.where(far, x0, hx0)
                 hlo = tl.where(far, float("-inf"), hlo)
+                if FAM == SPARSE:
+                    # in the frame of the ⌈k⌉-th largest entry the clipped map's λ
+                    # lies in [−1, 0] (at −1 those ⌈k⌉ entries saturate, at 0 at most
+                    # ⌈k⌉ − 1 count); without the lower end the bracket reached the
+                    # row's far entries (±1e20), which bisection does not cross in MAXIT
+                    hlo = tl.where(sel, -1.0 - 4.0 * EPS, hlo)
                 zmax, zmin, lz = _frame_values(xmax, xmin, lseS, ref, inv_tau, active, FAM)
             todo = far
             stage += 1
