@@ -99,7 +99,7 @@ def over_tau_shifted(x: Tensor, tau: Tensor, dim: int = -1, k=1, capped: bool = 
 
 def shift_over_tau(z: Tensor, r: Tensor, tau, check: bool = True) -> Tensor:
     """(z − r)/τ for a float τ or a learnable one (:func:`_divide`), r a
-    shift of the row (finite, detached).
+    shift of each row (a tensor that broadcasts against z).
 
     For entries of both signs near the float max, z − r overflows where
     (z − r)/τ does not (τ > 1): there it is formed from the halves,
