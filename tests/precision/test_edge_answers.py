@@ -99,3 +99,18 @@ def test_entmax15_on_near_constant_rows_matches_float64():
     for n in (16, 300, 32768, 100000):  # equal entries: p = 1/n exactly
         p = softk.entmax15(torch.zeros(2, n))
         np.testing.assert_allclose(p.double().numpy(), 1.0 / n, rtol=8 * eps, atol=0)
+
+
+@pytest.mark.parametrize("alpha", [1.3, 1.7, 1.9])
+def test_entmax_alpha_on_near_constant_short_rows_matches_float64(alpha):
+    # Newton landed past the root by the rounding of G and of its step, and
+    # g ≤ k was read as the root: p was off by up to 1045 ulps of its
+    # largest entry (α = 1.9, 128 entries half of them 3e-4 lower)
+    eps = np.finfo(np.float32).eps
+    half = torch.zeros(1, 128)
+    half[0, 64:] = -3e-4
+    for x in (half, torch.linspace(0, 0.1, 256)[None], torch.zeros(1, 300)):
+        p = softk.entmax(x, alpha=alpha)
+        ref = entmax_reference(x, alpha, 1.0)
+        err = np.abs(p.double().numpy() - ref).max()
+        assert err <= 16 * eps * ref.max(), (x.shape[-1], err / ref.max() / eps)

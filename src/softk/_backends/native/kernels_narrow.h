@@ -180,9 +180,17 @@ static int64_t FN(narrow_entmax_alpha)(FN(column) *v, FN(column) *pw, int64_t n,
             T tol = 4 * EPS * (1 + (lam[l] < 0 ? -lam[l] : lam[l]));
             T pv = prev[l];
             int last = (step <= tol) | ((pv > 0) & (16 * step * step * step <= tol * pv * pv) & (step <= lastmax));
-            int move = !done[l] & (G[l] > k) & (next > lam[l]), go = move & !last;
+            /* past the root (g ≤ k), by the rounding of G and of the step
+             * that came here (hundreds of ulps of p on near-constant rows):
+             * a step back that power_shifted writes exactly is written as a
+             * forward one is; a longer one is taken (Newton from the right
+             * lands left of the root: h is convex) */
+            int past = !done[l] & !(G[l] > k) & (G[l] > 0) & (step < 0) & (next < lam[l]);
+            int back = past & (-step <= lastmax);
+            int move = !done[l] & ((G[l] > k) & (next > lam[l]) | past & !back);
+            int go = move & (!last | past);
             lam[l] = go ? next : lam[l];
-            dl[l] = move & !go ? step : dl[l];
+            dl[l] = (move & !go) | back ? step : dl[l];
             prev[l] = step;
             done[l] = !go;
             live |= go;

@@ -343,8 +343,26 @@ static T FN(solve_entmax_alpha)(T lam, T k, const FN(zb_params) *pa, int final, 
              * tol (as the prediction below) that is rounding too; further,
              * Newton from the right lands left of the root (convexity
              * again), or at the last lower bound where its step is not
-             * finite, and Newton alone goes on. */
-            if (!halley || (G > 0 && S > 0 && 16 * (double)step >= -tol)) {
+             * finite, and Newton alone goes on.  Newton's own iterates
+             * land past it too, by the rounding of G and of the step: on
+             * a near-constant row by hundreds of ulps of p.  A step back
+             * that power_shifted writes exactly is written (below);
+             * a longer one is taken, as after Halley. */
+            int near = 16 * (double)step >= -tol || -step <= (double)kq * pa->dmax1;
+            if (!(G > 0 && S > 0) || (final ? near : !halley || 16 * (double)step >= -tol)) {
+                if (final && G > 0 && S > 0 && step < 0 && -step <= (double)kq * pa->dmax1) {
+                    /* Past the root by the rounding of G and of the step
+                     * that came here, which on a near-constant row is
+                     * hundreds of ulps of p: p at λ + step (< 0) from this
+                     * round's w^q, as the last round below writes it */
+                    T ad = am1 * step, c2 = q * (q - 1) / 2, c3 = c2 * (q - 2) / 3;
+#pragma omp simd
+                    for (int64_t j = 0; j < cp; j++) {
+                        T w = am1 * (val[j] - lam);
+                        pw[j] = FN(power_shifted)(pw[j], ad / WPOS(w, one), q, c2, c3);
+                    }
+                    lam += step;
+                }
                 *have_p = 1;
                 break;
             }
