@@ -23,23 +23,30 @@ from .._validate import reduce
 from ..threshold.rows import compute_dtype, finite_max, shift_over_tau
 
 
+def lse_minus_target(top: Tensor, zt: Tensor) -> Tensor:
+    """log Σ_{top} e^{z} − z_t per row, (..., k) and (..., 1) → (...), as
+    logsumexp(top − z_t): lse(top) − z_t cancels two terms of the row's
+    size (an offset of 1e6 in float32 left 1.0 where the loss is 0.974).  A
+    masked target (z_t = −inf) keeps lse(top) − z_t = inf, where top − z_t
+    would meet −inf − −inf = NaN."""
+    fin = torch.isfinite(zt)
+    return torch.where(fin, torch.logsumexp(top - torch.where(fin, zt, 0.0), -1, keepdim=True),
+                       torch.logsumexp(top, -1, keepdim=True) - zt).squeeze(-1)
+
+
 def topk_softmax_ce_rows(z: Tensor, target: Tensor, k: int, tau: float, reduction: str, ignore_index: int) -> Tensor:
     """The loss as differentiable tensor code on rows (classes last)."""
     keep = target != ignore_index
     index = torch.where(keep, target, 0).long()
     zc = z.to(compute_dtype(z.dtype))
-    # shifted by the row max before dividing by τ, and the loss formed as
-    # logsumexp(top − z_t): lse(top) − z_t cancelled two terms of the row's
-    # size (an offset of 1e6 in float32 left 1.0 where the loss is 0.974)
+    # shifted by the row max before dividing by τ (x/τ first rounds every
+    # entry to ulp(x/τ)), and the loss formed without cancelling (lse_minus_target)
     zc = shift_over_tau(zc, finite_max(zc).detach(), tau, check=False)
     # an ignored row's scores are left out (zeros): one with no finite score
     # (a padding row masked with −inf) would send logsumexp's NaN into the gradient
     zc = torch.where(keep.unsqueeze(-1), zc, 0.0)
     top = torch.topk(zc, k, dim=-1, sorted=False).values
-    zt = zc.gather(-1, index.unsqueeze(-1))
-    fin = torch.isfinite(zt)  # a masked target keeps lse(top) − z_t = inf (−inf − −inf is NaN)
-    loss = torch.where(fin, torch.logsumexp(top - torch.where(fin, zt, 0.0), -1, keepdim=True),
-                       torch.logsumexp(top, -1, keepdim=True) - zt).squeeze(-1)
+    loss = lse_minus_target(top, zc.gather(-1, index.unsqueeze(-1)))
     loss = torch.where(keep, loss, 0.0)
     return reduce(loss, keep, reduction).to(z.dtype)
 

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from .._ops.distributed import RowLoss, all_gather, all_reduce
+from .._ops.topk_softmax_ce import lse_minus_target
 from .._validate import check_input, check_k, mean_of, sum_tolerance
 from ..losses import targets as tg
 from ..losses._options import FIELDS, LossOptions, loss_options
@@ -34,7 +35,7 @@ from ..threshold.rows import compute_dtype, shift_over_tau
 from .checks import exchange, outside_graph, resolve_group
 from ._knobs import ts2_penalty
 from .families import loss_family, what_code
-from .threshold import NEG_INF, distributed_forward
+from .threshold import NEG_INF, _finite_max, distributed_forward
 
 
 def _local_checks(x, target, loss, k, tau, alpha, method, reduction, ignore_index, vocab_start, suppression, adaptive):
@@ -104,11 +105,7 @@ def _topk_ce(z, index, owned, zt_local, k, group, rank, world):
     allv = torch.cat([b[:, :k] for b in blocks], -1)
     zt = torch.stack([b[:, k] for b in blocks], -1).amax(-1, keepdim=True)
     top, pos = torch.topk(allv, k, dim=-1, sorted=False)
-    # lse(top − z_t): lse(top) − z_t cancels two terms of the row's size; a
-    # masked target (z_t = −inf) keeps the old form, inf (−inf − −inf is NaN)
-    fin = torch.isfinite(zt)
-    rows = torch.where(fin, torch.logsumexp(top - torch.where(fin, zt, 0.0), -1, keepdim=True),
-                       torch.logsumexp(top, -1, keepdim=True) - zt).squeeze(-1)
+    rows = lse_minus_target(top, zt)
     q = torch.softmax(top, -1)
     mine = (pos >= rank * k) & (pos < (rank + 1) * k)
     cols = idx.gather(-1, (pos - rank * k).clamp(0, k - 1))
@@ -187,7 +184,7 @@ def vocab_parallel_loss(
         # shifted by the concatenated row's max before dividing, as every
         # single-device loss is: x/τ first rounds each entry to ulp(x/τ)
         # (an offset of 1e6 at τ = 0.3 in float32 moved the loss by 1 %)
-        top = all_reduce(torch.where(torch.isfinite(z), z, NEG_INF).amax(-1, keepdim=True), "max", group)
+        top = all_reduce(_finite_max(z), "max", group)
         z = shift_over_tau(z, torch.where(torch.isfinite(top), top, 0.0), tau, check=False)
     m = z.shape[0]
     dense = target.is_floating_point()
