@@ -199,11 +199,6 @@ static T FN(solve_sparsemax)(T lam, T k, T *val, cidx_t *idx, int64_t *cp, int64
     return lam;
 }
 
-/* entmax15: the closed form (a quadratic) on the current support is tried
- * first and accepted when no candidate falls below it (exact): the smallest
- * candidate, found in the pass that sums, stays above it; otherwise a Newton
- * step, from below (g is convex).  At most `most` rounds: every iterate is a
- * lower bound of λ. */
 /* The closed form once more, from the λ it gave, on the same candidates.
  * From a bound far below the root, D² and c·r are both of size c²w² and
  * their difference (about 4ck) cancels: on a row of 32768 equal entries in
@@ -236,6 +231,12 @@ static T FN(entmax15_polish)(T lam, T k, const T *val, int64_t c)
     return wmin > dc ? lam + (T)dc : lam;
 }
 
+/* entmax15: the closed form (a quadratic) on the current support is tried
+ * first and accepted when no candidate falls below it (exact): the smallest
+ * candidate, found in the pass that sums, stays above it; otherwise a Newton
+ * step, from below (g is convex).  At most `most` rounds: every iterate is a
+ * lower bound of λ; a closed step that lost digits is taken once more
+ * (entmax15_polish). */
 static T FN(solve_entmax15)(T lam, T k, T *val, cidx_t *idx, int64_t *cp, int64_t *itp, int64_t most)
 {
     int64_t c = *cp, it = 0;
@@ -278,6 +279,22 @@ static inline T FN(power_shifted)(T wq, T t, T q, T c2, T c3)
 {
     T pj = wq * (1 + t * (t * (c2 - c3 * t) - q));
     return pj > 0 ? pj : (T)0;
+}
+
+/* The candidates' p at λ + step from their w^q at λ (pw, in place), to
+ * third order (power_shifted): 0 where v ≤ λ + step.  The step is short
+ * enough for that write to be exact (zb_params' dmax1); it may be negative,
+ * back from a λ past the root.  Returns λ + step. */
+static T FN(shift_powers)(const T *val, T *pw, int64_t cp, T lam, T step, T am1, T q, T one)
+{
+    T next = lam + step, ad = am1 * step, c2 = q * (q - 1) / 2, c3 = c2 * (q - 2) / 3, zero = 0;
+#pragma omp simd
+    for (int64_t j = 0; j < cp; j++) {
+        T v = val[j], w = am1 * (v - lam);
+        T pj = FN(power_shifted)(pw[j], ad / WPOS(w, one), q, c2, c3);
+        pw[j] = v > next ? pj : zero;
+    }
+    return next;
 }
 
 /* entmax α: on h = g^{1/q} − k^{1/q}, q = 1/(α−1) ≥ 1 (convex, nearly
@@ -355,13 +372,7 @@ static T FN(solve_entmax_alpha)(T lam, T k, const FN(zb_params) *pa, int final, 
                      * that came here, which on a near-constant row is
                      * hundreds of ulps of p: p at λ + step (< 0) from this
                      * round's w^q, as the last round below writes it */
-                    T ad = am1 * step, c2 = q * (q - 1) / 2, c3 = c2 * (q - 2) / 3;
-#pragma omp simd
-                    for (int64_t j = 0; j < cp; j++) {
-                        T w = am1 * (val[j] - lam);
-                        pw[j] = FN(power_shifted)(pw[j], ad / WPOS(w, one), q, c2, c3);
-                    }
-                    lam += step;
+                    lam = FN(shift_powers)(val, pw, cp, lam, step, am1, q, one);
                 }
                 *have_p = 1;
                 break;
@@ -417,14 +428,7 @@ static T FN(solve_entmax_alpha)(T lam, T k, const FN(zb_params) *pa, int final, 
              * w^q to third order (power_shifted), so the final write needs
              * no pow.  Where t ≥ 1 (v ≤ next) p is 0.  Entries at or below
              * next stay among the candidates, with p = 0. */
-            T ad = am1 * step, c2 = q * (q - 1) / 2, c3 = c2 * (q - 2) / 3, zero = 0;
-#pragma omp simd
-            for (int64_t j = 0; j < cp; j++) {
-                T v = val[j], w = am1 * (v - lam);
-                T pj = FN(power_shifted)(pw[j], ad / WPOS(w, one), q, c2, c3);
-                pw[j] = v > next ? pj : zero;
-            }
-            lam = next;
+            lam = FN(shift_powers)(val, pw, cp, lam, step, am1, q, one);
             *have_p = 1;
             break;
         }
