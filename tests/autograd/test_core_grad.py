@@ -162,7 +162,7 @@ def test_entmax_alpha_second_derivative_at_softmax_limit():
     a = torch.tensor(1.0, dtype=torch.float64, requires_grad=True)
     (d1,) = torch.autograd.grad((softk.entmax(torch.tensor(x), a) * torch.tensor(g)).sum(), a, create_graph=True)
     (d2,) = torch.autograd.grad(d1, a)
-    np.testing.assert_allclose(d2.item(), want, rtol=1e-3)
+    np.testing.assert_allclose(d2.item(), want, rtol=3e-5)  # the differences' own error: 6e-6
 
 
 def test_half_precision_backward_is_finite_and_close():
