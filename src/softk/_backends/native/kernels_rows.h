@@ -52,39 +52,63 @@ static int64_t FN(compact)(T *val, cidx_t *idx, int64_t c, T lam)
  * a loop with a branch around a call is not vectorised (the calls then run
  * scalar).  POWQ gets WPOS(w): for double 1 where w ≤ 0 (libmvec's log
  * takes a slow path for 0 and negatives), for float max(w, FLT_MIN)
- * (fast_log2f needs a normal w; the p lost is below FLT_MIN). */
-static void FN(entmax_sums)(const T *val, int64_t cp, T lam, T am1, T q, T *pw, T *Gp, T *Sp)
+ * (fast_log2f needs a normal w; the p lost is below FLT_MIN).
+ *
+ * G is summed in double on more than WIDE_SUMS candidates (wide = 1).  λ is
+ * found where G = k, so G's rounding is λ's error, and float lane sums of n
+ * near-equal terms err by about n/(2 PAD) EPS: on 32768 equal entries by
+ * 150–200 ulps of p, on 1024 by at most 5.  S and R only size the step.
+ * wide is a constant wherever the bodies are inlined, so each loop holds
+ * one accumulator of G. */
+#define WIDE_SUMS 1024
+static inline __attribute__((always_inline)) void FN(entmax_sums_body)(const T *val, int64_t cp, T lam, T am1, T q,
+                                                                      T *pw, T *Gp, T *Sp, int wide)
 {
     /* An opaque 1: with a literal, GCC rewrites log(w > 0 ? w : 1) as
      * (w > 0 ? log(w) : 0), and log then gets the 0s and negatives after all. */
     volatile T one_v = 1;
     T one = one_v;
     T G = 0, S = 0;
-#pragma omp simd reduction(+ : G, S)
+    double Gd = 0;
+#pragma omp simd reduction(+ : G, Gd, S)
     for (int64_t j = 0; j < cp; j++) {
         T w = am1 * (val[j] - lam);
         T on = w > 0;
         T w1 = WPOS(w, one);
         T wq = POWQ(w1, q) * on;
         pw[j] = wq;
-        G += wq;
+        if (wide)
+            Gd += wq;
+        else
+            G += wq;
         S += wq / w1;
     }
-    *Gp = G;
+    *Gp = wide ? (T)Gd : G;
     *Sp = S;
+}
+
+static void FN(entmax_sums)(const T *val, int64_t cp, T lam, T am1, T q, T *pw, T *Gp, T *Sp)
+{
+    if (cp > WIDE_SUMS)
+        FN(entmax_sums_body)(val, cp, lam, am1, q, pw, Gp, Sp, 1);
+    else
+        FN(entmax_sums_body)(val, cp, lam, am1, q, pw, Gp, Sp, 0);
 }
 
 /* entmax_sums with R = Σ w^{q−2} too, for Halley's step (q ≥ 2, so w^{q−2}
  * stays bounded at the support's edge): w^{q−2} as POWQ, then w^{q−1} and
  * w^q by multiplying by w (no division), each a rounding more.  With rough
- * set, w^{q−2} is ROUGH's and pw is not written (entmax_sums3_rough). */
+ * set, w^{q−2} is ROUGH's and pw is not written (entmax_sums3_rough); G
+ * in double where wide, as in entmax_sums_body. */
 static inline __attribute__((always_inline)) void FN(entmax_sums3_body)(const T *val, int64_t cp, T lam, T am1, T q,
-                                                                       T *pw, T *Gp, T *Sp, T *Rp, int rough)
+                                                                       T *pw, T *Gp, T *Sp, T *Rp, int rough,
+                                                                       int wide)
 {
     volatile T one_v = 1; /* opaque: see entmax_sums */
     T one = one_v;
     T G = 0, S = 0, R = 0;
-#pragma omp simd reduction(+ : G, S, R)
+    double Gd = 0;
+#pragma omp simd reduction(+ : G, Gd, S, R)
     for (int64_t j = 0; j < cp; j++) {
         T w = am1 * (val[j] - lam);
         T on = w > 0;
@@ -92,26 +116,33 @@ static inline __attribute__((always_inline)) void FN(entmax_sums3_body)(const T 
         T w2 = (rough ? ROUGH(w1, q - 2) : POWQ(w1, q - 2)) * on;
         T w3 = w2 * w1, wq = w3 * w1;
         if (!rough) pw[j] = wq;
-        G += wq;
+        if (wide)
+            Gd += wq;
+        else
+            G += wq;
         S += w3;
         R += w2;
     }
-    *Gp = G;
+    *Gp = wide ? (T)Gd : G;
     *Sp = S;
     *Rp = R;
 }
 
 /* The two, each its own function with rough a constant: with rough read in
  * the loop GCC computed both powers, and inlined into the solver both
- * loops made its code slower. */
+ * loops made its code slower.  The rough round's G only chooses where the
+ * exact round is taken, and stays in float. */
 static void FN(entmax_sums3)(const T *val, int64_t cp, T lam, T am1, T q, T *pw, T *Gp, T *Sp, T *Rp)
 {
-    FN(entmax_sums3_body)(val, cp, lam, am1, q, pw, Gp, Sp, Rp, 0);
+    if (cp > WIDE_SUMS)
+        FN(entmax_sums3_body)(val, cp, lam, am1, q, pw, Gp, Sp, Rp, 0, 1);
+    else
+        FN(entmax_sums3_body)(val, cp, lam, am1, q, pw, Gp, Sp, Rp, 0, 0);
 }
 
 static void FN(entmax_sums3_rough)(const T *val, int64_t cp, T lam, T am1, T q, T *Gp, T *Sp, T *Rp)
 {
-    FN(entmax_sums3_body)(val, cp, lam, am1, q, NULL, Gp, Sp, Rp, 1);
+    FN(entmax_sums3_body)(val, cp, lam, am1, q, NULL, Gp, Sp, Rp, 1, 0);
 }
 
 /* What the solvers need of α and k, found once per call rather than per row
@@ -607,7 +638,8 @@ static T FN(near_softmax_sums)(const T *val, int64_t cp, T mu, T am1, T q, T *pw
 {
     volatile T zero_v = 0; /* opaque: see entmax_sums */
     T zero = zero_v;
-    T G = 0, S = 0;
+    double G = 0; /* double, as entmax_sums_body's where wide: Σp = 1 is the equation */
+    T S = 0;
 #pragma omp simd reduction(+ : G, S)
     for (int64_t j = 0; j < cp; j++) {
         T x = am1 * (val[j] - mu);
@@ -621,7 +653,7 @@ static T FN(near_softmax_sums)(const T *val, int64_t cp, T mu, T am1, T q, T *pw
         S += p / u; /* u^{q−1} */
     }
     *Sp = S;
-    return G;
+    return (T)G;
 }
 
 static void FN(entmax_near_softmax)(T lam, T am1, T *val, int64_t c, T *pw)
