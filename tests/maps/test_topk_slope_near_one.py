@@ -354,6 +354,42 @@ def test_a_row_of_ones_through_the_op(fam):
     _check(jv.double().numpy(), want, scale, 0.0, torch.bfloat16)  # J is symmetric
 
 
+# rows whose finite entries number at most k: p = 1 on each of them
+SHORT_ROWS = [([0.0, 0.0, float("-inf")], 2), ([0.109, -0.487, float("-inf"), float("-inf")], 2.41),
+              ([3.0, float("-inf")], 1), ([0.0, 0.5, 0.2] + [float("-inf")] * 8997, 3)]  # the looped Triton backward
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fam", FAMS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_rows_of_at_most_k_finite_entries_have_no_gradient(backend, fam, dtype):
+    # p = 1 on each finite entry for every x and k nearby: d = 0.  The anchor
+    # where rounding to 1 begins gave these rows a slope of about ε/4, which
+    # the vjp's d/Σd made O(1): dx was ε/(4τ) (0.98 in bfloat16 at τ = 1e-3)
+    for row, k in SHORT_ROWS:
+        x = torch.tensor(row, dtype=dtype)
+        p = (x > float("-inf")).to(dtype)
+        g = torch.linspace(-1.0, 2.0, len(row), dtype=dtype)
+        for tau in (1e-3, 1.0):
+            if backend == "torch":
+                dx = threshold_backward(THRESHOLD_METHODS[fam], p, g, tau, x, k)
+            else:
+                dx = backward_rows(p[None], g[None], FAMILY_IDS[fam], tau, x=x[None], k=k)[0]
+            assert torch.equal(dx, torch.zeros_like(dx)), (row, k, tau, dx)
+
+
+@pytest.mark.parametrize("fam", FAMS)
+def test_a_per_row_budget_above_the_finite_entries_has_no_gradient(fam):
+    # ∂p/∂k = d/Σd was 1.99 on the first row: the same slope of about ε/4
+    x = torch.tensor([[float("-inf"), 0.109, -0.487], [0.3, float("-inf"), float("-inf")]], dtype=torch.float64,
+                     requires_grad=True)
+    k = torch.tensor([[2.41], [1.0]], dtype=torch.float64, requires_grad=True)
+    p = softk.soft_topk(x, k, tau=0.1, method=fam)
+    assert torch.equal(p.detach(), (x > float("-inf")).double())
+    p.backward(torch.tensor([[0.3, -1.0, 2.0], [1.5, 0.2, -0.7]], dtype=torch.float64))
+    assert torch.equal(k.grad, torch.zeros_like(k)) and torch.equal(x.grad, torch.zeros_like(x))
+
+
 @pytest.mark.parametrize("fam", FAMS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_per_row_budget_in_half_precision(fam, dtype):

@@ -111,7 +111,8 @@ def anchored_slope(family: Family, p: Tensor, x: Tensor, tau: float, stored: tor
     float of ``stored``, the dtype p was stored in; default p's).  On a row
     whose every p rounded to 0 or 1, j is the lowest entry that rounded to
     1, with u_j = −f⁻¹(ε/4) (ε: ``stored``'s machine epsilon), where
-    rounding to 1 begins: a lower bound of u_j.  Where no normal p ≤ ½ is
+    rounding to 1 begins: a lower bound of u_j; unless the row has at most
+    k finite entries, whose p = 1 is exact and d = 0.  Where no normal p ≤ ½ is
     left to anchor on (every p above ½: k > n/2), u is refined by two Newton
     steps on Σf(u) = k (``Family.residual``, which sums the tails 1 − p
     apart) when the budget ``k`` is given.  Without ``k`` a row with no p
@@ -128,9 +129,12 @@ def anchored_slope(family: Family, p: Tensor, x: Tensor, tau: float, stored: tor
     refine = inside & (key.gather(-1, j) < 1)  # the anchor is not a normal p ≤ ½
     if k is not None and family.residual is not None and (not eager(p) or not bool(inside.all())):
         # a row of 0s and 1s: the lowest entry that rounded to 1, at the u
-        # where rounding to 1 begins, then the Newton steps
+        # where rounding to 1 begins, then the Newton steps; not on a row of
+        # at most k finite entries, which p = 1 fills exactly (constant in x
+        # and k: d = 0)
         one = p == 1
-        alone = ~inside & one.any(-1, keepdim=True)
+        short = (x > float("-inf")).sum(-1, keepdim=True) <= k
+        alone = ~inside & one.any(-1, keepdim=True) & ~short
         j = torch.where(inside, j, torch.where(one, x, float("inf")).argmin(-1, keepdim=True))
         u0 = torch.where(alone, -family.f_inv(torch.tensor(fi.eps / 4, dtype=p.dtype)), u0)  # type: ignore[misc]
         refine = refine | alone

@@ -159,8 +159,8 @@ def _load_pxm(P, X, base, rmask, cols, n):
     # p, x (−inf past the row: d = 0 there) and the key by which the anchor
     # is chosen (torch.threshold.anchored_slope): 1 + p for a normal p ≤ ½,
     # 1 − p above ½, p/tiny for a subnormal p (tiny: P's dtype's smallest
-    # normal); −1 (never the anchor) at p = 0, 1 or NaN; and x where p
-    # rounded to 1 (+inf elsewhere), for a row of 0s and 1s
+    # normal); −1 (never the anchor) at p = 0, 1 or NaN; x where p rounded
+    # to 1 (+inf elsewhere), for a row of 0s and 1s; and 1 where x is finite
     mask = rmask & (cols < n)
     p = tl.load(P + base + cols, mask=mask, other=0.0).to(tl.float32)
     x = _load_x(X, base, rmask, cols, n)
@@ -169,16 +169,19 @@ def _load_pxm(P, X, base, rmask, cols, n):
     else:
         tiny = 1.1754943508222875e-38  # 2^-126: float32 and bfloat16
     key = tl.where(p > 0.5, 1.0 - p, tl.where(p >= tiny, 1.0 + p, p * (1.0 / tiny)))
-    return p, x, tl.where((p > 0) & (p < 1.0), key, -1.0), tl.where(p == 1.0, x, float("inf"))
+    return (p, x, tl.where((p > 0) & (p < 1.0), key, -1.0), tl.where(p == 1.0, x, float("inf")),
+            (x > float("-inf")).to(tl.float32))
 
 
 @triton.jit
-def _anchor(P, bm, bp, bx, bi, bo, FAM: tl.constexpr, REFINE: tl.constexpr):
+def _anchor(P, bm, bp, bx, bi, bo, bf, k, FAM: tl.constexpr, REFINE: tl.constexpr):
     # the row's anchor (the lowest index among ties): whether it lies
     # strictly inside (0, 1), f⁻¹(p_j), x_j, and whether to refine it, as
     # [ROWS, 1] columns.  With ``REFINE``, a row of 0s and 1s anchors at its
     # lowest x whose p rounded to 1 (``bo``), at u = −f⁻¹(ε/4), where
-    # rounding to 1 begins (ε: P's dtype's), and is refined
+    # rounding to 1 begins (ε: P's dtype's), and is refined, unless it has
+    # at most k finite entries (``bf`` counts them): p = 1 fills those
+    # exactly, and d = 0
     M = tl.max(bm, 1, keep_dims=True)
     idx = tl.min(tl.where(bm == M, bi, IBIG), 1, keep_dims=True)
     at = (bi == idx) & (bm == M)
@@ -189,7 +192,7 @@ def _anchor(P, bm, bp, bx, bi, bo, FAM: tl.constexpr, REFINE: tl.constexpr):
     refine = inside & (M < 1.0)
     if REFINE:
         xo = tl.min(bo, 1, keep_dims=True)
-        alone = (M <= 0) & (xo < float("inf"))
+        alone = (M <= 0) & (xo < float("inf")) & (tl.sum(bf, 1, keep_dims=True) > k)
         if P.dtype.element_ty == tl.float16:
             eps = 0.0009765625  # 2^-10
         elif P.dtype.element_ty == tl.bfloat16:
@@ -296,8 +299,8 @@ def _bwd_from_x(P, X, G, DX, base, rmask, n, inv_tau, k, FAM: tl.constexpr, ROWS
                 BLOCK: tl.constexpr, ONCHIP: tl.constexpr, REFINE: tl.constexpr):
     if ONCHIP:
         cols = tl.arange(0, BLOCK)[None, :]
-        p, x, m, o = _load_pxm(P, X, base, rmask, cols, n)
-        inside, c, xj, refine = _anchor(P, m, p, x, cols + tl.zeros_like(m).to(tl.int32), o, FAM, REFINE)
+        p, x, m, o, f = _load_pxm(P, X, base, rmask, cols, n)
+        inside, c, xj, refine = _anchor(P, m, p, x, cols + tl.zeros_like(m).to(tl.int32), o, f, k, FAM, REFINE)
         if REFINE:
             if tl.max(tl.max(refine.to(tl.int32), 1), 0) > 0:
                 for _ in range(2):
@@ -318,18 +321,20 @@ def _bwd_from_x(P, X, G, DX, base, rmask, n, inv_tau, k, FAM: tl.constexpr, ROWS
         bx = tl.zeros([ROWS, BLOCK], tl.float32)
         bi = tl.zeros([ROWS, BLOCK], tl.int32) + IBIG
         bo = tl.full([ROWS, BLOCK], float("inf"), tl.float32)
+        bf = tl.zeros([ROWS, BLOCK], tl.float32)
         badl = tl.zeros([ROWS, BLOCK], tl.float32)
         for start in range(0, n, BLOCK):
             cols = start + tl.arange(0, BLOCK)[None, :]
-            p, x, m, o = _load_pxm(P, X, base, rmask, cols, n)
+            p, x, m, o, f = _load_pxm(P, X, base, rmask, cols, n)
             bo = tl.minimum(bo, o)
+            bf += f
             badl = tl.maximum(badl, (p != p).to(tl.float32))
             upd = m > bm
             bm = tl.where(upd, m, bm)
             bp = tl.where(upd, p, bp)
             bx = tl.where(upd, x, bx)
             bi = tl.where(upd, cols + tl.zeros_like(bi), bi)
-        inside, c, xj, refine = _anchor(P, bm, bp, bx, bi, bo, FAM, REFINE)
+        inside, c, xj, refine = _anchor(P, bm, bp, bx, bi, bo, bf, k, FAM, REFINE)
         bad = tl.max(badl, 1, keep_dims=True) > 0
         if REFINE:
             if tl.max(tl.max(refine.to(tl.int32), 1), 0) > 0:
