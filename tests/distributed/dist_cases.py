@@ -19,7 +19,8 @@ D = torch.float64
 INF = float("inf")
 
 
-def single_loss(loss, z, t, *, alpha=None, k=1, method="sparse", tau=1.0, ignore_index=-100, reduction="mean"):
+def single_loss(loss, z, t, *, alpha=None, k=1, method="sparse", tau=1.0, ignore_index=-100, reduction="mean",
+                suppression=None, adaptive=False):
     if loss == "cross_entropy":
         return L.cross_entropy(z, t, ignore_index=ignore_index, reduction=reduction, tau=tau)
     if loss == "softmax":
@@ -32,6 +33,9 @@ def single_loss(loss, z, t, *, alpha=None, k=1, method="sparse", tau=1.0, ignore
         return L.entmax_loss(z, t, alpha, ignore_index, reduction, tau)
     if loss == "soft_topk":
         return L.soft_topk_loss(z, t, k, method, tau, reduction)
+    if loss == "ts2":
+        return L.ts2_loss(z, t, suppression=1.0 if suppression is None else suppression, tau=tau, adaptive=adaptive,
+                          ignore_index=ignore_index, reduction=reduction)
     return L.topk_softmax_cross_entropy(z, t, k, ignore_index, reduction, tau)
 
 
@@ -90,6 +94,8 @@ LOSS_CASES = [
     ("entmax", {"alpha": 1.3}, "index"),
     ("entmax", {"alpha": 2.5}, "index"),
     ("topk_softmax_ce", {"k": 3}, "index"),
+    ("ts2", {"suppression": 0.7}, "index"),
+    ("ts2", {"adaptive": True}, "index"),
     ("sparsemax", {}, "dense"),
     ("entmax15", {}, "dense"),
     ("softmax", {}, "dense"),
@@ -116,10 +122,11 @@ def check_losses(rank, world, sizes, order):
                 targets = [(y, -100)]
             else:
                 targets = [(t, -100), (t_ign, -7)]
-                if loss == "topk_softmax_ce" and masks:
+                if loss in ("topk_softmax_ce", "ts2") and masks:
                     # a kept fully masked row is NaN, with a NaN gradient (checked without masks);
                     # ignored, it and the row whose target is masked give 0 and no gradient
-                    # (softmax's NaN on it, times its weight 0, was NaN)
+                    # (softmax's NaN on it, times its weight 0, was NaN; TS²'s penalty
+                    # formed exp(+inf) on it)
                     t_pad = t_ign.clone()
                     t_pad[[4, 6]] = -7
                     targets = [(t_pad, -7)]

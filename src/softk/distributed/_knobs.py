@@ -52,6 +52,11 @@ def ts2_penalty(x, p, owned, local_index, keep, suppression, adaptive, group):
     softmax(x)_j = A·exp(c − lse), A = Σ_off exp(x_j − c) over every rank.
     3 all-reduces, 4 with ``adaptive``."""
     li = local_index.unsqueeze(-1)
+    # ignored rows add no penalty, and their scores are left out of it: on a
+    # padding row masked with −inf, lse = −inf made m = 0·e^{+inf} = NaN,
+    # whose gradient the where below does not stop (keep is the same on
+    # every rank, so the collectives are unchanged)
+    x = torch.where(keep.unsqueeze(-1), x, 0.0)
     off = (p == 0) & ~torch.zeros_like(p, dtype=torch.bool).scatter_(-1, li, owned.unsqueeze(-1))
     lse, c = global_lse(x, group)
     a_local = torch.where(off, torch.exp(x - c.unsqueeze(-1)), 0.0).sum(-1)  # c the row's max: no overflow
