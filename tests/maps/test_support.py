@@ -38,6 +38,22 @@ def test_lambda_and_size_match_oracle(rng, method, k, kw, f, _, offset):
         assert s.size[i].item() == int((p_ref > 1e-12).sum())  # the oracle bisects: 1e-16 residues
 
 
+@pytest.mark.parametrize("method,k,kw,f,_", [c for c in CASES if c[0] not in ("entmax", "sigmoid")])
+def test_compiled_and_vmapped_match_oracle(rng, method, k, kw, f, _):
+    # at τ < 1 (and for every top-k map) the rows' overflow check read a value
+    # on the host: torch.compile(fullgraph=True) and vmap refused the call
+    # (entmax α and sigmoid solve by Newton with a data-dependent stop)
+    x = rng.normal(size=(3, 9)) * 2
+    tau = 0.5
+    compiled = torch.compile(lambda t: softk.support(t, method, k=k, tau=tau, **kw), fullgraph=True, backend="eager")
+    mapped = torch.func.vmap(lambda r: softk.support(r, method, k=k, tau=tau, **kw).lam)
+    for lam_got in (compiled(torch.tensor(x)).lam, mapped(torch.tensor(x))):
+        for i in range(3):
+            z = x[i] / tau
+            lam = oracle.solve_lambda(f, z, k)
+            np.testing.assert_allclose(f(z - lam_got[i].item()), f(z - lam), atol=1e-9 * max(1.0, abs(lam)))
+
+
 def test_row_conventions():
     x = torch.tensor([[0.0, float("-inf"), float("-inf")], [1.0, float("nan"), 0.0], [0.1, 1.0, 1.5]])
     s = softk.support(x, "sparsemax")

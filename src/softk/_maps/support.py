@@ -60,6 +60,12 @@ def support(x: Tensor, method: str = "sparsemax", k: int = 1, dim: int = -1, tau
         finite entries (every one of them has p = 1) and NaN on a row with a
         NaN or +inf.
 
+    Under ``torch.compile(fullgraph=True)`` and ``torch.func.vmap`` the
+    families with a closed form on the support ("softmax", "sparsemax",
+    "entmax15", "exp", "laplace", "sparse") run as traced tensor code;
+    "entmax" and "sigmoid" find λ by Newton's method, whose stop reads the
+    rows' residuals, so a compiled graph breaks there and vmap refuses them.
+
     >>> import torch, softk
     >>> s = softk.support(torch.tensor([0.1, 1.0, 1.5]), "sparsemax")
     >>> round(s.lam.item(), 6), s.size.item()
