@@ -46,6 +46,33 @@ def test_value_and_gradients_match_oracle(rng, dense):
     np.testing.assert_allclose(xt.grad.numpy(), gx, atol=1e-6)
 
 
+@pytest.mark.parametrize("dense", [False, True])
+def test_forward_mode_matches_the_oracle(rng, dense):
+    # jvp and jacfwd with a tensor α raised (the α term had no forward rule);
+    # J·v against a central difference of the oracle along (v_x, v_α)
+    x = rng.normal(size=(3, 5)) * 1.5
+    alphas = np.array([1.3, 1.7, 2.5])
+    idx = np.array([0, 2, 4])
+    y = np.eye(5)[idx]
+    if dense:
+        y = 0.7 * y + 0.3 * np.eye(5)[(idx + 1) % 5]
+    vx, va = rng.normal(size=x.shape), rng.normal(size=alphas.shape)
+    target = torch.tensor(y) if dense else torch.tensor(idx)
+
+    def f(xt, at):
+        return entmax_loss(xt, target, alpha=at, reduction="none", tau=0.8)
+
+    _, jv = torch.func.jvp(f, (torch.tensor(x), torch.tensor(alphas[:, None])),
+                           (torch.tensor(vx), torch.tensor(va[:, None])))
+    h = 1e-5
+    num = (_oracle(x + h * vx, y, alphas + h * va, 0.8) - _oracle(x - h * vx, y, alphas - h * va, 0.8)) / (2 * h)
+    np.testing.assert_allclose(jv.numpy(), num, rtol=1e-6, atol=1e-9)
+    ja = torch.func.jacfwd(f, argnums=1)(torch.tensor(x), torch.tensor(alphas[:, None]))
+    num_a = [(_oracle(x, y, alphas + h * np.eye(3)[i], 0.8) - _oracle(x, y, alphas - h * np.eye(3)[i], 0.8))[i] / (2 * h)
+             for i in range(3)]
+    np.testing.assert_allclose(np.diagonal(ja[:, :, 0].numpy()), num_a, rtol=1e-6, atol=1e-9)
+
+
 def test_alpha_one_rows_are_the_softmax_loss(rng):
     x = torch.tensor(rng.normal(size=(2, 4)))
     y = torch.tensor([1, 3])

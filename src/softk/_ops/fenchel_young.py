@@ -140,11 +140,20 @@ class _AlphaTerm(torch.autograd.Function):
     def setup_context(ctx, inputs, output):
         p, y, a = inputs
         ctx.save_for_backward(p, y, a)
+        ctx.save_for_forward(p, y, a)
 
     @staticmethod
     def backward(ctx, g):
         p, y, a = ctx.saved_tensors
         return None, None, g * (tsallis_alpha_partial(y, a) - tsallis_alpha_partial(p, a))
+
+    @staticmethod
+    def jvp(ctx, dp, dy, da):
+        # the same first derivatives forward: 0 in p and y, ∂L/∂α in α
+        p, y, a = ctx.saved_tensors
+        if da is None:
+            return torch.zeros_like(a)
+        return da * (tsallis_alpha_partial(y, a) - tsallis_alpha_partial(p, a))
 
 
 def _alpha_correction(p: Tensor, y, index, a: Tensor) -> Tensor:
