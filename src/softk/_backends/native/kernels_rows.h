@@ -55,9 +55,10 @@ static int64_t FN(compact)(T *val, cidx_t *idx, int64_t c, T lam)
  * (fast_log2f needs a normal w; the p lost is below FLT_MIN).
  *
  * G is summed in double on more than WIDE_SUMS candidates (wide = 1).  λ is
- * found where G = k, so G's rounding is λ's error, and float lane sums of n
- * near-equal terms err by about n/(2 PAD) EPS: on 32768 equal entries by
- * 150–200 ulps of p, on 1024 by at most 5.  S and R only size the step.
+ * found where G = k, so G's rounding is λ's error, and a float lane's sum
+ * of its n/PAD near-equal terms drifts by up to about n/PAD half-ulps: p
+ * was off by 150–200 ulps on 32768 equal entries, by at most 5 on 1024.
+ * S and R only size the step.
  * wide is a constant wherever the bodies are inlined, so each loop holds
  * one accumulator of G. */
 #define WIDE_SUMS 1024
