@@ -47,6 +47,12 @@ def topk_softmax_ce_rows(z: Tensor, target: Tensor, k: int, tau: float, reductio
     zc = torch.where(keep.unsqueeze(-1), zc, 0.0)
     top = torch.topk(zc, k, dim=-1, sorted=False).values
     loss = lse_minus_target(top, zc.gather(-1, index.unsqueeze(-1)))
+    # a kept row holding NaN or +inf, or no finite score, is NaN, loss and
+    # gradient on every entry (the row convention, and the native kernel's),
+    # where topk's gradient would reach only the top k: a term of value NaN
+    # there with slope NaN, and 0 with slope 0 elsewhere
+    broken = ((zc != zc) | (zc == float("inf"))).any(-1, keepdim=True) | ~(zc > float("-inf")).any(-1, keepdim=True)
+    loss = loss + (torch.where(broken, zc, 0.0) * torch.where(broken, float("nan"), 0.0)).sum(-1)
     loss = torch.where(keep, loss, 0.0)
     return reduce(loss, keep, reduction).to(z.dtype)
 

@@ -51,13 +51,13 @@ def topk_softmax_cross_entropy(
         tau: temperature > 0 (s = input / tau).
 
     Needs only the (N, k) top values beyond the input.  A row with fewer than
-    k finite scores keeps all of them; a row with no finite score gives NaN
-    (as cross-entropy does).  On the CPU's compiled kernels (the "native"
-    backend, eager calls) one pass per row finds the k-th largest score
-    without sorting and writes the loss and its gradient, which the backward
-    only scales (double backward recomputes through the tensor code);
-    there a row holding NaN or +inf is NaN, loss and gradient, and ties at
-    the k-th place give the gradient to the lowest-indexed tied entries.
+    k finite scores keeps all of them; a row with no finite score, or one
+    holding NaN or +inf, gives NaN, loss and gradient (as cross-entropy
+    does).  On the CPU's compiled kernels (the "native" backend, eager calls)
+    one pass per row finds the k-th largest score without sorting and writes
+    the loss and its gradient, which the backward only scales (double
+    backward recomputes through the tensor code); there ties at the k-th
+    place give the gradient to the lowest-indexed tied entries.
 
     >>> import torch
     >>> x = torch.tensor([[3.0, 1.0, 0.0, 0.0]])
