@@ -192,3 +192,12 @@ def test_a_float_argument_that_changes_between_calls(name):
     compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
     for a in values:
         np.testing.assert_allclose(compiled(x, a).numpy(), ref(a), rtol=0, atol=1e-9)
+    # and the backward, which normmax's passed α to as a Python float: from the
+    # second value a guard on a symbolic float, which fullgraph refuses
+    w = torch.linspace(-1, 2, 24, dtype=torch.float64).reshape(4, 6)
+    for a in values:
+        xr = x.clone().requires_grad_()
+        got, want = compiled(xr, a), fn(xr, a)
+        (got,) = torch.autograd.grad((got * w[..., : got.shape[-1]]).sum(), xr)  # (a loss's rows: one weight each)
+        (want,) = torch.autograd.grad((want * w[..., : want.shape[-1]]).sum(), xr)
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14)

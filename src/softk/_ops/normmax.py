@@ -91,7 +91,7 @@ def _backward(ctx, g):
     p, alpha = ctx.saved_tensors
     ct = compute_dtype(p.dtype)
     pc, gc = p.to(ct), g.to(ct)
-    gx = _jvp_x(pc, alpha.to(ct) if alpha.dim() else float(alpha), gc, ctx.tau).to(p.dtype)
+    gx = _jvp_x(pc, alpha.to(ct), gc, ctx.tau).to(p.dtype)  # a tensor: a float would be a guard in a compiled graph
     ga = None
     if ctx.needs_input_grad[1]:
         ga = (gc * _dp_dalpha(pc, alpha.to(ct))).sum(-1, keepdim=True).to(alpha.dtype)
@@ -103,7 +103,7 @@ def _jvp(ctx, vx, va, _):
     p, alpha = ctx.saved_tensors
     ct = compute_dtype(p.dtype)
     pc = p.to(ct)
-    out = _jvp_x(pc, alpha.to(ct) if alpha.dim() else float(alpha), vx.to(ct), ctx.tau) if vx is not None \
+    out = _jvp_x(pc, alpha.to(ct), vx.to(ct), ctx.tau) if vx is not None \
         else torch.zeros_like(pc)
     if va is not None:
         out = out + va.to(ct) * _dp_dalpha(pc, alpha.to(ct))

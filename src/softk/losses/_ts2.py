@@ -54,8 +54,8 @@ def ts2_rows(z: Tensor, t: Tensor, keep: Tensor, suppression: float, tau: float,
     """TS²'s loss per row of z (M, V) in a float compute dtype, t (M,) valid
     indices (0 at ignored rows), keep (M,) the rows that count (0 elsewhere)."""
     fit = sparsemax_loss(z, torch.where(keep, t, -100), -100, "none", tau)
-    with torch.no_grad():
-        p = sparsemax(z / tau if tau != 1.0 else z)
+    with torch.no_grad():  # (detached too: no_grad stops reverse mode, not forward-mode tangents)
+        p = sparsemax((z / tau if tau != 1.0 else z).detach())
         off = (p == 0) & (z > float("-inf"))  # masked classes have no softmax mass either
         off.scatter_(-1, t.unsqueeze(-1), False)
         py = p.gather(-1, t.unsqueeze(-1)).squeeze(-1)
