@@ -304,3 +304,45 @@ def test_no_rows_give_every_input_a_zero_gradient(reduction):
     out = fused_linear_loss(h, w, torch.zeros(0, dtype=torch.long), bias=b, reduction=reduction)
     for g, p in zip(torch.autograd.grad(out.sum(), (h, w, b)), (h, w, b)):
         assert torch.equal(g, torch.zeros_like(p))
+
+
+@pytest.mark.parametrize("loss, kw", [("cross_entropy", {}), ("entmax15", {}), ("entmax", {"alpha": 1.3})])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_second_derivatives_and_transforms_match_the_unfused_loss(rng, loss, kw, reduction):
+    # The eager gradient is formed in the forward, as numbers: create_graph
+    # gave it no graph, so a Hessian-vector product lost the loss's term
+    # (silently: only a regulariser's was left), and the torch.func
+    # transforms raised from inside torch
+    h = torch.tensor(rng.normal(size=(5, 4)))
+    w = torch.tensor(rng.normal(size=(7, 4)), requires_grad=True)
+    b = torch.tensor(rng.normal(size=7), requires_grad=True)
+    t = torch.tensor([0, 3, -100, 6, 2])
+    v = torch.tensor(rng.normal(size=(7, 4)))
+    scale = torch.linspace(0.5, 1.5, 5, dtype=D) if reduction == "none" else torch.tensor(1.0, dtype=D)
+
+    def fused(w, b, h=h, t=t):
+        return fused_linear_loss(h, w, t, bias=b, loss=loss, reduction=reduction, chunk_size=2, **kw)
+
+    def unfused(w, b, h=h, t=t):
+        return _unfused(loss, torch.addmm(b, h, w.T), t, reduction=reduction, **kw)
+
+    hvps = []
+    for f in (fused, unfused):
+        gw, gb = torch.autograd.grad((f(w, b) * scale).sum(), (w, b), create_graph=True)
+        hvps.append(torch.autograd.grad((gw * v).sum() + gb.sum(), (w, b)))
+    for got, want in zip(*hvps):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    jw, jb = torch.func.jacrev(fused, argnums=(0, 1))(w.detach(), b.detach())
+    rw, rb = torch.func.jacrev(unfused, argnums=(0, 1))(w.detach(), b.detach())
+    torch.testing.assert_close((jw, jb), (rw, rb), rtol=1e-10, atol=1e-12)
+    if reduction != "none":  # per-row gradients: vmap over the rows
+        def row(w, hr, tr):
+            return torch.func.grad(lambda w: fused(w, b.detach(), hr[None], tr[None]))(w)
+
+        def row_ref(w, hr, tr):
+            return torch.func.grad(lambda w: unfused(w, b.detach(), hr[None], tr[None]))(w)
+
+        keep = t != -100
+        got = torch.func.vmap(row, in_dims=(None, 0, 0))(w.detach(), h[keep], t[keep])
+        want = torch.stack([row_ref(w.detach(), h[i], t[i]) for i in range(5) if t[i] != -100])
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)

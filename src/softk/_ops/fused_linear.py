@@ -191,16 +191,21 @@ def live_products(gs, cols, weight, xc, gx, gw, gb, acc, half_product):
         gb.index_add_(0, cols, gs.sum(0, dtype=acc))
 
 
-def checkpointed_pass(x, weight, bias, target, fn, chunk: int):
+def checkpointed_pass(x, weight, bias, target, fn, chunk: int, recompute: bool = True):
     """The per-row losses of ``x`` (M, H) in chunks, for torch.compile: each
     chunk's logits and loss are one activation checkpoint, so autograd keeps
     only the chunk's inputs and recomputes its logits in the backward (one
     chunk at a time).  Returns ``(rows (M,), extra)`` as :func:`chunked_pass`
-    does, differentiable for x, weight and bias."""
+    does, differentiable for x, weight and bias.  ``recompute=False`` (the
+    torch.func transforms, which take no checkpoint) keeps every chunk's
+    logits for the backward instead."""
     rows, extras = [], []
     for s in range(0, x.shape[0], chunk):
         e = min(s + chunk, x.shape[0])
-        out = checkpoint(_chunk_rows, x[s:e], weight, bias, target[s:e], fn, use_reentrant=False)
+        if recompute:
+            out = checkpoint(_chunk_rows, x[s:e], weight, bias, target[s:e], fn, use_reentrant=False)
+        else:
+            out = _chunk_rows(x[s:e], weight, bias, target[s:e], fn)
         if isinstance(out, tuple):
             out, ex = out
             extras.append(ex)
@@ -237,7 +242,7 @@ class FusedLinearLoss(torch.autograd.Function):
             out = losses.to(x.dtype)
         else:
             losses, gx, gw, gb, extra = chunked_pass(x, weight, bias, target, fn, chunk, None, want)
-            ctx.save_for_backward(gx, gw, gb)
+            ctx.save_for_backward(x, weight, bias, target, gx, gw, gb)
             out = _reduced(losses, reduction, n_kept, x.dtype)
         if not stats:
             return out
@@ -246,6 +251,11 @@ class FusedLinearLoss(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, go, *_):
+        if torch.is_grad_enabled():
+            # create_graph: the gradients of the chunks as plain autograd,
+            # themselves differentiable (the ones formed in the forward are
+            # numbers, with no graph to differentiate again)
+            return _differentiable_grads(ctx, go)
         if ctx.tiles is not None:
             x, weight, bias, target, row_numbers, live = ctx.saved_tensors
             m = x.shape[0]
@@ -260,12 +270,25 @@ class FusedLinearLoss(torch.autograd.Function):
             x, weight, bias, target = ctx.saved_tensors
             _, gx, gw, gb, _ = chunked_pass(x, weight, bias, target, ctx.fn, ctx.chunk, go, ctx.want)
         else:
-            gx, gw, gb = ctx.saved_tensors
+            gx, gw, gb = ctx.saved_tensors[4:]
             # the forward's divisor (a row count or Σ w[y], below 1 as well), 0 when it is 0
             scale = go if ctx.reduction == "sum" else mean_scale(go, ctx.n_kept)
             gx, gw, gb = (None if g is None else _scaled(g, scale, go.dtype) for g in (gx, gw, gb))
         cast = lambda g, ref: None if g is None else g.to(ref.dtype)  # noqa: E731
         return cast(gx, go), cast(gw, go), cast(gb, go), None, None, None, None, None, None, None, None
+
+
+def _differentiable_grads(ctx, go):
+    """FusedLinearLoss's gradients for a double backward: the loss again
+    through :func:`checkpointed_pass` (logits kept), differentiated with
+    ``create_graph``."""
+    x, weight, bias, target = ctx.saved_tensors[:4]
+    rows, _ = checkpointed_pass(x, weight, bias, target, ctx.fn, ctx.chunk, recompute=False)
+    out = rows.to(x.dtype) if ctx.reduction == "none" else _reduced(rows, ctx.reduction, ctx.n_kept, x.dtype)
+    wanted = [a for a, w in zip((x, weight, bias), ctx.want) if w]
+    got = iter(torch.autograd.grad(out, wanted, go, create_graph=True, allow_unused=True, materialize_grads=True))
+    gx, gw, gb = (next(got) if w else None for w in ctx.want)
+    return gx, gw, gb, None, None, None, None, None, None, None, None
 
 
 def _reduced(losses: Tensor, reduction: str, n_kept, dtype: torch.dtype) -> Tensor:

@@ -181,7 +181,11 @@ def fused_linear_loss(
     of W's size either (the module's docstring says how).  Equal to the unfused loss to rounding (the
     sum over chunks is ordered differently).  Under ``torch.compile`` each
     chunk is an activation checkpoint (the compiled backward recomputes its
-    logits).
+    logits); under the ``torch.func`` transforms (``grad``, ``vmap``,
+    ``jacrev``, ``jacfwd``) the chunks run as plain autograd and keep their
+    logits.  The eager gradient is formed in the forward and is first-order:
+    a second derivative (``create_graph=True``) raises; the unfused loss on
+    ``input @ weight.T`` gives one.
 
     >>> import torch
     >>> torch.manual_seed(0) and None
@@ -245,7 +249,12 @@ def fused_linear_loss(
     grad_on = torch.is_grad_enabled()
     want = tuple(grad_on and a is not None and a.requires_grad for a in (input, weight, bias))
     rows_kept, extra = None, None
-    if x.is_cpu and not torch.compiler.is_compiling() and not t.is_floating_point():
+    # torch.compile and the torch.func transforms trace the loss as plain
+    # autograd (neither runs an autograd.Function that forms its gradient in
+    # the forward), and neither can read a value on the host
+    compiling = torch.compiler.is_compiling()
+    traced = compiling or torch._C._are_functorch_transforms_active()
+    if x.is_cpu and not traced and not t.is_floating_point():
         # ignored rows add nothing: leave them out of the matmuls (on the CPU,
         # where reading the mask costs no device sync; a batch with no kept
         # row keeps its rows, for the mean's NaN with zero gradients)
@@ -263,13 +272,15 @@ def fused_linear_loss(
     # (a sparse loss under the explicit "triton" backend on CUDA keeps the
     # row-chunk pass, whose live-tile kernels skip its dead tiles there)
     tiles = None
-    if x.dtype in WALK_DTYPES and not torch.compiler.is_compiling() and not (
+    if x.dtype in WALK_DTYPES and not traced and not (
             o.sparse_grad and fused_linear_ops.live_tiles_kernel(x) is not None):
         tiles = tile_loss(o, vocab, z_scale=z_scale)
-    if torch.compiler.is_compiling():
+    if traced:
         # torch.compile does not trace torch.autograd.grad inside an autograd
-        # rule: each chunk is an activation checkpoint instead.
-        rows, extra = checkpointed_pass(x, weight, bias, t, fn, chunk)
+        # rule, and the transforms need one with a setup_context: each chunk
+        # is an activation checkpoint instead (under a transform, which takes
+        # none, the chunks' logits are kept).
+        rows, extra = checkpointed_pass(x, weight, bias, t, fn, chunk, recompute=compiling)
         out = rows if reduction == "none" else (mean_of(rows.sum(), n_kept) if reduction == "mean" else rows.sum())
         out = out.to(x.dtype)
     elif return_stats:
