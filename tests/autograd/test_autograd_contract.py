@@ -84,6 +84,28 @@ def test_gradgradcheck(name):
     assert torch.autograd.gradgradcheck(fn, (x,))
 
 
+@pytest.mark.parametrize("name", sorted(MAPS))
+def test_forward_over_forward_second_derivative(name):
+    # functorch does not differentiate a Function's custom jvp at an outer
+    # forward level: jacfwd(jacfwd(f)) gave 0 for the curvature.  Against
+    # central differences (h = 1e-5, error ~1e-10) of the first derivative
+    # that test_jacrev_jacfwd_match_oracle_jacobian checks against the oracle
+    fn = MAPS[name][0]
+    c = torch.tensor([1.0, -2.0, 0.5, 3.0, -0.7, 1.4], dtype=torch.float64)
+    x = torch.tensor(ROW)
+
+    def f(t):
+        return fn(t) @ c
+
+    got = torch.func.jacfwd(torch.func.jacfwd(f))(x)
+    h, grad = 1e-5, torch.func.jacrev(f)
+    want = torch.stack([(grad(x + h * e) - grad(x - h * e)) / (2 * h) for e in torch.eye(6, dtype=torch.float64)], 1)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-7)
+    v, u = torch.eye(6, dtype=torch.float64)[:2]
+    nested = torch.func.jvp(lambda t: torch.func.jvp(f, (t,), (v,))[1], (x,), (u,))[1]
+    torch.testing.assert_close(nested, want[0, 1], rtol=0, atol=1e-7)
+
+
 def test_entmax15_second_derivative_is_finite_at_the_support_edge():
     # An entry with p = 0 (here -1.37): d = √p has an infinite slope at 0, the
     # contract's slope must not turn that into NaN.

@@ -37,6 +37,8 @@ def function(with_jvp: type[torch.autograd.Function], without_jvp: type[torch.au
         if _differentiated_inside_compile():
             return _ThroughTransform(with_jvp)
         return without_jvp
+    if _forward_over_forward():
+        return _ThroughTransform(with_jvp)
     return with_jvp
 
 
@@ -49,6 +51,16 @@ def _differentiated_inside_compile() -> bool:
     reverse mode through it failed to trace.  A vmap alone is served by the
     ops' vmap rules; AOTAutograd's functionalization is no such transform."""
     return any(key in _DIFFERENTIATING for key in _transforms())
+
+
+def _forward_over_forward() -> bool:
+    """Whether two or more forward-mode transforms (``jvp``, ``jacfwd``) are
+    active: functorch applies a Function's custom jvp at the innermost one
+    but does not differentiate that formula at the outer ones, so the
+    second derivative in forward-over-forward (``jacfwd(jacfwd(f))``) came
+    out 0 where the op's formulas run as tensor code (:func:`through_transform`)
+    give it exactly."""
+    return sum(key == torch._C._functorch.TransformType.Jvp for key in _transforms()) >= 2
 
 
 def _transforms() -> list:
@@ -118,6 +130,10 @@ def through_transform(function: type[torch.autograd.Function], inputs: tuple):
 _NO_TRANSFORM = ("softk: {} has no forward-mode formula for a torch.func transform traced inside "
                  "torch.compile; apply torch.compile inside the transform (torch.func.jvp(torch.compile(f), ...)) "
                  "or leave the transform uncompiled")
+
+
+_NO_NESTED_JVP = ("softk: {} has no second-order forward-mode formula; for second derivatives use reverse mode "
+                  "on the outside (torch.func.hessian, jacrev(jacfwd(f)) or jacrev(jacrev(f)))")
 
 
 class _ThroughTransform:
@@ -295,4 +311,8 @@ class Paths:
                     raise NotImplementedError(_NO_TRANSFORM.format(self.function.__name__))
                 return through_transform(self.function, inputs)
             return self.compiled.apply(*inputs)
+        if _forward_over_forward():
+            if not self.through:
+                raise NotImplementedError(_NO_NESTED_JVP.format(self.function.__name__))
+            return through_transform(self.function, inputs)
         return self.function.apply(*inputs)
