@@ -226,3 +226,27 @@ def test_a_tied_row_at_large_alpha_has_the_loss_gradient_not_nan(route, alpha, n
     torch.testing.assert_close(g[:1], want, rtol=0, atol=1e-7)
     if route == "ignored":
         assert torch.equal(g[1], torch.zeros(n))
+
+
+def test_tensor_alpha_under_compile_and_vmap_over_alpha(rng):
+    # the α = 1 rows' check read α on the host (compile refused it), and so
+    # did the family's convexity flag (vmap over α refused it); values against
+    # the oracle, the compiled gradients against the eager ones
+    x = rng.normal(size=(3, 6))
+    alphas = np.array([1.3, 1.0, 2.5])
+    y = np.array([0, 2, 5])
+    xt, at, yt = torch.tensor(x), torch.tensor(alphas), torch.tensor(y)
+    ref = _oracle(x[[0, 2]], np.eye(6)[y[[0, 2]]], alphas[[0, 2]])  # α = 1: the softmax loss
+    ref = np.array([ref[0], torch.nn.functional.cross_entropy(xt[1:2], yt[1:2]).item(), ref[1]])
+
+    def f(v, a):
+        return entmax_loss(v, yt, alpha=a[:, None], reduction="none")
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    np.testing.assert_allclose(compiled(xt, at).numpy(), ref, rtol=1e-9, atol=1e-12)
+    xr, ar = xt.clone().requires_grad_(), at.clone().requires_grad_()
+    got = torch.autograd.grad(compiled(xr, ar).sum(), (xr, ar))
+    want = torch.autograd.grad(f(xr, ar).sum(), (xr, ar))
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14)
+    mapped = torch.func.vmap(lambda v, t, a: entmax_loss(v[None], t[None], alpha=a[None, None], reduction="sum"))
+    np.testing.assert_allclose(mapped(xt, yt, at).numpy(), ref, rtol=1e-9, atol=1e-12)

@@ -21,6 +21,7 @@ from torch import Tensor
 from . import lean as _lean
 from .._backends import dispatch
 from ..threshold.families import SOFTMAX, Family
+from ..threshold.host import readable
 from .op import apply_rows
 from .potential import value_at
 from ..threshold.rows import compute_dtype, finite_max, shift_over_tau
@@ -147,6 +148,11 @@ class _AlphaTerm(torch.autograd.Function):
         p, y, a = ctx.saved_tensors
         return None, None, g * (tsallis_alpha_partial(y, a) - tsallis_alpha_partial(p, a))
 
+
+class _AlphaTermJvp(_AlphaTerm):
+    """_AlphaTerm with its forward-mode rule (Dynamo traces no Function with a
+    custom jvp: :func:`softk._ops.lean.function` picks)."""
+
     @staticmethod
     def jvp(ctx, dp, dy, da):
         # the same first derivatives forward: 0 in p and y, ∂L/∂α in α
@@ -161,7 +167,7 @@ def _alpha_correction(p: Tensor, y, index, a: Tensor) -> Tensor:
     at fixed p (the envelope theorem: Φ_α's own dependence through p vanishes)."""
     if y is None:
         y = torch.zeros_like(p).scatter(-1, index, 1.0)  # out of place: vmap has a batching rule for it
-    return _AlphaTerm.apply(p, y, a)
+    return _lean.function(_AlphaTermJvp, _AlphaTerm).apply(p, y, a)
 
 
 def fenchel_young_rows(x: Tensor, y, index, family: Family, k: int, tau: float) -> Tensor:
@@ -178,9 +184,10 @@ def fenchel_young_rows(x: Tensor, y, index, family: Family, k: int, tau: float) 
         a = family.alpha.to(xc.dtype)
         p = entmax_alpha(xc, a, tau)
         loss = fn.apply(xc, p, yc, index, None, tau, torch.where(a == 1, 2.0, a.detach()))
-        # ψ of α = 1 rows: the softmax loss's Shannon term (off the CPU always
-        # formed and selected: asking whether any row has α = 1 would wait for the device)
-        if not a.is_cpu or bool((a == 1).any()):
+        # ψ of α = 1 rows: the softmax loss's Shannon term (off the CPU, and
+        # where α cannot be read, always formed and selected: asking whether
+        # any row has α = 1 would wait for the device)
+        if not a.is_cpu or not readable(a) or bool((a == 1).any()):
             loss = torch.where(a.detach() == 1, fn.apply(xc, p, yc, index, SOFTMAX, tau, None), loss)
         return loss + _alpha_correction(p, yc, index, a)
     p = apply_rows(xc, family, k, tau, dispatch.pick("threshold", xc, family).backend)  # type: ignore[union-attr]

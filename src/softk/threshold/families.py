@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Callable, Optional
 import torch
 from torch import Tensor
 
+from .host import readable
+
 NEG_INF = float("-inf")
 
 
@@ -555,8 +557,10 @@ def entmax_family(alpha) -> Family:
         capped=False,
         bracket=bracket,
         # [u]_+^β is convex for β >= 1 (α <= 2); for α > 2 Newton is safeguarded.
-        # (a float α without a tensor round trip: it costs more than a small row's map)
-        convex=bool(torch.all(alpha <= 2)) if isinstance(alpha, Tensor) else bool(alpha <= 2),
+        # (a float α without a tensor round trip: it costs more than a small row's map;
+        # a tensor α that cannot be read is taken as not convex, which serves every α)
+        convex=(bool(torch.all(alpha <= 2)) if readable(alpha) else False) if isinstance(alpha, Tensor)
+        else bool(alpha <= 2),
         zero_below=True,
         # For α > 2 (q < 1) h is not convex: plain Newton (q = 1) there.
         newton_power=torch.clamp(beta, min=1.0) if isinstance(beta, Tensor) else max(beta, 1.0),

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .host import readable
 from .solve import lambda_reference
 
 NEG_INF = float("-inf")
@@ -157,9 +158,9 @@ def scaled_rows(x: Tensor, tau: float, family=None, k=1, shift: bool = True) -> 
         # cost) tells whether either can have happened, and the three-op
         # fixes run only then; elsewhere they always run rather than read a
         # device value back, or under a compiler or a transform, which
-        # cannot branch on a value (_readable).
+        # cannot branch on a value (:func:`~softk.threshold.host.readable`).
         fix_hi, fix_lo = True, topk
-        if z.is_cpu and _readable(z):
+        if z.is_cpu and readable(z):
             lo, hi = (float(t) for t in torch.aminmax(z))
             fix_hi, fix_lo = not hi < float("inf"), topk and lo == float("-inf")
         big = torch.finfo(z.dtype).max
@@ -168,13 +169,6 @@ def scaled_rows(x: Tensor, tau: float, family=None, k=1, shift: bool = True) -> 
         if fix_lo:
             z = torch.where((z == float("-inf")) & (x != float("-inf")), -big, z)
     return z
-
-
-def _readable(z: Tensor) -> bool:
-    """Whether z's values can be read on the host: a plain tensor, not under
-    a compiler or a torch.func transform (which cannot branch on data)."""
-    return (type(z) is Tensor and not torch.compiler.is_compiling()
-            and not torch._C._are_functorch_transforms_active())
 
 
 def masked_logsumexp(v: Tensor, keep: Tensor) -> Tensor:
