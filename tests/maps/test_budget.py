@@ -144,3 +144,13 @@ def test_property_capped_simplex_and_order(x, frac):
 def test_property_monotone_in_the_budget(x, a, b):
     lo, hi = sorted((a * x.size, b * x.size))
     assert np.all(budget_sparsemax(_t(x), hi).numpy() >= budget_sparsemax(_t(x), lo).numpy() - 1e-12)
+
+
+def test_vmap_over_a_per_row_budget_matches_oracle(rng):
+    # under vmap each row's budget is a one-element tensor, which was read
+    # with .item(): vmap refused the call
+    x = rng.normal(size=(4, 7))
+    b = np.array([1.5, 2.0, 3.3, 0.0])
+    got = torch.func.vmap(budget_sparsemax)(_t(x), _t(b[:, None]))
+    want = np.stack([ob.budget_row(r, v) for r, v in zip(x, b)])
+    np.testing.assert_allclose(got.numpy(), want, rtol=0, atol=1e-12)

@@ -26,6 +26,7 @@ from .. import _dtensor
 from .._validate import check_dim, check_input, check_tau, finite, per_row, require, unwrapped
 from ..threshold.families import SPARSE
 from .._ops.op import threshold_map
+from ..threshold.host import readable
 from ..threshold.rows import compute_dtype
 
 __all__ = ["budget_sparsemax"]
@@ -41,7 +42,7 @@ def check_budget(budget, x: Tensor, dim: int):
             raise TypeError(f"budget must be a number or a real tensor, got dtype {budget.dtype}")
         if budget.requires_grad and not budget.is_floating_point():
             raise TypeError("budget must be a floating tensor to receive a gradient")
-        if budget.numel() == 1 and not budget.requires_grad:
+        if budget.numel() == 1 and not budget.requires_grad and readable(budget):  # (vmap's per-row one stays)
             budget = budget.item()
         else:
             b = unwrapped(budget.detach()).double()
