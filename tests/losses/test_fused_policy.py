@@ -456,6 +456,14 @@ def test_errors(change, error, match):
         fused_linear_logprobs(**args)
 
 
+def test_torch_func_transforms_are_a_clear_error():
+    # the old-style Function raised from deep inside torch ("must override
+    # the setup_context staticmethod")
+    x, w, t = _ok()
+    with pytest.raises(NotImplementedError, match="does not run under torch.func transforms"):
+        torch.func.jacrev(lambda v: fused_linear_logprobs(x, v, t))(w)
+
+
 def test_ignore_index_other_than_default():
     x, w, t = _ok()
     t = torch.tensor([0, 1, 6, 3])

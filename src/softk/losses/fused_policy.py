@@ -127,7 +127,8 @@ def fused_linear_logprobs(
     ``logprobs`` alone with ``entropy=False``; in float32 for half inputs
     (the logits are formed in float32, and a ratio exp(ℓ − ℓ_old) needs
     more than half precision), in input's dtype otherwise.  Both are
-    differentiable for ``input``, ``weight`` and ``bias`` (not twice).
+    differentiable for ``input``, ``weight`` and ``bias`` (not twice, and not
+    under the ``torch.func`` transforms, which raise).
 
     For the sparse maps a token outside the support (p_y = 0) has log-probability
     −inf, and its gradient is 0 (not NaN): log p_y is constant −inf in a
@@ -146,6 +147,11 @@ def fused_linear_logprobs(
     True
     """
     _check_linear(input, weight, bias)
+    if torch._C._are_functorch_transforms_active():
+        raise NotImplementedError(
+            "fused_linear_logprobs does not run under torch.func transforms (grad, vmap, jacrev, jacfwd): its "
+            "gradient is recomputed chunk by chunk in its own backward; apply the transform to the unfused "
+            "log-probabilities (softk.log_softmax(x @ w.T) and the like), or call it outside the transform")
     spec = _policy_map(map, alpha, tau, softcap)
     chunk = check_chunk_size(chunk_size)
     ignore_index = check_ignore_index(ignore_index)
