@@ -183,9 +183,9 @@ def fused_linear_loss(
     chunk is an activation checkpoint (the compiled backward recomputes its
     logits); under the ``torch.func`` transforms (``grad``, ``vmap``,
     ``jacrev``, ``jacfwd``) the chunks run as plain autograd and keep their
-    logits.  The eager gradient is formed in the forward and is first-order:
-    a second derivative (``create_graph=True``) raises; the unfused loss on
-    ``input @ weight.T`` gives one.
+    logits.  The eager gradient is formed in the forward; a double backward
+    (``create_graph=True``) recomputes the chunks as plain autograd, keeping
+    their logits, and differentiates them.
 
     >>> import torch
     >>> torch.manual_seed(0) and None
