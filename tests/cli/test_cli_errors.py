@@ -63,6 +63,8 @@ def files(tmp_path):
     (tmp_path / "masked.txt").write_text("-inf -inf\n")
     (tmp_path / "binary.txt").write_bytes(b"\xff\xfe\x00\x01")
     (tmp_path / "folder").mkdir()
+    with open(tmp_path / "huge.npy", "wb") as fh:  # a header claiming 80 GB, no data
+        np.lib.format.write_array_header_1_0(fh, {"descr": "<f8", "fortran_order": False, "shape": (10**10,)})
     return tmp_path
 
 
@@ -86,6 +88,7 @@ COMPARE_CASES = [
     (["--input", "{d}/masked.txt"], "-inf"),
     (["--input", "{d}/binary.txt"], "binary.txt"),
     (["--input", "{d}/folder"], "folder"),
+    (["--input", "{d}/huge.npy"], "huge.npy"),  # MemoryError: a traceback
     (["--input", "{d}/missing.csv"], "missing.csv"),
     (["--input", "{d}/table.csv", "1", "2"], "--input"),
     (["1", "nan"], "VALUES"),
@@ -162,6 +165,7 @@ CUDA_THAT_IS_NOT_HERE = "cuda:99" if torch.cuda.is_available() else "cuda"
         (["--shapes", "2x4"], "--shapes has 2x4"),  # the default ops include top-64
         (["--shapes", "2x4", "--ops", "soft_topk_exp64"], "--ops soft_topk_exp64"),
         (["--shapes", "99999999999x99999999", "--ops", "sparsemax"], "--shapes 99999999999x99999999"),
+        (["--shapes", "1x" + "9" * 20, "--ops", "softmax"], "--shapes"),  # beyond int64: torch's C++ backtrace
         (["--dtype", "int8"], "--dtype"),
         (["--format", "xml"], "--format"),
     ],
@@ -293,3 +297,31 @@ def test_the_figure_check_leaves_a_dangling_link_alone(tmp_path):
     writable_file(str(link), "--figure")
     assert link.is_symlink() and not (tmp_path / "target.png").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fig.png"]
+
+
+def _mulan(folder, xml, train="", test=""):
+    folder.mkdir()
+    (folder / "x.xml").write_text(xml)
+    (folder / "x-train.arff").write_text(train)
+    (folder / "x-test.arff").write_text(test)
+    return folder
+
+
+LABELS = '<?xml version="1.0"?><labels xmlns="http://mulan.sourceforge.net/labels"><label name="a"></label></labels>'
+
+
+@pytest.mark.parametrize("xml, word", [("<labels", "x.xml"), (LABELS, "x-train.arff")])
+def test_experiment_unreadable_mulan_files(xml, word, tmp_path, capsys):
+    # a malformed XML header and an empty ARFF file raised from the parsers
+    # (ParseError, StopIteration) with a traceback
+    folder = _mulan(tmp_path / "m", xml)
+    code, out, err = cli(["experiment", "multilabel", "--data", str(folder), "--quick"], capsys)
+    assert_one_line_error(code, err, "experiment multilabel", word)
+
+
+def test_experiment_truncated_corpus_archive(tmp_path, capsys):
+    # tarfile raised EOFError on a gzip stream cut short, with a traceback
+    bad = tmp_path / "f.tar.gz"
+    bad.write_bytes(b"\x1f\x8b\x08\x00garbage")
+    code, out, err = cli(["experiment", "moe", "--corpus", str(bad)], capsys)
+    assert_one_line_error(code, err, "experiment moe", "unreadable archive")

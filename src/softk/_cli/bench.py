@@ -21,7 +21,7 @@ def _shape(text: str):
         dims = tuple(int(d) for d in text.lower().split("x"))
     except ValueError:
         raise UsageError(f"--shapes entries must look like 256x32000, got {text!r}") from None
-    if len(dims) != 2 or min(dims) < 1:
+    if len(dims) != 2 or min(dims) < 1 or max(dims) >= 2**62:
         raise UsageError(f"--shapes entries must be two positive ints like 256x32000, got {text!r}")
     return dims
 

@@ -98,8 +98,8 @@ def load_npy(path: Path, source: str) -> np.ndarray:
     """A 1-D (or 0-d) real array from ``path``; bool, complex, object, 2-D and 3-D are refused."""
     try:
         arr = np.load(path, allow_pickle=False)
-    except (ValueError, EOFError) as exc:
-        raise UsageError(f"{source}: not a readable .npy file ({one_line(exc)})") from None
+    except (ValueError, EOFError, OSError, MemoryError) as exc:  # (a header claiming a huge shape: MemoryError)
+        raise UsageError(f"{source}: not a readable .npy file ({one_line(exc) or type(exc).__name__})") from None
     if not isinstance(arr, np.ndarray):  # an .npz archive under a .npy name
         raise UsageError(f"{source}: holds an .npz archive, not one array")
     if arr.dtype.kind not in "iuf":

@@ -39,7 +39,12 @@ def read_arff(path) -> tuple[list[str], np.ndarray]:
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"ARFF file not found: {path}")
-    data, meta = arff.loadarff(path)
+    try:
+        data, meta = arff.loadarff(path)
+    except StopIteration:  # scipy's reader on an empty file
+        raise ValueError(f"{path}: empty, not an ARFF file") from None
+    except (ValueError, arff.ArffError) as exc:
+        raise ValueError(f"{path}: {exc}") from None
     names = meta.names()
     cols = []
     for name in names:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import tarfile
+import zlib
 from typing import Any, NamedTuple
 
 import torch
@@ -65,6 +66,16 @@ def installed_texts() -> str | None:
     return os.path.join(list(spec.submodule_search_locations)[0], "texts")
 
 
+
+def _is_tar(path) -> bool:
+    """Whether ``path`` reads as a tar archive to Python's tarfile; a gzip
+    stream cut short makes tarfile raise rather than say no, and counts as
+    one (opening it then says that it is unreadable)."""
+    try:
+        return tarfile.is_tarfile(path)
+    except (EOFError, OSError, zlib.error):
+        return True
+
 def find_texts(path: str | None = None) -> dict:
     """{work name: text} of the 42 ``_gut.txt`` works, from ``path`` (a folder
     holding them or the distribution's ``.tar.gz``) or, when ``path`` is None,
@@ -81,13 +92,17 @@ def find_texts(path: str | None = None) -> dict:
             if work is not None:
                 with open(os.path.join(path, name), encoding="utf-8", errors="replace") as fh:
                     texts[work] = fh.read()
-    elif os.path.isfile(path) and tarfile.is_tarfile(path):
+    elif os.path.isfile(path) and _is_tar(path):
         texts = {}
-        with tarfile.open(path) as tar:
-            for member in sorted(tar.getmembers(), key=lambda m: m.name):
-                work = work_name(member.name)
-                if work is not None and "/texts/" in member.name and member.isfile():
-                    texts[work] = tar.extractfile(member).read().decode("utf-8", errors="replace")  # type: ignore[union-attr]
+        try:
+            with tarfile.open(path) as tar:
+                for member in sorted(tar.getmembers(), key=lambda m: m.name):
+                    work = work_name(member.name)
+                    if work is not None and "/texts/" in member.name and member.isfile():
+                        texts[work] = tar.extractfile(member).read().decode("utf-8", errors="replace")  # type: ignore[union-attr]
+        except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:  # a truncated or corrupt archive
+            raise CorpusMissing(f"--corpus {path}: an unreadable archive ({exc}); this experiment needs "
+                                f"{CORPUS_HELP}") from None
     elif os.path.exists(path):
         raise CorpusMissing(f"--corpus {path}: not a folder, nor a .tar.gz archive that Python's tarfile "
                             f"reads; this experiment needs {CORPUS_HELP}")

@@ -38,7 +38,10 @@ class MultilabelData:
 
 def read_label_names(xml_path) -> list:
     """Label names from a Mulan ``.xml`` header, in file order."""
-    root = ET.parse(xml_path).getroot()
+    try:
+        root = ET.parse(xml_path).getroot()
+    except ET.ParseError as exc:
+        raise ValueError(f"{xml_path}: not a Mulan XML header ({exc})") from None
     names = [el.get("name") for el in root.iter() if el.tag.split("}")[-1] == "label"]
     if not names:
         raise ValueError(f"{xml_path}: no <label name=...> elements")
