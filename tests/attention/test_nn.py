@@ -37,6 +37,16 @@ def test_learnable_alpha_per_head():
     assert "learnable=True" in repr(attn)
 
 
+def test_learnable_alpha_just_above_the_bound_and_its_repr():
+    # α = 1.000001 lies above 1 + 2⁻²⁰ but rounded to float32 before the
+    # check it was the bound itself, and refused; the repr rounded to 4
+    # digits printed α = 1.0000015 as 1.0 (softmax)
+    attn = ScaledDotProductAttention("entmax", alpha=[1.000001, 1.0000015], num_heads=2, learnable=True)
+    torch.testing.assert_close(attn.alpha.double(), torch.tensor([1.000001, 1.0000015], dtype=torch.float64),
+                               rtol=0, atol=2.4e-7)  # two float32 ulps at 1
+    assert "alpha=[1.000001, 1.000002]" in repr(attn)
+
+
 @pytest.mark.parametrize("kwargs,match", [
     (dict(map="sparsemax", num_heads=2, learnable=True), "map must be 'entmax'"),
     (dict(map="entmax", learnable=True), "num_heads must be an int"),

@@ -89,6 +89,8 @@ def test_cosine_logits_half(dtype, rng):
 def test_cosine_bad_arguments():
     with pytest.raises(ValueError, match="scale must be"):
         CosineClassifier(3, 4, scale=-1.0)
+    with pytest.raises(ValueError, match="beyond float32"):  # was an inf scale, and inf logits
+        CosineClassifier(3, 4, scale=1e308, learn_scale=True)
     with pytest.raises(ValueError, match="num_classes must be"):
         CosineClassifier(3, 0)
     with pytest.raises(ValueError, match="weight must have shape"):

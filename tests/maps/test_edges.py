@@ -215,6 +215,9 @@ def test_modules_match_functions_and_repr():
     assert "k=2, dim=-1, tau=0.5, method='laplace'" in repr(snn.SoftTopK(2, -1, 0.5, "laplace"))
     assert "dim=0, tau=0.5" in repr(snn.Sparsemax(dim=0, tau=0.5))
     assert "alpha=1.3" in repr(snn.Entmax(alpha=1.3))
+    # every digit: 4 significant ones printed 1.00001 as 1 (softmax)
+    assert "alpha=1.00001," in repr(snn.Entmax(alpha=1.00001))
+    assert "alpha=1.00001," in repr(snn.Entmax(alpha=1.00001, learnable=True))
 
 
 def test_learnable_alpha_trains():

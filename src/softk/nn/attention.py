@@ -69,7 +69,9 @@ class ScaledDotProductAttention(nn.Module):
             raise ValueError(f"learnable=True learns entmax's α: map must be 'entmax', got {map!r}")
         if isinstance(num_heads, bool) or not isinstance(num_heads, numbers.Integral) or num_heads < 1:
             raise ValueError(f"num_heads must be an int >= 1 with learnable=True, got {num_heads!r}")
-        init = torch.as_tensor(1.5 if alpha is None else alpha, dtype=torch.float32)
+        # checked and mapped to the parameter in float64: rounded to float32 first, an α just above
+        # ALPHA_MIN (1.000001) became the bound itself and was refused
+        init = torch.as_tensor(1.5 if alpha is None else alpha, dtype=torch.float64)
         if init.dim() == 0:
             init = init.expand(num_heads)
         if tuple(init.shape) != (num_heads,):
@@ -78,7 +80,7 @@ class ScaledDotProductAttention(nn.Module):
         if not bool(((init > ALPHA_MIN) & (init < ALPHA_MAX)).all()):
             raise ValueError(f"alpha must lie strictly between {ALPHA_MIN} and {ALPHA_MAX} with learnable=True, "
                              f"got {init.tolist()}")
-        self.alpha_raw = nn.Parameter(_logit((init - ALPHA_MIN) / (ALPHA_MAX - ALPHA_MIN)).clone())
+        self.alpha_raw = nn.Parameter(_logit((init - ALPHA_MIN) / (ALPHA_MAX - ALPHA_MIN)).to(torch.float32))
 
     @property
     def alpha(self):
@@ -97,5 +99,6 @@ class ScaledDotProductAttention(nn.Module):
 
     def extra_repr(self) -> str:
         if self.learnable:
-            return f"map='entmax', alpha={[round(a, 4) for a in self.alpha.tolist()]}, learnable=True"
+            # float32's 7 digits: rounded to 4, α = 1.0000015 printed as 1.0, softmax
+            return f"map='entmax', alpha=[{', '.join(f'{a:.7g}' for a in self.alpha.tolist())}], learnable=True"
         return f"map={self.map!r}" + (f", alpha={self._alpha}" if self._alpha is not None else "")

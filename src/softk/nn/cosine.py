@@ -42,6 +42,8 @@ class CosineClassifier(nn.Module):
         self.weight = nn.Parameter(torch.empty(num_classes, in_features))
         nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))  # as nn.Linear
         if self.learn_scale:
+            if float(scale) > torch.finfo(torch.float32).max:  # exp(log_scale) is the float32 parameter's
+                raise ValueError(f"scale={scale!r} is beyond float32, which holds the learnable scale's parameter")
             self.log_scale = nn.Parameter(torch.tensor(math.log(float(scale))))
         else:
             self._scale = float(scale)

@@ -81,8 +81,9 @@ class Entmax(nn.Module):
         return simplex.entmax(x, alpha, self.dim, self.tau)
 
     def extra_repr(self) -> str:
-        alpha = self.alpha.item() if self.learnable else self.alpha
-        return f"alpha={alpha:.4g}, dim={self.dim}, tau={self.tau}, learnable={self.learnable}"
+        # every digit the value holds (float32's 7 for the parameter): 4 printed 1.00001 as 1, softmax
+        alpha = f"{self.alpha.item():.7g}" if self.learnable else f"{self.alpha!r}"
+        return f"alpha={alpha}, dim={self.dim}, tau={self.tau}, learnable={self.learnable}"
 
 
 class SoftTopK(nn.Module):
