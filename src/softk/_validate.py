@@ -68,7 +68,8 @@ def check_tau(tau, name: str = "tau", allow_grad: bool = False, x=None):
             ct = "float64" if x.dtype == torch.float64 else "float32"
             raise ValueError(f"{name}={tau!r} is below {TAU_FLOOR[x.dtype]:.3g}, 1/max of {ct} (the dtype "
                              f"{str(x.dtype).replace('torch.', '')} input is computed in), where x/{name} is "
-                             f"formed as x·(1/{name}); pass float64 input for a smaller {name}")
+                             f"formed as x·(1/{name})" + ("" if ct == "float64" else
+                                                          f"; pass float64 input for a smaller {name}"))
         return tau
     if isinstance(tau, torch.Tensor) and carries_derivative(tau):
         if not allow_grad:

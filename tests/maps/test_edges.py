@@ -284,6 +284,8 @@ def test_a_tau_below_the_compute_dtype_is_refused(name, dtype):
     out = _TAU_CALLS[name](x, 3e-39)  # just above: the argmax limit, finite
     assert not torch.isnan(out).any()
     assert not torch.isnan(_TAU_CALLS[name](x.double(), 1e-300)).any()  # float64 takes it
+    with pytest.raises(ValueError, match=r"float64 input is computed in\), where x/tau is formed as x·\(1/tau\)$"):
+        _TAU_CALLS[name](x.double(), 1e-320)  # (no advice to pass the float64 input it is)
 
 
 @pytest.mark.parametrize("name", ["softmax", "sparsemax", "entmax", "soft_topk", "normmax"])
