@@ -89,6 +89,7 @@ COMPARE_CASES = [
     (["--input", "{d}/binary.txt"], "binary.txt"),
     (["--input", "{d}/folder"], "folder"),
     (["--input", "{d}/huge.npy"], "huge.npy"),  # MemoryError: a traceback
+    (["--input", ""], "empty path"),  # was "--input .: is a folder"
     (["--input", "{d}/missing.csv"], "missing.csv"),
     (["--input", "{d}/table.csv", "1", "2"], "--input"),
     (["1", "nan"], "VALUES"),
@@ -203,6 +204,15 @@ def test_compare_accepts_one_row_in_every_form(tmp_path, capsys, monkeypatch):
         assert json.loads(out)["input"] == [3.0, 1.0, 2.0], name
     code, out, _ = cli(["compare", "--json", "--input", "-"], capsys, monkeypatch, stdin="-inf 0 2")
     assert code == 0 and json.loads(out)["rows"]["softmax"]["values"][0] == 0.0  # -inf masks an entry
+
+
+def test_compare_reads_a_csv_with_a_byte_order_mark(tmp_path, capsys):
+    # a spreadsheet's UTF-8 export: '\ufeff1' was refused as not a number
+    (tmp_path / "bom.csv").write_bytes("1,2,4\n".encode("utf-8-sig"))
+    code, out, err = cli(["compare", "--input", str(tmp_path / "bom.csv"), "--json"], capsys)
+    assert code == 0, err
+    p = np.array(json.loads(out)["rows"]["softmax"]["values"])
+    np.testing.assert_allclose(p, np.exp([1, 2, 4]) / np.exp([1, 2, 4]).sum(), rtol=1e-12)
 
 
 def test_compare_huge_numbers_are_printed_short(capsys):

@@ -75,6 +75,8 @@ def read_values(args) -> np.ndarray:
         except UnicodeDecodeError:
             raise UsageError(f"{source}: not UTF-8 text (pass a .npy file by its path)") from None
         return check_scores(parse_text(text, source), source)
+    if not args.input:
+        raise UsageError("--input: an empty path (pass a file, or - for stdin)")  # Path('') is the folder '.'
     path = Path(args.input)
     source = f"--input {path}"
     if not path.exists():
@@ -88,7 +90,7 @@ def read_values(args) -> np.ndarray:
     except OSError as exc:
         raise UsageError(f"{source}: cannot read it: {exc.strerror or exc}") from None
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8-sig")  # (a spreadsheet's export may begin with a byte-order mark)
     except UnicodeDecodeError:
         raise UsageError(f"{source}: not a UTF-8 text file (a .npy file must end in .npy)") from None
     return check_scores(parse_text(text, source), source)
