@@ -374,8 +374,36 @@ def check_subgroup(rank, world):
     _close(p, softk.sparsemax(z, dim=-1)[:, lo:hi], "subgroup map")
 
 
+def check_broken_rows(rank, world, sizes, order):
+    """Rows holding +inf or NaN (on one rank's slice) are NaN, loss and every
+    gradient entry, as on one device; an ignored one gives 0.  The top-k
+    cross-entropy gave a +inf row an infinite loss, and the ranks without
+    the +inf a finite gradient."""
+    v = sum(sizes)
+    lo, hi = bounds(sizes, order)[rank]
+    explicit = order != list(range(world))
+    z, t = data(6, v, masks=False)
+    z[0, 0] = INF
+    z[1, v - 1] = float("nan")
+    z[2, v // 2] = INF
+    t = t.clone()
+    t[2] = -100
+    for reduction in ("none", "sum"):
+        zf = z.clone().requires_grad_()
+        ref = single_loss("topk_softmax_ce", zf, t, k=3, reduction=reduction)
+        zl = z[:, lo:hi].clone().requires_grad_()
+        got = vocab_parallel_loss(zl, t, "topk_softmax_ce", k=3, reduction=reduction,
+                                  vocab_start=lo if explicit else None)
+        what = f"broken rows {reduction} rank {rank}"
+        _close(got, ref, what)
+        (gf,) = torch.autograd.grad(ref.sum(), zf)
+        (gl,) = torch.autograd.grad(got.sum(), zl)
+        _close(gl, gf[:, lo:hi], what + " grad")
+
+
 def all_checks(rank, world, sizes, order):
     check_losses(rank, world, sizes, order)
+    check_broken_rows(rank, world, sizes, order)
     check_float32(rank, world, sizes, order)
     check_offset_and_tau(rank, world, sizes, order)
     check_maps(rank, world, sizes, order)

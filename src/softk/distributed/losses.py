@@ -111,7 +111,12 @@ def _topk_ce(z, index, owned, zt_local, k, group, rank, world):
     cols = idx.gather(-1, (pos - rank * k).clamp(0, k - 1))
     grad = torch.zeros(m, zz.shape[-1], dtype=z.dtype, device=z.device)
     grad.scatter_add_(-1, cols, torch.where(mine, q, 0.0))
-    return rows, grad[:, :width]
+    # a row holding NaN or +inf on any rank is NaN, loss and gradient on every
+    # entry, as on one device (topk ranks both above every number, so the
+    # gathered top values show it on every rank)
+    broken = ((allv != allv) | (allv == float("inf"))).any(-1, keepdim=True)
+    rows = torch.where(broken.squeeze(-1), float("nan"), rows)
+    return rows, torch.where(broken, float("nan"), grad[:, :width])
 
 
 def vocab_parallel_loss(
