@@ -16,6 +16,7 @@ from torch import Tensor
 from .. import _dtensor
 
 from .._validate import check_dim, check_input, check_k, check_tau
+from ..threshold.rows import broken_rows
 from .simplex import softmax
 
 
@@ -25,10 +26,6 @@ def _mask_last(x: Tensor, k: int) -> Tensor:
     # out of place, so that torch.func.vmap can batch it
     mask = torch.zeros(x.shape, dtype=torch.bool, device=x.device).scatter(-1, order, True)
     return mask & (x > float("-inf"))
-
-
-def _broken(x: Tensor) -> Tensor:
-    return (torch.isnan(x) | (x == float("inf"))).any(-1, keepdim=True)
 
 
 def topk_mask(x: Tensor, k: int, dim: int) -> Tensor:
@@ -67,7 +64,7 @@ def hard_topk(x: Tensor, k: int, dim: int = -1) -> Tensor:
     k = check_k(k, x.shape[dim])
     xl = x.detach().movedim(dim, -1)
     out = _mask_last(xl, k).to(x.dtype)
-    out = torch.where(_broken(xl), float("nan"), out)
+    out = torch.where(broken_rows(xl), float("nan"), out)
     return out.movedim(-1, dim)
 
 
@@ -106,5 +103,5 @@ def topk_softmax(x: Tensor, k: int, dim: int = -1, tau: float = 1.0) -> Tensor:
     tau = check_tau(tau, allow_grad=True, x=x)
     keep = topk_mask(x, k, dim)
     p = softmax(torch.where(keep, x, float("-inf")), dim, tau)
-    broken = _broken(x.detach().movedim(dim, -1)).movedim(-1, dim)
+    broken = broken_rows(x.detach().movedim(dim, -1)).movedim(-1, dim)
     return torch.where(broken, float("nan"), p)

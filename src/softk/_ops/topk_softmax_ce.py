@@ -20,7 +20,7 @@ from torch.autograd import forward_ad
 from . import lean as _lean
 from .._backends import kernels
 from .._validate import reduce
-from ..threshold.rows import compute_dtype, finite_max, shift_over_tau
+from ..threshold.rows import broken_rows, compute_dtype, finite_max, shift_over_tau
 
 
 def lse_minus_target(top: Tensor, zt: Tensor) -> Tensor:
@@ -51,7 +51,7 @@ def topk_softmax_ce_rows(z: Tensor, target: Tensor, k: int, tau: float, reductio
     # gradient on every entry (the row convention, and the native kernel's),
     # where topk's gradient would reach only the top k: a term of value NaN
     # there with slope NaN, and 0 with slope 0 elsewhere
-    broken = ((zc != zc) | (zc == float("inf"))).any(-1, keepdim=True) | ~(zc > float("-inf")).any(-1, keepdim=True)
+    broken = broken_rows(zc) | ~(zc > float("-inf")).any(-1, keepdim=True)
     loss = loss + (torch.where(broken, zc, 0.0) * torch.where(broken, float("nan"), 0.0)).sum(-1)
     loss = torch.where(keep, loss, 0.0)
     return reduce(loss, keep, reduction).to(z.dtype)

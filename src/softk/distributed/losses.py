@@ -31,7 +31,7 @@ from .._validate import check_input, check_k, mean_of, sum_tolerance
 from ..losses import targets as tg
 from ..losses._options import FIELDS, LossOptions, loss_options
 from ..losses._registry import DEFAULT_LOSS
-from ..threshold.rows import compute_dtype, shift_over_tau
+from ..threshold.rows import broken_rows, compute_dtype, shift_over_tau
 from .checks import exchange, outside_graph, resolve_group
 from ._knobs import ts2_penalty
 from .families import loss_family, what_code
@@ -114,7 +114,7 @@ def _topk_ce(z, index, owned, zt_local, k, group, rank, world):
     # a row holding NaN or +inf on any rank is NaN, loss and gradient on every
     # entry, as on one device (topk ranks both above every number, so the
     # gathered top values show it on every rank)
-    broken = ((allv != allv) | (allv == float("inf"))).any(-1, keepdim=True)
+    broken = broken_rows(allv)
     rows = torch.where(broken.squeeze(-1), float("nan"), rows)
     return rows, torch.where(broken, float("nan"), grad[:, :width])
 

@@ -45,7 +45,7 @@ import torch
 from torch import Tensor
 
 from ..threshold.families import Family
-from ..threshold.rows import row_status
+from ..threshold.rows import broken_rows, row_status
 from .._backends.torch.threshold import map_rows
 from .._ops.distributed import all_gather, all_reduce
 from .._ops.potential import value_at
@@ -69,10 +69,6 @@ def _finite_max(z: Tensor) -> Tensor:
     return torch.where(ok, z, NEG_INF).amax(-1, keepdim=True)
 
 
-def _broken(z: Tensor) -> Tensor:
-    return (torch.isnan(z) | (z == float("inf"))).any(-1, keepdim=True)
-
-
 def _max_round(parts, group):
     return all_reduce(torch.cat(parts, -1), "max", group)
 
@@ -85,7 +81,7 @@ def softmax_forward(z: Tensor, group, max_extra=None, sum_extra: Optional[Callab
     """
     dt = z.dtype
     nx = 0 if max_extra is None else max_extra.shape[-1]
-    buf = _max_round([_finite_max(z), _broken(z).to(dt)] + ([max_extra] if nx else []), group)
+    buf = _max_round([_finite_max(z), broken_rows(z).to(dt)] + ([max_extra] if nx else []), group)
     top, broken = buf[:, :1], buf[:, 1:2] > 0
     shift = torch.where(torch.isfinite(top), top, 0.0)
     zs = torch.where(broken, 0.0, z - shift)
@@ -116,7 +112,7 @@ def sparse_forward(family: Family, z: Tensor, k: int, group, rank: int, world: i
     """A compact-support map over the concatenated row: 2 all-reduces and 1 all-gather."""
     dt, m, width = z.dtype, z.shape[0], z.shape[-1]
     nx = 0 if max_extra is None else max_extra.shape[-1]
-    parts = [local_lower_bound(family, z, k), _broken(z).to(dt), _finite_max(z)]
+    parts = [local_lower_bound(family, z, k), broken_rows(z).to(dt), _finite_max(z)]
     buf = _max_round(parts + ([max_extra] if nx else []), group)
     lam_lo, broken, top = buf[:, :1], buf[:, 1:2] > 0, buf[:, 2:3]
     shift = torch.where(torch.isfinite(top), top, 0.0)

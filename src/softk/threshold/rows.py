@@ -180,10 +180,16 @@ def masked_logsumexp(v: Tensor, keep: Tensor) -> Tensor:
     return torch.where(some, lse, NEG_INF)
 
 
+def broken_rows(z: Tensor) -> Tensor:
+    """The rows (keepdim) holding NaN or +inf: NaN, value and gradient, by the
+    row convention."""
+    return (torch.isnan(z) | (z == float("inf"))).any(-1, keepdim=True)
+
+
 def row_status(z: Tensor, k: int):
     """(finite mask, rows to solve, broken rows) for a (..., n) tensor."""
     finite = z > NEG_INF
-    broken = (torch.isnan(z) | (z == float("inf"))).any(-1, keepdim=True)
+    broken = broken_rows(z)
     saturated = finite.sum(-1, keepdim=True) <= k
     return finite, ~(broken | saturated), broken
 
