@@ -6,9 +6,11 @@ Run (CUDA GPU, repository root)::
     TRITON_INTERPRET=1 PYTHONPATH=src python benchmarks/gpu/tune.py --device cpu --quick   # a dry run
 
 For each shape of ``SHAPES`` (the widths of BENCHMARKS.md's GPU targets) it
-times the lean forward (sparsemax, entmax15, soft top-k exp at k = 2) under
-every launch setting of ``lean_configs`` — rows per program and warps, or
-above ``LEAN_MAX`` the loop's block and warps — and the backward kernel
+times the lean forward (sparsemax, entmax15, α-entmax at α = 1.7, soft
+top-k exp at k = 2) under every launch setting of ``lean_configs`` — rows
+per program and warps, and from ``LEAN_GROUP_MIN`` entries the search on a
+buffer of the row's candidates or on the whole row, or above ``LEAN_MAX``
+the loop's block and warps — and the backward kernel
 (sparsemax) of ``softk._backends.triton.function`` under every configuration
 of ``configs`` — on chip or looped, the block, the warps and the rows per
 program — and so the fused loss kernel (softmax and sparsemax, class-index
@@ -43,6 +45,7 @@ SHAPES = {
     "router16": (2**25 // 16, 16, "bfloat16"),
     "router64": (2**25 // 64, 64, "bfloat16"),
     "router256": (2**25 // 256, 256, "bfloat16"),
+    "router512": (2**25 // 512, 512, "bfloat16"),
     "w128": (65536, 128, "float32"),
     "w1024": (32768, 1024, "float32"),
     "w4096": (8192, 4096, "float32"),
@@ -51,12 +54,15 @@ SHAPES = {
 }
 # --quick: on chip in tiles of rows, on chip a row alone, looped (forward and backward); a program's worth of rows each
 QUICK = {"router64": (16, 64, "float32"), "w1024": (2, 1024, "float32"), "w16384": (1, 16384, "float32")}
-KERNELS = [("fwd", "sparsemax"), ("fwd", "entmax15"), ("fwd", "exp"), ("bwd", "sparsemax"), ("loss", "softmax"),
-           ("loss", "sparsemax")]
+KERNELS = [("fwd", "sparsemax"), ("fwd", "entmax15"), ("fwd", "entmax"), ("fwd", "exp"), ("bwd", "sparsemax"),
+           ("loss", "softmax"), ("loss", "sparsemax")]
 # the fused loss (class-index targets, the gradient written) on the widths a vocabulary has
 LOSS_MIN_N = 1024
-# the k of each forward: the smooth top-k at a router's k
+# the k of each forward: the smooth top-k at a router's k; the α of α-entmax (one that searches a buffer of candidates)
 K = {"exp": 2.0}
+ALPHA = {"entmax": 1.7}
+# the lean forwards that may search a buffer of candidates rather than the row (from LEAN_GROUP_MIN entries)
+COMPACTING = ("sparsemax", "entmax15", "entmax")
 
 
 def kernels_for(n: int):
@@ -64,18 +70,21 @@ def kernels_for(n: int):
     return [(kind, fam) for kind, fam in KERNELS if kind != "loss" or n >= LOSS_MIN_N]
 
 
-def lean_configs(n: int):
-    """(rows per program, warps) to try at width ``n`` for the lean forward:
-    tiles of 256–2048 entries (or the row alone, when wider), 4–16 entries per
-    thread; above ``LEAN_MAX`` (block, warps): blocks of 1024–4096, 4–16
-    entries per thread."""
-    from softk._backends.triton.function import LEAN_MAX, ROWS_MAX
+def lean_configs(n: int, fam_name: str = "sparsemax"):
+    """(rows per program, warps, candidates' buffer) to try at width ``n`` for
+    the lean forward: tiles of 256–2048 entries (or the row alone, when
+    wider), 4–16 entries per thread, and for sparsemax and entmax15 from
+    ``LEAN_GROUP_MIN`` entries the search on the candidates' buffer or on the
+    whole row; above ``LEAN_MAX`` (block, warps, True): blocks of 1024–4096,
+    4–16 entries per thread."""
+    from softk._backends.triton.function import LEAN_GROUP_MIN, LEAN_MAX, ROWS_MAX
 
     blk = max(16, 1 << (n - 1).bit_length())
     if n > LEAN_MAX:
-        out = [(b, b // (32 * e)) for b in (1024, 2048, 4096) for e in (4, 8, 16)]
+        out = [(b, b // (32 * e), True) for b in (1024, 2048, 4096) for e in (4, 8, 16)]
     else:
-        out = [(t // blk, t // (32 * e)) for t in sorted({256, 512, 1024, 2048, blk}) for e in (4, 8, 16)
+        both = (True, False) if blk >= LEAN_GROUP_MIN and fam_name in COMPACTING else (False,)
+        out = [(t // blk, t // (32 * e), c) for t in sorted({256, 512, 1024, 2048, blk}) for e in (4, 8, 16) for c in both
                if t >= blk and t // blk <= ROWS_MAX]
     return [c for c in dict.fromkeys(out) if 1 <= c[1] <= 16]
 
@@ -107,35 +116,39 @@ def _launch(kind, fam_name, x, g, cfg):
     from softk._backends.triton import loss
 
     fam = KERNEL_IDS[fam_name]
-    saved, saved_lean, saved_loss = fn._config, fn._lean_config, loss._config
+    saved, saved_lean, saved_loss, saved_compact = fn._config, fn._lean_config, loss._config, fn._lean_compacts
     if cfg is not None:
         fn._config = loss._config = lambda n, onchip, block, rows=None, backward=False: cfg
-        fn._lean_config = lambda n, fam: cfg
+        if _lean(fn, x.shape[-1], kind, fam_name):
+            fn._lean_config = lambda n, fam: cfg[:2]
+            fn._lean_compacts = lambda fam, alpha: cfg[2]
     try:
         if kind == "fwd":
-            return fn.forward_rows(x, fam, K.get(fam_name, 1.0), 1.0, 1.5)
+            return fn.forward_rows(x, fam, K.get(fam_name, 1.0), 1.0, ALPHA.get(fam_name, 1.5))
         if kind == "loss":  # g: the class indices, one per row
             scale = torch.full((1,), 1.0 / x.shape[0], device=x.device)
             return loss.fenchel_young_fused_rows(x, g, scale, fam, 1.0, 1.0, 1.5)
         return fn.backward_rows(x, g, fam, 1.0, 1.5)
     finally:
-        fn._config, fn._lean_config, loss._config = saved, saved_lean, saved_loss
+        fn._config, fn._lean_config, loss._config, fn._lean_compacts = saved, saved_lean, saved_loss, saved_compact
 
 
 def _lean(fn, n, kind, fam_name):
     """Whether this kernel at width ``n`` is a lean forward (else the general kernel)."""
-    return kind == "fwd" and fn.takes_lean(fn.FAMILY_IDS[fam_name], n, 1.5)
+    return kind == "fwd" and fn.takes_lean(fn.FAMILY_IDS[fam_name], n, ALPHA.get(fam_name, 1.5))
 
 
 def _default(fn, n, kind, fam_name):
     """The configuration the launcher picks today."""
     if _lean(fn, n, kind, fam_name):
-        return fn._lean_config(n, fn.FAMILY_IDS[fam_name])
+        blk = max(16, 1 << (n - 1).bit_length())
+        compact = n > fn.LEAN_MAX or (blk >= fn.LEAN_GROUP_MIN and fn._lean_compacts(fn.FAMILY_IDS[fam_name], ALPHA.get(fam_name, 1.5)))
+        return (*fn._lean_config(n, fn.FAMILY_IDS[fam_name]), compact)
     return fn._config(n, None, None, backward=kind == "bwd")
 
 
 def _tried(fn, n, kind, fam_name):
-    return lean_configs(n) if _lean(fn, n, kind, fam_name) else configs(n, kind)
+    return lean_configs(n, fam_name) if _lean(fn, n, kind, fam_name) else configs(n, kind)
 
 
 def _inputs(rows, n, dtype, device):
@@ -185,6 +198,7 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--quick", action="store_true", help="three tiny shapes (a dry run)")
     ap.add_argument("--only", nargs="+", help="shape names from SHAPES")
+    ap.add_argument("--kernels", nargs="+", choices=sorted({k for k, _ in KERNELS}), help="these kinds of kernel only (default: all)")
     ap.add_argument("--jobs", type=int, default=min(14, os.cpu_count() or 1), help="compiling processes (0: compile in the timed process)")
     ap.add_argument("--budget-s", type=float, default=120.0)
     ap.add_argument("--json", metavar="PATH")
@@ -201,6 +215,8 @@ def main(argv=None) -> int:
     plan = []  # (shape, kind, fam, cfg or None for the default)
     for name, (rows, n, dtype) in shapes.items():
         for kind, fam in kernels_for(n):
+            if args.kernels and kind not in args.kernels:
+                continue
             default = _default(fn, n, kind, fam)
             tried = [c for c in _tried(fn, n, kind, fam) if c != default]
             if args.quick:  # two of them: the widest blocks, the fewest steps for the interpreter

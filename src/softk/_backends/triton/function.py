@@ -25,8 +25,9 @@ their own launch settings (:func:`_config`), chosen from the sweep of
 * The lean forward (:mod:`.lean`) of sparsemax, entmax15 and α-entmax for
   1.125 ≤ α ≤ 2 holds rows of up to :data:`LEAN_MAX` entries in registers,
   narrow rows in tiles of :data:`LEAN_TILE` entries on one warp (the
-  settings of :func:`_lean_config`); its search runs on a buffer of
-  the row's candidates, so it reads the row once.  Wider rows of those maps
+  settings of :func:`_lean_config`), and reads the row once: sparsemax and
+  entmax15 search that copy, α-entmax from 1.5 a buffer of the row's
+  candidates (:func:`_lean_compacts`).  Wider rows of those maps
   (:mod:`.lean_wide`) are read twice, one row per program in blocks of
   :data:`LEAN_WIDE_BLOCK`; exp, sigmoid and laplace top-k up to :data:`LEAN_MAX`
   (:mod:`.lean_topk`) once.
@@ -229,14 +230,19 @@ def backward_rows(p: Tensor, g: Tensor, fam: int, tau: float, alpha: float = 1.5
 
 # The lean forward (:mod:`.lean`): sparsemax, entmax15 and α-entmax for
 # 1.125 ≤ α ≤ 2 on rows of up to LEAN_MAX entries, held in registers; rows
-# of at least 4 × LEAN_SLOTS entries search a buffer of LEAN_SLOTS candidates
-# found above the root over the maxima of groups of LEAN_GROUP entries, but
-# for α-entmax below LEAN_COMPACT_ALPHA, whose support widens as α nears 1:
-# there the buffer would overflow, and the whole row is searched from the
-# groups' bound.
+# of at least LEAN_GROUP_MIN entries start the search at the root over the
+# maxima of groups of LEAN_GROUP entries.  Sparsemax and entmax15 then sweep
+# the whole row in registers: on an H200 that took 0.24–0.61 of the time of
+# a search on a buffer of the candidates above that root (the buffer's
+# prefix count, its round trip through memory and the scattered write cost
+# more than the sweeps they save; BENCHMARKS.md has the sweep).  α-entmax
+# from LEAN_COMPACT_ALPHA, whose sweeps take a power per entry, searches
+# such a buffer of LEAN_SLOTS candidates (below it the support widens as α
+# nears 1 and the buffer would overflow; the whole row is searched).
 LEAN_MAX = 8192
 LEAN_SLOTS = 64
 LEAN_GROUP = 16
+LEAN_GROUP_MIN = 4 * LEAN_SLOTS
 LEAN_COMPACT_ALPHA = 1.5
 # Rows wider than LEAN_MAX (:mod:`.lean_wide`): a buffer of LEAN_WIDE_SLOTS
 # candidates per row, wide enough for α-entmax's supports at α = 1.3.
@@ -287,6 +293,14 @@ def _lean_config(n: int, fam: int) -> tuple[int, int]:
     return 1, min(16, blk // 512)
 
 
+def _lean_compacts(fam: int, alpha: float) -> bool:
+    """Whether the lean forward of a row of at least :data:`LEAN_GROUP_MIN`
+    entries searches a buffer of its candidates (α-entmax from
+    :data:`LEAN_COMPACT_ALPHA`) rather than the whole row (sparsemax, entmax15,
+    α-entmax below it)."""
+    return fam == FAMILY_IDS["entmax"] and alpha >= LEAN_COMPACT_ALPHA
+
+
 def lean_forward_rows(rows: Tensor, fam: int, k: float, tau: float, alpha: float = 1.5, *,
                       return_passes: bool = False, rows_per_program: int | None = None, out: Tensor | None = None):
     """p for contiguous ``rows`` (r, n) through the lean forward (and with
@@ -316,8 +330,8 @@ def lean_forward_rows(rows: Tensor, fam: int, k: float, tau: float, alpha: float
                 rows, out, its, r, n, float(k), 1.0 / tau, FAM=fam, ROWS=rpp, BLOCK=blk, LEAN_IT=LEAN_TOPK_IT,
                 NEWTON_CAP=NEWTON_CAP, MAXIT=MAXIT, WRITE_ITS=return_passes, num_warps=warps)
             return (out, its) if return_passes else out
-        grouped = blk >= 4 * LEAN_SLOTS
-        compact = grouped and (fam != FAMILY_IDS["entmax"] or alpha >= LEAN_COMPACT_ALPHA)
+        grouped = blk >= LEAN_GROUP_MIN
+        compact = grouped and _lean_compacts(fam, alpha)
         slots = LEAN_SLOTS if compact else 1
         if compact:
             sz = torch.empty((r, slots), dtype=torch.float32, device=rows.device)
