@@ -73,7 +73,7 @@ def kernels_for(n: int):
 def lean_configs(n: int, fam_name: str = "sparsemax"):
     """(rows per program, warps, candidates' buffer) to try at width ``n`` for
     the lean forward: tiles of 256–2048 entries (or the row alone, when
-    wider), 4–16 entries per thread, and for sparsemax and entmax15 from
+    wider), 4–32 entries per thread, and for sparsemax and entmax15 from
     ``LEAN_GROUP_MIN`` entries the search on the candidates' buffer or on the
     whole row; above ``LEAN_MAX`` (block, warps, True): blocks of 1024–4096,
     4–16 entries per thread."""
@@ -84,7 +84,7 @@ def lean_configs(n: int, fam_name: str = "sparsemax"):
         out = [(b, b // (32 * e), True) for b in (1024, 2048, 4096) for e in (4, 8, 16)]
     else:
         both = (True, False) if blk >= LEAN_GROUP_MIN and fam_name in COMPACTING else (False,)
-        out = [(t // blk, t // (32 * e), c) for t in sorted({256, 512, 1024, 2048, blk}) for e in (4, 8, 16) for c in both
+        out = [(t // blk, t // (32 * e), c) for t in sorted({256, 512, 1024, 2048, blk}) for e in (4, 8, 16, 32) for c in both
                if t >= blk and t // blk <= ROWS_MAX]
     return [c for c in dict.fromkeys(out) if 1 <= c[1] <= 16]
 
@@ -246,7 +246,7 @@ def main(argv=None) -> int:
     def write():
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"meta": meta, "rows": rows_out, "best": best(rows_out)}, f, indent=1)
+                json.dump({"meta": meta, "rows": rows_out, "best": best(rows_out), "compiled": compiled_kernels()}, f, indent=1)
 
     for name, (rows, n, dtype) in shapes.items():
         x, g = _inputs(rows, n, dtype, args.device)
@@ -287,8 +287,32 @@ def main(argv=None) -> int:
     for b in best(rows_out):
         print(f"{b['shape']:10s} {b['kernel']:15s} default {b['default_config']} {b['default_ms']:.4f} ms ({b['default_x_torch']:.2f}x torch)"
               f"  best {b['best_config']} {b['best_ms']:.4f} ms ({b['best_x_torch']:.2f}x)", flush=True)
+    for c in compiled_kernels():
+        print(f"{c['kernel']:22s} warps {c['num_warps']} regs {c['n_regs']} spills {c['n_spills']} {c['constexprs']}", flush=True)
     print(f"tune: {len(rows_out)} rows in {time.monotonic() - t0:.0f} s", flush=True)
     return 0
+
+
+def compiled_kernels() -> list[dict]:
+    """The lean forwards' compiled variants in this process: warps, registers
+    per thread and spills (what bounds the rows in flight on an SM), and
+    their constexprs; empty under the interpreter, which compiles nothing."""
+    from softk._backends.triton import function as fn
+
+    out = []
+    for name in ("lean_fwd_kernel", "lean_topk_fwd_kernel", "lean_wide_fwd_kernel"):
+        kernel = getattr(fn, name)
+        for caches in getattr(kernel, "device_caches", {}).values():
+            for key, ck in (caches[0] if isinstance(caches, tuple) else {}).items():
+                row = {"kernel": name, "num_warps": getattr(getattr(ck, "metadata", None), "num_warps", None),
+                       "n_regs": getattr(ck, "n_regs", None), "n_spills": getattr(ck, "n_spills", None)}
+                try:  # the constexprs by name (ASTSource.constants: {(index,): value})
+                    names = ck.src.fn.arg_names
+                    row["constexprs"] = {names[i[0]]: v for i, v in ck.src.constants.items() if names[i[0]].isupper()}
+                except Exception:  # noqa: BLE001 - another Triton's layout: its key as text
+                    row["constexprs"] = str(key)[:300]
+                out.append(row)
+    return out
 
 
 def best(rows):
