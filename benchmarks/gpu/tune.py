@@ -44,6 +44,7 @@ if os.path.join(ROOT, "src") not in sys.path:
 SHAPES = {
     "router16": (2**25 // 16, 16, "bfloat16"),
     "router64": (2**25 // 64, 64, "bfloat16"),
+    "router128": (2**25 // 128, 128, "bfloat16"),
     "router256": (2**25 // 256, 256, "bfloat16"),
     "router512": (2**25 // 512, 512, "bfloat16"),
     "w128": (65536, 128, "float32"),

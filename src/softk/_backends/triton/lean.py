@@ -12,7 +12,10 @@ read once, and the λ search runs on as few entries as the row allows:
    ``COMPACT``, the entries above it, the *candidates*, are written to a per-row buffer of ``C`` slots in row
    order (a prefix sum gives each its slot), and the search runs on that
    buffer.  A row with more than ``C`` candidates searches its whole row
-   instead (per row: its neighbours keep their buffers).
+   instead (per row: its neighbours keep their buffers).  The launcher asks
+   for the buffer for α-entmax from α = 1.5 only: on a GPU, sparsemax's and
+   entmax15's sweeps over the row in registers cost less than the buffer's
+   prefix count, round trip through memory and scattered write.
 3. the search (:func:`_lean_search`), from a lower bound, each step one
    sweep over its entries, every evaluated point below or at λ:
 
