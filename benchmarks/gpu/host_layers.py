@@ -10,8 +10,9 @@ takes ``softk.sparsemax`` forward + backward apart on a tiny input
 (``--rows`` × ``--cols`` float32, so that every kernel is shorter than the
 host's work): an allocation, the bare kernel launches (the lean forward,
 the backward), the backend's forward, the call without and with autograd,
-``torch.softmax`` forward + backward (the autograd engine's own cost) and
-softk's forward + backward, each as µs a call over ``--calls`` calls in a
+``torch.softmax`` forward + backward (the autograd engine's own cost), a
+Python ``autograd.Function`` that only clones (the engine's cost of a
+Python backward) and softk's forward + backward, each as µs a call over ``--calls`` calls in a
 row (median of ``--repeats``).  During the forward + backward runs it also
 times the Python inside softk's backward (it runs on the autograd engine's
 thread for a CUDA tensor) and, with ``--cprofile``, profiles that code and
@@ -73,6 +74,19 @@ def layers(device: str, rows: int, cols: int, calls: int, repeats: int) -> list[
     fam, family = KERNEL_IDS["sparsemax"], by_name("sparsemax")
     p = softk.sparsemax(x)
 
+    class Clone(torch.autograd.Function):
+        """The least a Python autograd.Function can do: one kernel each way.
+        Its forward + backward against torch.softmax's is the engine's cost
+        of running a Python backward (on its own thread for a CUDA tensor)."""
+
+        @staticmethod
+        def forward(ctx, t):
+            return t.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad.clone()
+
     def fwd_bwd(f):
         def call():
             xg.grad = None
@@ -85,7 +99,8 @@ def layers(device: str, rows: int, cols: int, calls: int, repeats: int) -> list[
         cases += [("lean forward kernel (lean_forward_rows)", lambda: fn.lean_forward_rows(x, fam, 1.0, 1.0)),
                   ("backward kernel (backward_rows)", lambda: fn.backward_rows(p, g, fam, 1.0)),
                   ("triton backend forward", lambda: tt.forward(family, x, 1, 1.0))]
-    cases += [("softk.sparsemax, no grad", lambda: softk.sparsemax(x)),
+    cases += [("a Python autograd.Function (a clone), forward + backward", fwd_bwd(Clone.apply)),
+              ("softk.sparsemax, no grad", lambda: softk.sparsemax(x)),
               ("softk.sparsemax, grad mode, no backward", lambda: softk.sparsemax(xg)),
               ("torch.softmax forward + backward", fwd_bwd(lambda t: torch.softmax(t, -1))),
               ("softk.sparsemax forward + backward", fwd_bwd(softk.sparsemax))]
