@@ -169,6 +169,10 @@ CUDA_THAT_IS_NOT_HERE = "cuda:99" if torch.cuda.is_available() else "cuda"
         (["--shapes", "1x" + "9" * 20, "--ops", "softmax"], "--shapes"),  # beyond int64: torch's C++ backtrace
         (["--dtype", "int8"], "--dtype"),
         (["--format", "xml"], "--format"),
+        # writable when checked, full when written: the OS's message alone named no option
+        pytest.param(["--output", "/dev/full", "--shapes", "8x16", "--ops", "sparsemax", "--repeats", "1", "--quiet"],
+                     "--output /dev/full: the results could not be written",
+                     marks=pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full here")),
     ],
 )
 def test_bench_bad_input(argv, word, files, capsys):

@@ -146,17 +146,21 @@ def _run(args) -> int:
     except OSError as exc:
         raise UsageError(f"--output {args.output}: cannot write it: {exc.strerror or exc}") from None
     try:
-        if args.format == "json":
-            json.dump(rows, out, indent=1)
-            out.write("\n")
-        elif args.format == "csv":
-            writer = csv.DictWriter(out, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
-        else:
-            out.write(bench.markdown(rows) + "\n\n")
-            out.write(f"Note: {NOISE_NOTE}.\n")
-    finally:
-        if out is not sys.stdout:
-            out.close()
+        try:
+            if args.format == "json":
+                json.dump(rows, out, indent=1)
+                out.write("\n")
+            elif args.format == "csv":
+                writer = csv.DictWriter(out, fieldnames=list(rows[0]))
+                writer.writeheader()
+                writer.writerows(rows)
+            else:
+                out.write(bench.markdown(rows) + "\n\n")
+                out.write(f"Note: {NOISE_NOTE}.\n")
+        finally:
+            if out is not sys.stdout:
+                out.close()
+    except OSError as exc:  # a full disk, a closed pipe: found on the write (or the close that flushes it)
+        where = "stdout" if out is sys.stdout else f"--output {args.output}"
+        raise UsageError(f"{where}: the results could not be written: {exc.strerror or exc}") from None
     return 0
