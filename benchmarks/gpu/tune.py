@@ -74,15 +74,17 @@ def kernels_for(n: int):
 def lean_configs(n: int, fam_name: str = "sparsemax"):
     """(rows per program, warps, candidates' buffer) to try at width ``n`` for
     the lean forward: tiles of 256–2048 entries (or the row alone, when
-    wider), 4–32 entries per thread, and for sparsemax and entmax15 from
+    wider), 4–32 entries per thread, and for the simplex maps from
     ``LEAN_GROUP_MIN`` entries the search on the candidates' buffer or on the
-    whole row; above ``LEAN_MAX`` (block, warps, True): blocks of 1024–4096,
-    4–16 entries per thread."""
+    whole row; above ``LEAN_MAX`` (block, warps, buffer): blocks of
+    1024–4096, 4–16 entries per thread, the search on the buffer or in
+    sweeps of the row (the simplex maps)."""
     from softk._backends.triton.function import LEAN_GROUP_MIN, LEAN_MAX, ROWS_MAX
 
     blk = max(16, 1 << (n - 1).bit_length())
     if n > LEAN_MAX:
-        out = [(b, b // (32 * e), True) for b in (1024, 2048, 4096) for e in (4, 8, 16)]
+        both = (True, False) if fam_name in COMPACTING else (True,)
+        out = [(b, b // (32 * e), c) for b in (1024, 2048, 4096) for e in (4, 8, 16) for c in both]
     else:
         both = (True, False) if blk >= LEAN_GROUP_MIN and fam_name in COMPACTING else (False,)
         out = [(t // blk, t // (32 * e), c) for t in sorted({256, 512, 1024, 2048, blk}) for e in (4, 8, 16, 32) for c in both
@@ -117,12 +119,13 @@ def _launch(kind, fam_name, x, g, cfg):
     from softk._backends.triton import loss
 
     fam = KERNEL_IDS[fam_name]
-    saved, saved_lean, saved_loss, saved_compact = fn._config, fn._lean_config, loss._config, fn._lean_compacts
+    saved, saved_lean, saved_loss = fn._config, fn._lean_config, loss._config
+    saved_compact, saved_wide = fn._lean_compacts, fn._lean_wide_compacts
     if cfg is not None:
         fn._config = loss._config = lambda n, onchip, block, rows=None, backward=False: cfg
         if _lean(fn, x.shape[-1], kind, fam_name):
             fn._lean_config = lambda n, fam: cfg[:2]
-            fn._lean_compacts = lambda fam, alpha: cfg[2]
+            fn._lean_compacts = fn._lean_wide_compacts = lambda fam, alpha: cfg[2]
     try:
         if kind == "fwd":
             return fn.forward_rows(x, fam, K.get(fam_name, 1.0), 1.0, ALPHA.get(fam_name, 1.5))
@@ -131,7 +134,8 @@ def _launch(kind, fam_name, x, g, cfg):
             return loss.fenchel_young_fused_rows(x, g, scale, fam, 1.0, 1.0, 1.5)
         return fn.backward_rows(x, g, fam, 1.0, 1.5)
     finally:
-        fn._config, fn._lean_config, loss._config, fn._lean_compacts = saved, saved_lean, saved_loss, saved_compact
+        fn._config, fn._lean_config, loss._config = saved, saved_lean, saved_loss
+        fn._lean_compacts, fn._lean_wide_compacts = saved_compact, saved_wide
 
 
 def _lean(fn, n, kind, fam_name):
@@ -143,7 +147,8 @@ def _default(fn, n, kind, fam_name):
     """The configuration the launcher picks today."""
     if _lean(fn, n, kind, fam_name):
         blk = max(16, 1 << (n - 1).bit_length())
-        compact = n > fn.LEAN_MAX or (blk >= fn.LEAN_GROUP_MIN and fn._lean_compacts(fn.FAMILY_IDS[fam_name], ALPHA.get(fam_name, 1.5)))
+        fam, alpha = fn.FAMILY_IDS[fam_name], ALPHA.get(fam_name, 1.5)
+        compact = fn._lean_wide_compacts(fam, alpha) if n > fn.LEAN_MAX else blk >= fn.LEAN_GROUP_MIN and fn._lean_compacts(fam, alpha)
         return (*fn._lean_config(n, fn.FAMILY_IDS[fam_name]), compact)
     return fn._config(n, None, None, backward=kind == "bwd")
 

@@ -131,6 +131,23 @@ def test_wide_rows_match_oracle(rng, fam, alpha, k):
     assert its.max() <= 12, its
 
 
+@pytest.mark.parametrize("fam, alpha, k", MAPS, ids=IDS)
+def test_wide_rows_swept_without_the_buffer_match_oracle(rng, fam, alpha, k, monkeypatch):
+    # the wide kernel's other search: from the lane maxima's bound, a read of
+    # the row each step and one to write p (or the row conventions: NaN, +inf,
+    # ≤ k finite entries, fully masked), no buffer to overflow
+    monkeypatch.setattr(tf, "_lean_wide_compacts", lambda fam, alpha: False)
+    n = tf.LEAN_MAX + 1000
+    x = _rows(rng, n)[[0, 1, 3, 4, 5, 6, 7, 8, 9, 10]]
+    huge = np.full(n, -np.inf)
+    huge[[5, n - 1]] = [3.0e38, -2.0e38]
+    x = np.vstack([x, huge[None, :], _f32(1e6 + rng.normal(size=n))[None, :]])
+    for tau in (0.5, 1e-3):
+        p, its = _run(x, fam, alpha, k, tau)
+        _check(p, _oracle(fam, alpha, k, x, tau), k, alpha)
+        assert its.max() <= 12, its
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("fam, alpha, k", MAPS, ids=IDS)
 def test_wide_rows_match_oracle_at_20000(rng, fam, alpha, k):
@@ -254,10 +271,11 @@ sig = {"X": "", "Y": "", "ITS": "*i32", "SZ": "*fp32", "SI": "*i32", "R": "i32",
 for fam in (1, 2, 3):
     ty = dtypes[fam % 3]
     block, warps = _lean_config(70001, fam)
-    build(lean_wide_fwd_kernel, dict(sig, X=ty, Y=ty), dict(FAM=fam, BLOCK=block, C=LEAN_WIDE_SLOTS, BIG=False,
-          NEWTON_CAP=NEWTON_CAP, MAXIT=MAXIT, WRITE_ITS=fam == 1), warps)
-    built += 1
-assert built == 18, built
+    for compact in (True, False):  # the buffer, or sweeps of the row
+        build(lean_wide_fwd_kernel, dict(sig, X=ty, Y=ty), dict(FAM=fam, BLOCK=block, C=LEAN_WIDE_SLOTS if compact else 1,
+              BIG=False, NEWTON_CAP=NEWTON_CAP, MAXIT=MAXIT, WRITE_ITS=fam == 1, COMPACT=compact), warps)
+        built += 1
+assert built == 21, built
 print("OK")
 """
 

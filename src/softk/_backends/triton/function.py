@@ -301,6 +301,14 @@ def _lean_compacts(fam: int, alpha: float) -> bool:
     return fam == FAMILY_IDS["entmax"] and alpha >= LEAN_COMPACT_ALPHA
 
 
+def _lean_wide_compacts(fam: int, alpha: float) -> bool:
+    """Whether the lean forward of a row wider than :data:`LEAN_MAX` searches
+    a buffer of the candidates its second read finds (two reads in all),
+    rather than sweeping the row, a read each step, then a read to write p:
+    the buffer for every map, until a GPU has timed both."""
+    return True
+
+
 def lean_forward_rows(rows: Tensor, fam: int, k: float, tau: float, alpha: float = 1.5, *,
                       return_passes: bool = False, rows_per_program: int | None = None, out: Tensor | None = None):
     """p for contiguous ``rows`` (r, n) through the lean forward (and with
@@ -309,14 +317,18 @@ def lean_forward_rows(rows: Tensor, fam: int, k: float, tau: float, alpha: float
     r, n = rows.shape
     its = torch.zeros(r, dtype=torch.int32, device=rows.device) if return_passes else _placeholder(rows.device)
     if r:
-        if n > LEAN_MAX:  # two reads: the lane maxima, then the candidates into a buffer
+        if n > LEAN_MAX:  # the lane maxima, then the candidates into a buffer (or sweeps of the row)
             block, warps = _lean_config(n, fam)
-            slots = LEAN_WIDE_SLOTS
-            sz = torch.empty((r, slots), dtype=torch.float32, device=rows.device)
-            si = torch.empty((r, slots), dtype=torch.int32, device=rows.device)
+            compact = _lean_wide_compacts(fam, alpha)
+            slots = LEAN_WIDE_SLOTS if compact else 1
+            if compact:
+                sz = torch.empty((r, slots), dtype=torch.float32, device=rows.device)
+                si = torch.empty((r, slots), dtype=torch.int32, device=rows.device)
+            else:  # the kernel touches no buffer
+                sz, si = _placeholder(rows.device, torch.float32), _placeholder(rows.device)
             lean_wide_fwd_kernel[(r,)](
                 rows, out, its, sz, si, r, n, float(k), 1.0 / tau, float(alpha) - 1.0, FAM=fam, BLOCK=block,
-                C=slots, BIG=False, NEWTON_CAP=NEWTON_CAP, MAXIT=MAXIT, WRITE_ITS=return_passes,
+                C=slots, BIG=False, NEWTON_CAP=NEWTON_CAP, MAXIT=MAXIT, WRITE_ITS=return_passes, COMPACT=compact,
                 num_warps=warps)
             return (out, its) if return_passes else out
         blk = _pow2(n)

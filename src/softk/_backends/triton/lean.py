@@ -61,35 +61,57 @@ def _lower_bound(k, am1, FAM: tl.constexpr):
 
 
 @triton.jit
-def _lean_step(z, lam, k, am1, FAM: tl.constexpr):
-    """One sweep at λ ([ROWS, 1]) over the entries z ([ROWS, W], −inf for
-    none): the step δ to the next point and whether λ + δ is λ itself."""
+def _lean_sums(z, lam, am1, FAM: tl.constexpr):
+    """The sums one sweep at λ ([ROWS, 1]) takes over the entries z ([ROWS,
+    W], −inf for none), each a [ROWS, 1] column: (g, −g′, 0, 0) for
+    α-entmax; for sparsemax and entmax15 the support's size, Σ u, Σ u²
+    (entmax15; else 0) and min u over it (u = z − λ).  A row swept in blocks
+    adds the blocks' sums (and takes the least of their minima)."""
     u = z - lam
     pos = u > 0
     if FAM == ENTMAX:
         y = am1 * u
         ys = tl.where(pos, y, 1.0)
         fy = tl.where(pos, tl.exp(tl.log(ys) / am1), 0.0)
-        g = tl.sum(fy, 1, keep_dims=True)
-        gd = tl.sum(fy / ys, 1, keep_dims=True)  # −g′
+        s0 = tl.sum(fy, 1, keep_dims=True)
+        s1 = tl.sum(fy / ys, 1, keep_dims=True)  # −g′
+        s2 = tl.zeros_like(s0)
+        mn = s2
+    else:
+        w = tl.where(pos, u, 0.0)
+        s0 = tl.sum(pos.to(tl.float32), 1, keep_dims=True)
+        s1 = tl.sum(w, 1, keep_dims=True)
+        if FAM == ENTMAX15:
+            s2 = tl.sum(w * w, 1, keep_dims=True)
+        else:
+            s2 = tl.zeros_like(s1)
+        mn = tl.min(tl.where(pos, u, float("inf")), 1, keep_dims=True)
+    return s0, s1, s2, mn
+
+
+@triton.jit
+def _lean_delta(s0, s1, s2, mn, lam, k, am1, FAM: tl.constexpr):
+    """From one sweep's sums (:func:`_lean_sums`) at λ: the step δ to the next
+    point and whether λ + δ is λ itself."""
+    if FAM == ENTMAX:
+        g = s0
+        gd = s1
         # Newton on h = g^(α−1) − k^(α−1): δ = h g^(1−(α−1)) / ((α−1)(−g′))
         lg = tl.log(g)
         h = tl.exp(am1 * lg) - tl.exp(am1 * tl.log(k))
         d = h * tl.exp(lg - am1 * lg) / (am1 * gd)
         exact = tl.abs(d) <= 4.0 * EPS * tl.abs(lam)
     else:
-        w = tl.where(pos, u, 0.0)
-        cnt = tl.sum(pos.to(tl.float32), 1, keep_dims=True)
-        w1 = tl.sum(w, 1, keep_dims=True)
+        cnt = s0
+        w1 = s1
         # the closed form on the support S of λ is exact where S stays the
         # support at λ + δ: where min_S u ≥ δ (f(0) = 0, so an entry landing on
         # λ + δ changes nothing)
-        mn = tl.min(tl.where(pos, u, float("inf")), 1, keep_dims=True)
         if FAM == SPARSEMAX:
             d = (w1 - k) / cnt
             exact = mn >= d
         else:
-            w2 = tl.sum(w * w, 1, keep_dims=True)
+            w2 = s2
             r = w2 - 4.0 * k
             # the smaller root of cnt δ² − 2 w1 δ + r = 0, without cancellation
             dc = r / (w1 + tl.sqrt(tl.maximum(w1 * w1 - cnt * r, 0.0)))
@@ -98,6 +120,14 @@ def _lean_step(z, lam, k, am1, FAM: tl.constexpr):
             exact = mn >= dc
             d = tl.where(exact, dc, dn)
     return d, exact
+
+
+@triton.jit
+def _lean_step(z, lam, k, am1, FAM: tl.constexpr):
+    """One sweep at λ ([ROWS, 1]) over the entries z ([ROWS, W], −inf for
+    none): the step δ to the next point and whether λ + δ is λ itself."""
+    s0, s1, s2, mn = _lean_sums(z, lam, am1, FAM)
+    return _lean_delta(s0, s1, s2, mn, lam, k, am1, FAM)
 
 
 @triton.jit

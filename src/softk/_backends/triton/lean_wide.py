@@ -19,12 +19,19 @@ takes the general search and writes its whole row (:func:`.frame._solve`,
 :func:`.passes._write_p`, reading it again), its 0s then rewritten by the
 same lanes in program order.  So a row's result depends on its own entries
 only.
+
+Without ``COMPACT`` (the launcher's :func:`.function._lean_wide_compacts`
+says which), steps 3–4 are sweeps of the row from the bound instead: each
+step of the search one read, its blocks' sums added
+(:func:`.lean._lean_sums`, :func:`.lean._lean_delta`), then one read to
+write p, or the row conventions; no buffer, nothing to overflow.
+``benchmarks/gpu/tune.py`` times both.
 """
 
 import triton
 import triton.language as tl
 
-from .lean import EPS, _lean_search, _lower_bound
+from .lean import EPS, _lean_delta, _lean_search, _lean_sums, _lower_bound
 from .family_math import _f
 from .frame import _solve
 from .passes import _write_p
@@ -32,21 +39,58 @@ from .prelude import _cols, _load_x, _shift_scale
 
 
 @triton.jit
+def _swept_search(xr, rmask, n, ref, inv_tau, lam, todo, k, am1,
+                  FAM: tl.constexpr, BLOCK: tl.constexpr, MAXIT: tl.constexpr):
+    """:func:`.lean._lean_search` on a row read in blocks: each step one read
+    of the row, its blocks' sums added; λ ([1, 1]) from the lower bound
+    ``lam`` where ``todo``, and the reads it took."""
+    it = tl.zeros(lam.shape, tl.int32)
+    run = todo
+    more = tl.max(tl.max(run.to(tl.int32), 1), 0)
+    while more > 0:
+        s0 = tl.zeros(lam.shape, tl.float32)
+        s1 = s0
+        s2 = s0
+        mn = tl.full(lam.shape, float("inf"), tl.float32)
+        for start in range(0, n, BLOCK):
+            z = _shift_scale(_load_x(xr, rmask, _cols(start, BLOCK), n), ref, inv_tau)
+            b0, b1, b2, bm = _lean_sums(z, lam, am1, FAM)
+            s0 += b0
+            s1 += b1
+            s2 += b2
+            mn = tl.minimum(mn, bm)
+        d, exact = _lean_delta(s0, s1, s2, mn, lam, k, am1, FAM)
+        it += run.to(tl.int32)
+        new = lam + d
+        ok = tl.abs(d) < float("inf")
+        moved = new != lam
+        lam = tl.where(run & ok, new, lam)
+        run = run & ok & moved & (~exact) & (it < MAXIT)
+        more = tl.max(tl.max(run.to(tl.int32), 1), 0)
+    return lam, it
+
+
+@triton.jit
 def lean_wide_fwd_kernel(X, Y, ITS, SZ, SI, R, n, k, inv_tau, am1,
                          FAM: tl.constexpr, BLOCK: tl.constexpr, C: tl.constexpr, BIG: tl.constexpr,
-                         NEWTON_CAP: tl.constexpr, MAXIT: tl.constexpr, WRITE_ITS: tl.constexpr):
+                         NEWTON_CAP: tl.constexpr, MAXIT: tl.constexpr, WRITE_ITS: tl.constexpr,
+                         COMPACT: tl.constexpr = True):
     rows = tl.program_id(0).to(tl.int64) + tl.arange(0, 1)[:, None]  # [1, 1]
     rmask = rows < R
     xr = X + rows * n
     yr = Y + rows * n
 
-    # ---- first read: the lane maxima and the finite count
+    # ---- first read: the lane maxima and the finite count (and without the
+    # buffer, whose read sums z for it, the NaNs)
     lanes = tl.full([1, BLOCK], float("-inf"), tl.float32)
     fin = tl.zeros([1, BLOCK], tl.float32)
+    nan = tl.zeros([1, BLOCK], tl.float32)
     for start in range(0, n, BLOCK):
         x = _load_x(xr, rmask, _cols(start, BLOCK), n)
         lanes = tl.maximum(lanes, x)
         fin += (x > float("-inf")).to(tl.float32)
+        if not COMPACT:
+            nan += (x != x).to(tl.float32)
     xmax = tl.max(lanes, 1, keep_dims=True)
     m = tl.sum(fin, 1, keep_dims=True)
     # z ≤ 0 for every finite entry in the frame of a finite max: Σz is NaN
@@ -59,51 +103,65 @@ def lean_wide_fwd_kernel(X, Y, ITS, SZ, SI, R, n, k, inv_tau, am1,
     lamg, _ = _lean_search(_shift_scale(lanes, ref, inv_tau), lam0, active, k, am1, FAM, MAXIT)
     lamg = lamg - 4.0 * EPS * tl.abs(lamg)
 
-    # ---- second read: 0 below the bound, the candidates into the buffer
-    nc = tl.zeros([1, 1], tl.int32)
-    sz = tl.zeros([1, BLOCK], tl.float32)
-    base = rows * C - 1
-    for start in range(0, n, BLOCK):
-        cols = _cols(start, BLOCK)
-        inb = rmask & (cols < n)
-        x = tl.load(xr + cols, mask=inb, other=float("-inf")).to(tl.float32)
-        z = _shift_scale(x, ref, inv_tau)
-        sz += z
-        cand = z > lamg
-        ci = cand.to(tl.int32)
-        slot = nc + tl.cumsum(ci, 1)
-        keep = cand & (slot <= C)
-        tl.store(SZ + base + slot, z, mask=keep)
-        tl.store(SI + base + slot, cols + tl.zeros([1, 1], tl.int32), mask=keep)
-        tl.store(yr + cols, tl.zeros([1, BLOCK], yr.dtype.element_ty), mask=inb & (~cand))
-        nc += tl.sum(ci, 1, keep_dims=True)
-    broken = (tl.sum(sz, 1, keep_dims=True) != tl.sum(sz, 1, keep_dims=True)) | (xmax == float("inf"))
-    fits = active & (~broken) & (nc <= C)
-    tl.debug_barrier()
-
-    it = tl.zeros([1, 1], tl.int32)
-    if tl.max(tl.max(fits.to(tl.int32), 1), 0) > 0:
-        # ---- the search on the buffer, p scattered to the candidates' columns
-        j = _cols(0, C)
-        live = fits & (j < nc)
-        zc = tl.load(SZ + rows * C + j, mask=live, other=float("-inf"))
-        ic = tl.load(SI + rows * C + j, mask=live, other=0)
-        lam, it = _lean_search(zc, lamg, fits, k, am1, FAM, MAXIT)
-        tl.store(yr + ic, _f(zc - lam, FAM, am1).to(yr.dtype.element_ty), mask=live)
-    else:
-        # ---- a whole write: the general search where the buffer overflowed,
-        # else the row conventions (NaN/+inf, at most k finite entries)
+    if not COMPACT:
+        # ---- without the buffer: the search sweeps the row from the bound,
+        # a read each step, then one more read writes p (or the conventions)
+        broken = (tl.sum(nan, 1, keep_dims=True) > 0) | (xmax == float("inf"))
         search = active & (~broken)
-        gref = ref
-        c = tl.zeros([1, 1], tl.float32)
-        t = c
-        if tl.max(tl.max(search.to(tl.int32), 1), 0) > 0:
-            xmin = tl.full([1, 1], float("inf"), tl.float32)
-            for start in range(0, n, BLOCK):
-                x = _load_x(xr, rmask, _cols(start, BLOCK), n)
-                xmin = tl.minimum(xmin, tl.min(tl.where(x > float("-inf"), x, float("inf")), 1, keep_dims=True))
-            gref, c, t, it = _solve(xr, rmask, 0.0, lanes, n, inv_tau, xmax, xmin, m, tl.zeros([1, 1], tl.float32),
-                                    search, k, am1, FAM, 1, BLOCK, False, BIG, BIG, NEWTON_CAP, MAXIT)
-        _write_p(xr, yr, rmask, 0.0, n, gref, inv_tau, c, t, am1, k, search, broken, FAM, BLOCK, False)
+        lam, it = _swept_search(xr, rmask, n, ref, inv_tau, lamg, search, k, am1, FAM, BLOCK, MAXIT)
+        for start in range(0, n, BLOCK):
+            cols = _cols(start, BLOCK)
+            inb = rmask & (cols < n)
+            x = tl.load(xr + cols, mask=inb, other=float("-inf")).to(tl.float32)
+            p = _f(_shift_scale(x, ref, inv_tau) - lam, FAM, am1)
+            p = tl.where(search, p, tl.where(broken, float("nan"), tl.where(x > float("-inf"), 1.0, 0.0)))
+            tl.store(yr + cols, p.to(yr.dtype.element_ty), mask=inb)
+    else:
+        # ---- second read: 0 below the bound, the candidates into the buffer
+        nc = tl.zeros([1, 1], tl.int32)
+        sz = tl.zeros([1, BLOCK], tl.float32)
+        base = rows * C - 1
+        for start in range(0, n, BLOCK):
+            cols = _cols(start, BLOCK)
+            inb = rmask & (cols < n)
+            x = tl.load(xr + cols, mask=inb, other=float("-inf")).to(tl.float32)
+            z = _shift_scale(x, ref, inv_tau)
+            sz += z
+            cand = z > lamg
+            ci = cand.to(tl.int32)
+            slot = nc + tl.cumsum(ci, 1)
+            keep = cand & (slot <= C)
+            tl.store(SZ + base + slot, z, mask=keep)
+            tl.store(SI + base + slot, cols + tl.zeros([1, 1], tl.int32), mask=keep)
+            tl.store(yr + cols, tl.zeros([1, BLOCK], yr.dtype.element_ty), mask=inb & (~cand))
+            nc += tl.sum(ci, 1, keep_dims=True)
+        broken = (tl.sum(sz, 1, keep_dims=True) != tl.sum(sz, 1, keep_dims=True)) | (xmax == float("inf"))
+        fits = active & (~broken) & (nc <= C)
+        tl.debug_barrier()
+
+        it = tl.zeros([1, 1], tl.int32)
+        if tl.max(tl.max(fits.to(tl.int32), 1), 0) > 0:
+            # ---- the search on the buffer, p scattered to the candidates' columns
+            j = _cols(0, C)
+            live = fits & (j < nc)
+            zc = tl.load(SZ + rows * C + j, mask=live, other=float("-inf"))
+            ic = tl.load(SI + rows * C + j, mask=live, other=0)
+            lam, it = _lean_search(zc, lamg, fits, k, am1, FAM, MAXIT)
+            tl.store(yr + ic, _f(zc - lam, FAM, am1).to(yr.dtype.element_ty), mask=live)
+        else:
+            # ---- a whole write: the general search where the buffer overflowed,
+            # else the row conventions (NaN/+inf, at most k finite entries)
+            search = active & (~broken)
+            gref = ref
+            c = tl.zeros([1, 1], tl.float32)
+            t = c
+            if tl.max(tl.max(search.to(tl.int32), 1), 0) > 0:
+                xmin = tl.full([1, 1], float("inf"), tl.float32)
+                for start in range(0, n, BLOCK):
+                    x = _load_x(xr, rmask, _cols(start, BLOCK), n)
+                    xmin = tl.minimum(xmin, tl.min(tl.where(x > float("-inf"), x, float("inf")), 1, keep_dims=True))
+                gref, c, t, it = _solve(xr, rmask, 0.0, lanes, n, inv_tau, xmax, xmin, m, tl.zeros([1, 1], tl.float32),
+                                        search, k, am1, FAM, 1, BLOCK, False, BIG, BIG, NEWTON_CAP, MAXIT)
+            _write_p(xr, yr, rmask, 0.0, n, gref, inv_tau, c, t, am1, k, search, broken, FAM, BLOCK, False)
     if WRITE_ITS:
         tl.store(ITS + rows, it, mask=rmask)
