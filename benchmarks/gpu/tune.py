@@ -125,7 +125,8 @@ def _launch(kind, fam_name, x, g, cfg):
         fn._config = loss._config = lambda n, onchip, block, rows=None, backward=False: cfg
         if _lean(fn, x.shape[-1], kind, fam_name):
             fn._lean_config = lambda n, fam: cfg[:2]
-            fn._lean_compacts = fn._lean_wide_compacts = lambda fam, alpha: cfg[2]
+            fn._lean_compacts = lambda fam, alpha: cfg[2]
+            fn._lean_wide_compacts = lambda fam: cfg[2]
     try:
         if kind == "fwd":
             return fn.forward_rows(x, fam, K.get(fam_name, 1.0), 1.0, ALPHA.get(fam_name, 1.5))
@@ -148,7 +149,7 @@ def _default(fn, n, kind, fam_name):
     if _lean(fn, n, kind, fam_name):
         blk = max(16, 1 << (n - 1).bit_length())
         fam, alpha = fn.FAMILY_IDS[fam_name], ALPHA.get(fam_name, 1.5)
-        compact = fn._lean_wide_compacts(fam, alpha) if n > fn.LEAN_MAX else blk >= fn.LEAN_GROUP_MIN and fn._lean_compacts(fam, alpha)
+        compact = fn._lean_wide_compacts(fam) if n > fn.LEAN_MAX else blk >= fn.LEAN_GROUP_MIN and fn._lean_compacts(fam, alpha)
         return (*fn._lean_config(n, fn.FAMILY_IDS[fam_name]), compact)
     return fn._config(n, None, None, backward=kind == "bwd")
 

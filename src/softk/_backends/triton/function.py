@@ -28,9 +28,12 @@ their own launch settings (:func:`_config`), chosen from the sweep of
   settings of :func:`_lean_config`), and reads the row once: sparsemax and
   entmax15 search that copy, α-entmax from 1.5 a buffer of the row's
   candidates (:func:`_lean_compacts`).  Wider rows of those maps
-  (:mod:`.lean_wide`) are read twice, one row per program in blocks of
-  :data:`LEAN_WIDE_BLOCK`; exp, sigmoid and laplace top-k up to :data:`LEAN_MAX`
-  (:mod:`.lean_topk`) once.
+  (:mod:`.lean_wide`, one row per program in blocks of
+  :data:`LEAN_WIDE_BLOCK`): sparsemax and entmax15 read them three times on
+  normal rows (the lane maxima, a sweep from their bound, the write),
+  α-entmax twice (the lane maxima, then a buffer of candidates;
+  :func:`_lean_wide_compacts`); exp, sigmoid and laplace top-k up to
+  :data:`LEAN_MAX` (:mod:`.lean_topk`) once.
 * Backward.  On chip up to :data:`BWD_ONCHIP_MAX` entries, rows narrower
   than 1024 in tiles of :data:`BWD_NARROW_TILE` entries at 8 a thread, the
   others in tiles of :data:`BWD_TILE`; wider rows loop over blocks of
@@ -275,22 +278,25 @@ def _lean_config(n: int, fam: int) -> tuple[int, int]:
     program loops over its row.
 
     The search is a chain of row reductions, so it wants few warps: one warp
-    on tiles of :data:`LEAN_TILE` entries (8 a thread) while rows fit in one,
-    16 entries a thread for a row alone; a looped row takes blocks of
-    :data:`LEAN_WIDE_BLOCK` entries, 4 a thread.  α-entmax was timed at
-    α = 1.3 only, where (below :data:`LEAN_COMPACT_ALPHA`) it searches its
-    whole row and fewer warps were slower: every α keeps tiles of
-    :data:`TILE` entries, 8 a thread.  ``benchmarks/gpu/tune.py``
-    sweeps the alternatives (BENCHMARKS.md has the sweep)."""
+    on tiles of :data:`LEAN_TILE` entries (8 a thread) while rows fit in one;
+    a row alone, 16 entries a thread, and for sparsemax and entmax15 at most
+    8 warps (32 a thread at 8192 entries, where 16 warps took 1.2–1.8× the
+    time on an H200); a row swept in blocks of :data:`LEAN_WIDE_BLOCK`
+    entries, 16 a thread (4 where it fills a buffer of candidates).
+    α-entmax was timed at α = 1.3 only, where (below
+    :data:`LEAN_COMPACT_ALPHA`) it searches its whole row and fewer warps
+    were slower: every α keeps tiles of :data:`TILE` entries, 8 a thread.
+    ``benchmarks/gpu/tune.py`` sweeps the alternatives (BENCHMARKS.md has
+    the sweeps)."""
     if n > LEAN_MAX:
-        return LEAN_WIDE_BLOCK, LEAN_WIDE_BLOCK // 128
+        return LEAN_WIDE_BLOCK, LEAN_WIDE_BLOCK // (128 if _lean_wide_compacts(fam) else 512)
     blk = _pow2(n)
     if fam == FAMILY_IDS["entmax"]:
         rpp = max(1, min(ROWS_MAX, TILE // blk))
         return rpp, max(1, min(16, rpp * blk // 256))
     if blk <= LEAN_TILE:
         return LEAN_TILE // blk, 1
-    return 1, min(16, blk // 512)
+    return 1, min(8 if fam in LEAN_SIMPLEX else 16, blk // 512)
 
 
 def _lean_compacts(fam: int, alpha: float) -> bool:
@@ -301,12 +307,14 @@ def _lean_compacts(fam: int, alpha: float) -> bool:
     return fam == FAMILY_IDS["entmax"] and alpha >= LEAN_COMPACT_ALPHA
 
 
-def _lean_wide_compacts(fam: int, alpha: float) -> bool:
+def _lean_wide_compacts(fam: int) -> bool:
     """Whether the lean forward of a row wider than :data:`LEAN_MAX` searches
-    a buffer of the candidates its second read finds (two reads in all),
-    rather than sweeping the row, a read each step, then a read to write p:
-    the buffer for every map, until a GPU has timed both."""
-    return True
+    a buffer of the candidates its second read finds (two reads in all:
+    α-entmax, whose sweeps take a power per entry) rather than sweeping the
+    row, a read each step, then a read to write p (sparsemax and entmax15:
+    on an H200 the sweeps took 0.55–0.57 of the buffer's time at 8192 ×
+    32768 bf16; BENCHMARKS.md has the sweep)."""
+    return fam == FAMILY_IDS["entmax"]
 
 
 def lean_forward_rows(rows: Tensor, fam: int, k: float, tau: float, alpha: float = 1.5, *,
@@ -319,7 +327,7 @@ def lean_forward_rows(rows: Tensor, fam: int, k: float, tau: float, alpha: float
     if r:
         if n > LEAN_MAX:  # the lane maxima, then the candidates into a buffer (or sweeps of the row)
             block, warps = _lean_config(n, fam)
-            compact = _lean_wide_compacts(fam, alpha)
+            compact = _lean_wide_compacts(fam)
             slots = LEAN_WIDE_SLOTS if compact else 1
             if compact:
                 sz = torch.empty((r, slots), dtype=torch.float32, device=rows.device)

@@ -1,5 +1,7 @@
 r"""The lean forward of sparsemax, entmax15 and α-entmax (1.125 ≤ α ≤ 2) on
-rows too wide for registers: two reads of the row and one write.
+rows too wide for registers: a read for a bound of λ, then a buffer of the
+candidates (α-entmax: two reads and one write) or sweeps of the row
+(sparsemax and entmax15: one sweep on normal rows, then the write).
 
 One program per row, blocks of ``BLOCK`` entries:
 
