@@ -148,6 +148,26 @@ def test_wide_rows_swept_without_the_buffer_match_oracle(rng, fam, alpha, k, mon
         assert its.max() <= 12, its
 
 
+@pytest.mark.parametrize("n", [3000, 8192, tf.LEAN_MAX + 1808])
+def test_sparsemax_sum_is_k_on_a_wide_support(n):
+    # a support of nearly the whole row, λ far below the max: in the frame of
+    # the max, λ's rounding (half an ulp of 1.9) reached every entry of the
+    # support (f' = 1), and Σp − k was −4e-4 at 8192 entries; searched in the
+    # frame of the groups' (lanes') bound it is a few ulps of k
+    fam, alpha, k = "sparsemax", 2.0, 2
+    x = np.full((2, n), -1.9 + 0.1 / (n - 1))
+    x[0, 7] = 0.0
+    x[1] = 0.0
+    x[1, 11] = 0.5
+    x = _f32(x)
+    p, _ = _run(x, fam, alpha, k, 1.0)
+    ref = _oracle(fam, alpha, k, x, 1.0)
+    _check(p, ref, k, alpha)
+    np.testing.assert_allclose(p.double().sum(-1).numpy(), [k, k], rtol=0, atol=16 * EPS32 * k)
+    small = ref[0] < 1e-3  # the support's small entries, to a few ulps each
+    np.testing.assert_allclose(p.double().numpy()[0][small], ref[0][small], rtol=64 * EPS32)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("fam, alpha, k", MAPS, ids=IDS)
 def test_wide_rows_match_oracle_at_20000(rng, fam, alpha, k):

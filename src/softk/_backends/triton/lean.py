@@ -8,8 +8,10 @@ read once, and the λ search runs on as few entries as the row allows:
 1. one read: the row max, the finite count and the NaN/+inf flag; z once.
 2. wider rows (``GROUP`` > 0): the maxima of groups of ``GROUP`` neighbours
    are a subset of the row, and the root of g over a subset is a lower bound
-   of λ (g only loses terms), a closer start than max z − f⁻¹(k).  With
-   ``COMPACT``, the entries above it, the *candidates*, are written to a per-row buffer of ``C`` slots in row
+   of λ (g only loses terms), a closer start than max z − f⁻¹(k).
+   Sparsemax and entmax15 then search and write in the frame of that bound
+   (z less the bound: λ less it is small, and so its rounding, which every
+   entry of a wide support would carry into Σp).  With ``COMPACT``, the entries above it, the *candidates*, are written to a per-row buffer of ``C`` slots in row
    order (a prefix sum gives each its slot), and the search runs on that
    buffer.  A row with more than ``C`` candidates searches its whole row
    instead (per row: its neighbours keep their buffers).  The launcher asks
@@ -194,6 +196,13 @@ def lean_fwd_kernel(X, Y, ITS, SZ, SI, R, n, k, inv_tau, am1,
         zg = tl.max(tl.reshape(z, [ROWS, BLOCK // GROUP, GROUP]), 2)
         lam0, _ = _lean_search(zg, lam0, active, k, am1, FAM, MAXIT)
         lam0 = lam0 - 4.0 * EPS * tl.abs(lam0)
+        if FAM != ENTMAX:
+            # search and write in the frame of that bound: λ − bound is small,
+            # so its rounding is far below λ's in the frame of the max, which
+            # every entry of a wide support would carry into Σp (their tests
+            # of exactness read the support, not λ's size: any frame serves)
+            z = z - lam0
+            lam0 = tl.zeros_like(lam0)
     if COMPACT:
         # the candidates: the entries above the bound
         lamg = lam0

@@ -35,17 +35,19 @@ import triton.language as tl
 
 from .lean import EPS, _lean_delta, _lean_search, _lean_sums, _lower_bound
 from .family_math import _f
+from .ids import ENTMAX
 from .frame import _solve
 from .passes import _write_p
 from .prelude import _cols, _load_x, _shift_scale
 
 
 @triton.jit
-def _swept_search(xr, rmask, n, ref, inv_tau, lam, todo, k, am1,
+def _swept_search(xr, rmask, n, ref, inv_tau, origin, lam, todo, k, am1,
                   FAM: tl.constexpr, BLOCK: tl.constexpr, MAXIT: tl.constexpr):
-    """:func:`.lean._lean_search` on a row read in blocks: each step one read
-    of the row, its blocks' sums added; λ ([1, 1]) from the lower bound
-    ``lam`` where ``todo``, and the reads it took."""
+    """:func:`.lean._lean_search` on a row read in blocks, in the frame z −
+    ``origin``: each step one read of the row, its blocks' sums added; λ
+    ([1, 1], in that frame) from the lower bound ``lam`` where ``todo``, and
+    the reads it took."""
     it = tl.zeros(lam.shape, tl.int32)
     run = todo
     more = tl.max(tl.max(run.to(tl.int32), 1), 0)
@@ -55,7 +57,7 @@ def _swept_search(xr, rmask, n, ref, inv_tau, lam, todo, k, am1,
         s2 = s0
         mn = tl.full(lam.shape, float("inf"), tl.float32)
         for start in range(0, n, BLOCK):
-            z = _shift_scale(_load_x(xr, rmask, _cols(start, BLOCK), n), ref, inv_tau)
+            z = _shift_scale(_load_x(xr, rmask, _cols(start, BLOCK), n), ref, inv_tau) - origin
             b0, b1, b2, bm = _lean_sums(z, lam, am1, FAM)
             s0 += b0
             s1 += b1
@@ -110,12 +112,21 @@ def lean_wide_fwd_kernel(X, Y, ITS, SZ, SI, R, n, k, inv_tau, am1,
         # a read each step, then one more read writes p (or the conventions)
         broken = (tl.sum(nan, 1, keep_dims=True) > 0) | (xmax == float("inf"))
         search = active & (~broken)
-        lam, it = _swept_search(xr, rmask, n, ref, inv_tau, lamg, search, k, am1, FAM, BLOCK, MAXIT)
+        # sparsemax and entmax15 search in the frame of the bound (λ − bound
+        # is small, and so its rounding, which a wide support carries into Σp);
+        # α-entmax's Newton stops on a step relative to λ: the frame of the max
+        if FAM == ENTMAX:
+            origin = tl.zeros_like(lamg)
+            lam = lamg
+        else:
+            origin = lamg
+            lam = tl.zeros_like(lamg)
+        lam, it = _swept_search(xr, rmask, n, ref, inv_tau, origin, lam, search, k, am1, FAM, BLOCK, MAXIT)
         for start in range(0, n, BLOCK):
             cols = _cols(start, BLOCK)
             inb = rmask & (cols < n)
             x = tl.load(xr + cols, mask=inb, other=float("-inf")).to(tl.float32)
-            p = _f(_shift_scale(x, ref, inv_tau) - lam, FAM, am1)
+            p = _f((_shift_scale(x, ref, inv_tau) - origin) - lam, FAM, am1)
             p = tl.where(search, p, tl.where(broken, float("nan"), tl.where(x > float("-inf"), 1.0, 0.0)))
             tl.store(yr + cols, p.to(yr.dtype.element_ty), mask=inb)
     else:
