@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
-import json
 import os
 import pstats
 import sys
@@ -34,7 +33,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
-from host_overhead import per_call_us  # noqa: E402
+from host_overhead import per_call_us, report  # noqa: E402
 
 
 class _Timed:
@@ -189,14 +188,7 @@ def main(argv=None) -> int:
     md = "\n".join(md) + "\n"
     if args.cprofile:
         md += "\n" + profiles(args.device, args.rows, args.cols, args.calls, args.top)
-    print(md, flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
-    if args.md:
-        with open(args.md, "w") as f:
-            f.write(md)
-    return 0
+    return report(md, meta, rows, args)
 
 
 if __name__ == "__main__":

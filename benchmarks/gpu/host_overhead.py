@@ -198,6 +198,11 @@ def main(argv=None) -> int:
     md = markdown(rows, meta)
     if args.profile:
         md += "\n" + profile(args.device, 1 if args.device == "cuda" else 4096)
+    return report(md, meta, rows, args)
+
+
+def report(md: str, meta: dict, rows: list[dict], args) -> int:
+    """Print the Markdown, and write it and the JSON where ``--md`` and ``--json`` say; exit status 0."""
     print(md, flush=True)
     if args.json:
         with open(args.json, "w") as f:

@@ -317,6 +317,15 @@ def _lean_wide_compacts(fam: int) -> bool:
     return fam == FAMILY_IDS["entmax"]
 
 
+def _candidates(r: int, slots: int, compact: bool, device) -> tuple[Tensor, Tensor]:
+    """The lean forward's buffers of candidates: (values, columns), ``slots``
+    per row; one-element placeholders where the kernel keeps none."""
+    if not compact:
+        return _placeholder(device, torch.float32), _placeholder(device)
+    return (torch.empty((r, slots), dtype=torch.float32, device=device),
+            torch.empty((r, slots), dtype=torch.int32, device=device))
+
+
 def lean_forward_rows(rows: Tensor, fam: int, k: float, tau: float, alpha: float = 1.5, *,
                       return_passes: bool = False, rows_per_program: int | None = None, out: Tensor | None = None):
     """p for contiguous ``rows`` (r, n) through the lean forward (and with
@@ -329,11 +338,7 @@ def lean_forward_rows(rows: Tensor, fam: int, k: float, tau: float, alpha: float
             block, warps = _lean_config(n, fam)
             compact = _lean_wide_compacts(fam)
             slots = LEAN_WIDE_SLOTS if compact else 1
-            if compact:
-                sz = torch.empty((r, slots), dtype=torch.float32, device=rows.device)
-                si = torch.empty((r, slots), dtype=torch.int32, device=rows.device)
-            else:  # the kernel touches no buffer
-                sz, si = _placeholder(rows.device, torch.float32), _placeholder(rows.device)
+            sz, si = _candidates(r, slots, compact, rows.device)
             lean_wide_fwd_kernel[(r,)](
                 rows, out, its, sz, si, r, n, float(k), 1.0 / tau, float(alpha) - 1.0, FAM=fam, BLOCK=block,
                 C=slots, BIG=False, NEWTON_CAP=NEWTON_CAP, MAXIT=MAXIT, WRITE_ITS=return_passes, COMPACT=compact,
@@ -353,11 +358,7 @@ def lean_forward_rows(rows: Tensor, fam: int, k: float, tau: float, alpha: float
         grouped = blk >= LEAN_GROUP_MIN
         compact = grouped and _lean_compacts(fam, alpha)
         slots = LEAN_SLOTS if compact else 1
-        if compact:
-            sz = torch.empty((r, slots), dtype=torch.float32, device=rows.device)
-            si = torch.empty((r, slots), dtype=torch.int32, device=rows.device)
-        else:  # the kernel touches no buffer
-            sz, si = _placeholder(rows.device, torch.float32), _placeholder(rows.device)
+        sz, si = _candidates(r, slots, compact, rows.device)
         lean_fwd_kernel[(cdiv(r, rpp),)](
             rows, out, its, sz, si, r, n, float(k), 1.0 / tau, float(alpha) - 1.0,
             FAM=fam, ROWS=rpp, BLOCK=blk, COUNT=k > 1, COMPACT=compact, GROUP=LEAN_GROUP if grouped else 0, C=slots, MAXIT=MAXIT,

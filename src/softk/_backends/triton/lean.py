@@ -11,9 +11,10 @@ read once, and the λ search runs on as few entries as the row allows:
    of λ (g only loses terms), a closer start than max z − f⁻¹(k).
    Sparsemax and entmax15 then search and write in the frame of that bound
    (z less the bound: λ less it is small, and so its rounding, which every
-   entry of a wide support would carry into Σp).  With ``COMPACT``, the entries above it, the *candidates*, are written to a per-row buffer of ``C`` slots in row
-   order (a prefix sum gives each its slot), and the search runs on that
-   buffer.  A row with more than ``C`` candidates searches its whole row
+   entry of a wide support would carry into Σp).  With ``COMPACT``, the
+   entries above it, the *candidates*, are written to a per-row buffer of
+   ``C`` slots in row order (a prefix sum gives each its slot), and the
+   search runs on that buffer.  A row with more than ``C`` candidates searches its whole row
    instead (per row: its neighbours keep their buffers).  The launcher asks
    for the buffer for α-entmax from α = 1.5 only: on a GPU, sparsemax's and
    entmax15's sweeps over the row in registers cost less than the buffer's
@@ -141,14 +142,23 @@ def _lean_search(z, lam, todo, k, am1, FAM: tl.constexpr, MAXIT: tl.constexpr):
     more = tl.max(tl.max(run.to(tl.int32), 1), 0)
     while more > 0:
         d, exact = _lean_step(z, lam, k, am1, FAM)
-        it += run.to(tl.int32)
-        new = lam + d
-        ok = tl.abs(d) < float("inf")
-        moved = new != lam
-        lam = tl.where(run & ok, new, lam)
-        run = run & ok & moved & (~exact) & (it < MAXIT)
+        lam, run, it = _lean_advance(lam, d, exact, run, it, MAXIT)
         more = tl.max(tl.max(run.to(tl.int32), 1), 0)
     return lam, it
+
+
+@triton.jit
+def _lean_advance(lam, d, exact, run, it, MAXIT: tl.constexpr):
+    """One step of the search on the rows ``run``: λ + δ where the step is
+    finite, the sweep counted, and which rows go on (not exact, still moving,
+    under ``MAXIT`` sweeps)."""
+    it += run.to(tl.int32)
+    new = lam + d
+    ok = tl.abs(d) < float("inf")
+    moved = new != lam
+    lam = tl.where(run & ok, new, lam)
+    run = run & ok & moved & (~exact) & (it < MAXIT)
+    return lam, run, it
 
 
 @triton.jit

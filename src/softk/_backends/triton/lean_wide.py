@@ -33,7 +33,7 @@ write p, or the row conventions; no buffer, nothing to overflow.
 import triton
 import triton.language as tl
 
-from .lean import EPS, _lean_delta, _lean_search, _lean_sums, _lower_bound
+from .lean import EPS, _lean_advance, _lean_delta, _lean_search, _lean_sums, _lower_bound
 from .family_math import _f
 from .ids import ENTMAX
 from .frame import _solve
@@ -64,12 +64,7 @@ def _swept_search(xr, rmask, n, ref, inv_tau, origin, lam, todo, k, am1,
             s2 += b2
             mn = tl.minimum(mn, bm)
         d, exact = _lean_delta(s0, s1, s2, mn, lam, k, am1, FAM)
-        it += run.to(tl.int32)
-        new = lam + d
-        ok = tl.abs(d) < float("inf")
-        moved = new != lam
-        lam = tl.where(run & ok, new, lam)
-        run = run & ok & moved & (~exact) & (it < MAXIT)
+        lam, run, it = _lean_advance(lam, d, exact, run, it, MAXIT)
         more = tl.max(tl.max(run.to(tl.int32), 1), 0)
     return lam, it
 
