@@ -235,10 +235,10 @@ def backward_rows(p: Tensor, g: Tensor, fam: int, tau: float, alpha: float = 1.5
 # 1.125 ≤ α ≤ 2 on rows of up to LEAN_MAX entries, held in registers; rows
 # of at least LEAN_GROUP_MIN entries start the search at the root over the
 # maxima of groups of LEAN_GROUP entries.  Sparsemax and entmax15 then sweep
-# the whole row in registers: on an H200 that took 0.24–0.61 of the time of
-# a search on a buffer of the candidates above that root (the buffer's
-# prefix count, its round trip through memory and the scattered write cost
-# more than the sweeps they save; BENCHMARKS.md has the sweep).  α-entmax
+# the whole row in registers, which took less time on a GPU than a search
+# on a buffer of the candidates above that root at every width timed (the
+# buffer's prefix count, its round trip through memory and the scattered
+# write cost more than the sweeps they save; BENCHMARKS.md has the sweep).  α-entmax
 # from LEAN_COMPACT_ALPHA, whose sweeps take a power per entry, searches
 # such a buffer of LEAN_SLOTS candidates (below it the support widens as α
 # nears 1 and the buffer would overflow; the whole row is searched).
@@ -280,8 +280,8 @@ def _lean_config(n: int, fam: int) -> tuple[int, int]:
     The search is a chain of row reductions, so it wants few warps: one warp
     on tiles of :data:`LEAN_TILE` entries (8 a thread) while rows fit in one;
     a row alone, 16 entries a thread, and for sparsemax and entmax15 at most
-    8 warps (32 a thread at 8192 entries, where 16 warps took 1.2–1.8× the
-    time on an H200); a row swept in blocks of :data:`LEAN_WIDE_BLOCK`
+    8 warps (32 a thread at 8192 entries, where 16 warps were slower); a
+    row swept in blocks of :data:`LEAN_WIDE_BLOCK`
     entries, 16 a thread (4 where it fills a buffer of candidates).
     α-entmax was timed at α = 1.3 only, where (below
     :data:`LEAN_COMPACT_ALPHA`) it searches its whole row and fewer warps
@@ -311,9 +311,9 @@ def _lean_wide_compacts(fam: int) -> bool:
     """Whether the lean forward of a row wider than :data:`LEAN_MAX` searches
     a buffer of the candidates its second read finds (two reads in all:
     α-entmax, whose sweeps take a power per entry) rather than sweeping the
-    row, a read each step, then a read to write p (sparsemax and entmax15:
-    on an H200 the sweeps took 0.55–0.57 of the buffer's time at 8192 ×
-    32768 bf16; BENCHMARKS.md has the sweep)."""
+    row, a read each step, then a read to write p (sparsemax and entmax15,
+    whose sweeps took less time on a GPU than the buffer; BENCHMARKS.md has
+    the sweep)."""
     return fam == FAMILY_IDS["entmax"]
 
 
