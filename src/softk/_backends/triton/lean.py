@@ -38,7 +38,8 @@ read once, and the λ search runs on as few entries as the row allows:
 
 Every per-row quantity is a [ROWS, 1] column and every reduction runs along
 the row, so a row's result does not depend on the rows sharing its program.
-Rows wider than the launcher's limit take :mod:`.lean_wide` (two reads); the
+Rows wider than the launcher's limit take :mod:`.lean_wide` (a read for a
+bound, then sweeps or a buffer of candidates); the
 general kernel (:mod:`.kernels`) keeps the other families and α outside
 [1.125, 2].
 """
