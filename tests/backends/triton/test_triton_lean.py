@@ -168,6 +168,19 @@ def test_sparsemax_sum_is_k_on_a_wide_support(n):
     np.testing.assert_allclose(p.double().numpy()[0][small], ref[0][small], rtol=64 * EPS32)
 
 
+@pytest.mark.parametrize("n, k", [(1000, 1e-3), (4096, 1)])
+@pytest.mark.parametrize("alpha", [1.7, 2.0])
+def test_alpha_newton_stops_on_equal_rows(n, k, alpha):
+    # p = k/n on a row of equal entries, λ = −(k/n)^(α−1)/(α−1) close to 0:
+    # Newton's steps fell to the sums' rounding but stayed above 4 ulps of
+    # so small a λ, and the search ran all MAXIT = 60 sweeps
+    x = np.zeros((2, n))
+    x[1, ::2] = -np.inf  # half of them masked
+    p, its = _run(x, "entmax", alpha, k, 1.0)
+    _check(p, _oracle("entmax", alpha, k, x, 1.0), k, alpha)
+    assert its.max() <= 4, its
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("fam, alpha, k", MAPS, ids=IDS)
 def test_wide_rows_match_oracle_at_20000(rng, fam, alpha, k):

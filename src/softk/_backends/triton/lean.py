@@ -104,7 +104,10 @@ def _lean_delta(s0, s1, s2, mn, lam, k, am1, FAM: tl.constexpr):
         lg = tl.log(g)
         h = tl.exp(am1 * lg) - tl.exp(am1 * tl.log(k))
         d = h * tl.exp(lg - am1 * lg) / (am1 * gd)
-        exact = tl.abs(d) <= 4.0 * EPS * tl.abs(lam)
+        # from the left on a convex h every exact step is ≥ 0: one below 0 is
+        # the sums' rounding, λ as close as they resolve (a step of a few ulps
+        # of λ there can stay above 4 ulps when λ is small, all the way to MAXIT)
+        exact = (tl.abs(d) <= 4.0 * EPS * tl.abs(lam)) | (d <= 0.0)
     else:
         cnt = s0
         w1 = s1
