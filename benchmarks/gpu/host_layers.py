@@ -21,7 +21,6 @@ the forward's, the ``--top`` functions by own time.
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import io
 import os
@@ -33,7 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
-from host_overhead import per_call_us, report  # noqa: E402
+from host_overhead import call_options, per_call_us, report  # noqa: E402
 
 
 class _Timed:
@@ -160,12 +159,7 @@ def profiles(device: str, rows: int, cols: int, calls: int, top: int) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    ap.add_argument("--rows", type=int, default=8)
-    ap.add_argument("--cols", type=int, default=64)
-    ap.add_argument("--calls", type=int, default=200)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap = call_options(__doc__.split("\n")[0])
     ap.add_argument("--cprofile", action="store_true", help="also cProfile the forward and softk's backward")
     ap.add_argument("--top", type=int, default=25, help="functions per cProfile table (default 25)")
     ap.add_argument("--json", metavar="PATH")

@@ -166,13 +166,20 @@ def markdown(rows: list[dict], meta: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def call_options(description: str) -> argparse.ArgumentParser:
+    """The options of a host-time script: the device, the tiny input's shape,
+    the calls in a row and the repeats (more are added by the caller)."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--rows", type=int, default=8)
     ap.add_argument("--cols", type=int, default=64)
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=5)
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = call_options(__doc__.split("\n")[0])
     ap.add_argument("--profile", action="store_true", help="also profile forward + backward at the shapes of PROFILED")
     ap.add_argument("--stub-kernels", action="store_true",
                     help="on the CPU: the Triton route with every launch a no-op (softk's own host path; sets "

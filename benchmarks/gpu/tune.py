@@ -147,10 +147,8 @@ def _lean(fn, n, kind, fam_name):
 def _default(fn, n, kind, fam_name):
     """The configuration the launcher picks today."""
     if _lean(fn, n, kind, fam_name):
-        blk = max(16, 1 << (n - 1).bit_length())
-        fam, alpha = fn.FAMILY_IDS[fam_name], ALPHA.get(fam_name, 1.5)
-        compact = fn._lean_wide_compacts(fam) if n > fn.LEAN_MAX else blk >= fn.LEAN_GROUP_MIN and fn._lean_compacts(fam, alpha)
-        return (*fn._lean_config(n, fn.FAMILY_IDS[fam_name]), compact)
+        fam = fn.FAMILY_IDS[fam_name]
+        return (*fn._lean_config(n, fam), fn.lean_searches_buffer(n, fam, ALPHA.get(fam_name, 1.5)))
     return fn._config(n, None, None, backward=kind == "bwd")
 
 

@@ -66,7 +66,6 @@ def installed_texts() -> str | None:
     return os.path.join(list(spec.submodule_search_locations)[0], "texts")
 
 
-
 def _is_tar(path) -> bool:
     """Whether ``path`` reads as a tar archive to Python's tarfile; a gzip
     stream cut short makes tarfile raise rather than say no, and counts as
@@ -75,6 +74,7 @@ def _is_tar(path) -> bool:
         return tarfile.is_tarfile(path)
     except (EOFError, OSError, zlib.error):
         return True
+
 
 def find_texts(path: str | None = None) -> dict:
     """{work name: text} of the 42 ``_gut.txt`` works, from ``path`` (a folder

@@ -133,9 +133,10 @@ def test_wide_rows_match_oracle(rng, fam, alpha, k):
 
 @pytest.mark.parametrize("fam, alpha, k", MAPS, ids=IDS)
 def test_wide_rows_swept_without_the_buffer_match_oracle(rng, fam, alpha, k, monkeypatch):
-    # the wide kernel's other search: from the lane maxima's bound, a read of
-    # the row each step and one to write p (or the row conventions: NaN, +inf,
-    # ≤ k finite entries, fully masked), no buffer to overflow
+    # the wide kernel's sweeps for every map (sparsemax's and entmax15's
+    # search; α-entmax takes the buffer unless told): from the lane maxima's
+    # bound, a read of the row each step and one to write p (or the row
+    # conventions: NaN, +inf, ≤ k finite entries, fully masked)
     monkeypatch.setattr(tf, "_lean_wide_compacts", lambda fam: False)
     n = tf.LEAN_MAX + 1000
     x = _rows(rng, n)[[0, 1, 3, 4, 5, 6, 7, 8, 9, 10]]

@@ -317,6 +317,16 @@ def _lean_wide_compacts(fam: int) -> bool:
     return fam == FAMILY_IDS["entmax"]
 
 
+def lean_searches_buffer(n: int, fam: int, alpha: float) -> bool:
+    """Whether the lean forward of rows of ``n`` entries searches a buffer of
+    candidates (:func:`_lean_wide_compacts` above :data:`LEAN_MAX`, else
+    :func:`_lean_compacts` from :data:`LEAN_GROUP_MIN` entries) rather than
+    its rows."""
+    if n > LEAN_MAX:
+        return _lean_wide_compacts(fam)
+    return _pow2(n) >= LEAN_GROUP_MIN and _lean_compacts(fam, alpha)
+
+
 def _candidates(r: int, slots: int, compact: bool, device) -> tuple[Tensor, Tensor]:
     """The lean forward's buffers of candidates: (values, columns), ``slots``
     per row; one-element placeholders where the kernel keeps none."""
@@ -336,7 +346,7 @@ def lean_forward_rows(rows: Tensor, fam: int, k: float, tau: float, alpha: float
     if r:
         if n > LEAN_MAX:  # the lane maxima, then the candidates into a buffer (or sweeps of the row)
             block, warps = _lean_config(n, fam)
-            compact = _lean_wide_compacts(fam)
+            compact = lean_searches_buffer(n, fam, alpha)
             slots = LEAN_WIDE_SLOTS if compact else 1
             sz, si = _candidates(r, slots, compact, rows.device)
             lean_wide_fwd_kernel[(r,)](
@@ -356,7 +366,7 @@ def lean_forward_rows(rows: Tensor, fam: int, k: float, tau: float, alpha: float
                 NEWTON_CAP=NEWTON_CAP, MAXIT=MAXIT, WRITE_ITS=return_passes, num_warps=warps)
             return (out, its) if return_passes else out
         grouped = blk >= LEAN_GROUP_MIN
-        compact = grouped and _lean_compacts(fam, alpha)
+        compact = lean_searches_buffer(n, fam, alpha)
         slots = LEAN_SLOTS if compact else 1
         sz, si = _candidates(r, slots, compact, rows.device)
         lean_fwd_kernel[(cdiv(r, rpp),)](
