@@ -45,7 +45,7 @@ def run(backend, q, k, v, **kw):
 
 
 @pytest.fixture(params=["reference", "blockwise", "blockwise_rows", "blockwise_small", "blockwise_gather",
-                        "blockwise_live"])
+                        "blockwise_live", "blockwise_nonzeros"])
 def backend(request, monkeypatch):
     """The CPU backends.  "blockwise" at these sizes runs on whole score rows
     (:mod:`softk._backends.blockwise.rows`); "blockwise_rows" runs them in
@@ -58,10 +58,18 @@ def backend(request, monkeypatch):
     which otherwise takes it only for decoding-sized supports).  "blockwise_live"
     runs every product of a sparse map, forward and backward, over the live
     keys of groups of 2 query rows (:class:`softk._backends.blockwise.support.Live`,
-    which otherwise takes them only for supports far narrower than S), in
+    which otherwise takes them only for supports far narrower than S, and
+    only where the CPU kernels of "blockwise_nonzeros" are not built), in
     chunks of 3 queries; the softmax keeps the whole score rows there (the
-    fused kernel off)."""
+    fused kernel off).  "blockwise_nonzeros" runs them over each row's
+    nonzeros (:mod:`softk._backends.native.products`, which otherwise takes
+    them for rows of at most an eighth of S), in chunks of 3 queries."""
+    if request.param == "blockwise_nonzeros":
+        monkeypatch.setattr(support, "ROW_SHARE", float("inf"))
+        monkeypatch.setattr(rows, "CHUNK", 1)
+        monkeypatch.setattr(rows, "CHUNK_QUERIES", 3)
     if request.param == "blockwise_live":
+        monkeypatch.setattr(support, "ROW_SHARE", -1.0)
         monkeypatch.setattr(support, "GROUP", 2)
         monkeypatch.setattr(support, "LIVE_SHARE", float("inf"))
         monkeypatch.setattr(support, "LIVE_SHARE_BACKWARD", float("inf"))

@@ -1,4 +1,6 @@
-"""The products over each group's live keys (softk._backends.blockwise.support.Live):
+"""The products over each group's live keys (softk._backends.blockwise.support.Live),
+with the products over each row's nonzeros that the CPU kernels take first
+turned off:
 the keys a group of query rows weights, the product and the scatter against
 float64 NumPy sums, when they are taken, and whole calls that take them at
 the default settings (sparsemax, long rows) against the float64 oracle,
@@ -22,6 +24,14 @@ def sparse_p(shape, share, seed=0, dtype=F64):
     g = torch.Generator().manual_seed(seed)
     p = torch.rand(shape, generator=g, dtype=dtype)
     return torch.where(torch.rand(shape, generator=g, dtype=dtype) < share, p, 0.0)
+
+
+@pytest.fixture(autouse=True)
+def no_row_products(monkeypatch):
+    """The products over each row's nonzeros (support.rows_sparse), which the
+    CPU kernels take before the live keys, turned off: these tests are of the
+    live keys' path, the one taken where those kernels are not built."""
+    monkeypatch.setattr(support, "ROW_SHARE", -1.0)
 
 
 @pytest.fixture

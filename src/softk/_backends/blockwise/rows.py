@@ -36,6 +36,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..native import products as native_products
 from ..native import threshold as native_rows
 from ..torch import threshold as torch_rows
 from ...threshold.attention_maps import ENTMAX_ID, SOFTMAX_ID, family
@@ -245,6 +246,22 @@ def _live_grads(live, fams, blk: Blocks, p: Tensor, do: Tensor, kc: Tensor, vc: 
     return pl.reshape(flat), dp, ds
 
 
+def _row_grads(fams, blk: Blocks, p: Tensor, do: Tensor, kc: Tensor, vc: Tensor, dk: Tensor, dv: Tensor,
+               dqs: list, softcap: float, work_dp: Tensor, work_ds: Tensor):
+    """A chunk's share of the gradients over each row's nonzeros
+    (:func:`.support.rows_sparse`): dP = dO Vᵀ on P's support (0 elsewhere,
+    where the map's slope is 0), dS from it, then dq appended to ``dqs``
+    and dk, dv added in place; returns (dP, dS)."""
+    dp = native_products.sampled(p, do, vc, out=_view(work_dp, p.shape))
+    ds = _vjp(fams, p, dp, _view(work_ds, p.shape))
+    if softcap:
+        ds = ds * blk.cap_slope(0, blk.S)
+    dqs.append(blk.heads(native_products.mm(ds, kc) * blk.scale))
+    native_products.mm_t_(dk, ds, blk.q)  # dk += dsᵀ (scale·q)
+    native_products.mm_t_(dv, p, do)  # dv += pᵀ dO
+    return dp, ds
+
+
 def attention_backward(q, k, v, out, dout, m, lam, *, scale: float, causal: bool, mask, fam: int, alpha,
                        need_dalpha: bool, softcap: float = 0.0):
     """(dq, dk, dv, dalpha (H,) or None), each in its input's dtype (dalpha in the compute dtype)."""
@@ -266,8 +283,10 @@ def attention_backward(q, k, v, out, dout, m, lam, *, scale: float, causal: bool
         else:
             p = _map(fams, s, _view(work_p, s.shape))
         do = blk.rows(dout[:, :, i0:i1].to(ct))
-        live = support.Live.of(p, fam != SOFTMAX_ID, support.LIVE_SHARE_BACKWARD)
-        if live is None:
+        sparse = fam != SOFTMAX_ID
+        if support.rows_sparse(p, sparse, do, vc):  # every product over each row's nonzeros
+            dp, ds = _row_grads(fams, blk, p, do, kc, vc, dk, dv, dqs, softcap, work_dp, work_ds)
+        elif (live := support.Live.of(p, sparse, support.LIVE_SHARE_BACKWARD)) is None:
             dp = torch.matmul(do, vc[:, :, :S].transpose(-1, -2), out=_view(work_dp, p.shape))
             ds = _vjp(fams, p, dp, _view(work_ds, p.shape))
             if softcap:

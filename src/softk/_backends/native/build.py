@@ -56,7 +56,7 @@ from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
 _SOURCES = ("kernels.c", "kernels_impl.h", "kernels_rows.h", "kernels_narrow.h", "kernels_exp.h", "kernels_loss.h",
-            "kernels_topk_ce.h")
+            "kernels_topk_ce.h", "kernels_products.h")
 # -march=native: AVX2/AVX-512 loops and libmvec's vector exp/log/pow.  No
 # -ffast-math: the row conventions need inf and NaN to behave.  -fopenmp:
 # rows are split between OpenMP threads, and on Linux the library then shares
@@ -201,6 +201,11 @@ def _declare(lib) -> None:
         ce = getattr(lib, f"softk_topk_ce_threads_{suffix}")
         ce.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, i64, dbl, i64, i32, i32]
         ce.restype = i32
+        for name, args in (("sparse_mm", [ptr, ptr, ptr, i64, i64, i64, i64, i64, i32]),
+                           ("sparse_sampled", [ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i32]),
+                           ("sparse_mm_t", [ptr, ptr, ptr, i64, i64, i64, i64, i64, i32])):
+            fn = getattr(lib, f"softk_{name}_{suffix}")
+            fn.argtypes, fn.restype = args, i32
     fast = lib.softk_fastmath_f32  # the float kernels' inline log2/exp2/pow, for the tests
     fast.argtypes = [i32, ptr, ptr, i64, dbl]
     fast.restype = None

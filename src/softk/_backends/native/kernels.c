@@ -339,6 +339,7 @@ void softk_fastmath_f32(int which, const float *x, float *y, int64_t n, double q
 #include "kernels_impl.h"
 #include "kernels_loss.h"
 #include "kernels_topk_ce.h"
+#include "kernels_products.h"
 #undef T
 #undef SUF
 #undef EXP
@@ -371,3 +372,4 @@ void softk_fastmath_f32(int which, const float *x, float *y, int64_t n, double q
 #include "kernels_impl.h"
 #include "kernels_loss.h"
 #include "kernels_topk_ce.h"
+#include "kernels_products.h"
