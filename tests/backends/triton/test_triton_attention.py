@@ -184,3 +184,28 @@ def test_triton_half_precision_grads_with_keys_sharing_an_offset(name, dtype, to
     # dtype for the product there)
     from ...attention.test_grad import test_half_precision_grads_with_keys_sharing_an_offset as case
     case("triton", name, dtype, tol)
+
+
+@pytest.mark.parametrize("offset", [0.0, 1e4])
+def test_entmax15_on_near_equal_scores_sums_to_one(offset):
+    # a support of every key (near-equal scores, as at initialisation) wider
+    # than the gather's buffer: the search over key blocks took the closed
+    # form from −2 below the max, whose discriminant cancels there, as exact,
+    # and Σp (the output against v = 1) was off by 7e-3 at 8192 keys.  Its
+    # rounding through Σp is about (Σu/2)·4 ulps of λ, under 2e-6 here
+    S = 4096
+    g = torch.Generator().manual_seed(0)
+    s = (offset + torch.randn(S, generator=g, dtype=torch.float64) * 1e-3).float()
+    q = torch.zeros(1, 1, 2, 16)
+    q[..., 0] = 1.0
+    q[0, 0, 1, 0] = 0.5  # a second row: the same scores halved
+    k = torch.zeros(1, 1, S, 16)
+    k[0, 0, :, 0] = s
+    v = torch.zeros(1, 1, S, 16)
+    v[0, 0, :, 0] = 1.0
+    v[0, 0, :, 1] = torch.randn(S, generator=g)
+    out = run("triton", q, k, v, map="entmax15", scale=1.0)
+    for i, c in enumerate((1.0, 0.5)):
+        p = ora.weights((c * s.double()).numpy().reshape(1, 1, 1, S), "entmax15")[0, 0, 0]
+        np.testing.assert_allclose(out[0, 0, i, 0].item(), 1.0, rtol=0, atol=16 * float(np.finfo(np.float32).eps))
+        np.testing.assert_allclose(out[0, 0, i, 1].item(), p @ v[0, 0, :, 1].double().numpy(), rtol=0, atol=1e-6)

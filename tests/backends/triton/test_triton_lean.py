@@ -169,6 +169,23 @@ def test_sparsemax_sum_is_k_on_a_wide_support(n):
     np.testing.assert_allclose(p.double().numpy()[0][small], ref[0][small], rtol=64 * EPS32)
 
 
+@pytest.mark.parametrize("n", [64, 128, 1024])
+@pytest.mark.parametrize("scale", [1e-2, 1e-3])
+def test_entmax15_sum_is_k_on_near_equal_rows(n, scale):
+    # every entry in the support, λ far above the search's first point (−2√k
+    # in the max's frame on narrow rows): the closed form's discriminant
+    # w1² − cnt·r cancels there (u near 2 on every entry), and the step it
+    # gave was taken as exact; Σp − k reached 2e-5 at 128 entries and 1.8e-4
+    # in the fused loss at 1024.  Its rounding through Σp is about
+    # (Σu/2)·4 ulps of λ, under 1e-6 here
+    rng = np.random.default_rng(n)
+    for k in (1, 2):
+        x = _f32(rng.normal(size=(4, n)) * scale)
+        p, _ = _run(x, "entmax15", 1.5, k, 1.0)
+        _check(p, _oracle("entmax15", 1.5, k, x, 1.0), k, 1.5, "entmax15")
+        np.testing.assert_allclose(p.double().sum(-1).numpy(), np.full(4, k), rtol=0, atol=16 * EPS32 * k)
+
+
 @pytest.mark.parametrize("n, k", [(1000, 1e-3), (4096, 1)])
 @pytest.mark.parametrize("alpha", [1.7, 2.0])
 def test_alpha_newton_stops_on_equal_rows(n, k, alpha):

@@ -290,8 +290,12 @@ def _fin(acc, k, q, FAM: tl.constexpr):
         r = g - k
         rg = tl.sqrt(g)
         d = 4.0 * (rg - tl.sqrt(k)) * rg / W1  # Newton on √g
-        # closed form on this support: Σ (w − δ)² = 4k, the smaller root
-        x = 4.0 * r / (W1 + tl.sqrt(tl.maximum(W1 * W1 - 4.0 * cnt * r, 0.0)))
+        # closed form on this support: Σ (w − δ)² = 4k, the smaller root;
+        # +inf (no candidate) where the discriminant's cancellation leaves it
+        # more than 4 EPS of the support's scale off (see lean._lean_delta)
+        D = tl.maximum(W1 * W1 - 4.0 * cnt * r, 0.0)
+        x = 4.0 * r / (W1 + tl.sqrt(D))
+        x = tl.where(tl.abs(x) * W1 * cnt <= 8.0 * D, x, float("inf"))
     elif FAM == ENTMAX:
         g = acc[0]
         r = g - k

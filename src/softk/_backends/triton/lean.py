@@ -121,11 +121,20 @@ def _lean_delta(s0, s1, s2, mn, lam, k, am1, FAM: tl.constexpr):
             w2 = s2
             r = w2 - 4.0 * k
             # the smaller root of cnt δ² − 2 w1 δ + r = 0, without cancellation
-            dc = r / (w1 + tl.sqrt(tl.maximum(w1 * w1 - cnt * r, 0.0)))
+            # in the root, but the discriminant D = w1² − cnt·r = cnt (4k − Σ(u − ū)²)
+            # is a difference of terms of size w1²: far below λ on a wide
+            # support (u near 2 on near-equal rows, √D near 2√cnt) it keeps
+            # few digits.  Its rounding moves δ by about EPS δ w1 / (2√D),
+            # and the support's own scale at the root is √D / cnt: a step
+            # that is not within 4 EPS of that is taken, not trusted, and the
+            # next sweep's, from next to λ, where D ≈ w1², ends the search.
+            D = tl.maximum(w1 * w1 - cnt * r, 0.0)
+            dc = r / (w1 + tl.sqrt(D))
             rg = tl.sqrt(0.25 * w2)
             dn = 4.0 * (rg - tl.sqrt(k)) * rg / w1
-            exact = mn >= dc
-            d = tl.where(exact, dc, dn)
+            on = mn >= dc
+            d = tl.where(on, dc, dn)
+            exact = on & (tl.abs(dc) * w1 * cnt <= 8.0 * D)
     return d, exact
 
 
