@@ -294,3 +294,22 @@ def test_entmax15_gradient_on_near_equal_rows(n):
     p[np.arange(4), target.numpy()] += 1.0
     np.testing.assert_allclose(p.sum(-1), np.ones(4), rtol=0, atol=16 * EPS32)
     np.testing.assert_allclose(p, _p("entmax15", x.double().numpy(), 1, 1.0), rtol=4e-6, atol=4 * EPS32)
+
+
+def test_sparsemax_gradient_on_a_wide_support_far_below_the_max():
+    # one entry at ½, 1023 near 0: every entry in the support, λ near −½ in
+    # the frame of the max, where its rounding (half an ulp of ½) reached
+    # each of the 1024 entries: Σp − 1 was 2e-5; λ is now c + t with t found
+    # in the frame of c, and Σp is a few ulps of 1
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2, 1024)) * 1e-4
+    x[0, 7] = 0.5
+    x[1, 100] = 0.9
+    x = torch.tensor(x, dtype=torch.float32)
+    target = torch.tensor([3, 100])
+    _, grad = _run(x, target, "sparsemax", 1, 1.0)
+    p = grad.double().numpy()
+    p[np.arange(2), target.numpy()] += 1.0
+    np.testing.assert_allclose(p.sum(-1), np.ones(2), rtol=0, atol=16 * EPS32)
+    # each entry: z = x − max rounds to an ulp of ½ in float32, p ≈ 5e-4
+    np.testing.assert_allclose(p, _p("sparsemax", x.double().numpy(), 1, 1.0), rtol=0, atol=4 * EPS32)
