@@ -22,6 +22,7 @@ from ..oracle import maps as oracle
 pytestmark = pytest.mark.skipif(not softk._backends.registry.native_available(), reason="needs a C compiler")
 
 ALPHAS = [1.00001, 1.0001, 1.001, 1.01, 1.05, 1.1, 1.2, 1.25, 1.3, 1.4, 1.45, 1.55, 1.6, 1.75, 1.9, 1.99, 2.0]
+EPS64 = float(np.finfo(np.float64).eps)
 
 
 @pytest.fixture(autouse=True)
@@ -121,3 +122,37 @@ def test_early_stop_keeps_p_to_rounding(rng, alpha):
     ref = _reference(x.numpy(), alpha)
     q = 1.0 / (alpha - 1.0)
     np.testing.assert_allclose(p, ref, rtol=64 * q * 2.0**-52, atol=1e-14)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("alpha", [1.49, 1.499, 1.4999])
+def test_two_level_rows_where_halley_lands_past_the_top(dtype, alpha):
+    # q = 1/(α−1) just above 2: R = Σw^{q−2} is about the candidates' count
+    # and Halley's step nearly doubles Newton's, landing past the row's top
+    # entry (G = S = 0); the solve took that for the root and wrote p = 0
+    # everywhere (Σp = 0).  It now goes back to its last lower bound.
+    for n, ones in ((129, 70), (160, 97), (300, 200), (511, 400)):
+        x = torch.zeros(3, n, dtype=dtype)
+        x[0, :ones] = 1.0
+        x[1, n - ones:] = 1.0
+        x[2] = torch.arange(n) % 3  # small integers: three levels
+        p = _check(x, alpha)
+        np.testing.assert_allclose(p.double().sum(-1).numpy(), np.ones(3), rtol=0,
+                                   atol=64 * float(torch.finfo(dtype).eps))
+
+
+@pytest.mark.parametrize("alpha", [1.125, 1.15, 1.2])
+def test_double_rows_sum_to_one_after_a_halley_overshoot(alpha):
+    # Halley's first step overshoots the root by a little (1.7e-6 on a row of
+    # 1102 at α = 1.125), and Newton's step back was written as final
+    # because the third-order write is exact for so short a step; but
+    # Newton's step from the right misses the root by about |h''/2h'|·step²
+    # (1e-13 there): Σp − 1 reached 468 ulps.  λ's own error moves Σp by
+    # S·δλ, a few ulps of 1 at a λ exact to rounding (Σp = 1 is the equation
+    # solved: no oracle needed).
+    rng = np.random.default_rng(1)
+    for _ in range(100):
+        n = int(rng.integers(257, 1200))
+        x = torch.tensor(rng.standard_normal((4, n)) * rng.choice([1, 3.33, 10]), dtype=torch.float64)
+        p = native.forward(entmax_family(alpha), x, 1)
+        np.testing.assert_allclose(p.sum(-1).numpy(), np.ones(4), rtol=0, atol=32 * EPS64)

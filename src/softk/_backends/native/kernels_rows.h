@@ -397,7 +397,24 @@ static T FN(solve_entmax_alpha)(T lam, T k, const FN(zb_params) *pa, int final, 
              * a near-constant row by hundreds of ulps of p.  A step back
              * that power_shifted writes exactly is written (below);
              * a longer one is taken, as after Halley. */
-            int near = 16 * (double)step >= -tol || -step <= (double)kq * pa->dmax1;
+            if (!(G > 0 && S > 0) && lam > lo) {
+                /* past every candidate: a Halley step can land beyond the
+                 * row's top (q just above 2, where R ≈ the candidates'
+                 * count nearly doubles Newton's step); no step back is
+                 * defined there, so back to the last lower bound, and
+                 * Newton from it */
+                lam = lo;
+                halley = 0;
+                prev = 0;
+                continue;
+            }
+            /* Newton's step back from the right lands short of the root
+             * by about |h''/(2h')| step² (R is this round's only after a
+             * Halley step, whose overshoot is a step's size; Newton's own
+             * overshoot is rounding's, and its step back is exact to
+             * rounding) */
+            double back_err = halley ? fabs((double)((1 - am1) * (S / G - R / S))) / 2 * (double)step * step : 0;
+            int near = 16 * (double)step >= -tol || (-step <= (double)kq * pa->dmax1 && 16 * back_err <= tol);
             if (!(G > 0 && S > 0) || (final ? near : !halley || 16 * (double)step >= -tol)) {
                 if (final && G > 0 && S > 0 && step < 0 && -step <= (double)kq * pa->dmax1) {
                     /* Past the root by the rounding of G and of the step
