@@ -71,9 +71,9 @@ CPU_OVERHEAD = Source(
     "python benchmarks/cpu/overhead.py --threads 1 --json benchmarks/results/overhead_1thread_2026-11-29.json",
     _overhead)
 CPU_ATTENTION = Source(
-    "attention_cpu_1thread_2026-11-29h.json", "06d22c147072e5737df5856f292bb9bd7a742b8c67a66006298110eff674a54d",
+    "attention_cpu_1thread_2026-11-30.json", "a737d9fa6fcc770ca3c370c91bacbe5ee5bf313c7ccc24664c1e79e0af1112d1",
     "python benchmarks/cpu/attention.py --threads 1 --reps 3 --decode 4096 16384 32768 131072 "
-    "--json benchmarks/results/attention_cpu_1thread_2026-11-29h.json",
+    "--json benchmarks/results/attention_cpu_1thread_2026-11-30.json",
     _cpu_attention)
 
 # the latest GPU run of the fused linear losses, the training step and attention; each of its stages is a script of benchmarks/gpu/
