@@ -286,6 +286,8 @@ def _lean_config(n: int, fam: int) -> tuple[int, int]:
     α-entmax was timed at α = 1.3 only, where (below
     :data:`LEAN_COMPACT_ALPHA`) it searches its whole row and fewer warps
     were slower: every α keeps tiles of :data:`TILE` entries, 8 a thread.
+    Soft top-k "exp" takes a row of 1024 on one warp, where two were
+    slower; sigmoid and laplace, not timed there, keep two.
     ``benchmarks/gpu/tune.py`` sweeps the alternatives (BENCHMARKS.md has
     the sweeps)."""
     if n > LEAN_MAX:
@@ -296,6 +298,8 @@ def _lean_config(n: int, fam: int) -> tuple[int, int]:
         return rpp, max(1, min(16, rpp * blk // 256))
     if blk <= LEAN_TILE:
         return LEAN_TILE // blk, 1
+    if fam == FAMILY_IDS["exp"] and blk == 1024:
+        return 1, 1
     return 1, min(8 if fam in LEAN_SIMPLEX else 16, blk // 512)
 
 
