@@ -111,8 +111,11 @@ def test_a_broadcast_right_factor_is_read_per_group():
                                rtol=0, atol=1e-12 * 20)
 
 
-def test_serves():
+def test_serves(monkeypatch):
     p = torch.zeros(2, 3)
     assert products.serves(p, torch.zeros(3, 2))
+    with monkeypatch.context() as m:
+        m.setattr(softk._backends.registry, "_native_ok", False)  # SOFTK_NATIVE=0, read once a process
+        assert not products.serves(p)
     assert not products.serves(p.half())
     assert not products.serves(p, torch.zeros(3, 2, dtype=torch.float64))  # one dtype

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .. import registry
 from . import build
 from .threshold import ROW_MAX
 
@@ -24,12 +25,12 @@ _FUNCTIONS: dict = {}
 def serves(p: Tensor, *others: Tensor) -> bool:
     """Whether the kernels take ``p`` and ``others``: CPU, one dtype of
     float32/float64, rows of at most ROW_MAX keys (the kernels index them
-    with int32), and the library built."""
+    with int32), and the kernels on (built, and not ``SOFTK_NATIVE=0``)."""
     if not p.is_cpu or p.dtype not in _SUFFIX or p.shape[-1] > ROW_MAX:
         return False
     if any(not t.is_cpu or t.dtype != p.dtype for t in others):
         return False
-    return build.library() is not None
+    return registry.native_available()
 
 
 def _function(name: str, dtype: torch.dtype):
@@ -80,6 +81,7 @@ def sampled(p: Tensor, a: Tensor, b: Tensor, out: Tensor | None = None) -> Tenso
     p, a = p.contiguous(), a.expand(*p.shape[:-1], a.shape[-1]).contiguous()
     G, R, S, E, bg, b = _groups(p, b)
     out = _empty(p.shape, p.dtype) if out is None else out
+    assert out.is_contiguous() and out.shape == p.shape and out.dtype == p.dtype, (out.shape, p.shape)
     if G * R:
         _check(_function("sparse_sampled", p.dtype)(p.data_ptr(), a.data_ptr(), b.data_ptr(), out.data_ptr(), G, R,
                                                     S, E, bg, _threads(p.numel())))
