@@ -156,3 +156,16 @@ def test_double_rows_sum_to_one_after_a_halley_overshoot(alpha):
         x = torch.tensor(rng.standard_normal((4, n)) * rng.choice([1, 3.33, 10]), dtype=torch.float64)
         p = native.forward(entmax_family(alpha), x, 1)
         np.testing.assert_allclose(p.sum(-1).numpy(), np.ones(4), rtol=0, atol=32 * EPS64)
+
+
+@pytest.mark.parametrize("alpha", [1.01, 1.3, 1.5, 1.7])
+def test_double_rows_of_equal_entries_are_uniform(alpha):
+    # p = 1/n on every entry of a row of 32768 equal ones: G summed over
+    # the candidates, n/8 terms a vector lane in double, put p off by up to
+    # 350 ulps (α = 1.7); G in blocks of 256 is within a few
+    n = 32768
+    x = torch.full((2, n), 0.5, dtype=torch.float64)
+    x[1, ::2] = -torch.inf  # half of them masked
+    p = native.forward(entmax_family(alpha), x, 1)
+    want = np.stack([np.full(n, 1 / n), np.where(np.arange(n) % 2 == 1, 2 / n, 0.0)])
+    np.testing.assert_allclose(p.numpy(), want, rtol=32 * EPS64, atol=0)

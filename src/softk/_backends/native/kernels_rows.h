@@ -58,10 +58,15 @@ static int64_t FN(compact)(T *val, cidx_t *idx, int64_t c, T lam)
  * found where G = k, so G's rounding is λ's error, and a float lane's sum
  * of its n/PAD near-equal terms drifts by up to about n/PAD half-ulps: p
  * was off by 150–200 ulps on 32768 equal entries, by at most 5 on 1024.
- * S and R only size the step.
+ * Double rows gain nothing from a double G that way; so a wide row's G
+ * is summed in blocks of WIDE_BLOCK, each block's sum then added to the
+ * total: a lane adds WIDE_BLOCK/PAD terms and the total cp/WIDE_BLOCK,
+ * where one lane added cp/PAD (p of double rows of 32768 equal entries was
+ * off by up to 350 ulps).  S and R only size the step.
  * wide is a constant wherever the bodies are inlined, so each loop holds
  * one accumulator of G. */
 #define WIDE_SUMS 1024
+#define WIDE_BLOCK 256
 static inline __attribute__((always_inline)) void FN(entmax_sums_body)(const T *val, int64_t cp, T lam, T am1, T q,
                                                                       T *pw, T *Gp, T *Sp, int wide)
 {
@@ -71,18 +76,23 @@ static inline __attribute__((always_inline)) void FN(entmax_sums_body)(const T *
     T one = one_v;
     T G = 0, S = 0;
     double Gd = 0;
-#pragma omp simd reduction(+ : G, Gd, S)
-    for (int64_t j = 0; j < cp; j++) {
-        T w = am1 * (val[j] - lam);
-        T on = w > 0;
-        T w1 = WPOS(w, one);
-        T wq = POWQ(w1, q) * on;
-        pw[j] = wq;
-        if (wide)
-            Gd += wq;
-        else
-            G += wq;
-        S += wq / w1;
+    for (int64_t b0 = 0; b0 < cp; b0 += wide ? WIDE_BLOCK : cp) {
+        int64_t b1 = wide && b0 + WIDE_BLOCK < cp ? b0 + WIDE_BLOCK : cp;
+        double Gb = 0;
+#pragma omp simd reduction(+ : G, Gb, S)
+        for (int64_t j = b0; j < b1; j++) {
+            T w = am1 * (val[j] - lam);
+            T on = w > 0;
+            T w1 = WPOS(w, one);
+            T wq = POWQ(w1, q) * on;
+            pw[j] = wq;
+            if (wide)
+                Gb += wq;
+            else
+                G += wq;
+            S += wq / w1;
+        }
+        Gd += Gb;
     }
     *Gp = wide ? (T)Gd : G;
     *Sp = S;
@@ -109,20 +119,25 @@ static inline __attribute__((always_inline)) void FN(entmax_sums3_body)(const T 
     T one = one_v;
     T G = 0, S = 0, R = 0;
     double Gd = 0;
-#pragma omp simd reduction(+ : G, Gd, S, R)
-    for (int64_t j = 0; j < cp; j++) {
-        T w = am1 * (val[j] - lam);
-        T on = w > 0;
-        T w1 = WPOS(w, one);
-        T w2 = (rough ? ROUGH(w1, q - 2) : POWQ(w1, q - 2)) * on;
-        T w3 = w2 * w1, wq = w3 * w1;
-        if (!rough) pw[j] = wq;
-        if (wide)
-            Gd += wq;
-        else
-            G += wq;
-        S += w3;
-        R += w2;
+    for (int64_t b0 = 0; b0 < cp; b0 += wide ? WIDE_BLOCK : cp) {
+        int64_t b1 = wide && b0 + WIDE_BLOCK < cp ? b0 + WIDE_BLOCK : cp;
+        double Gb = 0;
+#pragma omp simd reduction(+ : G, Gb, S, R)
+        for (int64_t j = b0; j < b1; j++) {
+            T w = am1 * (val[j] - lam);
+            T on = w > 0;
+            T w1 = WPOS(w, one);
+            T w2 = (rough ? ROUGH(w1, q - 2) : POWQ(w1, q - 2)) * on;
+            T w3 = w2 * w1, wq = w3 * w1;
+            if (!rough) pw[j] = wq;
+            if (wide)
+                Gb += wq;
+            else
+                G += wq;
+            S += w3;
+            R += w2;
+        }
+        Gd += Gb;
     }
     *Gp = wide ? (T)Gd : G;
     *Sp = S;
@@ -248,14 +263,22 @@ static inline int FN(entmax15_ill)(T D, T disc, T dc, T wmin)
 
 static T FN(entmax15_polish)(T lam, T k, const T *val, int64_t c)
 {
-    double D = 0, G = 0; /* in double: a float row's sums of c terms, whose error grew as c·eps */
+    /* in double: a float row's sums of c terms, whose error grew as c·eps;
+     * in blocks of WIDE_BLOCK, for double rows (see entmax_sums_body) */
+    double D = 0, G = 0;
     T wmin = INFINITY;
-#pragma omp simd reduction(+ : D, G) reduction(min : wmin)
-    for (int64_t j = 0; j < c; j++) {
-        T w = val[j] - lam;
-        D += w;
-        G += (double)w * w;
-        wmin = w < wmin ? w : wmin;
+    for (int64_t b0 = 0; b0 < c; b0 += WIDE_BLOCK) {
+        int64_t b1 = b0 + WIDE_BLOCK < c ? b0 + WIDE_BLOCK : c;
+        double Db = 0, Gb = 0;
+#pragma omp simd reduction(+ : Db, Gb) reduction(min : wmin)
+        for (int64_t j = b0; j < b1; j++) {
+            T w = val[j] - lam;
+            Db += w;
+            Gb += (double)w * w;
+            wmin = w < wmin ? w : wmin;
+        }
+        D += Db;
+        G += Gb;
     }
     double r = G - 4 * (double)k, disc = D * D - (double)c * r;
     if (!(disc >= 0 && D > 0)) return lam;
@@ -656,19 +679,26 @@ static T FN(near_softmax_sums)(const T *val, int64_t cp, T mu, T am1, T q, T *pw
 {
     volatile T zero_v = 0; /* opaque: see entmax_sums */
     T zero = zero_v;
-    double G = 0; /* double, as entmax_sums_body's where wide: Σp = 1 is the equation */
+    /* double, as entmax_sums_body's where wide (Σp = 1 is the equation), in
+     * its blocks of WIDE_BLOCK */
+    double G = 0;
     T S = 0;
-#pragma omp simd reduction(+ : G, S)
-    for (int64_t j = 0; j < cp; j++) {
-        T x = am1 * (val[j] - mu);
-        T on = x > -1;
-        T xs = x > -1 ? x : zero;
-        T u = 1 + xs;
-        T l = LOG(u) + (xs - (u - 1)) / u;
-        T p = EXP(q * l) * on;
-        pw[j] = p;
-        G += p;
-        S += p / u; /* u^{q−1} */
+    for (int64_t b0 = 0; b0 < cp; b0 += WIDE_BLOCK) {
+        int64_t b1 = b0 + WIDE_BLOCK < cp ? b0 + WIDE_BLOCK : cp;
+        double Gb = 0;
+#pragma omp simd reduction(+ : Gb, S)
+        for (int64_t j = b0; j < b1; j++) {
+            T x = am1 * (val[j] - mu);
+            T on = x > -1;
+            T xs = x > -1 ? x : zero;
+            T u = 1 + xs;
+            T l = LOG(u) + (xs - (u - 1)) / u;
+            T p = EXP(q * l) * on;
+            pw[j] = p;
+            Gb += p;
+            S += p / u; /* u^{q−1} */
+        }
+        G += Gb;
     }
     *Sp = S;
     return (T)G;
