@@ -26,6 +26,7 @@ from ..oracle import maps as oracle
 pytestmark = pytest.mark.skipif(not softk._backends.registry.native_available(), reason="needs a C compiler")
 
 ALPHAS = [1.05, 1.2, 1.3, 1.7, 1.9]
+EPS32 = float(np.finfo(np.float32).eps)
 TOL = {torch.float64: 1e-12, torch.float32: 2e-6}
 
 
@@ -103,6 +104,28 @@ def test_hard_rows_against_oracle(name, family):
     shifted = x.numpy() - top
     for k in _ks(name, n):
         _check(native.forward(family, x, k), reference(name, shifted, k), torch.float64)
+
+
+@pytest.mark.parametrize("name,family", [("sparsemax", SPARSEMAX), ("entmax15", ENTMAX15)])
+@pytest.mark.parametrize("n", [16, 64, 200, 256, 300, 1024, 8192])
+def test_wide_support_far_below_the_max_sums_to_k(name, family, n):
+    # one entry at ½ and the rest about 1e-4: every entry in the support, λ
+    # near −½ in the frame of the max, where an ulp of λ (6e-8) reaches each
+    # of n entries of about 1e-4: sparsemax's Σp was off by 1e-4 at 1024 and
+    # 3.7e-4 at 8192, in the narrow lanes by 5e-5 at 256.  Solved again in
+    # the frame of the threshold, Σp is within a few ulps of k; each p is
+    # within a few ulps of the max's frame (an entry within that of λ may
+    # have left the candidates before the second solve)
+    rng = np.random.default_rng(n)
+    x = rng.normal(size=(20, n)) * 1e-4
+    x[:, 7] = 0.5
+    x[5] *= 1e4  # a row of N(0, 1): kept in the frame of the max
+    for k in (1, 2):
+        xt = torch.tensor(x, dtype=torch.float32)
+        p = native.forward(family, xt, k)
+        np.testing.assert_allclose(p.double().sum(-1).numpy(), np.full(20, k), rtol=0, atol=16 * EPS32 * k)
+        ref = reference(name, xt.double().numpy(), k)
+        np.testing.assert_allclose(p.double().numpy(), ref, rtol=16 * EPS32, atol=4 * EPS32 * 0.5)
 
 
 def test_sparsemax_tie_exactly_at_the_threshold():

@@ -274,6 +274,36 @@ static inline int FN(narrow_serves)(int fam, int64_t n, const FN(zb_params) *pa)
  * when mo is not NULL each row's λ as a reference entry mo[l] (the max, or
  * for "exp" solve_exp's ref) plus lo[l]; returns the largest number of
  * rounds.  Lanes from nr on hold rows of zeros, solved and not written. */
+/* Sparsemax and entmax15 lanes whose support is wide and far below the
+ * max: λ solved again in the frame of b = m + λ rounded, from the rows' own
+ * z (zc, transposed), as reframe (kernels_rows.h) does for a row; m[l]
+ * becomes b there and λ the shift from it.  Other lanes keep their frame
+ * and λ (v recomputed the same way, bit for bit).  Returns the rounds. */
+static int64_t FN(narrow_reframe)(int fam, FN(column) *v, FN(column) *zc, int64_t n, T k, T *m, T *lam,
+                                  const int *conv)
+{
+    T c[NARROW_LANES], s[NARROW_LANES], b[NARROW_LANES];
+    int done[NARROW_LANES], any = 0;
+    FN(lane_count_sum)(v, n, lam, 0, c, s);
+    for (int l = 0; l < NARROW_LANES; l++) {
+        int re = !conv[l] && (double)c[l] * fabs((double)lam[l]) > 16 * (double)k;
+        b[l] = re ? m[l] + lam[l] : m[l];
+        done[l] = !re;
+        any |= re;
+    }
+    if (!any) return 0;
+    for (int64_t i = 0; i < n; i++) {
+#pragma omp simd
+        for (int l = 0; l < NARROW_LANES; l++) v[i][l] = zc[i][l] - b[l];
+    }
+    for (int l = 0; l < NARROW_LANES; l++)
+        if (!done[l]) {
+            lam[l] = -(T)(16 * EPS) * (fabs(m[l]) + fabs(lam[l]) + 1); /* below λ − b by its roundings */
+            m[l] = b[l];
+        }
+    return fam == 1 ? FN(narrow_sparsemax)(v, n, k, lam, done) : FN(narrow_entmax15)(v, n, k, lam, done);
+}
+
 static int64_t FN(narrow_rows)(int fam, const T *z, T *p, int nr, int64_t n, T k, const FN(zb_params) *pa, T *mo,
                                T *lo)
 {
@@ -316,6 +346,7 @@ static int64_t FN(narrow_rows)(int fam, const T *z, T *p, int nr, int64_t n, T k
         done[l] = conv[l];
         lam[l] = pa->lam0;
     }
+    if (fam == 1 || fam == 2) memcpy(pw, v, (size_t)ni * sizeof(FN(column))); /* z, for narrow_reframe */
     for (int i = 0; i < ni; i++) {
 #pragma omp simd
         for (int l = 0; l < NARROW_LANES; l++) v[i][l] -= m[l];
@@ -326,6 +357,7 @@ static int64_t FN(narrow_rows)(int fam, const T *z, T *p, int nr, int64_t n, T k
                  : fam == 2 ? FN(narrow_entmax15)(v, n, k, lam, done)
                  : fam == 3 ? FN(narrow_entmax_alpha)(v, pw, n, k, pa, lam, dl, done)
                             : FN(narrow_exp)(v, n, k, lam, fb, done);
+    if (fam == 1 || fam == 2) it += FN(narrow_reframe)(fam, v, pw, n, k, m, lam, conv);
     /* p = f(v − λ).  Entmax α: p at λ + δ (δ = dl, the step not taken)
      * from pw = w^q at λ (power_shifted, as solve_entmax_alpha's last round
      * writes it), exact to rounding for δ up to k^{1/q} dmax1 (zb_params),

@@ -582,7 +582,38 @@ typedef struct {
     const T *z, *bm;
     T m, lam;
     int64_t blocks;
+    int reframed; /* sparsemax, entmax15: val holds z − b, and t is λ in that frame (reframe) */
+    T t;
 } FN(gathered);
+
+/* Sparsemax and entmax15 on a wide support far below the max: λ − max is
+ * found to an ulp of its own size, and f′ = 1 (sparsemax) carries that ulp
+ * to every entry of the support (Σp off by 4e-4 on 8192 entries with λ
+ * near −½, where the entries are about 1e-4).  There, in the frame of b =
+ * the threshold rounded (z − b exact for z near b), λ is solved again as
+ * t = λ − b from a few ulps below it, and p is written as (z − b) − t.  Rows
+ * whose support and λ are small keep the frame of the max: their Σp error,
+ * about c |λ| EPS / 2, is then within 8 EPS k. */
+static void FN(reframe)(int fam, T lam, T k, T *val, cidx_t *idx, int64_t *nval, int64_t *iters,
+                        FN(gathered) *from)
+{
+    int64_t c = *nval;
+    from->reframed = 0;
+    if (fam > 2 || !((double)c * fabs((double)lam) > 16 * (double)k)) return;
+    T b = from->m + lam;
+    for (int64_t j = 0; j < c; j++) val[j] = from->z[idx[j]] - b;
+    /* λ − b is within the roundings of b and of λ (the candidates' own v = z − m
+     * included): a few ulps of |m| + |λ| */
+    T t0 = -(T)(16 * EPS) * (fabs(from->m) + fabs(lam) + 1);
+    c = FN(compact)(val, idx, c, t0);
+    int64_t it = 0;
+    T t = fam == 1 ? FN(solve_sparsemax)(t0, k, val, idx, &c, &it, INT64_MAX)
+                   : FN(solve_entmax15)(t0, k, val, idx, &c, &it, INT64_MAX);
+    *iters += it;
+    *nval = c;
+    from->reframed = 1;
+    from->t = t;
+}
 
 /* λ − max(z) for a zero-below family, without sorting the row:
  * 1. the block maxima are entries of the row, and a subset's λ is a lower
@@ -658,7 +689,10 @@ static T FN(solve_zero_below)(int fam, const T *z, const T *bm, T m, int64_t n, 
             c += v > lam;
         }
     }
-    return FN(solve_candidates)(fam, lam, k, pa, 1, val, idx, pw, c, nval, have_p, iters);
+    from->reframed = 0;
+    lam = FN(solve_candidates)(fam, lam, k, pa, 1, val, idx, pw, c, nval, have_p, iters);
+    FN(reframe)(fam, lam, k, val, idx, nval, iters, from);
+    return lam;
 }
 
 /* entmax with α near 1 (q = 1/(α−1) > 8): λ ≈ −q is known only to eps·q, and
@@ -771,6 +805,7 @@ static void FN(write_zero_below)(int fam, T *p, int64_t n, T lam, T alpha, T *va
                                  const T *pw, const FN(gathered) *from)
 {
     T am1 = alpha - 1, q = 1 / am1;
+    if (from->reframed) lam = from->t; /* val holds z − b (reframe) */
     if (fam == 3 && q > 8) {
         FN(entmax_near_softmax)(lam, am1, val, c, val + n + PAD);
     } else if (fam == 3 && pw) {
