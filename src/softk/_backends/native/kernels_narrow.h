@@ -47,7 +47,7 @@ static inline __attribute__((always_inline)) void FN(lane_count_sum)(FN(column) 
 
 /* sparsemax: Michelot's rounds, λ ← (Σ_{v > λ} v − k) / #{v > λ}, until the
  * set stops shrinking (λ is then exact: it was computed from this set). */
-static int64_t FN(narrow_sparsemax)(FN(column) *v, int64_t n, T k, T *lam, int *done, T *slope)
+static int64_t FN(narrow_sparsemax)(FN(column) *v, int64_t n, T k, T *lam, int *done)
 {
     T cprev[NARROW_LANES];
     for (int l = 0; l < NARROW_LANES; l++) cprev[l] = -1;
@@ -61,7 +61,6 @@ static int64_t FN(narrow_sparsemax)(FN(column) *v, int64_t n, T k, T *lam, int *
             /* c = 0 only by rounding (solve_sparsemax's guard): keep λ */
             int stop = done[l] | (c[l] == cprev[l]) | !(c[l] > 0);
             T next = (s[l] - k) / c[l];
-            slope[l] = done[l] ? slope[l] : c[l]; /* −dΣp/dλ on the last set (narrow_reframe) */
             lam[l] = stop ? lam[l] : next;
             cprev[l] = c[l];
             done[l] = stop;
@@ -75,7 +74,7 @@ static int64_t FN(narrow_sparsemax)(FN(column) *v, int64_t n, T k, T *lam, int *
 /* entmax15: solve_entmax15's round per lane, on w = v − λ > 0: the closed
  * form on the set, accepted when its smallest w stays above the root's
  * shift, else Newton's step (from below: g is convex). */
-static int64_t FN(narrow_entmax15)(FN(column) *v, int64_t n, T k, T *lam, int *done, T *slope)
+static int64_t FN(narrow_entmax15)(FN(column) *v, int64_t n, T k, T *lam, int *done)
 {
     int64_t it = 0;
     for (; it < 2 * n + 100; it++) {
@@ -119,7 +118,6 @@ static int64_t FN(narrow_entmax15)(FN(column) *v, int64_t n, T k, T *lam, int *d
              * lane takes it: a per-lane test of whether the step was
              * ill-conditioned (entmax15_ill) made GCC leave these loops
              * scalar, 4 times the time at 16 entries */
-            slope[l] = done[l] == 1 ? slope[l] : D[l] / 2; /* −dΣp/dλ (narrow_reframe) */
             int polish = done[l] == 2;
             int stop = (done[l] == 1) | (!polish & !(r > 0));
             int go = !stop & !polish & !closed & (next > lam[l]);
@@ -276,35 +274,6 @@ static inline int FN(narrow_serves)(int fam, int64_t n, const FN(zb_params) *pa)
  * when mo is not NULL each row's λ as a reference entry mo[l] (the max, or
  * for "exp" solve_exp's ref) plus lo[l]; returns the largest number of
  * rounds.  Lanes from nr on hold rows of zeros, solved and not written. */
-/* Sparsemax and entmax15 lanes whose Σp λ's rounding would move by more
- * than 8 EPS k (reframes, kernels_rows.h): λ solved again in the frame of b = m + λ rounded, from the rows' own
- * z (zc, transposed), as reframe (kernels_rows.h) does for a row; m[l]
- * becomes b there and λ the shift from it.  Other lanes keep their frame
- * and λ (v recomputed the same way, bit for bit).  Returns the rounds. */
-static int64_t FN(narrow_reframe)(int fam, FN(column) *v, FN(column) *zc, int64_t n, T k, T *m, T *lam,
-                                  const int *conv, T *slope)
-{
-    T b[NARROW_LANES];
-    int done[NARROW_LANES], any = 0;
-    for (int l = 0; l < NARROW_LANES; l++) {
-        int re = !conv[l] && FN(reframes)(lam[l], k, slope[l]);
-        b[l] = re ? m[l] + lam[l] : m[l];
-        done[l] = !re;
-        any |= re;
-    }
-    if (!any) return 0;
-    for (int64_t i = 0; i < n; i++) {
-#pragma omp simd
-        for (int l = 0; l < NARROW_LANES; l++) v[i][l] = zc[i][l] - b[l];
-    }
-    for (int l = 0; l < NARROW_LANES; l++)
-        if (!done[l]) {
-            lam[l] = -(T)(16 * EPS) * (fabs(m[l]) + fabs(lam[l]) + 1); /* below λ − b by its roundings */
-            m[l] = b[l];
-        }
-    return fam == 1 ? FN(narrow_sparsemax)(v, n, k, lam, done, slope) : FN(narrow_entmax15)(v, n, k, lam, done, slope);
-}
-
 static int64_t FN(narrow_rows)(int fam, const T *z, T *p, int nr, int64_t n, T k, const FN(zb_params) *pa, T *mo,
                                T *lo)
 {
@@ -347,18 +316,16 @@ static int64_t FN(narrow_rows)(int fam, const T *z, T *p, int nr, int64_t n, T k
         done[l] = conv[l];
         lam[l] = pa->lam0;
     }
-    if (fam == 1 || fam == 2) memcpy(pw, v, (size_t)ni * sizeof(FN(column))); /* z, for narrow_reframe */
     for (int i = 0; i < ni; i++) {
 #pragma omp simd
         for (int l = 0; l < NARROW_LANES; l++) v[i][l] -= m[l];
     }
-    for (int l = 0; l < NARROW_LANES; l++) fb[l] = 0, dl[l] = 0;
+    for (int l = 0; l < NARROW_LANES; l++) fb[l] = 0;
     int64_t it = fam == 0   ? FN(narrow_softmax)(v, n, lam)
-                 : fam == 1 ? FN(narrow_sparsemax)(v, n, k, lam, done, dl)
-                 : fam == 2 ? FN(narrow_entmax15)(v, n, k, lam, done, dl)
+                 : fam == 1 ? FN(narrow_sparsemax)(v, n, k, lam, done)
+                 : fam == 2 ? FN(narrow_entmax15)(v, n, k, lam, done)
                  : fam == 3 ? FN(narrow_entmax_alpha)(v, pw, n, k, pa, lam, dl, done)
                             : FN(narrow_exp)(v, n, k, lam, fb, done);
-    if (fam == 1 || fam == 2) it += FN(narrow_reframe)(fam, v, pw, n, k, m, lam, conv, dl); /* dl: the slopes */
     /* p = f(v − λ).  Entmax α: p at λ + δ (δ = dl, the step not taken)
      * from pw = w^q at λ (power_shifted, as solve_entmax_alpha's last round
      * writes it), exact to rounding for δ up to k^{1/q} dmax1 (zb_params),
