@@ -268,7 +268,8 @@ def attention_backward(q, k, v, out, dout, m, lam, *, scale: float, causal: bool
     ct = compute_dtype(q.dtype)
     kc, vc = k.to(ct).contiguous(), v.to(ct).contiguous()  # the live keys' rows are gathered from flat views
     dk, dv = torch.zeros_like(kc), torch.zeros_like(vc)
-    dqs, dalpha = [], None
+    dqs: list[Tensor] = []
+    dalpha = None
     need_dalpha = need_dalpha and fam == ENTMAX_ID and alpha is not None
     closed = reads_threshold(fam, alpha, q.new_empty(0, dtype=ct))
     work, work_dp, work_p, work_ds = (_workspace(q, k.shape[2], ct) for _ in range(4))

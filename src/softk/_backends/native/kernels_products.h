@@ -81,34 +81,6 @@ static void FN(row_times)(const T *w, const T *x, int64_t E, const cidx_t *idx, 
     }
 }
 
-/* out (G, R, E) = P (G, R, S) · X, X's group g at x + g·xg (S rows of E). */
-int FN(softk_sparse_mm)(const T *p, const T *x, T *out, int64_t G, int64_t R, int64_t S, int64_t E, int64_t xg,
-                        int threads)
-{
-    int rc = 0;
-#ifdef _OPENMP
-#pragma omp parallel num_threads(threads) reduction(| : rc)
-#else
-    (void)threads;
-#endif
-    {
-        cidx_t *idx = malloc((size_t)(S + PAD) * sizeof(cidx_t));
-        if (!idx) {
-            rc = -1;
-        } else {
-            int64_t lo, hi;
-            thread_rows(G * R, &lo, &hi);
-            for (int64_t gr = lo; gr < hi; gr++) { /* row r = gr % R of group g = gr / R */
-                const T *pr = p + gr * S;
-                int64_t c = FN(nonzeros)(pr, S, idx);
-                FN(row_times)(pr, x + gr / R * xg, E, idx, c, out + gr * E);
-            }
-            free(idx);
-        }
-    }
-    return rc;
-}
-
 /* a[0..E)·b[0..E): whole vectors into one, its lanes summed, then the rest */
 static inline T FN(dot)(const T *a, const T *b, int64_t E)
 {
@@ -121,14 +93,23 @@ static inline T FN(dot)(const T *a, const T *b, int64_t E)
     return d;
 }
 
-/* out (G, R, S): a[g, r]·b[g, j] where p[g, r, j] != 0, 0 elsewhere; A
- * (G, R, E) rows, B's group g at b + g·bg (S rows of E).  The backward's dP
- * = dO·Vᵀ on the support of P, all that the sparse maps' vector–Jacobian
- * product reads of it. */
-int FN(softk_sparse_sampled)(const T *p, const T *a, const T *b, T *out, int64_t G, int64_t R, int64_t S,
-                             int64_t E, int64_t bg, int threads)
+/* The three products, one parallel scaffold (each thread its own idx):
+ *   MM      out (G, R, E) = P·B, the G·R rows split between threads;
+ *   SAMPLED out (G, R, S) = A·Bᵀ where P is nonzero, 0 elsewhere (A (G, R,
+ *           E)), split by rows too;
+ *   MM_T    out[g] += Pᵀ·A, A (G, R, E) and out's group g at out + g·bg:
+ *           each nonzero an E-long axpy into its key's row, and the rows of
+ *           a group scatter into the same key rows, so threads split groups.
+ * B's group g is at b + g·bg, S rows of E. */
+#ifndef PRODUCT_MODES /* once for both types */
+#define PRODUCT_MODES
+enum { MM, SAMPLED, MM_T };
+#endif
+static int FN(sparse_products)(int mode, const T *p, const T *a, const T *b, T *out, int64_t G, int64_t R, int64_t S,
+                               int64_t E, int64_t bg, int threads)
 {
     int rc = 0;
+    if (mode == MM_T && threads > G) threads = (int)(G > 0 ? G : 1);
 #ifdef _OPENMP
 #pragma omp parallel num_threads(threads) reduction(| : rc)
 #else
@@ -140,51 +121,28 @@ int FN(softk_sparse_sampled)(const T *p, const T *a, const T *b, T *out, int64_t
             rc = -1;
         } else {
             int64_t lo, hi;
-            thread_rows(G * R, &lo, &hi);
-            for (int64_t gr = lo; gr < hi; gr++) {
-                const T *pr = p + gr * S, *ar = a + gr * E, *bb = b + gr / R * bg;
-                T *o = out + gr * S;
-                int64_t c = FN(nonzeros)(pr, S, idx);
-                memset(o, 0, (size_t)S * sizeof(T));
-                for (int64_t t = 0; t < c; t++) o[idx[t]] = FN(dot)(ar, bb + (int64_t)idx[t] * E, E);
+            thread_rows(mode == MM_T ? G : G * R, &lo, &hi);
+            if (mode == MM_T) { /* whole groups: rows lo·R to hi·R */
+                lo *= R;
+                hi *= R;
             }
-            free(idx);
-        }
-    }
-    return rc;
-}
-
-/* acc[g, j] += Σ_r p[g, r, j] x[g, r] for P (G, R, S), X (G, R, E) and acc's
- * group g at acc + g·ag (S rows of E): Pᵀ·X added in place, each nonzero an
- * E-long axpy into its key's row.  Rows of one group scatter into the same
- * key rows, so threads split the groups. */
-int FN(softk_sparse_mm_t)(const T *p, const T *x, T *acc, int64_t G, int64_t R, int64_t S, int64_t E, int64_t ag,
-                          int threads)
-{
-    int rc = 0;
-    if (threads > G) threads = (int)(G > 0 ? G : 1);
-#ifdef _OPENMP
-#pragma omp parallel num_threads(threads) reduction(| : rc)
-#else
-    (void)threads;
-#endif
-    {
-        cidx_t *idx = malloc((size_t)(S + PAD) * sizeof(cidx_t));
-        if (!idx) {
-            rc = -1;
-        } else {
-            int64_t lo, hi;
-            thread_rows(G, &lo, &hi);
-            for (int64_t g = lo; g < hi; g++) {
-                T *ab = acc + g * ag;
-                for (int64_t r = 0; r < R; r++) {
-                    const T *pr = p + (g * R + r) * S, *xr = x + (g * R + r) * E;
-                    int64_t c = FN(nonzeros)(pr, S, idx);
+            for (int64_t gr = lo; gr < hi; gr++) { /* row r = gr % R of group g = gr / R */
+                const T *pr = p + gr * S, *ar = a + gr * E;
+                int64_t c = FN(nonzeros)(pr, S, idx);
+                if (mode == MM) {
+                    FN(row_times)(pr, b + gr / R * bg, E, idx, c, out + gr * E);
+                } else if (mode == SAMPLED) {
+                    const T *bb = b + gr / R * bg;
+                    T *o = out + gr * S;
+                    memset(o, 0, (size_t)S * sizeof(T));
+                    for (int64_t t = 0; t < c; t++) o[idx[t]] = FN(dot)(ar, bb + (int64_t)idx[t] * E, E);
+                } else {
+                    T *ob = out + gr / R * bg;
                     for (int64_t t = 0; t < c; t++) {
                         T pj = pr[idx[t]];
-                        T *o = ab + (int64_t)idx[t] * E;
+                        T *o = ob + (int64_t)idx[t] * E;
 #pragma omp simd
-                        for (int64_t e = 0; e < E; e++) o[e] += pj * xr[e];
+                        for (int64_t e = 0; e < E; e++) o[e] += pj * ar[e];
                     }
                 }
             }
@@ -192,6 +150,31 @@ int FN(softk_sparse_mm_t)(const T *p, const T *x, T *acc, int64_t G, int64_t R, 
         }
     }
     return rc;
+}
+
+/* out (G, R, E) = P (G, R, S) · X, X's group g at x + g·xg (S rows of E). */
+int FN(softk_sparse_mm)(const T *p, const T *x, T *out, int64_t G, int64_t R, int64_t S, int64_t E, int64_t xg,
+                        int threads)
+{
+    return FN(sparse_products)(MM, p, NULL, x, out, G, R, S, E, xg, threads);
+}
+
+/* out (G, R, S): a[g, r]·b[g, j] where p[g, r, j] != 0, 0 elsewhere; A
+ * (G, R, E) rows, B's group g at b + g·bg (S rows of E).  The backward's dP
+ * = dO·Vᵀ on the support of P, all that the sparse maps' vector–Jacobian
+ * product reads of it. */
+int FN(softk_sparse_sampled)(const T *p, const T *a, const T *b, T *out, int64_t G, int64_t R, int64_t S,
+                             int64_t E, int64_t bg, int threads)
+{
+    return FN(sparse_products)(SAMPLED, p, a, b, out, G, R, S, E, bg, threads);
+}
+
+/* acc[g, j] += Σ_r p[g, r, j] x[g, r] for P (G, R, S), X (G, R, E) and acc's
+ * group g at acc + g·ag (S rows of E): Pᵀ·X added in place. */
+int FN(softk_sparse_mm_t)(const T *p, const T *x, T *acc, int64_t G, int64_t R, int64_t S, int64_t E, int64_t ag,
+                          int threads)
+{
+    return FN(sparse_products)(MM_T, p, x, NULL, acc, G, R, S, E, ag, threads);
 }
 
 #undef VW
