@@ -35,7 +35,7 @@ import triton.language as tl
 
 from .lean import EPS, _lean_advance, _lean_delta, _lean_search, _lean_sums, _lower_bound
 from .family_math import _f
-from .ids import ENTMAX
+from .ids import ENTMAX, SPARSEMAX
 from .frame import _solve
 from .passes import _write_p
 from .prelude import _cols, _load_x, _shift_scale
@@ -46,9 +46,11 @@ def _swept_search(xr, rmask, n, ref, inv_tau, origin, lam, todo, k, am1,
                   FAM: tl.constexpr, BLOCK: tl.constexpr, MAXIT: tl.constexpr):
     """:func:`.lean._lean_search` on a row read in blocks, in the frame z −
     ``origin``: each step one read of the row, its blocks' sums added; λ
-    ([1, 1], in that frame) from the lower bound ``lam`` where ``todo``, and
-    the reads it took."""
+    ([1, 1], in that frame) from the lower bound ``lam`` where ``todo``, the
+    reads it took, and −dΣp/dλ at the last step's λ (the support's size for
+    sparsemax, Σu/2 over it for entmax15: how far λ's rounding moves Σp)."""
     it = tl.zeros(lam.shape, tl.int32)
+    slope = tl.zeros(lam.shape, tl.float32)
     run = todo
     more = tl.max(tl.max(run.to(tl.int32), 1), 0)
     while more > 0:
@@ -64,9 +66,10 @@ def _swept_search(xr, rmask, n, ref, inv_tau, origin, lam, todo, k, am1,
             s2 += b2
             mn = tl.minimum(mn, bm)
         d, exact = _lean_delta(s0, s1, s2, mn, lam, k, am1, FAM)
+        slope = tl.where(run, s0 if FAM == SPARSEMAX else 0.5 * s1, slope)
         lam, run, it = _lean_advance(lam, d, exact, run, it, MAXIT)
         more = tl.max(tl.max(run.to(tl.int32), 1), 0)
-    return lam, it
+    return lam, it, slope
 
 
 @triton.jit
@@ -116,7 +119,24 @@ def lean_wide_fwd_kernel(X, Y, ITS, SZ, SI, R, n, k, inv_tau, am1,
         else:
             origin = lamg
             lam = tl.zeros_like(lamg)
-        lam, it = _swept_search(xr, rmask, n, ref, inv_tau, origin, lam, search, k, am1, FAM, BLOCK, MAXIT)
+        lam, it, slope = _swept_search(xr, rmask, n, ref, inv_tau, origin, lam, search, k, am1, FAM, BLOCK, MAXIT)
+        if FAM != ENTMAX:
+            # the bound can itself lie far below λ (near-equal rows: the
+            # lanes' root about −1/BLOCK, λ about −1/n): every p is then a
+            # difference of two terms of about |λ| in its frame, whose
+            # roundings (alike on alike entries) add up over the support;
+            # where −dΣp/dλ |λ| exceeds 2k (about 1 of EPS·k in Σp per half
+            # ulp), one more search in the frame of λ (less its rounding),
+            # usually a single read.  On normal rows the lanes' root is λ
+            # to a few ulps, and none is taken.
+            again = search & (slope * tl.abs(lam) > 2.0 * k)
+            if tl.max(tl.max(again.to(tl.int32), 1), 0) > 0:
+                o2 = origin + (lam - 4.0 * EPS * (tl.abs(origin) + tl.abs(lam)))
+                lam2, it2, _ = _swept_search(xr, rmask, n, ref, inv_tau, o2, tl.zeros_like(lam), again, k, am1, FAM,
+                                             BLOCK, MAXIT)
+                origin = tl.where(again, o2, origin)
+                lam = tl.where(again, lam2, lam)
+                it += it2
         for start in range(0, n, BLOCK):
             cols = _cols(start, BLOCK)
             inb = rmask & (cols < n)
