@@ -132,7 +132,7 @@ def lean_wide_fwd_kernel(X, Y, ITS, SZ, SI, R, n, k, inv_tau, am1,
             again = search & (slope * tl.abs(lam) > 2.0 * k)
             if tl.max(tl.max(again.to(tl.int32), 1), 0) > 0:
                 o2 = origin + (lam - 4.0 * EPS * (tl.abs(origin) + tl.abs(lam)))
-                lam2, it2, _ = _swept_search(xr, rmask, n, ref, inv_tau, o2, tl.zeros_like(lam), again, k, am1, FAM,
+                lam2, it2, slope2 = _swept_search(xr, rmask, n, ref, inv_tau, o2, tl.zeros_like(lam), again, k, am1, FAM,
                                              BLOCK, MAXIT)
                 origin = tl.where(again, o2, origin)
                 lam = tl.where(again, lam2, lam)
