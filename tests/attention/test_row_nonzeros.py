@@ -14,15 +14,10 @@ from softk._backends.native import products
 
 from ..oracle import attention as ora
 from .test_attention import close, one_thread, run  # noqa: F401
+from .test_support import sparse_p
 
 F64 = torch.float64
 pytestmark = pytest.mark.skipif(not softk._backends.registry.native_available(), reason="needs a C compiler")
-
-
-def sparse_p(shape, share, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    p = torch.rand(shape, generator=g, dtype=F64)
-    return torch.where(torch.rand(shape, generator=g, dtype=F64) < share, p, 0.0)
 
 
 def test_when_the_rows_nonzeros_are_taken():
