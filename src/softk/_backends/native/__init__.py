@@ -62,16 +62,16 @@ _SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
 _FUNCTIONS: dict = {}
 
 
-def _function(direction: str, dtype: torch.dtype):
-    """The ctypes entry point for ``direction`` ("forward"/"backward") and
+def entry(name: str, dtype: torch.dtype):
+    """The library's ctypes entry point ``softk_<name>_<f32|f64>`` for
     ``dtype``, looked up once (a per-call getattr on the CDLL costs more
-    than a small row's kernel)."""
-    fn = _FUNCTIONS.get((direction, dtype))
+    than a small row's kernel): every native launcher's lookup."""
+    fn = _FUNCTIONS.get((name, dtype))
     if fn is None:
         suffix = _SUFFIX.get(dtype)
         if suffix is None:
             raise TypeError(f"native kernels take float32/float64, got {dtype}")
-        fn = _FUNCTIONS[direction, dtype] = getattr(build.library(), f"softk_{direction}_threads_{suffix}")
+        fn = _FUNCTIONS[name, dtype] = getattr(build.library(), f"softk_{name}_{suffix}")
     return fn
 
 
@@ -92,7 +92,7 @@ def forward(family, z: Tensor, k: int, return_iters: bool = False, out: Tensor |
     it = ctypes.c_int64(0) if return_iters else None
     if rows:
         threads = 1 if size < _PARALLEL_MIN else max(1, min(torch.get_num_threads(), rows))
-        rc = _function("forward", z.dtype)(family_id(family), z.data_ptr(), out.data_ptr(), rows, n, float(k),
+        rc = entry("forward_threads", z.dtype)(family_id(family), z.data_ptr(), out.data_ptr(), rows, n, float(k),
                                            family.alpha_value, None if it is None else ctypes.byref(it), threads)
         if rc == -3:
             raise ValueError(f"softk native kernel: rows of {n} entries (at most 2**31 - 1 for {family.name})")
@@ -116,7 +116,7 @@ def backward(family, p: Tensor, g: Tensor, tau: float, out: Tensor | None = None
     rows = size // n if n else 0
     if rows:
         threads = 1 if size < _PARALLEL_MIN else max(1, min(torch.get_num_threads(), rows))
-        rc = _function("backward", p.dtype)(family_id(family), p.data_ptr(), g.data_ptr(), dx.data_ptr(), rows, n,
+        rc = entry("backward_threads", p.dtype)(family_id(family), p.data_ptr(), g.data_ptr(), dx.data_ptr(), rows, n,
                                             1.0 / tau, family.alpha_value, threads)
         if rc != 0:
             raise MemoryError(f"softk native kernel: no scratch memory for rows of {n} entries")

@@ -594,11 +594,6 @@ typedef struct {
  * 8 EPS k, λ is solved again in the frame of b = the threshold rounded (z
  * − b exact for z near b), as t = λ − b from a few ulps below it, and p is
  * written as (z − b) − t; other rows keep the frame of the max. */
-static inline int FN(reframes)(T lam, T k, T slope)
-{
-    return (double)slope * fabs((double)lam) > 16 * (double)k; /* slope = −dΣp/dλ */
-}
-
 static void FN(reframe)(int fam, T lam, T k, T *val, cidx_t *idx, int64_t *nval, int64_t *iters,
                         FN(gathered) *from)
 {
@@ -608,7 +603,7 @@ static void FN(reframe)(int fam, T lam, T k, T *val, cidx_t *idx, int64_t *nval,
     T slope = 0; /* the support's size (sparsemax), Σ (v − λ)/2 over it (entmax15) */
 #pragma omp simd reduction(+ : slope)
     for (int64_t j = 0; j < c; j++) slope += val[j] > lam ? (fam == 1 ? 1 : (val[j] - lam) / 2) : 0;
-    if (!FN(reframes)(lam, k, slope)) return;
+    if (!((double)slope * fabs((double)lam) > 16 * (double)k)) return;
     T b = from->m + lam;
     for (int64_t j = 0; j < c; j++) val[j] = from->z[idx[j]] - b;
     /* λ − b is within the roundings of b and of λ (the candidates' own v = z − m

@@ -24,21 +24,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import _PARALLEL_MIN, build
+from . import _PARALLEL_MIN, entry
 
-_FUNCTIONS: dict = {}
 BAD_INDEX, BAD_DENSE = 1, 2
-
-
-def _function(dtype: torch.dtype, kernel: str = "fy_loss"):
-    """The ctypes entry point of ``kernel`` for ``dtype``, looked up once."""
-    fn = _FUNCTIONS.get((kernel, dtype))
-    if fn is None:
-        suffix = {torch.float32: "f32", torch.float64: "f64"}.get(dtype)
-        if suffix is None:
-            raise TypeError(f"native kernels take float32/float64, got {dtype}")
-        fn = _FUNCTIONS[kernel, dtype] = getattr(build.library(), f"softk_{kernel}_threads_{suffix}")
-    return fn
 
 
 def _empty(shape, like: Tensor) -> Tensor:
@@ -78,7 +66,7 @@ def fenchel_young_fused_rows(z: Tensor, target: Tensor, family, k, *, k_rows: Te
     if r or not none:
         threads = 1 if r * n < _PARALLEL_MIN else max(1, min(torch.get_num_threads(), r))
         ptr = out.data_ptr()
-        rc = (_FUNCTIONS.get(("fy_loss", z.dtype)) or _function(z.dtype))(
+        rc = entry("fy_loss_threads", z.dtype)(
             family.kernel, z.data_ptr(), None if dense else target.data_ptr(), target.data_ptr() if dense else None,
             None if k_rows is None else k_rows.data_ptr(), None if grad is None else grad.data_ptr(),
             ptr if none else None, None if none else ptr, r, n, k, family.alpha_value, inv_tau, ignore_index,
@@ -105,7 +93,7 @@ def topk_ce_rows(x: Tensor, target: Tensor, k: int, *, inv_tau: float = 1.0, ign
     if r or not none:
         threads = 1 if r * n < _PARALLEL_MIN else max(1, min(torch.get_num_threads(), r))
         ptr = out.data_ptr()
-        rc = (_FUNCTIONS.get(("topk_ce", x.dtype)) or _function(x.dtype, "topk_ce"))(
+        rc = entry("topk_ce_threads", x.dtype)(
             x.data_ptr(), target.data_ptr(), None if grad is None else grad.data_ptr(), ptr if none else None,
             None if none else ptr, r, n, k, inv_tau, ignore_index, reduction == "mean", threads)
         if rc < 0:

@@ -15,11 +15,8 @@ import torch
 from torch import Tensor
 
 from .. import registry
-from . import build
+from . import _PARALLEL_MIN, _SUFFIX, entry
 from .threshold import ROW_MAX
-
-_SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
-_FUNCTIONS: dict = {}
 
 
 def serves(p: Tensor, *others: Tensor) -> bool:
@@ -31,13 +28,6 @@ def serves(p: Tensor, *others: Tensor) -> bool:
     if any(not t.is_cpu or t.dtype != p.dtype for t in others):
         return False
     return registry.native_available()
-
-
-def _function(name: str, dtype: torch.dtype):
-    fn = _FUNCTIONS.get((name, dtype))
-    if fn is None:
-        fn = _FUNCTIONS[name, dtype] = getattr(build.library(), f"softk_{name}_{_SUFFIX[dtype]}")
-    return fn
 
 
 def _groups(p: Tensor, x: Tensor):
@@ -56,7 +46,7 @@ def _empty(shape, dtype) -> Tensor:
 
 
 def _threads(work: int) -> int:
-    return 1 if work < (1 << 15) else max(1, torch.get_num_threads())
+    return 1 if work < _PARALLEL_MIN else max(1, torch.get_num_threads())
 
 
 def _check(rc: int) -> None:
@@ -70,7 +60,7 @@ def mm(p: Tensor, x: Tensor) -> Tensor:
     G, R, S, E, xg, x = _groups(p, x)
     out = _empty((*p.shape[:-1], E), p.dtype)
     if G * R:
-        _check(_function("sparse_mm", p.dtype)(p.data_ptr(), x.data_ptr(), out.data_ptr(), G, R, S, E, xg,
+        _check(entry("sparse_mm", p.dtype)(p.data_ptr(), x.data_ptr(), out.data_ptr(), G, R, S, E, xg,
                                                _threads(p.numel())))
     return out
 
@@ -83,7 +73,7 @@ def sampled(p: Tensor, a: Tensor, b: Tensor, out: Tensor | None = None) -> Tenso
     out = _empty(p.shape, p.dtype) if out is None else out
     assert out.is_contiguous() and out.shape == p.shape and out.dtype == p.dtype, (out.shape, p.shape)
     if G * R:
-        _check(_function("sparse_sampled", p.dtype)(p.data_ptr(), a.data_ptr(), b.data_ptr(), out.data_ptr(), G, R,
+        _check(entry("sparse_sampled", p.dtype)(p.data_ptr(), a.data_ptr(), b.data_ptr(), out.data_ptr(), G, R,
                                                     S, E, bg, _threads(p.numel())))
     return out
 
@@ -96,5 +86,5 @@ def mm_t_(acc: Tensor, p: Tensor, x: Tensor) -> None:
     G = p.numel() // max(R * S, 1) if R * S else 0
     assert acc.is_contiguous() and tuple(acc.shape[:-2]) == tuple(lead), (acc.shape, p.shape)
     if G * R:
-        _check(_function("sparse_mm_t", p.dtype)(p.data_ptr(), x.data_ptr(), acc.data_ptr(), G, R, S, x.shape[-1],
+        _check(entry("sparse_mm_t", p.dtype)(p.data_ptr(), x.data_ptr(), acc.data_ptr(), G, R, S, x.shape[-1],
                                                  acc.shape[-2] * acc.shape[-1], _threads(p.numel())))
