@@ -209,3 +209,50 @@ def test_entmax15_on_near_equal_scores_sums_to_one(offset):
         p = ora.weights((c * s.double()).numpy().reshape(1, 1, 1, S), "entmax15")[0, 0, 0]
         np.testing.assert_allclose(out[0, 0, i, 0].item(), 1.0, rtol=0, atol=16 * float(np.finfo(np.float32).eps))
         np.testing.assert_allclose(out[0, 0, i, 1].item(), p @ v[0, 0, :, 1].double().numpy(), rtol=0, atol=1e-6)
+
+
+def test_entmax_near_two_on_near_equal_scores_sums_to_one():
+    # α-entmax near α = 2 with every key in the support: p ≈ 1/S, so
+    # 1 + a(z − t) ≈ S^(−a) is what is left of a difference of two numbers
+    # near 1.  Formed from a saved t = λ + 1/a, t's rounding (eps·1/a)
+    # became a relative error of eps/(a·S^(−a)) in every p, the same sign
+    # for all: Σp was off by 4e-5 at α = 1.9, 8e-5 at 1.95, 4e-6 at 1.5.  From
+    # λ, z − λ rounds as sparsemax's does, by eps·max(|z|, |λ|) over
+    # z − λ ≈ S^(−a)/a: a few ulps of each p, with random signs
+    S = 4096
+    alphas = (1.9, 1.95, 1.5)
+    g = torch.Generator().manual_seed(0)
+    s = (torch.randn(S, generator=g, dtype=torch.float64) * 1e-3).float()
+    q = torch.zeros(1, len(alphas), 1, 16)
+    q[..., 0] = 1.0
+    k = torch.zeros(1, len(alphas), S, 16)
+    k[0, :, :, 0] = s
+    v = torch.zeros(1, len(alphas), S, 16)
+    v[0, :, :, 0] = 1.0
+    v[0, :, :, 1] = torch.randn(S, generator=g)
+    out = run("triton", q, k, v, map="entmax", alpha=torch.tensor(alphas), scale=1.0)
+    for h, a in enumerate(alphas):
+        p = ora.weights(s.double().numpy().reshape(1, 1, 1, S), "entmax", np.array([a]))[0, 0, 0]
+        np.testing.assert_allclose(out[0, h, 0, 0].item(), 1.0, rtol=0, atol=16 * float(np.finfo(np.float32).eps))
+        np.testing.assert_allclose(out[0, h, 0, 1].item(), p @ v[0, h, :, 1].double().numpy(), rtol=0, atol=1e-6)
+
+
+def test_entmax_near_two_gradients_on_wide_supports():
+    # the backward recomputes p from the saved threshold: from a saved t, at
+    # α = 1.9 and 1.95, dq was off by 8.8e-5 of its largest entry, dk by
+    # 6.7e-4, dv by 1.9e-5 and dα by 2.1e-4; now 8e-7, 1e-5, 4e-7 and 8e-7,
+    # as on the CPU backend in float32 (sums over 1000 keys)
+    L, S, alphas = 8, 1000, np.array([1.9, 1.95])
+    g = torch.Generator().manual_seed(0)
+    shapes = ((1, 2, L, 16), (1, 2, S, 16), (1, 2, S, 4))
+    q, k, v = (c * torch.randn(*sh, generator=g, dtype=torch.float64) for c, sh in zip((0.05, 0.05, 1.0), shapes))
+    dout = torch.randn(1, 2, L, 4, generator=g, dtype=torch.float64)
+    args = [t.numpy() for t in (q, k, v)]
+    want = [*ora.grads(*args, dout.numpy(), None, False, None, "entmax", alphas),
+            ora.dalpha(*args, dout.numpy(), alphas, None, False, None)]
+    leaves = [t.float().requires_grad_() for t in (q, k, v, torch.from_numpy(alphas))]
+    out = run("triton", *leaves[:3], map="entmax", alpha=leaves[3])
+    got = torch.autograd.grad(out, leaves, dout.float())
+    for name, g32, w, tol in zip("q k v α".split(), got, want, (1e-5, 4e-5, 4e-6, 1e-5)):
+        err = np.abs(g32.double().numpy() - w).max() / np.abs(w).max()
+        assert err < tol, f"d{name}: {err:.1e} of its largest entry"

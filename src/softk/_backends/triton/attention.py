@@ -17,13 +17,16 @@ with f the family's map (``fam``): 0 softmax (f = exp,
 λ = log Σ e^{z}), 1 sparsemax ([u]_+), 2 entmax15 ([u/2]_+²), 3 entmax
 with a per-head α ([(α−1)u]_+^{1/(α−1)}); out = Σ_j p_j v_j.
 
-For α-entmax the saved threshold is t = λ + 1/(α−1), and p_j =
-(1 + (α−1)(z_j − t))_+^{1/(α−1)} is formed through log1p
+For α-entmax below α = 1.125 the saved threshold is t = λ + 1/(α−1), and
+p_j = (1 + (α−1)(z_j − t))_+^{1/(α−1)} is formed through log1p
 (:func:`.attention_tiles._p_entmax`): λ is of size 1/(α−1), and its
 rounding would become a relative error of eps/(α−1) in every p, while t is
-O(log n).  Below α = 1.125 t is refined by Newton passes after the search
+O(log n); t is refined by Newton passes after the search
 (:func:`.attention_search._refine_t`), so p keeps float32's precision as
-α → 1; the blockwise backend does the same.
+α → 1, as the blockwise backend does.  From α = 1.125 the saved threshold is
+λ and p_j = ((α−1)(z_j − λ))_+^{1/(α−1)}: there t's rounding would be the one
+that cancels, in 1 + (α−1)(z_j − t) where p_j is small (wide supports near
+α = 2), and |λ| ≤ 1/(α−1) ≤ 8.
 
 The kernels shift before they scale: without a float mask and
 with scale > 0, the saved row reference m is the max of the raw q·k and

@@ -58,7 +58,7 @@ from .family_math import _d_from_p, _f
 @triton.jit
 def _p_d(z, lam, alpha, FAM: tl.constexpr):
     # p = f(z − λ) and d = f′ on a tile of z = s − m (0 where z = −inf);
-    # α-entmax reads its shifted threshold t = λ + 1/(α−1) (:mod:`.attention`)
+    # α-entmax reads its saved threshold (:func:`.attention_tiles._p_entmax`)
     if FAM == ENTMAX:
         p = tl.where(z > float("-inf"), _p_entmax(z, lam, alpha - 1.0), 0.0)
     else:

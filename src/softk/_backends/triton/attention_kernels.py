@@ -31,8 +31,8 @@ import triton.language as tl
 
 from .ids import ENTMAX, SOFTMAX, SPARSEMAX
 from .attention_gather import EPS, GROUP_KEYS, LEAN_ALPHA_MAX, LEAN_ALPHA_MIN, _buffer_lambda, _gather_pass, _t_bound
-from .attention_search import NEAR_ONE, _max_pass, _refine_t, _search
-from .attention_tiles import _any, _dot, _key_blocks, _load_2d, _p_entmax, _qk_tile, _shift
+from .attention_search import _max_pass, _refine_t, _search
+from .attention_tiles import NEAR_ONE, _any, _dot, _key_blocks, _load_2d, _p_entmax, _qk_tile, _shift
 from .family_math import _f
 
 
@@ -81,7 +81,7 @@ def _pv_pass(q, Kb, skn, skd, Vb, svn, svd, rows, L, S, E, EV, scale, softcap, M
                          SOFTCAP, BN, EP)
             z = _shift(t, m, scale, MASK_KIND)
             # f(−inf) = 0 for these maps: a key that takes no part needs no test
-            if FAM == ENTMAX:  # lam holds t = λ + 1/(α−1)
+            if FAM == ENTMAX:  # lam holds α-entmax's saved threshold
                 p = _p_entmax(z, lam, alpha - 1.0)
             else:
                 p = _f(z - lam, FAM, alpha - 1.0)
@@ -191,9 +191,10 @@ def attn_fwd_kernel(Q, K, V, MASK, ALPHA, OUT, M, LAM, TILES, LIVE, SZ, SI, STAT
                                                  NEWTON_CAP, MAXIT)
             lam = tl.where(todo, lams, lam)
         if FAM == ENTMAX:
-            # the shifted threshold t = λ + 1/(α−1), refined near α = 1
-            lam = lam + 1.0 / (alpha - 1.0)
+            # near α = 1 the saved threshold is t = λ + 1/(α−1), refined
+            # (:func:`.attention_tiles._p_entmax`); above, λ itself
             if alpha - 1.0 < NEAR_ONE:
+                lam = lam + 1.0 / (alpha - 1.0)
                 lam, more = _refine_t(q, Kb, skn, skd, rows, L, S, E, scale, softcap, Mb, smm, smn, nkb, FL, m, lam,
                                       active, alpha - 1.0, MASK_KIND, CAUSAL, SOFTCAP, SKIP, BM, BN, EP)
                 passes += more

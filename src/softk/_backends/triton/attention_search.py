@@ -41,11 +41,10 @@ import triton
 import triton.language as tl
 
 from .ids import ENTMAX, ENTMAX15, SPARSEMAX
-from .attention_tiles import _any, _p_entmax, _qk_tile, _shift
+from .attention_tiles import NEAR_ONE, _any, _p_entmax, _qk_tile, _shift
 from .family_math import _acc, _fin, _init, _red
 from .prelude import EPS
 
-NEAR_ONE = tl.constexpr(0.125)  # α − 1 below which t is refined (_refine_t)
 REFINE_MAX = tl.constexpr(6)  # Newton passes at most; two from the search's rounding in practice
 
 

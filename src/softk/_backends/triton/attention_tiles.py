@@ -140,16 +140,32 @@ def _qk_tile(q, Kb, skn, skd, start, rows, L, S, E, scale, softcap, Mb, smm, smn
                    CAUSAL, SOFTCAP)
 
 
+# α − 1 below which α-entmax's kernels save the shifted threshold t = λ + 1/(α−1)
+# (refined by :func:`.attention_search._refine_t`), at and above which λ itself
+NEAR_ONE = tl.constexpr(0.125)
+
+
 @triton.jit
-def _p_entmax(z, t, am1):
-    """α-entmax p from z = s − m and the row's shifted threshold t = λ + 1/(α−1)
-    (what the kernels store for α-entmax, :mod:`.attention`):
-    p = (1 + a(z − t))_+^{1/a}, a = α − 1, formed as exp(log1p(a(z − t))/a), so
-    that p keeps its relative precision as α → 1 (λ itself, of size 1/a, would
-    round every p by eps/a); NaN stays NaN, −inf gives 0."""
-    x = am1 * (z - t)
-    inside = x > -1.0
-    p = tl.exp(_log1p(tl.where(inside, x, 0.0)) / am1)
+def _p_entmax(z, th, am1):
+    """α-entmax p from z = s − m and the row's saved threshold θ (what the
+    kernels store for α-entmax, :mod:`.attention`), a = α − 1:
+
+    * a < ``NEAR_ONE``: θ = t = λ + 1/a and p = (1 + a(z − t))_+^{1/a},
+      formed as exp(log1p(a(z − t))/a), so that p keeps its relative
+      precision as α → 1 (λ itself, of size 1/a, would round every p by eps/a);
+    * a ≥ ``NEAR_ONE``: θ = λ and p = (a(z − λ))_+^{1/a}: here t would be the
+      one to round, by eps·(1/a), an error 1 + a(z − t) cancels into where p
+      is small (near α = 2 and on wide supports); z − λ rounds as
+      sparsemax's z − λ does, by eps·max(|z|, |λ|) with |λ| ≤ 1/a ≤ 8.
+
+    NaN stays NaN, z = −inf gives 0."""
+    x = am1 * (z - th)
+    if am1 < NEAR_ONE:
+        inside = x > -1.0
+        p = tl.exp(_log1p(tl.where(inside, x, 0.0)) / am1)
+    else:
+        inside = x > 0.0
+        p = tl.exp(tl.log(tl.where(inside, x, 1.0)) / am1)
     return tl.where(inside, p, tl.where(x != x, x, 0.0))
 
 
