@@ -45,7 +45,7 @@ from torch import Tensor
 from .._backends.blockwise.backward import RowRule
 from .._backends.blockwise.blocks import NEG_INF, Blocks
 from .._backends.blockwise.forward import (CAP, OnlineSoftmax, Search, newton_step, newton_terms, probs, refining,
-                                           solve)
+                                           saved_threshold, solve)
 from .._ops.distributed import all_reduce
 from ..threshold.attention_maps import ENTMAX_ID, SOFTMAX_ID
 from .cp_plan import Plan
@@ -160,8 +160,8 @@ def forward(plan: Plan, group, q, k, v, alpha):
     if _any(bool(search.dense.any()), dev, group):
         search.lam = _solve_dense(ring, rows, k, fam, a, search)
     m, lam = search.result()
-    if fam == ENTMAX_ID:  # the shifted threshold t = λ + 1/(α−1), refined near α = 1
-        lam = _refine(ring, rows, k, a, m, lam + 1 / (a - 1), group)  # type: ignore[operator]  # entmax: a is set
+    if fam == ENTMAX_ID:  # near α = 1 the shifted threshold t = λ + 1/(α−1), refined
+        lam = _refine(ring, rows, k, a, m, saved_threshold(lam, a - 1), group)  # type: ignore[operator]  # entmax: a is set
     acc = torch.zeros(*shape[:3], v.shape[-1], dtype=ct, device=dev)
     for src, (kb, vb) in ring.blocks(k, v):
         for j0, j1, s in rows.pieces(src, kb):

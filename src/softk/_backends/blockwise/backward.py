@@ -45,7 +45,7 @@ from ...threshold.entmax_alpha import p_gamma
 def _slope(fam: int, a, s: Tensor, m: Tensor, lam: Tensor, p: Tensor) -> Tensor:
     if fam == SOFTMAX_ID:
         return p
-    if fam == ENTMAX_ID:  # f′ = p^{2−α}, read off p (lam holds the shifted threshold)
+    if fam == ENTMAX_ID:  # f′ = p^{2−α}, read off p (lam holds the saved threshold)
         return torch.where(p > 0, torch.exp((2 - a) * torch.log(torch.where(p > 0, p, 1.0))), torch.where(p != p, p, 0.0))
     u = torch.where(s == NEG_INF, NEG_INF, (s - torch.where(m > NEG_INF, m, 0.0)) - lam)  # NaN stays NaN
     return family(fam, a).df(u)

@@ -30,9 +30,11 @@ buffering and is solved at the end on whole score rows, by the same
 solver, in chunks of at most max(BLOCK·R, S) scores.  Pass 2 recomputes
 each block of scores and accumulates f(s − m − lam)·V.
 
-For α-entmax (id 3) the saved threshold is t = lam + 1/(α−1) instead,
-refined near α = 1 (:func:`refine_t`), and p = (1 + (α−1)(z − t))_+^{1/(α−1)}
-is formed through log1p (:func:`entmax_p`).
+For α-entmax (id 3) with α − 1 < NEAR_ONE the saved threshold is
+t = lam + 1/(α−1) instead, refined (:func:`refine_t`), and
+p = (1 + (α−1)(z − t))_+^{1/(α−1)} is formed through log1p; from NEAR_ONE on
+it is lam, and p = ((α−1)(z − lam))_+^{1/(α−1)} (:func:`entmax_p`,
+:func:`saved_threshold`).
 
 A row with no key taking part gets m = −inf, lam = 0 and output 0; a row
 with one key gets p = 1 on it; a row with a NaN or +inf score is NaN.
@@ -90,8 +92,8 @@ def _chunk(blk: Blocks, fam: int, alpha, block: int, cap: int):
     else:
         a = blk.per_row(alpha) if alpha is not None and fam == 3 else None
         m, lam = _threshold(blk, fam, a, block, cap)
-        if fam == ENTMAX_ID:  # the shifted threshold t = λ + 1/(α−1), refined near α = 1
-            lam = refine_t(blk, a, m, lam + 1 / (a - 1), block)  # type: ignore[operator]  # entmax: a is α per row
+        if fam == ENTMAX_ID:  # near α = 1 the shifted threshold t = λ + 1/(α−1), refined
+            lam = refine_t(blk, a, m, saved_threshold(lam, a - 1), block)  # type: ignore[operator]  # entmax: a is α per row
         out = _output(blk, fam, a, m, lam, block)
     return blk.heads(out), blk.heads(m.squeeze(-1)), blk.heads(lam.squeeze(-1))
 
@@ -220,21 +222,44 @@ def _solve_dense(blk: Blocks, fam: int, a, dense: Tensor, m: Tensor, lam: Tensor
 
 def probs(fam: int, a, s: Tensor, m: Tensor, lam: Tensor) -> Tensor:
     """p = f(s − m − lam) on a block of scores (0 where s = −inf); for
-    α-entmax ``lam`` is the shifted threshold t (:func:`entmax_p`)."""
+    α-entmax ``lam`` is its saved threshold (:func:`entmax_p`)."""
     if fam == ENTMAX_ID:
         return entmax_p(s - torch.where(m > NEG_INF, m, 0.0), lam, a - 1)
     u = torch.where(s == NEG_INF, NEG_INF, (s - torch.where(m > NEG_INF, m, 0.0)) - lam)  # NaN stays NaN
     return torch.exp(u) if fam == SOFTMAX_ID else family(fam, a).f(u)
 
 
-def entmax_p(z: Tensor, t: Tensor, am1) -> Tensor:
-    """α-entmax p from z = s − m and the shifted threshold t = λ + 1/(α−1):
-    (1 + a(z − t))_+^{1/a}, a = α − 1, through log1p, so that p keeps its
-    relative precision as α → 1 (λ, of size 1/a, would round every p by
-    eps/a; t is O(log n)).  NaN stays NaN, z = −inf gives 0."""
-    x = am1 * (z - t)
-    inside = x > -1
-    p = torch.exp(torch.log1p(torch.where(inside, x, 0.0)) / am1)
+def saved_threshold(lam: Tensor, am1) -> Tensor:
+    """What α-entmax saves of a row's λ (a = α − 1, per row): the shifted
+    threshold t = λ + 1/a where a < NEAR_ONE, λ itself elsewhere
+    (:func:`entmax_p` says why)."""
+    return torch.where(torch.as_tensor(am1 < NEAR_ONE, device=lam.device), lam + 1 / am1, lam)
+
+
+def entmax_p(z: Tensor, th: Tensor, am1) -> Tensor:
+    """α-entmax p from z = s − m and the saved threshold θ (a = α − 1):
+
+    * a < NEAR_ONE: θ = t = λ + 1/a and p = (1 + a(z − t))_+^{1/a} through
+      log1p, so that p keeps its relative precision as α → 1 (λ, of size
+      1/a, would round every p by eps/a; t is O(log n));
+    * a ≥ NEAR_ONE: θ = λ and p = (a(z − λ))_+^{1/a}: there t's rounding,
+      eps/a, would be the one to cancel, in 1 + a(z − t) where p is small
+      (wide supports near α = 2), while z − λ rounds as sparsemax's does
+      (|λ| ≤ 1/a ≤ 1/NEAR_ONE).
+
+    NaN stays NaN, z = −inf gives 0."""
+    x = am1 * (z - th)
+    near = torch.as_tensor(am1 < NEAR_ONE, device=z.device)
+    if bool(near.all()):
+        inside = x > -1
+        p = torch.exp(torch.log1p(torch.where(inside, x, 0.0)) / am1)
+    elif not bool(near.any()):
+        inside = x > 0
+        p = torch.exp(torch.log(torch.where(inside, x, 1.0)) / am1)
+    else:  # heads on both sides
+        inside = x > torch.where(near, -1.0, 0.0)
+        lg = torch.where(near, torch.log1p(torch.where(inside, x, 0.0)), torch.log(torch.where(inside, x, 1.0)))
+        p = torch.exp(lg / am1)
     return torch.where(inside, p, torch.where(x != x, x, 0.0))
 
 

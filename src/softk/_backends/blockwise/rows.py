@@ -25,7 +25,7 @@ in float32 or float64 takes torch's fused kernel before this path
 query's rows, at most ROW_SCORES, where they are longer) beyond the inputs
 and outputs (CHUNK_MAX where a chunk of CHUNK scores would hold few queries);
 the saved statistics are, for α-entmax away from α = 1 where the rows have
-no native kernel, the row maximum m and the shifted threshold t
+no native kernel, the row maximum m and λ
 (:func:`reads_threshold`: the backward forms p from them, elementwise,
 instead of solving for it again), and otherwise m = lam = 0, which this
 path does not read (a pass over the scores for them would be wasted).
@@ -156,7 +156,7 @@ def _vjp(fams, p: Tensor, dp: Tensor, out: Tensor) -> Tensor:
 def attention_forward(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: bool, mask, fam: int, alpha,
                       softcap: float = 0.0):
     """(out (B, H, L, Ev) in q's dtype, m (B, H, L), lam (B, H, L)) in the compute dtype: the row
-    maximum and the shifted threshold where :func:`reads_threshold` holds, else 0 and 0."""
+    maximum and λ where :func:`reads_threshold` holds, else 0 and 0."""
     ct = compute_dtype(q.dtype)
     kc, vc = k.to(ct).contiguous(), v.to(ct).contiguous()  # the live keys' rows are gathered from flat views
     outs, ms, ts = [], [], []
@@ -168,7 +168,7 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: 
         p = _map(_families(fam, alpha, blk), s, _view(work_p, s.shape))
         outs.append(blk.heads(support.product(p, vc, fam != SOFTMAX_ID)))
         if closed:
-            m, t = _shifted_threshold(s, p, blk.per_row(alpha) - 1)
+            m, t = _threshold(s, p, blk.per_row(alpha) - 1)
             ms.append(blk.heads(m.squeeze(-1)))
             ts.append(blk.heads(t.squeeze(-1)))
     out = torch.cat(outs[::-1], 2)
@@ -180,12 +180,12 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: 
 
 
 def closed_form(fam: int, alpha) -> bool:
-    """Whether the backward forms α-entmax's p from the forward's (m, t)
+    """Whether the backward forms α-entmax's p from the forward's (m, λ)
     (:func:`_entmax_probs`) instead of mapping the rows again: α-entmax with
-    every α − 1 in [NEAR_ONE, 1], where t read off p holds p to its
-    precision.  Closer to 1 p is a steep power of t (the solvers refine t
-    there, :func:`softk._backends.blockwise.forward.refine_t`); the row
-    kernel maps the rows again."""
+    every α − 1 in [NEAR_ONE, 1], where λ read off p holds p to its
+    precision.  Closer to 1 p is a steep power of λ (the solvers refine the
+    shifted threshold there, :func:`softk._backends.blockwise.forward.refine_t`);
+    the row kernel maps the rows again."""
     if fam != ENTMAX_ID or alpha is None:
         return False
     am1 = alpha.detach().to(torch.float64) - 1
@@ -193,7 +193,7 @@ def closed_form(fam: int, alpha) -> bool:
 
 
 def reads_threshold(fam: int, alpha, scores: Tensor) -> bool:
-    """Whether the backward forms α-entmax's p from the forward's (m, t)
+    """Whether the backward forms α-entmax's p from the forward's (m, λ)
     (:func:`closed_form`) rather than mapping the rows again: where the
     closed form holds and scores of ``scores``' dtype and device have no
     native row kernel.  Where they have one it maps the rows again in less
@@ -206,24 +206,24 @@ def reads_threshold(fam: int, alpha, scores: Tensor) -> bool:
     return native_rows.serves(scores, entmax_family(float(alpha.reshape(-1)[0]))) is not None
 
 
-def _shifted_threshold(s: Tensor, p: Tensor, am1: Tensor):
-    """(m, t) per row (…, 1) of α-entmax's scores s and weights p (a = α − 1
-    per row): m the row maximum (0 on a row with no key) and t the shifted
-    threshold, p = (1 + a(s − m − t))_+^{1/a}.  The largest score has the
-    largest weight p_max = (1 − a t)^{1/a}, so t = −expm1(a log p_max)/a,
-    without cancellation when p_max is near 1."""
+def _threshold(s: Tensor, p: Tensor, am1: Tensor):
+    """(m, λ) per row (…, 1) of α-entmax's scores s and weights p (a = α − 1
+    per row, in [NEAR_ONE, 1]): m the row maximum (0 on a row with no key)
+    and λ, p = (a(s − m − λ))_+^{1/a}.  The largest score has the largest
+    weight p_max = (−aλ)^{1/a}, so λ = −p_max^a / a, to p_max's relative
+    precision."""
     m = s.amax(-1, keepdim=True)
     top = p.amax(-1, keepdim=True)
-    t = -torch.expm1(am1 * torch.log(top)) / am1
-    return torch.where(m > NEG_INF, m, 0.0), t
+    return torch.where(m > NEG_INF, m, 0.0), -torch.exp(am1 * torch.log(top)) / am1
 
 
-def _entmax_probs(s: Tensor, m: Tensor, t: Tensor, am1: Tensor) -> Tensor:
-    """p = (1 + a(s − m − t))_+^{1/a} from the forward's (m, t), formed in
-    place in s (its scores are not read again) through log1p, as
-    :func:`softk._backends.blockwise.forward.entmax_p` forms it; s = −inf
-    gives 0, NaN stays NaN."""
-    return s.sub_(m + t).mul_(am1).clamp_(min=-1.0).log1p_().div_(am1).exp_()
+def _entmax_probs(s: Tensor, m: Tensor, lam: Tensor, am1: Tensor) -> Tensor:
+    """p = (a(s − m − λ))_+^{1/a} from the forward's (m, λ), formed in place
+    in s (its scores are not read again), as
+    :func:`softk._backends.blockwise.forward.entmax_p` forms it from λ (m
+    and λ subtracted in turn: m + λ would round by an ulp of m, the same
+    shift for every p of the row); s = −inf gives 0, NaN stays NaN."""
+    return s.sub_(m).sub_(lam).mul_(am1).clamp_(min=0.0).log_().div_(am1).exp_()
 
 
 def _live_grads(live, fams, blk: Blocks, p: Tensor, do: Tensor, kc: Tensor, vc: Tensor, dk: Tensor, dv: Tensor,
