@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 from .ids import ENTMAX, ENTMAX15, SPARSEMAX
-from .attention_tiles import NEAR_ONE, _any, _p_entmax, _qk_tile, _shift
+from .attention_tiles import _any, _p_entmax, _qk_tile, _shift
 from .family_math import _acc, _fin, _init, _red
 from .prelude import EPS
 
