@@ -25,7 +25,7 @@ from ...threshold.families import EXP, SOFTMAX, SPARSE, Family, below_one
 from ...threshold.rows import compute_dtype, fill_rows, row_status, scaled_rows, shift_over_tau
 from ...threshold.entmax_anchor import entmax_probs, needs_anchor
 from ...threshold.fast_paths import solve_exp_pooled, solve_exp_topk, solve_on_candidates
-from ...threshold.solve import solve_probs
+from ...threshold.solve import settled_probs, solve_probs
 
 # Rows narrower than this go through the general solver: a partial sort saves
 # nothing there and the general path is the one the fast paths are checked against.
@@ -47,11 +47,12 @@ def _on_candidates(family: Family, z: Tensor, k: int):
         return fill_rows(z, entmax_probs(family.alpha, torch.where(active, z, 0.0), lam, active), active, broken)
     if idx is not None:
         # f(z − λ) = 0 off the candidates: write only the candidates.
-        vals = torch.where(valid, family.p(z.gather(-1, idx) - lam), 0.0)
+        vals, _ = settled_probs(family, z.gather(-1, idx) - lam, k, valid)
+        vals = torch.where(valid, vals, 0.0)
         p = torch.zeros_like(z).scatter_add_(-1, idx, vals)  # padding slots add 0
         return fill_rows(z, p, active, broken)
     zs = z if bool(active.all()) else torch.where(active, z, 0.0)
-    return fill_rows(z, family.p(zs - lam), active, broken)
+    return fill_rows(z, settled_probs(family, zs - lam, k)[0], active, broken)
 
 
 def _general(family: Family, z: Tensor, k) -> Tensor:
