@@ -144,6 +144,43 @@ def test_fully_masked_rows_give_zero_gradients(backend):
             assert (da == 0).all()
 
 
+@pytest.mark.parametrize("name,alpha", MAPS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_minus_inf_component_is_a_masked_key(name, alpha, causal):
+    # Key 2 has a −inf component where every query's is positive: its score is
+    # −inf for every query, its weight 0, as if masked; query 4 likewise has a
+    # −inf component where every key's is positive (score −inf everywhere, as
+    # if a fully masked row, −inf · −inf included).  The reference backend
+    # formed dq = dS·K with 0·inf = NaN on every row (and dk = dSᵀ·Q likewise);
+    # the oracle runs the finite inputs with those keys and queries masked.
+    # Tolerance: each entry is a float64 sum of at most S products, and the
+    # oracle's λ is bisected to adjacent floats, so both sides sit within a
+    # few S·2⁻⁵² of the largest entry; 4·S·2⁻⁵² of it is about 50 times the
+    # worst error seen (2.7e-15 on entries up to 8).  NaN fails any tolerance.
+    L, S = 13, 21
+    q, k, v = (t.detach() for t in leaves(L=L, S=S))
+    q[..., 0], k[..., 1] = q[..., 0].abs() + 0.1, k[..., 1].abs() + 0.1
+    qi, kj = q.clone(), k.clone()
+    qi[:, :, 4, 1] = float("-inf")
+    kj[:, :, 2, 0] = float("-inf")
+    mask = bool_mask(L, S, dead_rows=(7,))
+    a, a_np = alpha_of(alpha)
+    leaves_ = [t.requires_grad_() for t in (qi, kj, v)]
+    out = run("reference", *leaves_, attn_mask=mask, is_causal=causal, enable_gqa=True, map=name, alpha=a)
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(3), dtype=F64)
+    got = torch.autograd.grad(out, leaves_, dout)
+    dead = mask.clone()
+    dead[4], dead[:, 2] = False, False
+    args = (q.numpy(), k.numpy(), v.detach().numpy(), dout.numpy(), dead.numpy(), causal, None, name, a_np)
+    tol = 4 * S * np.finfo(np.float64).eps
+    want = ora.attention(*args[:3], *args[4:])[0]
+    close(out.detach(), want, atol=tol * np.abs(want).max(), rtol=0)
+    for which, g, want in zip("qkv", got, ora.grads(*args)):
+        assert torch.isfinite(g).all(), which
+        close(g, want, atol=tol * np.abs(want).max(), rtol=0)
+    assert (got[0][:, :, 4] == 0).all() and (got[1][:, :, 2] == 0).all() and (got[2][:, :, 2] == 0).all()
+
+
 # tolerances (out, dq, dk, dv; dα): float32 a tenth of the 1e-5 the range is
 # held to, and 2e-4 on dα (0.2 % is the bar); float64 about seven
 # times the largest error measured at the old ends (1e-13 and 2.3e-8).  The

@@ -22,11 +22,27 @@ from .checks import Call
 from ..threshold.attention_maps import ENTMAX_ID, family
 
 
+def products(q: Tensor, k: Tensor) -> Tensor:
+    """Q·Kᵀ, differentiated as if a query or key with a non-finite component
+    were not there.  Such a product is ±inf or NaN; where it is −inf the
+    weight is 0 and dS is 0, yet the backward of the plain product forms
+    dS·K and dSᵀ·Q, where 0·inf is NaN and spreads over the whole row of dq
+    (or dk).  The product of the rows with a non-finite component zeroed is
+    differentiated instead, and the entries it gets wrong are the plain
+    product's, detached: their derivative is 0 wherever the result is not
+    NaN anyway (a weight of 0, or a softcap's tanh flat at ±inf).  Every
+    other entry is the plain product exactly: an entry of a product depends
+    on its own row and column only."""
+    qf, kf = torch.isfinite(q).all(-1, keepdim=True), torch.isfinite(k).all(-1, keepdim=True)
+    s = torch.where(qf, q, 0) @ torch.where(kf, k, 0).transpose(-1, -2)
+    return torch.where(qf & kf.transpose(-1, -2), s, q.detach() @ k.detach().transpose(-1, -2))
+
+
 def scores(q: Tensor, k: Tensor, mask, scale: float, causal: bool, softcap=None) -> Tensor:
     """(B, H, L, S) scores in the compute dtype, −inf where a key does not take part
     (k already has one head per query head); ``softcap`` c caps the scaled
     products to c·tanh(·/c) before the mask."""
-    s = (q @ k.transpose(-1, -2)) * scale
+    s = products(q, k) * scale
     if softcap:
         s = softcap * torch.tanh(s / softcap)
     if mask is not None:
