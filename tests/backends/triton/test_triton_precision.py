@@ -25,6 +25,7 @@ import torch
 
 from softk._backends.triton.function import FAMILY_IDS, forward_rows
 
+from ...oracle import maps as oracle_maps
 from ...oracle import mp as oracle_mp
 from ...precision.test_precision_scale import _d_clip, _d_entmax, _d_exp, _d_lap, _d_relu, _d_sig, _tolerance
 
@@ -110,3 +111,31 @@ def test_precision_suite_on_the_kernels(map_id):
     for i, case_id in enumerate(CASES):
         for j, k in enumerate(MAPS[map_id][5]):
             check_map(map_id, case_id, k, ("onchip", "loop4")[(i + j + len(map_id)) % 2])
+
+
+# Rows of the standard normal at τ = 1e-3, one past the lean forward's width
+# (the looped kernel), and k where each has an entry just under the kink
+# (exact p of 1 − 8e-7 and 1 − 9e-7 at k = 5 and 16, 1 − 2e-7 at k = 2).
+WIDE_EXP_ROWS = ((13, 5), (0, 16), (1, 2))
+
+
+@pytest.mark.parametrize("row, k", WIDE_EXP_ROWS, ids=[f"row{r}-k{k}" for r, k in WIDE_EXP_ROWS])
+def test_exp_entries_just_under_the_kink_on_wide_rows(row, k):
+    # The search's iterates come from above; one from a point 38 frame units
+    # away (the probe) rounds by ulp(38)/2 = 2e-6, and landed below such an
+    # entry, which read as saturated: λ was kept there (it "passed the root"),
+    # the entry written 1 or 1 − 2⁻²⁴ (errors 2e-7 to 9e-7, the torch path's
+    # 8e-8).  Error model: p = e^u, u formed next to λ (in the frame of λ, to
+    # its rounding), so |δp| ≤ p·(eps/2 for exp and the store + a few eps·(|u| + 1)
+    # for u): 4·eps·p·(1 + |u|), about three times the largest error seen on
+    # 512 such rows and 8 values of k; float32's smallest normal below that
+    # (p underflows there).  And an entry below 1 in float32 is not written 1.
+    x = np.random.default_rng(0).normal(size=(64, 8193)).astype(np.float32)[row]
+    tau = 1e-3
+    p = forward_rows(torch.from_numpy(x.copy())[None], FAMILY_IDS["exp"], k, tau)[0].double().numpy()
+    ref = oracle_maps.soft_topk(x.astype(np.float64), k, tau=tau, method="exp")
+    u = np.log(np.maximum(ref, 1e-300))  # u ≤ 0 below the kink, 0 on the saturated entries
+    tol = 4 * EPS * ref * (1 + np.abs(u)) + np.finfo(np.float32).tiny
+    bad = ~(np.abs(p - ref) <= tol)
+    assert not bad.any(), f"p={p[bad]} ref={ref[bad]} tol={tol[bad]}"
+    assert (p[ref.astype(np.float32) < 1] < 1).all()

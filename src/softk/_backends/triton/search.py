@@ -25,7 +25,7 @@ import triton.language as tl
 
 from .ids import ENTMAX, ENTMAX15, EXP, LAPLACE, SIGMOID, SPARSE, SPARSEMAX
 from .passes import _search_pass
-from .prelude import _lam_tol
+from .prelude import EPS, _lam_tol
 
 
 @triton.jit
@@ -110,7 +110,8 @@ def _proposal(c, t, X, qc, qt, Q, qv, lo, hi, hlo, hhi, mid,
               FAM: tl.constexpr, PROBE: tl.constexpr, BIG: tl.constexpr):
     """The Newton proposal from λ, (pxc, pxt) and whether it lies in the
     bracket, okX; and the best next point (bc, bt) with the counts of the
-    piece it came from and whether it is usable, bok."""
+    piece it came from, whether it is usable, bok, and the length of the
+    step that gave it, bd."""
     pxc, pxt = _two_sum(c, t + X[1])
     pxr = pxc + pxt
     okX = (tl.abs(X[1]) < float("inf")) & (pxr >= lo) & (pxr <= hi)
@@ -119,6 +120,7 @@ def _proposal(c, t, X, qc, qt, Q, qv, lo, hi, hlo, hhi, mid,
     bs1 = X[2]
     bs2 = X[3]
     bok = okX
+    bd = tl.abs(X[1])
     if BIG:
         # The Newton step, unless it is a small part of the bracket (entries
         # just inside the support make −g' huge there): then false
@@ -142,7 +144,8 @@ def _proposal(c, t, X, qc, qt, Q, qv, lo, hi, hlo, hhi, mid,
         bs1 = tl.where(useQ, Q[2], bs1)
         bs2 = tl.where(useQ, Q[3], bs2)
         bok = okX | useQ
-    return pxc, pxt, okX, bc, bt, bs1, bs2, bok
+        bd = tl.where(useQ, tl.abs(Q[1]), bd)
+    return pxc, pxt, okX, bc, bt, bs1, bs2, bok, bd
 
 
 @triton.jit
@@ -240,8 +243,8 @@ def _find_lambda(xr, rmask, xrow, n, ref, inv_tau, zmax, zmin, m, lz, active, k,
         lo, hi, hlo_, hhi_, side = _tighten(lo, hi, hlo_, hhi_, side, lamX, X, qc, qt, Q, qv, PROBE, BIG)
         mid = 0.5 * (lo + hi)
         # Newton proposals (from λ and from the probe); the best one
-        pxc, pxt, okX, bc, bt, bs1, bs2, bok = _proposal(c, t, X, qc, qt, Q, qv, lo, hi, hlo_, hhi_, mid,
-                                                         FAM, PROBE, BIG)
+        pxc, pxt, okX, bc, bt, bs1, bs2, bok, bd = _proposal(c, t, X, qc, qt, Q, qv, lo, hi, hlo_, hhi_, mid,
+                                                             FAM, PROBE, BIG)
         # ---- stopping rules, most specific first; (fc, ft) is the answer
         stop, fc, ft = _exact_stop(c, t, X, qc, qt, Q, qv, pxc, pxt, okX, newt, ps1, ps2, cc, ct, cntC, pcnt, k,
                                    FAM, PROBE)
@@ -257,6 +260,24 @@ def _find_lambda(xr, rmask, xrow, n, ref, inv_tau, zmax, zmin, m, lz, active, k,
             pcnt = tl.where((tl.abs(X[4]) < float("inf")), X[2], -1.0)
         nc = tl.where(go, bc, mid)
         nt = tl.where(go, bt, 0.0)
+        if FAM == EXP:
+            # Exp's Newton iterates come from above, and one that reaches or
+            # passes the root is taken as the root (above): a pass by its
+            # rounding, λ's own for a step next to λ.  A longer step rounds
+            # by ulps of its length (from the probe 38 frame units away,
+            # 2e-6), and where an entry lies that close under the root the
+            # iterate lands below it, which then reads as saturated (p = 1
+            # for 1 − 8e-7) while the row looks solved.  Such an iterate is
+            # moved up by its rounding (and by that of the lse's terms, up
+            # to log m): above the root, on the piece it was solved on, so
+            # that the next pass takes the exact rule above with a step
+            # next to λ.  λ's resolution bounds the rounding of shorter steps.
+            nr = nc + nt
+            lift = go & (bd > tl.abs(nr) + 1.0)
+            lc, lt = _two_sum(nc, nt + 8.0 * EPS * (bd + 2.0 * tl.log(m) + 1.0))
+            lift = lift & ((lc + lt) < hi)
+            nc = tl.where(lift, lc, nc)
+            nt = tl.where(lift, lt, nt)
         if PROBE:
             qc, qt, qv = _next_probe(nc, nt, lo, hi, mid, go, FAM)
         newt = tl.where(go, 1, 0)
