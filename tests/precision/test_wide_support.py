@@ -37,3 +37,22 @@ def test_sum_is_one_on_a_wide_support_far_below_the_max(name, n):
     np.testing.assert_allclose(p.sum(-1), np.ones(6), rtol=0, atol=16 * EPS32)
     ref = oracle._apply(lambda r: oracle._row_map(f, r - r.max(), 1), x.double().numpy(), -1)
     np.testing.assert_allclose(p, ref, rtol=16 * EPS32, atol=4 * EPS32 * 0.5)
+
+
+def test_settled_capped_entries_stay_at_most_one():
+    # The settle step moves every entry inside (0, 1) up by −δ where Σf < k;
+    # one a few ulps under the cap went past it (1 + 2⁻²³ on budget_sparsemax).
+    import softk
+    from softk.threshold.families import SPARSE
+    from softk.threshold.solve import settled_probs
+
+    u = torch.tensor([[0.99999994, 0.5, 0.25]])
+    p, _ = settled_probs(SPARSE, u, 1.75 + 1e-6)
+    assert (p <= 1).all()
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(200, 100, generator=g) * 2.5 - 1.5
+    x[:, :25] = 1 - torch.rand(200, 25, generator=g) * 1e-6
+    x[:, 25] = 1.7
+    k = torch.clamp(x.double(), 0, 1).sum(-1, keepdim=True)
+    with softk.use_backend("torch"):
+        assert (softk.budget_sparsemax(x, k.float()) <= 1).all()

@@ -259,7 +259,8 @@ def settled_probs(family: Family, u: Tensor, k, valid: Tensor | None = None):
         return family.p(u - step), step
     # f(u − δ) to first order: δ is a few ulps of λ, so the next term,
     # δ²f″/2, is below p's own rounding, and f is not evaluated again
-    return torch.clamp(f - step * df, min=0.0), step
+    # (a capped f stays at most 1: an entry just under the cap moves up by the step)
+    return torch.clamp(f - step * df, min=0.0, max=1.0 if family.capped else None), step
 
 
 def solve_lambda(family: Family, z: Tensor, k: int, active: Tensor, lower=None) -> Tensor:
