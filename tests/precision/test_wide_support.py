@@ -56,3 +56,21 @@ def test_settled_capped_entries_stay_at_most_one():
     k = torch.clamp(x.double(), 0, 1).sum(-1, keepdim=True)
     with softk.use_backend("torch"):
         assert (softk.budget_sparsemax(x, k.float()) <= 1).all()
+
+
+@pytest.mark.parametrize("n,top,inside", [(4000, 1500, 2), (20000, 9000, 3), (3000, 1000, 5)])
+def test_a_large_budget_with_few_entries_inside(n, top, inside):
+    # ~k entries at the cap and a handful strictly inside (0, 1).  Without a
+    # step p was off by 1e-6 to 1.1e-4 here; with a step on the residual
+    # Σf − k summed in float32 (rounded to an ulp of k, 1e-3 at 9000) over
+    # the few inside entries, by 1e-5; the entries at the cap are counted
+    # instead, and p is within two ulps of 1
+    rng = np.random.default_rng(n)
+    x = np.concatenate([3 + rng.uniform(0, 1, top), rng.uniform(0.1, 0.9, inside),
+                        -3 - rng.uniform(0, 1, n - top - inside)])
+    x = rng.permutation(x).astype(np.float32)
+    k = float(np.float32(top + np.float64(x[(x > 0) & (x < 1)]).sum()))  # λ = 0, k a float32
+    ref = oracle.soft_topk(x.astype(np.float64)[None], k, method="sparse")
+    with softk.use_backend("torch"):
+        p = softk.budget_sparsemax(torch.from_numpy(x)[None], k).double().numpy()
+    np.testing.assert_allclose(p, ref, rtol=0, atol=2 * EPS32)

@@ -252,7 +252,14 @@ def settled_probs(family: Family, u: Tensor, k, valid: Tensor | None = None):
     if valid is not None:
         f, df = torch.where(valid, f, 0.0), torch.where(valid, df, 0.0)
     slope = df.sum(-1, keepdim=True)
-    r = f.sum(-1, keepdim=True) - k
+    if family.capped:
+        # the entries at the cap add 1 each: counted, not summed, so that r
+        # is not rounded to an ulp of k (large budgets), which the step would
+        # then spread over the few entries inside (0, 1)
+        top = f >= 1
+        r = torch.where(top, 0.0, f).sum(-1, keepdim=True) - (k - top.sum(-1, keepdim=True).to(f.dtype))
+    else:
+        r = f.sum(-1, keepdim=True) - k
     ok = (slope > 0) & torch.isfinite(r) & torch.isfinite(slope)
     step = torch.where(ok, r / torch.where(ok, slope, 1.0), 0.0)
     if family.written is not None:
