@@ -121,6 +121,22 @@ static inline int64_t gather_block_avx512(const float *z, int64_t i0, float m, f
 }
 #define gather_block_avx2 gather_block_avx512
 
+/* gather_block_avx512 without the indices, for entmax α's forward, which
+ * puts p back by place_block_avx512's compares and needs no index: the
+ * index half of the gather (its compress and its store, which with c at any
+ * offset splits across two cache lines) cost as much as the rest of it. */
+static inline int64_t gather_vals_avx512(const float *z, float m, float lam, float *val, int64_t c)
+{
+    __m512 vm = _mm512_set1_ps(m), vl = _mm512_set1_ps(lam);
+    for (int g = 0; g < 32; g += 16) {
+        __m512 v;
+        __mmask16 mask = taken16_avx512(z + g, vm, vl, &v);
+        _mm512_storeu_ps(val + c, _mm512_maskz_compress_ps(mask, v));
+        c += __builtin_popcount((unsigned)mask);
+    }
+    return c;
+}
+
 /* The inverse of gather_block_avx512, for write_zero_below: the block's 32
  * entries of p written whole, the candidates' p (pv[j], pv[j + 1], ... in
  * the gather's order) at the entries the gather took (the same compare, so

@@ -74,7 +74,7 @@ int FN(softk_forward)(int fam, const T *z, T *p, int64_t rows, int64_t n, double
             int64_t c;
             int have_p;
             FN(gathered) from;
-            T lam = FN(solve_zero_below)(fam, zr, bm, m, n, k, &pa, val, idx, &c, &have_p, &iters, &from);
+            T lam = FN(solve_zero_below)(fam, zr, bm, m, n, k, &pa, val, idx, &c, &have_p, &iters, &from, 0);
             FN(write_zero_below)(fam, pr, n, lam, alpha, val, idx, c, have_p ? val + n + PAD : NULL, &from);
         }
         worst = iters > worst ? iters : worst;

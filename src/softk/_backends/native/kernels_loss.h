@@ -161,7 +161,7 @@ static T FN(fy_row)(int fam, const T *zr, int64_t n, T k, T alpha, const FN(zb_p
         int have_p;
         FN(gathered) from;
         FN(zb_params) pk = FN(zb_params_with_k)(*pa, fam, k); /* k may differ by row */
-        lam = FN(solve_zero_below)(fam, zr, bm, m, n, k, &pk, val, idx, &c, &have_p, &iters, &from);
+        lam = FN(solve_zero_below)(fam, zr, bm, m, n, k, &pk, val, idx, &c, &have_p, &iters, &from, 1);
         FN(write_zero_below)(fam, pr, n, lam, alpha, val, idx, c, have_p ? val + n + PAD : NULL, &from); /* val[j] = p of candidate j */
         for (int64_t j = 0; j < c; j++) acc += FN(F)(fam, (zr[idx[j]] - m) - lam, val[j], alpha);
         sparse = yr == NULL;

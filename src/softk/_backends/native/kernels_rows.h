@@ -584,6 +584,7 @@ typedef struct {
     int64_t blocks;
     int reframed; /* sparsemax, entmax15: val holds z − b, and t is λ in that frame (reframe) */
     T t;
+    int indexed; /* idx holds the candidates' indices (else place_candidates re-finds them) */
 } FN(gathered);
 
 /* Sparsemax and entmax15 on a wide support far below the max: λ − max is
@@ -628,9 +629,13 @@ static void FN(reframe)(int fam, T lam, T k, T *val, cidx_t *idx, int64_t *nval,
  * val has 2 (n + PAD) slots, idx n + PAD.  For entmax α, *have_p = 1 says
  * that val[n + PAD + j] already holds candidate j's p (the solver's last
  * round computes it; write_zero_below then takes it).  *from says where
- * the candidates came from. */
+ * the candidates came from.  need_idx = 0 (entmax α only, whose solve
+ * neither reads nor reorders idx) lets float rows with AVX-512 skip the
+ * candidates' indices in the gather: place_candidates then finds them again
+ * by the gather's compares. */
 static T FN(solve_zero_below)(int fam, const T *z, const T *bm, T m, int64_t n, T k, const FN(zb_params) *pa,
-                              T *val, cidx_t *idx, int64_t *nval, int *have_p, int64_t *iters, FN(gathered) *from)
+                              T *val, cidx_t *idx, int64_t *nval, int *have_p, int64_t *iters, FN(gathered) *from,
+                              int need_idx)
 {
     T *pw = val + n + PAD;
     int dummy;
@@ -659,6 +664,7 @@ static T FN(solve_zero_below)(int fam, const T *z, const T *bm, T m, int64_t n, 
     from->m = m;
     from->lam = lam;
     from->blocks = 0;
+    from->indexed = !(PLACE_AVX512 && fam == 3 && !need_idx);
     for (int64_t b = 0; b < nb; b++) {
         if (!(bm[b] - m > lam)) continue;
         from->blocks++;
@@ -671,6 +677,12 @@ static T FN(solve_zero_below)(int fam, const T *z, const T *bm, T m, int64_t n, 
              * candidate, not per entry: where most blocks hold a few
              * candidates (wide supports), a compaction over every entry
              * cost more than the solve. */
+#if PLACE_AVX512
+            if (!from->indexed) {
+                c = gather_vals_avx512(z + i0, m, lam, val, c);
+                continue;
+            }
+#endif
 #if GATHER_AVX2
             c = gather_block_avx2(z + i0, i0, m, lam, val, idx, c);
             continue;
@@ -767,18 +779,20 @@ static void FN(entmax_near_softmax)(T lam, T am1, T *val, int64_t c, T *pw)
 /* The candidates' p, val[0..c), into the row p, 0 elsewhere: the row
  * zeroed, then each candidate's p stored at its index, or, where the
  * candidates are many (PLACE_DENSE a block taken on average: entmax α with
- * α well below 2), the blocks the gather took written whole by the inverse
- * of its AVX-512 gather (place_block_avx512), which costs less than that
- * many single stores.  Only entmax α keeps its candidates in the gather's
- * order (its solve does not compact them), and only float rows with
- * AVX-512 gather that way. */
+ * α well below 2) or the gather kept no indices (from->indexed = 0), the
+ * blocks the gather took written whole by the inverse of its AVX-512
+ * gather (place_block_avx512), which costs less than that many single
+ * stores; the row is then zeroed first only where the gather skipped a
+ * block.  Only entmax α keeps its candidates in the gather's order (its
+ * solve does not compact them), and only float rows with AVX-512 gather
+ * that way. */
 #define PLACE_DENSE 8
 static void FN(place_candidates)(int fam, T *p, int64_t n, const T *val, const cidx_t *idx, int64_t c,
                                  const FN(gathered) *from)
 {
-    memset(p, 0, (size_t)n * sizeof(T));
 #if PLACE_AVX512
-    if (fam == 3 && c >= PLACE_DENSE * from->blocks) {
+    if (fam == 3 && (c >= PLACE_DENSE * from->blocks || !from->indexed)) {
+        if (from->blocks < (n + BLK - 1) / BLK) memset(p, 0, (size_t)n * sizeof(T));
         const T *z = from->z;
         T m = from->m, lam = from->lam;
         int64_t j = 0;
@@ -799,12 +813,16 @@ static void FN(place_candidates)(int fam, T *p, int64_t n, const T *val, const c
 #else
     (void)from;
 #endif
+    memset(p, 0, (size_t)n * sizeof(T));
     for (int64_t j = 0; j < c; j++) p[idx[j]] = val[j];
 }
 
 /* f(v − λ) on the candidates, written into the row (place_candidates); val[j]
- * becomes p of candidate j.  pw: entmax α's p from the solver
- * (solve_zero_below's *have_p), or NULL. */
+ * becomes p of candidate j, except where entmax α's p come from the solver
+ * and the gather kept no indices (the forward, which reads only the row:
+ * p is placed from pw itself).  pw: entmax α's p from the solver
+ * (solve_zero_below's *have_p), or NULL; it has PAD slots past c, as
+ * place_block_avx512 reads. */
 static void FN(write_zero_below)(int fam, T *p, int64_t n, T lam, T alpha, T *val, const cidx_t *idx, int64_t c,
                                  const T *pw, const FN(gathered) *from)
 {
@@ -812,6 +830,9 @@ static void FN(write_zero_below)(int fam, T *p, int64_t n, T lam, T alpha, T *va
     if (from->reframed) lam = from->t; /* val holds z − b (reframe) */
     if (fam == 3 && q > 8) {
         FN(entmax_near_softmax)(lam, am1, val, c, val + n + PAD);
+    } else if (fam == 3 && pw && !from->indexed) {
+        FN(place_candidates)(fam, p, n, pw, idx, c, from);
+        return;
     } else if (fam == 3 && pw) {
         for (int64_t j = 0; j < c; j++) val[j] = pw[j];
     } else {
