@@ -169,3 +169,35 @@ def test_double_rows_of_equal_entries_are_uniform(alpha):
     p = native.forward(entmax_family(alpha), x, 1)
     want = np.stack([np.full(n, 1 / n), np.where(np.arange(n) % 2 == 1, 2 / n, 0.0)])
     np.testing.assert_allclose(p.numpy(), want, rtol=32 * EPS64, atol=0)
+
+
+def _mixed_rows(rng, n):
+    """Rows whose solves take different numbers of rounds and stages, in an
+    order that puts each kind beside the others: N(0, 1), peaked (× 100),
+    nearly flat (× 0.01), a large offset, −inf masks, one dominant entry
+    over many tiny ones, fully masked, NaN, and a row of one finite entry."""
+    inf = np.inf
+    rows = [rng.normal(size=n), rng.normal(size=n) * 100, rng.normal(size=n) * 0.01, rng.normal(size=n) + 1e5,
+            np.where(rng.random(n) < 0.5, -inf, rng.normal(size=n)), np.r_[30.0, rng.normal(size=n - 1) * 1e-3],
+            np.full(n, -inf), np.r_[np.nan, rng.normal(size=n - 1)], np.r_[2.0, np.full(n - 1, -inf)]]
+    return np.stack([rows[i] for i in rng.permutation(len(rows))])
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("alpha", [1.001, 1.15, 1.3, 1.5, 1.7, 2.0])
+def test_rows_solved_together_give_each_row_its_own_answer(rng, dtype, alpha):
+    """The row kernel (rows over 256 entries) solves several rows at once,
+    their rounds in turn: every batch size, each row's kind beside every
+    other, must give each row exactly (bit for bit) what it gets alone, and
+    that within the oracle's tolerance."""
+    fam = entmax_family(alpha)
+    for n in (257, 1024, 1029):
+        x = torch.tensor(_mixed_rows(rng, n), dtype=dtype)
+        alone = torch.cat([native.forward(fam, x[i : i + 1], 1) for i in range(len(x))])
+        bits = torch.int64 if dtype == torch.float64 else torch.int32
+        for size in range(1, len(x) + 1):
+            got = torch.cat([native.forward(fam, x[r : r + size], 1) for r in range(0, len(x), size)])
+            assert torch.equal(got.view(bits), alone.view(bits)), (n, size)
+        ok = ~torch.isnan(x).any(-1)
+        ref = _reference(x[ok].double().numpy(), alpha)
+        np.testing.assert_allclose(alone[ok].double().numpy(), ref, rtol=0, atol=_tol(dtype, alpha))

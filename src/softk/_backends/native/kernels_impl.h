@@ -14,6 +14,86 @@
 #include "kernels_exp.h"
 #include "kernels_narrow.h"
 
+/* The rounds of live α solves, in turn: every live row's sums, then every
+ * live row's step, until all are done. */
+static void FN(alpha_rounds)(FN(alpha_state) *st, int live, const FN(zb_params) *pa)
+{
+    for (int busy = live > 0; busy;) {
+        for (int i = 0; i < live; i++)
+            if (!st[i].done) FN(alpha_sums)(&st[i], pa);
+        busy = 0;
+        for (int i = 0; i < live; i++)
+            if (!st[i].done) {
+                FN(alpha_next)(&st[i], pa);
+                busy |= !st[i].done;
+            }
+    }
+}
+
+/* Entmax α's rows (of the row solve) ALPHA_ROWS at a time: their scans,
+ * the rounds of their bounds on the block maxima in turn (alpha_rounds),
+ * their gathers, the rounds of their solves in turn, then their writes.
+ * Each round ends in a serial chain (the sums' reductions, a scalar step
+ * and the checks around it) that the row's next round waits on; with the
+ * other rows' rounds in between, the core works through their vector loops
+ * meanwhile.  Each row's λ and p are those gather_zero_below,
+ * solve_zero_below and write_zero_below give it alone.  val, idx and bm
+ * hold ALPHA_ROWS rows' scratch (softk_forward's sizes, that many times).  Returns the
+ * most rounds a row took. */
+/* rows solved together: three hid a little more of the serial chains than two
+ * on N(0, 1) rows of 1024, four no more */
+#define ALPHA_ROWS 3
+static int64_t FN(entmax_alpha_rows)(const T *z, T *p, int64_t rows, int64_t n, double kd, T alpha,
+                                     const FN(zb_params) *pa, T *val, cidx_t *idx, T *bm)
+{
+    T k = (T)kd;
+    int64_t nb = (n + BLK - 1) / BLK, worst = 0, r = 0;
+    while (r < rows) {
+        FN(alpha_state) st[ALPHA_ROWS];
+        FN(gathered) from[ALPHA_ROWS];
+        int64_t row[ALPHA_ROWS], iters[ALPHA_ROWS];
+        T m[ALPHA_ROWS];
+        int live = 0;
+        for (; r < rows && live < ALPHA_ROWS; r++) {
+            const T *zr = z + r * n;
+            T *v = val + live * 2 * (n + PAD);
+            int64_t count;
+            int bad;
+            m[live] = FN(row_scan_blocks)(zr, n, bm + live * nb, &count, &bad);
+            if (bad || (double)count <= kd) {
+                FN(fill_conventions)(zr, p + r * n, n, bad);
+                continue;
+            }
+            iters[live] = 0;
+            /* a lone block: the family's bound (gather_zero_below) */
+            int64_t c = nb > 1 ? FN(block_maxima)(bm + live * nb, m[live], nb, pa->lam0, v, idx + live * (n + PAD)) : 0;
+            FN(alpha_begin)(&st[live], pa->lam0, k, pa, 0, v, v + n + PAD, c);
+            st[live].done = nb <= 1;
+            row[live++] = r;
+        }
+        FN(alpha_rounds)(st, live, pa);
+        for (int i = 0; i < live; i++) {
+            T lam = pa->lam0;
+            if (nb > 1) {
+                iters[i] += st[i].it + 1;
+                lam = FN(bound_below)(st[i].lam, lam);
+            }
+            T *v = val + i * 2 * (n + PAD);
+            int64_t c = FN(gather_blocks)(3, z + row[i] * n, bm + i * nb, m[i], n, lam, v, idx + i * (n + PAD),
+                                          &from[i], 0);
+            FN(alpha_begin)(&st[i], lam, k, pa, 1, v, v + n + PAD, c);
+        }
+        FN(alpha_rounds)(st, live, pa);
+        for (int i = 0; i < live; i++) {
+            iters[i] += st[i].it + 1;
+            FN(write_zero_below)(3, p + row[i] * n, n, st[i].lam, alpha, st[i].val, idx + i * (n + PAD), st[i].c,
+                                 st[i].have_p ? st[i].pw : NULL, &from[i]);
+            worst = iters[i] > worst ? iters[i] : worst;
+        }
+    }
+    return worst;
+}
+
 /* ---------------------------------------------------------------------------
  * Forward over rows [0, rows).  scratch: values (2 (n + PAD) slots, see solve_zero_below), indices and block maxima per call.
  * Returns 0, −1 when scratch memory could not be allocated, or −3 for rows
@@ -39,9 +119,10 @@ int FN(softk_forward)(int fam, const T *z, T *p, int64_t rows, int64_t n, double
     T *bm = NULL;
     if (fam >= 1 && fam <= 3) {
         if (n > CIDX_MAX) return -3;
-        val = (T *)malloc((size_t)(2 * (n + PAD)) * sizeof(T)); /* see solve_zero_below */
-        idx = (cidx_t *)malloc((size_t)(n + PAD) * sizeof(cidx_t));
-        bm = (T *)malloc((size_t)((n + BLK - 1) / BLK) * sizeof(T));
+        size_t sets = fam == 3 ? ALPHA_ROWS : 1; /* entmax α: ALPHA_ROWS rows' (entmax_alpha_rows) */
+        val = (T *)malloc(sets * (size_t)(2 * (n + PAD)) * sizeof(T)); /* see solve_zero_below */
+        idx = (cidx_t *)malloc(sets * (size_t)(n + PAD) * sizeof(cidx_t));
+        bm = (T *)malloc(sets * (size_t)((n + BLK - 1) / BLK) * sizeof(T));
         if (!val || !idx || !bm) {
             free(val);
             free(idx);
@@ -50,6 +131,10 @@ int FN(softk_forward)(int fam, const T *z, T *p, int64_t rows, int64_t n, double
         }
     }
     int64_t worst = 0;
+    if (fam == 3) {
+        worst = FN(entmax_alpha_rows)(z, p, rows, n, kd, alpha, &pa, val, idx, bm);
+        rows = 0;
+    }
     for (int64_t r = 0; r < rows; r++) {
         const T *zr = z + r * n;
         T *pr = p + r * n;

@@ -375,6 +375,182 @@ static inline T FN(h_newton_step)(T G, T S, T k, T am1, T q, T kq)
     return q * G * e / ((1 + e) * S);
 }
 
+/* One row's solve_entmax_alpha as a state, so that the rounds of several rows
+ * can alternate (entmax_alpha_rows): alpha_begin, then alpha_sums and
+ * alpha_next in turn until done.  The fields are solve_entmax_alpha's
+ * locals. */
+typedef struct {
+    T lam, lo, k, G, S, R;
+    double prev; /* the previous round's step */
+    T *val, *pw;
+    int64_t c, cp, it;
+    int final, halley, rough, r, have_p, done;
+} FN(alpha_state);
+
+static inline void FN(alpha_begin)(FN(alpha_state) *s, T lam, T k, const FN(zb_params) *pa, int final, T *val, T *pw,
+                                   int64_t c)
+{
+    s->lam = s->lo = lam;
+    s->k = k;
+    s->prev = 0;
+    s->val = val;
+    s->pw = pw;
+    s->c = c;
+    s->it = 0;
+    s->final = final;
+    s->halley = final && pa->q >= 2;
+    s->rough = s->halley && ROUGH_FIRST && pa->q <= 8 && c > 2 * PAD;
+    s->have_p = 0;
+    s->done = 0;
+    /* Whole vectors only: a scalar call in the loop's remainder costs as much
+     * as a vector one, so pad with −inf (w < 0, masked); val has PAD spare
+     * slots. */
+    s->cp = (c + PAD - 1) / PAD * PAD;
+    for (int64_t j = c; j < s->cp; j++) val[j] = -INFINITY;
+}
+
+/* A round's sums at s->lam: G = Σw^q, S = Σw^{q−1} = −dG/dλ (a·q = 1), R =
+ * Σw^{q−2} (Halley only), w = (α−1)(v − λ) > 0 */
+static inline void FN(alpha_sums)(FN(alpha_state) *s, const FN(zb_params) *pa)
+{
+    T G = 0, S = 0, R = 0, am1 = pa->am1, q = pa->q;
+    s->r = s->rough && s->it == 0; /* the rough round */
+    if (s->r)
+        FN(entmax_sums3_rough)(s->val, s->cp, s->lam, am1, q, &G, &S, &R);
+    else if (s->halley)
+        FN(entmax_sums3)(s->val, s->cp, s->lam, am1, q, s->pw, &G, &S, &R);
+    else
+        FN(entmax_sums)(s->val, s->cp, s->lam, am1, q, s->pw, &G, &S);
+    s->G = G;
+    s->S = S;
+    s->R = R;
+}
+
+/* The rest of the round from its sums: the next λ, or done (s->done). */
+static inline __attribute__((always_inline)) void FN(alpha_next)(FN(alpha_state) *s, const FN(zb_params) *pa)
+{
+    const T rtol = 4 * EPS;
+    T am1 = pa->am1, q = pa->q, kq = pa->kq, k = s->k;
+    volatile T one_v = 1; /* opaque: see entmax_sums */
+    T one = one_v;
+    T rough_rel = (T)(4 * ROUGH_REL(q - 2)); /* w^{q−2} is the power taken */
+    T lam = s->lam, lo = s->lo, G = s->G, S = s->S, R = s->R, *val = s->val, *pw = s->pw;
+    double prev = s->prev;
+    int64_t c = s->c, cp = s->cp, it = s->it;
+    int final = s->final, halley = s->halley, r = s->r;
+    if (r && !(G > k * (1 + rough_rel))) goto more; /* near the root: the exact rounds from here */
+    double tol = rtol * (1 + fabs((double)lam));
+    T step = FN(h_newton_step)(G, S, k, am1, q, kq);
+    if (!(G > k)) {
+        /* At the root, or past it.  Newton's iterates stay at or
+         * below it (h is convex), so there G ≤ k is rounding and pw
+         * holds p.  A Halley step may overshoot: within a sixteenth of
+         * tol (as the prediction below) that is rounding too; further,
+         * Newton from the right lands left of the root (convexity
+         * again), or at the last lower bound where its step is not
+         * finite, and Newton alone goes on.  Newton's own iterates
+         * land past it too, by the rounding of G and of the step: on
+         * a near-constant row by hundreds of ulps of p.  A step back
+         * that power_shifted writes exactly is written (below);
+         * a longer one is taken, as after Halley. */
+        if (!(G > 0 && S > 0) && lam > lo) {
+            /* past every candidate: a Halley step can land beyond the
+             * row's top (q just above 2, where R ≈ the candidates'
+             * count nearly doubles Newton's step); no step back is
+             * defined there, so back to the last lower bound, and
+             * Newton from it */
+            lam = lo;
+            halley = 0;
+            prev = 0;
+            goto more;
+        }
+        /* Newton's step back from the right lands short of the root
+         * by about |h''/(2h')| step² (R is this round's only after a
+         * Halley step, whose overshoot is a step's size; Newton's own
+         * overshoot is rounding's, and its step back is exact to
+         * rounding) */
+        double back_err = halley ? fabs((double)((1 - am1) * (S / G - R / S))) / 2 * (double)step * step : 0;
+        int near = 16 * (double)step >= -tol || (-step <= (double)kq * pa->dmax1 && 16 * back_err <= tol);
+        if (!(G > 0 && S > 0) || (final ? near : !halley || 16 * (double)step >= -tol)) {
+            if (final && G > 0 && S > 0 && step < 0 && -step <= (double)kq * pa->dmax1) {
+                /* Past the root by the rounding of G and of the step
+                 * that came here, which on a near-constant row is
+                 * hundreds of ulps of p: p at λ + step (< 0) from this
+                 * round's w^q, as the last round below writes it */
+                lam = FN(shift_powers)(val, pw, cp, lam, step, am1, q, one);
+            }
+            s->have_p = 1;
+            goto done;
+        }
+        T back = lam + step;
+        lam = back >= lo ? back : lo;
+        halley = 0;
+        prev = 0;
+        goto more;
+    }
+    lo = lam;
+    int order = 2;
+    if (halley) {
+        /* Halley: step / (1 + step h''/(2h')), h''/h' = (1 − a)(S/G − R/S) ≤ 0
+         * (Cauchy–Schwarz); far from the root, where that would more
+         * than double Newton's step, Newton's */
+        T den = 1 + step * (1 - am1) * (S / G - R / S) / 2;
+        if (den > (T)0.5) {
+            step /= den;
+            order = 3;
+        }
+    }
+    T next = lam + step;
+    if (r) {
+        next -= rough_rel * (G / S + 2 * step);
+        lam = next > lam ? next : lam;
+        prev = step;
+        goto more;
+    }
+    if (!(next > lam)) {
+        s->have_p = 1;
+        goto done;
+    }
+    if (!final && it + 1 >= (c > STAGE0_WIDE ? 2 : 1)) { /* a lower bound wants λ alone */
+        lam = next;
+        goto done;
+    }
+    /* The error after this step is about C step^order, and C about
+     * step / prev^order (the last two steps): where 16 times that
+     * prediction is below tol, next is already λ to rounding, so
+     * the round that would confirm it is skipped, provided the
+     * write below stays exact at this step (zb_params). */
+    double sd = step, pred = order == 3 ? sd * sd * sd * sd : sd * sd * sd;
+    double prevo = order == 3 ? prev * prev * prev : prev * prev;
+    int last = step <= tol || (prev > 0 && 16 * pred <= tol * prevo && step <= (double)kq * pa->dmax1);
+    prev = step;
+    if (last && !final) {
+        lam = next;
+        goto done;
+    }
+    if (last) {
+        /* The last round: p at next = lam + step from this round's
+         * w^q to third order (power_shifted), so the final write needs
+         * no pow.  Where t ≥ 1 (v ≤ next) p is 0.  Entries at or below
+         * next stay among the candidates, with p = 0. */
+        lam = FN(shift_powers)(val, pw, cp, lam, step, am1, q, one);
+        s->have_p = 1;
+        goto done;
+    }
+    lam = next;
+more:
+    s->done = ++it >= 2 * c + 100;
+    goto out;
+done:
+    s->done = 1;
+out:
+    s->lam = lam;
+    s->lo = lo;
+    s->prev = prev;
+    s->it = it;
+    s->halley = halley;
+}
+
 /* entmax α: on h = g^{1/q} − k^{1/q}, q = 1/(α−1) ≥ 1 (convex, nearly
  * linear), Newton's step, or Halley's in the row's own solve (final = 1)
  * where q ≥ 2, until the step is below 4 EPS (1 + |λ|) or predicted to
@@ -401,135 +577,15 @@ static inline T FN(h_newton_step)(T G, T S, T k, T am1, T q, T kq)
 static T FN(solve_entmax_alpha)(T lam, T k, const FN(zb_params) *pa, int final, T *val, T *pw, int64_t c,
                                 int *have_p, int64_t *itp)
 {
-    const T rtol = 4 * EPS;
-    *have_p = 0;
-    T am1 = pa->am1, q = pa->q, kq = pa->kq;
-    volatile T one_v = 1; /* opaque: see entmax_sums */
-    T one = one_v;
-    double prev = 0; /* the previous round's step */
-    T lo = lam;      /* the last λ known to lie at or below the root */
-    int halley = final && q >= 2;
-    int rough = halley && ROUGH_FIRST && q <= 8 && c > 2 * PAD;
-    T rough_rel = (T)(4 * ROUGH_REL(q - 2)); /* w^{q−2} is the power taken */
-    /* Whole vectors only: a scalar call in the loop's remainder costs as much
-     * as a vector one, so pad with −inf (w < 0, masked); val has PAD spare
-     * slots. */
-    int64_t cp = (c + PAD - 1) / PAD * PAD, it = 0;
-    for (int64_t j = c; j < cp; j++) val[j] = -INFINITY;
-    for (; it < 2 * c + 100; it++) {
-        /* G = Σw^q, S = Σw^{q−1} = −dG/dλ (a·q = 1), R = Σw^{q−2}
-         * (Halley only), w = (α−1)(v − λ) > 0 */
-        T G = 0, S = 0, R = 0;
-        int r = rough && it == 0; /* the rough round */
-        if (r)
-            FN(entmax_sums3_rough)(val, cp, lam, am1, q, &G, &S, &R);
-        else if (halley)
-            FN(entmax_sums3)(val, cp, lam, am1, q, pw, &G, &S, &R);
-        else
-            FN(entmax_sums)(val, cp, lam, am1, q, pw, &G, &S);
-        if (r && !(G > k * (1 + rough_rel))) continue; /* near the root: the exact rounds from here */
-        double tol = rtol * (1 + fabs((double)lam));
-        T step = FN(h_newton_step)(G, S, k, am1, q, kq);
-        if (!(G > k)) {
-            /* At the root, or past it.  Newton's iterates stay at or
-             * below it (h is convex), so there G ≤ k is rounding and pw
-             * holds p.  A Halley step may overshoot: within a sixteenth of
-             * tol (as the prediction below) that is rounding too; further,
-             * Newton from the right lands left of the root (convexity
-             * again), or at the last lower bound where its step is not
-             * finite, and Newton alone goes on.  Newton's own iterates
-             * land past it too, by the rounding of G and of the step: on
-             * a near-constant row by hundreds of ulps of p.  A step back
-             * that power_shifted writes exactly is written (below);
-             * a longer one is taken, as after Halley. */
-            if (!(G > 0 && S > 0) && lam > lo) {
-                /* past every candidate: a Halley step can land beyond the
-                 * row's top (q just above 2, where R ≈ the candidates'
-                 * count nearly doubles Newton's step); no step back is
-                 * defined there, so back to the last lower bound, and
-                 * Newton from it */
-                lam = lo;
-                halley = 0;
-                prev = 0;
-                continue;
-            }
-            /* Newton's step back from the right lands short of the root
-             * by about |h''/(2h')| step² (R is this round's only after a
-             * Halley step, whose overshoot is a step's size; Newton's own
-             * overshoot is rounding's, and its step back is exact to
-             * rounding) */
-            double back_err = halley ? fabs((double)((1 - am1) * (S / G - R / S))) / 2 * (double)step * step : 0;
-            int near = 16 * (double)step >= -tol || (-step <= (double)kq * pa->dmax1 && 16 * back_err <= tol);
-            if (!(G > 0 && S > 0) || (final ? near : !halley || 16 * (double)step >= -tol)) {
-                if (final && G > 0 && S > 0 && step < 0 && -step <= (double)kq * pa->dmax1) {
-                    /* Past the root by the rounding of G and of the step
-                     * that came here, which on a near-constant row is
-                     * hundreds of ulps of p: p at λ + step (< 0) from this
-                     * round's w^q, as the last round below writes it */
-                    lam = FN(shift_powers)(val, pw, cp, lam, step, am1, q, one);
-                }
-                *have_p = 1;
-                break;
-            }
-            T back = lam + step;
-            lam = back >= lo ? back : lo;
-            halley = 0;
-            prev = 0;
-            continue;
-        }
-        lo = lam;
-        int order = 2;
-        if (halley) {
-            /* Halley: step / (1 + step h''/(2h')), h''/h' = (1 − a)(S/G − R/S) ≤ 0
-             * (Cauchy–Schwarz); far from the root, where that would more
-             * than double Newton's step, Newton's */
-            T den = 1 + step * (1 - am1) * (S / G - R / S) / 2;
-            if (den > (T)0.5) {
-                step /= den;
-                order = 3;
-            }
-        }
-        T next = lam + step;
-        if (r) {
-            next -= rough_rel * (G / S + 2 * step);
-            lam = next > lam ? next : lam;
-            prev = step;
-            continue;
-        }
-        if (!(next > lam)) {
-            *have_p = 1;
-            break;
-        }
-        if (!final && it + 1 >= (c > STAGE0_WIDE ? 2 : 1)) { /* a lower bound wants λ alone */
-            lam = next;
-            break;
-        }
-        /* The error after this step is about C step^order, and C about
-         * step / prev^order (the last two steps): where 16 times that
-         * prediction is below tol, next is already λ to rounding, so
-         * the round that would confirm it is skipped, provided the
-         * write below stays exact at this step (zb_params). */
-        double sd = step, pred = order == 3 ? sd * sd * sd * sd : sd * sd * sd;
-        double prevo = order == 3 ? prev * prev * prev : prev * prev;
-        int last = step <= tol || (prev > 0 && 16 * pred <= tol * prevo && step <= (double)kq * pa->dmax1);
-        prev = step;
-        if (last && !final) {
-            lam = next;
-            break;
-        }
-        if (last) {
-            /* The last round: p at next = lam + step from this round's
-             * w^q to third order (power_shifted), so the final write needs
-             * no pow.  Where t ≥ 1 (v ≤ next) p is 0.  Entries at or below
-             * next stay among the candidates, with p = 0. */
-            lam = FN(shift_powers)(val, pw, cp, lam, step, am1, q, one);
-            *have_p = 1;
-            break;
-        }
-        lam = next;
+    FN(alpha_state) s;
+    FN(alpha_begin)(&s, lam, k, pa, final, val, pw, c);
+    while (!s.done) {
+        FN(alpha_sums)(&s, pa);
+        FN(alpha_next)(&s, pa);
     }
-    *itp += it + 1;
-    return lam;
+    *have_p = s.have_p;
+    *itp += s.it + 1;
+    return s.lam;
 }
 
 /* λ on the candidates (val, idx)[0..c): the row's own (final = 1), or a lower
@@ -654,33 +710,38 @@ static void FN(reframe)(int fam, T lam, T k, T *val, cidx_t *idx, int64_t *nval,
  * the candidates came from.  need_idx = 0 (entmax α only, whose solve
  * neither reads nor reorders idx) lets float rows with AVX-512 skip the
  * candidates' indices in the gather: place_candidates then finds them again
- * by the gather's compares. */
-static T FN(solve_zero_below)(int fam, const T *z, const T *bm, T m, int64_t n, T k, const FN(zb_params) *pa,
-                              T *val, cidx_t *idx, int64_t *nval, int *have_p, int64_t *iters, FN(gathered) *from,
-                              int need_idx)
+ * by the gather's compares.  gather_zero_below is the bound and the gather
+ * (it returns the bound and sets *ncand); solve_zero_below adds the solve. */
+/* Step 1's subset: the block maxima above lam (the family's bound), as v =
+ * bm − m in val (their block in idx); returns how many. */
+static inline int64_t FN(block_maxima)(const T *bm, T m, int64_t nb, T lam, T *val, cidx_t *idx)
 {
-    T *pw = val + n + PAD;
-    int dummy;
-    T lam = pa->lam0;
-    int64_t nb = (n + BLK - 1) / BLK, c = 0, c2;
-    if (nb > 1) {
-        for (int64_t b = 0; b < nb; b++) {
-            T v = bm[b] - m;
-            val[c] = v;
-            idx[c] = (cidx_t)b;
-            c += v > lam;
-        }
-        /* the solves stop early here (STAGE0_ROUNDS, STAGE0_WIDE):
-         * every iterate from the left is a lower bound, and the last digits
-         * of the subset's λ barely change which entries pass it, while each
-         * round costs a pass over the blocks (a power per block for entmax
-         * α) */
-        T sub = FN(solve_candidates)(fam, lam, k, pa, 0, val, idx, pw, c, &c2, &dummy, iters);
-        /* keep a few ulps below the subset's λ: it is exact only up to rounding */
-        sub -= 16 * EPS * (1 + fabs((double)sub));
-        lam = sub > lam ? sub : lam;
-        c = 0;
+    int64_t c = 0;
+    for (int64_t b = 0; b < nb; b++) {
+        T v = bm[b] - m;
+        val[c] = v;
+        idx[c] = (cidx_t)b;
+        c += v > lam;
     }
+    return c;
+}
+
+/* The gather's bound from the subset's λ, sub: a few ulps below it (it is
+ * exact only up to rounding), and never below the family's bound lam. */
+static inline T FN(bound_below)(T sub, T lam)
+{
+    sub -= 16 * EPS * (1 + fabs((double)sub));
+    return sub > lam ? sub : lam;
+}
+
+/* Step 2: the candidates of the blocks whose maximum is above lam, into
+ * (val, idx) from 0; returns how many, and says in *from where they came
+ * from. */
+static inline __attribute__((always_inline)) int64_t FN(gather_blocks)(int fam, const T *z, const T *bm, T m,
+                                                                       int64_t n, T lam, T *val, cidx_t *idx,
+                                                                       FN(gathered) *from, int need_idx)
+{
+    int64_t nb = (n + BLK - 1) / BLK, c = 0;
     from->z = z;
     from->bm = bm;
     from->m = m;
@@ -728,7 +789,40 @@ static T FN(solve_zero_below)(int fam, const T *z, const T *bm, T m, int64_t n, 
         }
     }
     from->reframed = 0;
-    lam = FN(solve_candidates)(fam, lam, k, pa, 1, val, idx, pw, c, nval, have_p, iters);
+    return c;
+}
+
+static inline __attribute__((always_inline)) T FN(gather_zero_below)(int fam, const T *z, const T *bm, T m,
+                                                                     int64_t n, T k, const FN(zb_params) *pa,
+                                                                     T *val, cidx_t *idx, int64_t *ncand,
+                                                                     int64_t *iters, FN(gathered) *from,
+                                                                     int need_idx)
+{
+    int dummy;
+    T lam = pa->lam0;
+    int64_t nb = (n + BLK - 1) / BLK, c2;
+    if (nb > 1) {
+        int64_t c = FN(block_maxima)(bm, m, nb, lam, val, idx);
+        /* the solves stop early here (STAGE0_ROUNDS, STAGE0_WIDE):
+         * every iterate from the left is a lower bound, and the last digits
+         * of the subset's λ barely change which entries pass it, while each
+         * round costs a pass over the blocks (a power per block for entmax
+         * α) */
+        T sub = FN(solve_candidates)(fam, lam, k, pa, 0, val, idx, val + n + PAD, c, &c2, &dummy, iters);
+        lam = FN(bound_below)(sub, lam);
+    }
+    *ncand = FN(gather_blocks)(fam, z, bm, m, n, lam, val, idx, from, need_idx);
+    return lam;
+}
+
+static inline __attribute__((always_inline)) T FN(solve_zero_below)(int fam, const T *z, const T *bm, T m, int64_t n,
+                                                                    T k, const FN(zb_params) *pa,
+                              T *val, cidx_t *idx, int64_t *nval, int *have_p, int64_t *iters, FN(gathered) *from,
+                              int need_idx)
+{
+    int64_t c;
+    T lam = FN(gather_zero_below)(fam, z, bm, m, n, k, pa, val, idx, &c, iters, from, need_idx);
+    lam = FN(solve_candidates)(fam, lam, k, pa, 1, val, idx, val + n + PAD, c, nval, have_p, iters);
     FN(reframe)(fam, lam, k, val, idx, nval, iters, from);
     return lam;
 }
