@@ -125,6 +125,18 @@ static inline int64_t gather_block_avx512(const float *z, int64_t i0, float m, f
  * puts p back by place_block_avx512's compares and needs no index: the
  * index half of the gather (its compress and its store, which with c at any
  * offset splits across two cache lines) cost as much as the rest of it. */
+/* The set lanes of a compare's mask, counted in 64 bits: GCC counts an
+ * __mmask16 with a 16-bit popcnt into the low word of the register that
+ * held the running count, which merges with it and puts the count on the
+ * loop's carried chain (a few cycles a group, in loops of one group's work
+ * each). */
+static inline int64_t popcount16(__mmask16 mask)
+{
+    uint64_t m = _cvtmask16_u32(mask);
+    __asm__("" : "+r"(m)); /* opaque: else GCC narrows the count to 16 bits again */
+    return __builtin_popcountll(m);
+}
+
 static inline int64_t gather_vals_avx512(const float *z, float m, float lam, float *val, int64_t c)
 {
     __m512 vm = _mm512_set1_ps(m), vl = _mm512_set1_ps(lam);
@@ -132,7 +144,7 @@ static inline int64_t gather_vals_avx512(const float *z, float m, float lam, flo
         __m512 v;
         __mmask16 mask = taken16_avx512(z + g, vm, vl, &v);
         _mm512_storeu_ps(val + c, _mm512_maskz_compress_ps(mask, v));
-        c += __builtin_popcount((unsigned)mask);
+        c += popcount16(mask);
     }
     return c;
 }
