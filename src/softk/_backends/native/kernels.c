@@ -137,16 +137,33 @@ static inline int64_t popcount16(__mmask16 mask)
     return __builtin_popcountll(m);
 }
 
-static inline int64_t gather_vals_avx512(const float *z, float m, float lam, float *val, int64_t c)
+static inline int64_t gather_vals_avx512(const float *z, float m, float lam, float *val, int64_t c,
+                                         uint32_t *taken)
 {
     __m512 vm = _mm512_set1_ps(m), vl = _mm512_set1_ps(lam);
+    uint32_t both = 0;
     for (int g = 0; g < 32; g += 16) {
         __m512 v;
         __mmask16 mask = taken16_avx512(z + g, vm, vl, &v);
         _mm512_storeu_ps(val + c, _mm512_maskz_compress_ps(mask, v));
         c += popcount16(mask);
+        both |= (uint32_t)_cvtmask16_u32(mask) << g;
     }
+    *taken = both;
     return c;
+}
+
+/* place_block_avx512 from the masks gather_vals_avx512 kept (taken: the
+ * block's 32 compares), without the row's entries: the same entries, as
+ * they are the same compares. */
+static inline int64_t place_taken_avx512(uint32_t taken, const float *pv, float *p, int64_t j)
+{
+    for (int g = 0; g < 32; g += 16) {
+        __mmask16 mask = _cvtu32_mask16((taken >> g) & 0xffff);
+        _mm512_storeu_ps(p + g, _mm512_maskz_expand_ps(mask, _mm512_loadu_ps(pv + j)));
+        j += popcount16(mask);
+    }
+    return j;
 }
 
 /* The inverse of gather_block_avx512, for write_zero_below: the block's 32

@@ -761,8 +761,8 @@ static inline __attribute__((always_inline)) int64_t FN(gather_blocks)(int fam, 
              * candidates (wide supports), a compaction over every entry
              * cost more than the solve. */
 #if PLACE_AVX512
-            if (!from->indexed) {
-                c = gather_vals_avx512(z + i0, m, lam, val, c);
+            if (!from->indexed) { /* idx keeps each block's compares instead (place_candidates) */
+                c = gather_vals_avx512(z + i0, m, lam, val, c, (uint32_t *)idx + b);
                 continue;
             }
 #endif
@@ -784,7 +784,7 @@ static inline __attribute__((always_inline)) int64_t FN(gather_blocks)(int fam, 
         for (int64_t i = i0; i < end; i++) {
             T v = z[i] - m;
             val[c] = v;
-            idx[c] = (cidx_t)i;
+            if (from->indexed) idx[c] = (cidx_t)i;
             c += v > lam;
         }
     }
@@ -915,7 +915,10 @@ static void FN(place_candidates)(int fam, T *p, int64_t n, const T *val, const c
         for (int64_t i0 = 0; i0 < n; i0 += BLK) {
             if (!(from->bm[i0 / BLK] - m > lam)) continue;
             if (i0 + BLK <= n) {
-                j = place_block_avx512(z + i0, m, lam, val, p + i0, j);
+                if (!from->indexed)
+                    j = place_taken_avx512(((const uint32_t *)idx)[i0 / BLK], val, p + i0, j);
+                else
+                    j = place_block_avx512(z + i0, m, lam, val, p + i0, j);
                 continue;
             }
             for (int64_t i = i0; i < n; i++) { /* the gather's partial block */
