@@ -43,6 +43,11 @@ static void FN(alpha_rounds)(FN(alpha_state) *st, int live, const FN(zb_params) 
 /* rows solved together: three hid a little more of the serial chains than two
  * on N(0, 1) rows of 1024, four no more */
 #define ALPHA_ROWS 3
+/* Rows up to this wide gather values alone (gather_zero_below's need_idx =
+ * 0): wider rows' candidates are few a block over many blocks, where
+ * putting p back block by block cost more than the indices saved, so they
+ * keep them */
+#define ALPHA_VALS_MAX 4096
 static int64_t FN(entmax_alpha_rows)(const T *z, T *p, int64_t rows, int64_t n, double kd, T alpha,
                                      const FN(zb_params) *pa, T *val, cidx_t *idx, T *bm)
 {
@@ -80,7 +85,7 @@ static int64_t FN(entmax_alpha_rows)(const T *z, T *p, int64_t rows, int64_t n, 
             }
             T *v = val + i * 2 * (n + PAD);
             int64_t c = FN(gather_blocks)(3, z + row[i] * n, bm + i * nb, m[i], n, lam, v, idx + i * (n + PAD),
-                                          &from[i], 0);
+                                          &from[i], n > ALPHA_VALS_MAX);
             FN(alpha_begin)(&st[i], lam, k, pa, 1, v, v + n + PAD, c);
         }
         FN(alpha_rounds)(st, live, pa);
