@@ -121,10 +121,6 @@ static inline int64_t gather_block_avx512(const float *z, int64_t i0, float m, f
 }
 #define gather_block_avx2 gather_block_avx512
 
-/* gather_block_avx512 without the indices, for entmax α's forward, which
- * puts p back by place_block_avx512's compares and needs no index: the
- * index half of the gather (its compress and its store, which with c at any
- * offset splits across two cache lines) cost as much as the rest of it. */
 /* The set lanes of a compare's mask, counted in 64 bits: GCC counts an
  * __mmask16 with a 16-bit popcnt into the low word of the register that
  * held the running count, which merges with it and puts the count on the
@@ -137,6 +133,11 @@ static inline int64_t popcount16(__mmask16 mask)
     return __builtin_popcountll(m);
 }
 
+/* gather_block_avx512 without the indices, for entmax α's forward, which
+ * needs none: the index half of the gather (its compress and its store,
+ * which with c at any offset splits across two cache lines) cost as much
+ * as the rest of it.  *taken gets the block's 32 compares, by which
+ * place_taken_avx512 puts p back. */
 static inline int64_t gather_vals_avx512(const float *z, float m, float lam, float *val, int64_t c,
                                          uint32_t *taken)
 {

@@ -710,7 +710,7 @@ static void FN(reframe)(int fam, T lam, T k, T *val, cidx_t *idx, int64_t *nval,
  * the candidates came from.  need_idx = 0 (entmax α only, whose solve
  * neither reads nor reorders idx) lets float rows with AVX-512 skip the
  * candidates' indices in the gather: place_candidates then finds them again
- * by the gather's compares.  gather_zero_below is the bound and the gather
+ * by the compares the gather keeps in idx instead.  gather_zero_below is the bound and the gather
  * (it returns the bound and sets *ncand); solve_zero_below adds the solve. */
 /* Step 1's subset: the block maxima above lam (the family's bound), as v =
  * bm − m in val (their block in idx); returns how many. */
@@ -897,9 +897,10 @@ static void FN(entmax_near_softmax)(T lam, T am1, T *val, int64_t c, T *pw)
  * candidates are many (PLACE_DENSE a block taken on average: entmax α with
  * α well below 2) or the gather kept no indices (from->indexed = 0), the
  * blocks the gather took written whole by the inverse of its AVX-512
- * gather (place_block_avx512), which costs less than that many single
- * stores; the row is then zeroed first only where the gather skipped a
- * block.  Only entmax α keeps its candidates in the gather's order (its
+ * gather (place_block_avx512, or place_taken_avx512 from the compares
+ * the gather kept where it kept no indices), which costs less than that
+ * many single stores; the row is then zeroed first only where the gather
+ * skipped a block.  Only entmax α keeps its candidates in the gather's order (its
  * solve does not compact them), and only float rows with AVX-512 gather
  * that way. */
 #define PLACE_DENSE 8
