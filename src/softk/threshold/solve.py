@@ -234,6 +234,9 @@ def solve_probs(family: Family, z: Tensor, k: int, active: Tensor, lower=None):
     return p, lam + step + ref
 
 
+SETTLE_ULPS = 8  # Σp − k, in ulps of k, past which a row takes settled_probs' step
+
+
 def settled_probs(family: Family, u: Tensor, k, valid: Tensor | None = None):
     """(p, δ): p = f(u − δ) from u = z − λ, with δ one Newton step on
     Σ f(u − δ) = k for the families with f = 0 below 0 (δ = 0 for the others).
@@ -244,23 +247,35 @@ def settled_probs(family: Family, u: Tensor, k, valid: Tensor | None = None):
     n·eps·|λ| (4.4e-4 at 8192 entries in float32).  The entries near the
     support hold u exactly (u = z − λ with z near λ), so Σ f(u) − k is that
     rounding's effect to the precision of the sum, and one step removes it.
-    ``valid`` (optional) marks the entries of u that are real (a candidate
+    Rows whose Σp is k to ``SETTLE_ULPS`` ulps take none, and when no row
+    needs one, f′ is not evaluated.  ``valid`` (optional) marks the entries of u that are real (a candidate
     list's padding is not)."""
+    none = torch.zeros_like(u[..., :1])
     if not family.zero_below:
-        return family.p(u), torch.zeros_like(u[..., :1])
-    f, df = family.f(u), family.df(u)
+        return family.p(u), none
+    f = family.f(u)
     if valid is not None:
-        f, df = torch.where(valid, f, 0.0), torch.where(valid, df, 0.0)
-    slope = df.sum(-1, keepdim=True)
+        f = torch.where(valid, f, 0.0)
     if family.capped:
         # the entries at the cap add 1 each: counted, not summed, so that r
         # is not rounded to an ulp of k (large budgets), which the step would
-        # then spread over the few entries inside (0, 1)
+        # then spread over the few entries inside (0, 1); k − count is exact
         top = f >= 1
-        r = torch.where(top, 0.0, f).sum(-1, keepdim=True) - (k - top.sum(-1, keepdim=True).to(f.dtype))
+        rest = k - top.sum(-1, keepdim=True).to(f.dtype)
+        r = torch.where(top, 0.0, f).sum(-1, keepdim=True) - rest
     else:
-        r = f.sum(-1, keepdim=True) - k
-    ok = (slope > 0) & torch.isfinite(r) & torch.isfinite(slope)
+        rest = torch.as_tensor(k, dtype=f.dtype)
+        r = f.sum(-1, keepdim=True) - rest
+    # rows whose Σp is k to a few ulps already (most rows: λ's rounding
+    # reaches few entries) take no step, and when none needs one, no pass
+    off = torch.isfinite(r) & (r.abs() > SETTLE_ULPS * torch.finfo(f.dtype).eps * torch.clamp(rest.abs(), min=1.0))
+    if not bool(off.any()):
+        return (f if family.written is None else family.p(u)), none
+    df = family.df(u)
+    if valid is not None:
+        df = torch.where(valid, df, 0.0)
+    slope = df.sum(-1, keepdim=True)
+    ok = off & (slope > 0) & torch.isfinite(slope)
     step = torch.where(ok, r / torch.where(ok, slope, 1.0), 0.0)
     if family.written is not None:
         return family.p(u - step), step
