@@ -106,10 +106,11 @@ def _heads(h: int, hkv: int, hv: int, gqa: bool) -> None:
 
 
 # α-entmax attention is exact to the compute dtype's precision on (1, hi]:
-# * near 1 both the blockwise and the Triton backends carry each row's shifted
-#   threshold t = λ + 1/(α−1), which is O(log n), form p through log1p, and
-#   the α-gradient in a form whose terms do not cancel
-#   (softk.threshold.entmax_alpha), so α → 1 costs no precision;
+# * near 1 (α < 1.125) both the blockwise and the Triton backends carry each
+#   row's shifted threshold t = λ + 1/(α−1), which is O(log n), form p
+#   through log1p, and the α-gradient in a form whose terms do not cancel
+#   (softk.threshold.entmax_alpha), so α → 1 costs no precision; from 1.125
+#   on they carry λ, whose z − λ does not cancel near α = 2;
 # * above 2 the map is not Lipschitz at the edge of the support: p_j grows
 #   like u^(1/(α−1)) and the Jacobian's p_j^(2−α) is unbounded as p_j → 0,
 #   so the rounding of the scores q·k themselves moves p and the gradients

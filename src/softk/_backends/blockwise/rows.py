@@ -197,10 +197,10 @@ def reads_threshold(fam: int, alpha, scores: Tensor) -> bool:
     (:func:`closed_form`) rather than mapping the rows again: where the
     closed form holds and scores of ``scores``' dtype and device have no
     native row kernel.  Where they have one it maps the rows again in less
-    time than the closed form takes (a log1p and an exp per score, where the
+    time than the closed form takes (a log and an exp per score, where the
     kernel raises to a power only the few candidates near the top of a row),
     gives the forward's p to the bit, and spares the forward the pass that
-    finds (m, t)."""
+    finds (m, λ)."""
     if not closed_form(fam, alpha):
         return False
     return native_rows.serves(scores, entmax_family(float(alpha.reshape(-1)[0]))) is not None
