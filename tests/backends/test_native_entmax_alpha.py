@@ -201,3 +201,22 @@ def test_rows_solved_together_give_each_row_its_own_answer(rng, dtype, alpha):
         ok = ~torch.isnan(x).any(-1)
         ref = _reference(x[ok].double().numpy(), alpha)
         np.testing.assert_allclose(alone[ok].double().numpy(), ref, rtol=0, atol=_tol(dtype, alpha))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("alpha", [1.9, 1.99, 1.999])
+def test_rows_of_equal_entries_near_two_sum_to_one(dtype, alpha):
+    # every entry in the support with p = 1/n: |λ| and each v − λ are about
+    # n^(1−α) (3e-5 at n = 32768), and the solve stopped at a step of 4 eps
+    # in absolute terms: Σp was off by thousands of ulps (7e-4 in float32
+    # at n = 32768, α = 1.999; 2.9e-13 in float64 at 16384, α = 1.99).  Where
+    # the support's spread is below 1/64 the tolerance scales with it; now
+    # within 16 ulps
+    eps = torch.finfo(dtype).eps
+    for n in (300, 513, 4096, 5000, 16384, 32768):
+        x = torch.full((3, n), 0.37, dtype=dtype)
+        x[1] += 1e3
+        x[2] = torch.linspace(0, 1e-6, n, dtype=dtype)  # near-equal
+        with softk.use_backend("native"):
+            p = softk.entmax(x, alpha=alpha)
+        assert float((p.double().sum(-1) - 1).abs().max()) <= 16 * eps, n

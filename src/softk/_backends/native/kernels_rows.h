@@ -439,7 +439,14 @@ static inline __attribute__((always_inline)) void FN(alpha_next)(FN(alpha_state)
     int64_t c = s->c, cp = s->cp, it = s->it;
     int final = s->final, halley = s->halley, r = s->r;
     if (r && !(G > k * (1 + rough_rel))) goto more; /* near the root: the exact rounds from here */
-    double tol = rtol * (1 + fabs((double)lam));
+    /* λ to a few ulps of 1 + |λ|, or where the support's spread is far
+     * below 1, of |λ| + the spread: G/(aS) is the p-weighted mean of v − λ,
+     * and an error δ in λ moves Σp by δ·aS/G of itself (rows of equal
+     * entries near α = 2 have |λ| and every v − λ about n^{−a}: the
+     * absolute tolerance left Σp thousands of ulps off).  Ordinary rows
+     * keep the 1, which the sums' rounding allows in double too. */
+    double spread = G > 0 && S > 0 ? (double)G / ((double)am1 * S) : 1.0;
+    double tol = rtol * (fabs((double)lam) + (spread < 1.0 / 64 ? spread : 1.0));
     T step = FN(h_newton_step)(G, S, k, am1, q, kq);
     if (!(G > k)) {
         /* At the root, or past it.  Newton's iterates stay at or
