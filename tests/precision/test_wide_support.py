@@ -14,6 +14,8 @@ import pytest
 import torch
 
 import softk
+from softk.threshold.families import SPARSE
+from softk.threshold.solve import settled_probs
 
 from ..oracle import maps as oracle
 
@@ -42,20 +44,9 @@ def test_sum_is_one_on_a_wide_support_far_below_the_max(name, n):
 def test_settled_capped_entries_stay_at_most_one():
     # The settle step moves every entry inside (0, 1) up by −δ where Σf < k;
     # one a few ulps under the cap went past it (1 + 2⁻²³ on budget_sparsemax).
-    import softk
-    from softk.threshold.families import SPARSE
-    from softk.threshold.solve import settled_probs
-
     u = torch.tensor([[0.99999994, 0.5, 0.25]])
     p, step = settled_probs(SPARSE, u, 1.75 + 1e-5)  # Σf − k past SETTLE_ULPS: a step of −3e-6
     assert step.item() < 0 and (p <= 1).all()
-    g = torch.Generator().manual_seed(0)
-    x = torch.rand(200, 100, generator=g) * 2.5 - 1.5
-    x[:, :25] = 1 - torch.rand(200, 25, generator=g) * 1e-6
-    x[:, 25] = 1.7
-    k = torch.clamp(x.double(), 0, 1).sum(-1, keepdim=True)
-    with softk.use_backend("torch"):
-        assert (softk.budget_sparsemax(x, k.float()) <= 1).all()
 
 
 @pytest.mark.parametrize("n,top,inside", [(4000, 1500, 2), (20000, 9000, 3), (3000, 1000, 5)])

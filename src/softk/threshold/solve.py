@@ -248,8 +248,8 @@ def settled_probs(family: Family, u: Tensor, k, valid: Tensor | None = None):
     support hold u exactly (u = z − λ with z near λ), so Σ f(u) − k is that
     rounding's effect to the precision of the sum, and one step removes it.
     Rows whose Σp is k to ``SETTLE_ULPS`` ulps take none, and when no row
-    needs one, f′ is not evaluated.  ``valid`` (optional) marks the entries of u that are real (a candidate
-    list's padding is not)."""
+    needs one, f′ is not evaluated.  ``valid`` (optional) marks the entries
+    of u that are real (a candidate list's padding is not)."""
     none = torch.zeros_like(u[..., :1])
     if not family.zero_below:
         return family.p(u), none

@@ -209,4 +209,3 @@ def test_entmax15_on_near_equal_scores_sums_to_one(offset):
         p = ora.weights((c * s.double()).numpy().reshape(1, 1, 1, S), "entmax15")[0, 0, 0]
         np.testing.assert_allclose(out[0, 0, i, 0].item(), 1.0, rtol=0, atol=16 * float(np.finfo(np.float32).eps))
         np.testing.assert_allclose(out[0, 0, i, 1].item(), p @ v[0, 0, :, 1].double().numpy(), rtol=0, atol=1e-6)
-
